@@ -1,0 +1,187 @@
+// Command delayd gives NATS JetStream delayed delivery by level.
+//
+// With no configuration it starts an embedded nats-server with JetStream on
+// nats://127.0.0.1:4222, storing data in ./delayd-data. With DELAYD_NATS_URL
+// it connects to that server or cluster instead. See README.md and SPEC.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lmittmann/tint"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/config"
+	"github.com/delayd/delayd/deliver"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+// Exit codes.
+const (
+	exitOK     = 0
+	exitError  = 1 // a runtime failure, or a second signal
+	exitConfig = 2 // a bad configuration
+)
+
+func run() int {
+	cfg, err := config.Load()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
+		return exitConfig
+	}
+	logger := newLogger(cfg)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		sig := <-sigs
+		logger.Info("shutting down; a second signal exits at once", slog.String("signal", sig.String()))
+		cancel()
+		sig = <-sigs
+		logger.Warn("second signal: exiting at once", slog.String("signal", sig.String()))
+		os.Exit(exitError)
+	}()
+
+	var (
+		srv  *server.Server
+		opts []nats.Option
+		url  = cfg.NATSURL
+	)
+	if url == "" {
+		srv, err = startEmbedded(cfg, logger)
+		if err != nil {
+			logger.Error("embedded nats-server failed to start", slog.Any("error", err))
+			return exitError
+		}
+		defer shutdownEmbedded(srv, logger)
+		url = srv.ClientURL()
+		opts = append(opts, nats.InProcessServer(srv))
+		logger.Info("embedded nats-server ready", slog.String("url", url), slog.String("store_dir", cfg.StoreDir))
+	}
+	nc, err := connect(url, logger, opts...)
+	if err != nil {
+		logger.Error("connect to NATS failed", slog.Any("error", err))
+		return exitError
+	}
+	defer func() { _ = nc.Drain() }()
+
+	grace := time.Duration(0)
+	if srv != nil {
+		grace = cfg.StartGrace // only a restarted embedded server disconnects core subscribers
+	}
+	svc, err := deliver.New(nc, deliver.Config{
+		Prefix:     cfg.Prefix,
+		Levels:     cfg.Levels,
+		Replicas:   cfg.Replicas,
+		StartGrace: grace,
+		Logger:     logger,
+	})
+	if err != nil {
+		logger.Error("bad service configuration", slog.Any("error", err))
+		return exitConfig
+	}
+	logger.Info("level table", slog.String("levels", cfg.Levels.String()), slog.String("publish_to", cfg.Prefix+".<subject>"), slog.String("header", deliver.HeaderLevel+": 1.."+fmt.Sprint(cfg.Levels.Len())))
+
+	if cfg.HTTPAddr != "" {
+		hs, err := serveHTTP(cfg.HTTPAddr, svc, logger)
+		if err != nil {
+			logger.Error("DELAYD_HTTP_ADDR: cannot listen", slog.String("addr", cfg.HTTPAddr), slog.Any("error", err))
+			return exitConfig
+		}
+		defer func() { _ = hs.Close() }()
+	}
+
+	if err := svc.Run(ctx); err != nil {
+		logger.Error("delayd stopped with an error", slog.Any("error", err))
+		return exitError
+	}
+	logger.Info("delayd stopped cleanly")
+	return exitOK
+}
+
+// newLogger builds the tint (text) or JSON handler per DELAYD_LOG_FORMAT.
+func newLogger(cfg config.Config) *slog.Logger {
+	level := cfg.SlogLevel()
+	format := strings.ToLower(cfg.LogFormat)
+	if format == "auto" {
+		format = "json"
+		if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			format = "text"
+		}
+	}
+	if format == "text" {
+		return slog.New(tint.NewHandler(os.Stderr, &tint.Options{Level: level, TimeFormat: "15:04:05.000"}))
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// connect dials NATS and reconnects for ever, with jittered backoff.
+func connect(url string, logger *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+	opts := append([]nats.Option{
+		nats.Name("delayd"),
+		nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true),
+		nats.ReconnectWait(500 * time.Millisecond),
+		nats.ReconnectJitter(250*time.Millisecond, time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				logger.Warn("disconnected from NATS", slog.Any("error", err))
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			logger.Info("reconnected to NATS", slog.String("url", nc.ConnectedUrlRedacted()))
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			attrs := []any{slog.Any("error", err)}
+			if sub != nil {
+				attrs = append(attrs, slog.String("subject", sub.Subject))
+			}
+			logger.Error("NATS async error", attrs...)
+		}),
+	}, extra...)
+	return nats.Connect(url, opts...)
+}
+
+// serveHTTP serves /healthz (the process is alive) and /readyz (connected,
+// resources set up, router and scanners running).
+func serveHTTP(addr string, svc *deliver.Service, logger *slog.Logger) (*http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !svc.Ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("http server failed", slog.Any("error", err))
+		}
+	}()
+	logger.Info("http endpoints", slog.String("addr", ln.Addr().String()), slog.String("paths", "/healthz /readyz"))
+	return hs, nil
+}

@@ -1,0 +1,348 @@
+package config
+
+import (
+	"errors"
+	"log/slog"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/delayd/delayd/levels"
+)
+
+// vars are every variable Config reads.
+var vars = []string{
+	"DELAYD_NATS_URL", "DELAYD_LISTEN", "DELAYD_STORE_DIR", "DELAYD_LEVELS", "DELAYD_PREFIX", "DELAYD_HTTP_ADDR",
+	"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE",
+}
+
+// clearEnv unsets every DELAYD_* variable (and the unprefixed names envconfig could fall back to) for the test.
+func clearEnv(t *testing.T) {
+	t.Helper()
+	for _, name := range vars {
+		for _, n := range []string{name, strings.TrimPrefix(name, "DELAYD_")} {
+			t.Setenv(n, "") // restores the old value after the test
+			if err := os.Unsetenv(n); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+func TestLoadDefaults(t *testing.T) {
+	clearEnv(t)
+
+	c, err := Load()
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	want := Config{
+		Listen:     ListenDefault,
+		StoreDir:   StoreDirDefault,
+		Levels:     levels.Default(),
+		Prefix:     PrefixDefault,
+		HTTPAddr:   HTTPAddrDefault,
+		Replicas:   ReplicasDefault,
+		LogFormat:  LogFormatDefault,
+		LogLevel:   LogLevelDefault,
+		StartGrace: StartGraceDefault,
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("Load() = %+v, want %+v", c, want)
+	}
+	if c.Levels.String() != levels.DefaultTable {
+		t.Errorf("Levels = %q, want %q", c.Levels, levels.DefaultTable)
+	}
+	if c.SlogLevel() != slog.LevelInfo {
+		t.Errorf("SlogLevel() = %v, want %v", c.SlogLevel(), slog.LevelInfo)
+	}
+}
+
+// TestDefaultTags checks that the envconfig default tags spell the exported defaults, and that every variable is in
+// vars.
+func TestDefaultTags(t *testing.T) {
+	t.Parallel()
+
+	want := map[string]string{
+		"DELAYD_NATS_URL":    "",
+		"DELAYD_LISTEN":      ListenDefault,
+		"DELAYD_STORE_DIR":   StoreDirDefault,
+		"DELAYD_LEVELS":      levels.DefaultTable,
+		"DELAYD_PREFIX":      PrefixDefault,
+		"DELAYD_HTTP_ADDR":   HTTPAddrDefault,
+		"DELAYD_REPLICAS":    strconv.Itoa(ReplicasDefault),
+		"DELAYD_LOG_FORMAT":  LogFormatDefault,
+		"DELAYD_LOG_LEVEL":   LogLevelDefault,
+		"DELAYD_START_GRACE": StartGraceDefault.String(),
+	}
+	typ := reflect.TypeFor[Config]()
+	if typ.NumField() != len(vars) {
+		t.Fatalf("Config has %d fields, want %d", typ.NumField(), len(vars))
+	}
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		name := f.Tag.Get("envconfig")
+		def, ok := want[name]
+		if !ok {
+			t.Errorf("field %s: variable %q is not known to the test", f.Name, name)
+			continue
+		}
+		if got := f.Tag.Get("default"); got != def {
+			t.Errorf("field %s: default tag %q, want %q", f.Name, got, def)
+		}
+	}
+}
+
+func TestLoadIgnoresUnprefixed(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("NATS_URL", "nats://elsewhere:4222") // the nats CLI's variable
+	t.Setenv("LOG_LEVEL", "debug")
+	t.Setenv("PREFIX", "/usr/local")
+	t.Setenv("REPLICAS", "abc")
+
+	c, err := Load()
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if c.NATSURL != "" || c.LogLevel != LogLevelDefault || c.Prefix != PrefixDefault || c.Replicas != ReplicasDefault {
+		t.Errorf("Load() read unprefixed variables: %+v", c)
+	}
+}
+
+func TestLoadValues(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("DELAYD_NATS_URL", " nats://a:4222, tls://b:4223 ,c:4224,d")
+	t.Setenv("DELAYD_LISTEN", ":4333")
+	t.Setenv("DELAYD_STORE_DIR", "/var/lib/delayd")
+	t.Setenv("DELAYD_LEVELS", " 100ms\t90s 1d ")
+	t.Setenv("DELAYD_PREFIX", "sched.in")
+	t.Setenv("DELAYD_HTTP_ADDR", "")
+	t.Setenv("DELAYD_REPLICAS", "3")
+	t.Setenv("DELAYD_LOG_FORMAT", "JSON")
+	t.Setenv("DELAYD_LOG_LEVEL", "Debug")
+	t.Setenv("DELAYD_START_GRACE", "0s")
+
+	c, err := Load()
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	want := Config{
+		NATSURL:    " nats://a:4222, tls://b:4223 ,c:4224,d",
+		Listen:     ":4333",
+		StoreDir:   "/var/lib/delayd",
+		Levels:     levels.MustParse("100ms 1m30s 24h"),
+		Prefix:     "sched.in",
+		HTTPAddr:   "",
+		Replicas:   3,
+		LogFormat:  "JSON",
+		LogLevel:   "Debug",
+		StartGrace: 0,
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("Load() = %+v, want %+v", c, want)
+	}
+	if c.SlogLevel() != slog.LevelDebug {
+		t.Errorf("SlogLevel() = %v, want %v", c.SlogLevel(), slog.LevelDebug)
+	}
+}
+
+func TestLoadBadValue(t *testing.T) {
+	tests := []struct {
+		name  string
+		value string
+		want  string // substring of the error besides NAME="value"
+		err   error  // a further sentinel the error wraps, if any
+	}{
+		{name: "DELAYD_NATS_URL", value: "http://a:4222", want: "not a server URL"},
+		{name: "DELAYD_NATS_URL", value: "nats://:4222", want: "not a server URL"},
+		{name: "DELAYD_NATS_URL", value: "nats://a:99999", want: "bad port"},
+		{name: "DELAYD_NATS_URL", value: "nats://a b:4222", want: "not a server URL"},
+		{name: "DELAYD_NATS_URL", value: " , ", want: "no server URL"},
+		{name: "DELAYD_NATS_URL", value: "nats://a:4222,ws://b:8080", want: "mixes websocket"},
+		{name: "DELAYD_LISTEN", value: "4222", want: "host:port"},
+		{name: "DELAYD_LISTEN", value: "127.0.0.1:0", want: "port 1 to 65535"},
+		{name: "DELAYD_LISTEN", value: "127.0.0.1:65536", want: "port 1 to 65535"},
+		{name: "DELAYD_LISTEN", value: "127.0.0.1:http", want: "port 1 to 65535"},
+		{name: "DELAYD_LISTEN", value: "", want: "host:port"},
+		{name: "DELAYD_STORE_DIR", value: "", want: "must not be empty"},
+		{name: "DELAYD_LEVELS", value: "1s 5s 1x", want: `"1x" (level 3): unknown unit "x"`, err: levels.ErrBadDuration},
+		{name: "DELAYD_LEVELS", value: "90s 1m30s", want: "same delay", err: levels.ErrDuplicate},
+		{name: "DELAYD_LEVELS", value: "5s 1s", want: "strictly increasing", err: levels.ErrNotIncreasing},
+		{name: "DELAYD_LEVELS", value: " ", want: "no durations", err: levels.ErrEmptyTable},
+		{name: "DELAYD_PREFIX", value: "delayd", want: "reserved"},
+		{name: "DELAYD_PREFIX", value: "$JS", want: "'$'"},
+		{name: "DELAYD_PREFIX", value: "a..b", want: "empty tokens"},
+		{name: "DELAYD_HTTP_ADDR", value: "8223", want: "host:port"},
+		{name: "DELAYD_REPLICAS", value: "abc", want: "must be an integer between 1 and 5"},
+		{name: "DELAYD_REPLICAS", value: "9", want: "must be between 1 and 5"},
+		{name: "DELAYD_REPLICAS", value: "0", want: "must be between 1 and 5"},
+		{name: "DELAYD_LOG_FORMAT", value: "xml", want: "text, json or auto"},
+		{name: "DELAYD_LOG_LEVEL", value: "trace", want: "debug, info, warn or error"},
+		{name: "DELAYD_START_GRACE", value: "soon", want: "Go duration"},
+		{name: "DELAYD_START_GRACE", value: "-1s", want: "must be >= 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv(tt.name, tt.value)
+
+			_, err := Load()
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Load() error = %v, want %v", err, ErrInvalid)
+			}
+			if tt.err != nil && !errors.Is(err, tt.err) {
+				t.Errorf("Load() error = %v, want it to wrap %v", err, tt.err)
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, tt.name+"="+strconv.Quote(tt.value)) {
+				t.Errorf("Load() error = %q, want it to name %s=%q", msg, tt.name, tt.value)
+			}
+			if !strings.Contains(msg, tt.want) {
+				t.Errorf("Load() error = %q, want it to contain %q", msg, tt.want)
+			}
+			var ve *VarError
+			if !errors.As(err, &ve) || ve.Var != tt.name {
+				t.Errorf("Load() error = %#v, want a *VarError for %s", err, tt.name)
+			}
+		})
+	}
+}
+
+func TestLoadGoodNATSURL(t *testing.T) {
+	for _, value := range []string{
+		"nats://127.0.0.1:4222",
+		"tls://nats.example.com:4443",
+		"ws://a:8080, wss://b",
+		"localhost",
+		"localhost:4222",
+		"[::1]:4222",
+		"nats://user:secret@a:4222,nats://b:4222,",
+	} {
+		t.Run(value, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("DELAYD_NATS_URL", value)
+			c, err := Load()
+			if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			if c.NATSURL != value {
+				t.Errorf("NATSURL = %q, want %q", c.NATSURL, value)
+			}
+		})
+	}
+}
+
+func TestValidateRedactsPassword(t *testing.T) {
+	t.Parallel()
+
+	c := validConfig()
+	c.NATSURL = "nats://user:secret@a:4222,http://b"
+	err := c.Validate()
+	if err == nil || strings.Contains(err.Error(), "secret") {
+		t.Errorf("Validate() error = %v, want an error without the password", err)
+	}
+}
+
+func TestValidateJoinsErrors(t *testing.T) {
+	t.Parallel()
+
+	c := validConfig()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate() of a valid config: %v", err)
+	}
+	c.Replicas = 9
+	c.LogLevel = "loud"
+	c.Levels = levels.Table{}
+	err := c.Validate()
+	if !errors.Is(err, ErrInvalid) || !errors.Is(err, levels.ErrEmptyTable) {
+		t.Fatalf("Validate() error = %v, want %v and %v", err, ErrInvalid, levels.ErrEmptyTable)
+	}
+	for _, want := range []string{`DELAYD_REPLICAS="9": must be between 1 and 5`, `DELAYD_LOG_LEVEL="loud"`, `DELAYD_LEVELS=""`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() error = %q, want it to contain %q", err, want)
+		}
+	}
+}
+
+func TestValidateHTTPAddrPortZero(t *testing.T) {
+	t.Parallel()
+
+	c := validConfig()
+	c.HTTPAddr = "127.0.0.1:0"
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate() with HTTPAddr %q: %v", c.HTTPAddr, err)
+	}
+}
+
+func TestSlogLevel(t *testing.T) {
+	t.Parallel()
+
+	for value, want := range map[string]slog.Level{
+		"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError,
+		"ERROR": slog.LevelError,
+	} {
+		if got := (Config{LogLevel: value}).SlogLevel(); got != want {
+			t.Errorf("SlogLevel() for %q = %v, want %v", value, got, want)
+		}
+	}
+}
+
+func TestValidatePrefix(t *testing.T) {
+	t.Parallel()
+
+	tests := []struct {
+		prefix string
+		ok     bool
+	}{
+		{prefix: "delay", ok: true},
+		{prefix: "sched.in", ok: true},
+		{prefix: "Delayd", ok: true}, // subjects are case-sensitive
+		{prefix: "delayd2", ok: true},
+		{prefix: "my-app_delay.v1", ok: true},
+		{prefix: "delayd"},
+		{prefix: "delayd.x"},
+		{prefix: "$JS"},
+		{prefix: "$SYS.x"},
+		{prefix: "_INBOX"},
+		{prefix: "_INBOX.x"},
+		{prefix: ""},
+		{prefix: "a..b"},
+		{prefix: ".a"},
+		{prefix: "a."},
+		{prefix: "a.*"},
+		{prefix: "a.>"},
+		{prefix: "*"},
+		{prefix: "a*b"},
+		{prefix: "a b"},
+		{prefix: "a\tb"},
+		{prefix: "a\x00b"},
+		{prefix: "a\x7fb"},
+		{prefix: "a\xffb"},
+	}
+	for _, tt := range tests {
+		err := ValidatePrefix(tt.prefix)
+		if tt.ok && err != nil {
+			t.Errorf("ValidatePrefix(%q) = %v, want nil", tt.prefix, err)
+		}
+		if !tt.ok && !errors.Is(err, ErrInvalid) {
+			t.Errorf("ValidatePrefix(%q) = %v, want %v", tt.prefix, err, ErrInvalid)
+		}
+	}
+}
+
+// validConfig returns a Config with the defaults.
+func validConfig() Config {
+	return Config{
+		Listen:     ListenDefault,
+		StoreDir:   StoreDirDefault,
+		Levels:     levels.Default(),
+		Prefix:     PrefixDefault,
+		HTTPAddr:   HTTPAddrDefault,
+		Replicas:   ReplicasDefault,
+		LogFormat:  LogFormatDefault,
+		LogLevel:   LogLevelDefault,
+		StartGrace: StartGraceDefault,
+	}
+}

@@ -1,0 +1,76 @@
+package deliver
+
+import (
+	"strings"
+	"time"
+)
+
+// Header names of the user-facing contract (SPEC.md). NATS headers are
+// case-sensitive on the wire; delayd matches the control headers
+// case-insensitively, as the contract requires.
+const (
+	// HeaderLevel is the publisher's 1-based level index: "Delay-Level: 3".
+	// It is a control header and never reaches the target.
+	HeaderLevel = "Delay-Level"
+
+	// HeaderEnqueuedAt is set on every delivery: the time the ingress stream
+	// stored the message, RFC 3339 with nanoseconds, UTC.
+	HeaderEnqueuedAt = "Delay-Enqueued-At"
+
+	// HeaderDueAt is set on every delivery: HeaderEnqueuedAt plus the level's
+	// delay, RFC 3339 with nanoseconds, UTC. Delivery never happens before it.
+	HeaderDueAt = "Delay-Due-At"
+
+	// HeaderError is set on dead letters: a one-line reason.
+	HeaderError = "Delay-Error"
+
+	// HeaderSubject is set on dead letters: the subject the message was
+	// published (or was to be delivered) to.
+	HeaderSubject = "Delay-Subject"
+
+	// HeaderMsgID is set on dead letters that carried a publisher
+	// Nats-Msg-Id: the dead-letter stream dedupes on its own id, so the
+	// publisher's id is kept here.
+	HeaderMsgID = "Delay-Msg-Id"
+
+	// HeaderNatsMsgID is JetStream's de-duplication header. delayd keeps the
+	// publisher's value on delivery, or derives one from the ingress sequence.
+	HeaderNatsMsgID = "Nats-Msg-Id"
+)
+
+// Internal headers carried on level-stream messages only. The prefix
+// "Delayd-" is reserved: publishers' headers with it are removed at ingress.
+const (
+	hdrInternalPrefix = "Delayd-"
+	hdrMsgID          = "Delayd-Msg-Id"  // the publisher's Nats-Msg-Id, when it gave one
+	hdrIngress        = "Delayd-Ingress" // derived id "delayd-<ingress created, unix ns>-<ingress seq>"
+)
+
+// Headers JetStream adds to direct-get replies that the scanner reads.
+const (
+	hdrJSSubject   = "Nats-Subject"
+	hdrJSSequence  = "Nats-Sequence"
+	hdrJSTimeStamp = "Nats-Time-Stamp"
+)
+
+// TimeLayout is the layout of HeaderEnqueuedAt and HeaderDueAt: RFC 3339 with
+// a fixed nine-digit fraction, always UTC ("2026-11-29T21:59:59.123456789Z").
+// Any RFC 3339 parser reads it; the fixed width also sorts as text.
+const TimeLayout = "2006-01-02T15:04:05.000000000Z07:00"
+
+// FormatTime formats t in [TimeLayout], in UTC.
+func FormatTime(t time.Time) string { return t.UTC().Format(TimeLayout) }
+
+// hasPrefixFold reports whether s starts with prefix, ignoring ASCII case.
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+// isControlHeader reports whether key is one of delayd's control headers,
+// which are consumed at ingress and never delivered: the level header and
+// the two headers delayd sets itself (a publisher's own values are replaced).
+func isControlHeader(key string) bool {
+	return strings.EqualFold(key, HeaderLevel) ||
+		strings.EqualFold(key, HeaderEnqueuedAt) ||
+		strings.EqualFold(key, HeaderDueAt)
+}

@@ -1,0 +1,530 @@
+package deliver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/levels"
+)
+
+// Router defaults.
+const (
+	// RouterMaxInFlightDefault bounds level-stream writes awaiting their PubAck.
+	RouterMaxInFlightDefault = 4096
+	// RouterBatchDefault is how many ingress messages are pulled ahead.
+	RouterBatchDefault = 1024
+	// RouterConsumer is the durable name of the router's ingress consumer.
+	RouterConsumer = "delayd-router"
+
+	ingressAckWait = 30 * time.Second
+)
+
+// Dead-letter reasons: the last token of the dead-letter subject
+// "delayd.dlq.<reason>". The set is closed so it can label metrics.
+const (
+	ReasonLevel         = "level"         // bad Delay-Level
+	ReasonTarget        = "target"        // invalid or forbidden target subject
+	ReasonSize          = "size"          // too large once delayd's headers are added
+	ReasonUndeliverable = "undeliverable" // a target refused it permanently
+)
+
+// RouterConfig configures a [Router].
+type RouterConfig struct {
+	// Prefix is the ingress subject prefix. Required.
+	Prefix string
+
+	// Levels is the level table. Required.
+	Levels levels.Table
+
+	// Logger is optional. Default discards.
+	Logger *slog.Logger
+
+	// MaxInFlight bounds level writes awaiting PubAck. Optional. Default
+	// [RouterMaxInFlightDefault].
+	MaxInFlight int
+
+	// Batch is how many ingress messages are pulled ahead. Optional. Default
+	// [RouterBatchDefault].
+	Batch int
+
+	// OnRouted is called after a level-stream write is confirmed, with the
+	// level stream's name and the sequence the write got. Scanners use it to
+	// wake up. Optional.
+	OnRouted func(stream string, seq uint64)
+}
+
+func (c *RouterConfig) setDefaults() {
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = RouterMaxInFlightDefault
+	}
+	if c.Batch == 0 {
+		c.Batch = RouterBatchDefault
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.OnRouted == nil {
+		c.OnRouted = func(string, uint64) {}
+	}
+}
+
+func (c *RouterConfig) validate() error {
+	if c.Prefix == "" {
+		return errors.New("deliver: router: Prefix is required")
+	}
+	if c.Levels.Len() == 0 {
+		return errors.New("deliver: router: Levels is required")
+	}
+	if c.MaxInFlight < 1 || c.Batch < 1 {
+		return errors.New("deliver: router: MaxInFlight and Batch must be positive")
+	}
+	return nil
+}
+
+// RouterStats are the router's counters since start.
+type RouterStats struct {
+	Routed       uint64 // messages written to a level stream and acked at ingress
+	DeadLettered uint64 // invalid messages written to DELAYD_DLQ
+	Clamped      uint64 // Delay-Level above the table, clamped to the highest level
+	Skipped      uint64 // redeliveries already present in their level stream
+}
+
+// Router consumes DELAYD_INGRESS and writes each message to its level
+// stream, or to DELAYD_DLQ with the reason when it is invalid.
+//
+// Exactly-once into level streams without a duplicate window: the router is
+// the only writer of each level stream and writes with
+// Nats-Expected-Last-Sequence, so a level stream holds its messages in strict
+// ingress order. The ingress message is acked only after the level write's
+// PubAck. After a crash or a failed write, the router reads the ingress
+// sequence of each level stream's last message (the scanners never purge a
+// level stream's last message): any ingress message at or below it is
+// already stored and is only acked. This costs no server memory per message,
+// unlike a Nats-Msg-Id duplicate window.
+type Router struct {
+	js     jetstream.JetStream
+	cfg    RouterConfig
+	logger *slog.Logger
+
+	ingressID string          // unique to the ingress stream's life: its creation time
+	writers   []*levelWriter  // by level index, 0 = immediate
+	byStream  map[string]*levelWriter
+
+	inflight chan *routing
+	pending  sync.WaitGroup
+	mu       sync.Mutex
+	failed   []*routing
+	broken   atomic.Bool
+
+	routed, deadLettered, clamped, skipped atomic.Uint64
+}
+
+// levelWriter is the router's view of one level stream.
+type levelWriter struct {
+	level   levels.Level
+	stream  string
+	subject string // "delayd.level.<NAME>." + target
+
+	expected      uint64        // the stream's last sequence before the next write (router goroutine)
+	lastSubmitted uint64        // highest ingress sequence written, confirmed or not (router goroutine)
+	lastRouted    atomic.Uint64 // highest ingress sequence confirmed in the stream
+}
+
+// routing is one ingress message on its way.
+type routing struct {
+	msg jetstream.Msg
+	seq uint64       // ingress sequence
+	w   *levelWriter // nil for a dead letter
+	out *nats.Msg
+	fut jetstream.PubAckFuture
+	err error
+}
+
+// NewRouter returns a router. The streams must exist; see [Service].
+func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, byStream: make(map[string]*levelWriter)}
+	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
+	for _, l := range all {
+		w := &levelWriter{level: l, stream: l.Stream(), subject: levelSubjects + l.Name() + "."}
+		r.writers = append(r.writers, w)
+		r.byStream[w.stream] = w
+	}
+	return r, nil
+}
+
+// Stats returns the router's counters.
+func (r *Router) Stats() RouterStats {
+	return RouterStats{Routed: r.routed.Load(), DeadLettered: r.deadLettered.Load(), Clamped: r.clamped.Load(), Skipped: r.skipped.Load()}
+}
+
+// Run routes until ctx is done, then lets in-flight writes finish (or
+// abandons them: their ingress messages stay unacked and are routed again,
+// without duplicates, on the next start) and returns nil. It survives server
+// restarts and reconnects; it returns an error only for a bad setup.
+func (r *Router) Run(ctx context.Context) error {
+	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	for {
+		err := r.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		r.logger.Warn("router restarting", slog.Any("error", err))
+		if !backoff.sleep(ctx) {
+			return nil
+		}
+	}
+}
+
+// session runs one ingress consumer from a fresh resync until an error.
+func (r *Router) session(ctx context.Context) error {
+	info, err := r.js.Stream(ctx, IngressStream)
+	if err != nil {
+		return fmt.Errorf("ingress stream: %w", err)
+	}
+	r.ingressID = strconv.FormatInt(info.CachedInfo().Created.UnixNano(), 10)
+	for _, w := range r.writers {
+		if err := r.syncTail(ctx, w); err != nil {
+			return err
+		}
+	}
+	// A fresh consumer redelivers every unacked ingress message at once,
+	// instead of after the ack wait of a consumer left by a crashed process.
+	if err := r.js.DeleteConsumer(ctx, IngressStream, RouterConsumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("reset ingress consumer: %w", err)
+	}
+	cons, err := r.js.CreateOrUpdateConsumer(ctx, IngressStream, jetstream.ConsumerConfig{
+		Durable:       RouterConsumer,
+		Description:   "delayd router: ingress to level streams",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ingressAckWait,
+		MaxAckPending: r.cfg.MaxInFlight + 2*r.cfg.Batch,
+		MaxDeliver:    -1,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("create ingress consumer: %w", err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(r.cfg.Batch))
+	if err != nil {
+		return fmt.Errorf("consume ingress: %w", err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+
+	r.inflight = make(chan *routing, r.cfg.MaxInFlight)
+	ackerDone := make(chan struct{})
+	go r.acker(r.inflight, ackerDone)
+	defer func() {
+		close(r.inflight)
+		<-ackerDone
+	}()
+
+	for {
+		if r.broken.Load() {
+			if err := r.recover(ctx); err != nil {
+				return err
+			}
+		}
+		m, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return ctx.Err()
+			}
+			return fmt.Errorf("ingress: %w", err)
+		}
+		r.route(m)
+	}
+}
+
+// syncTail reads a level stream's last sequence and the ingress sequence of
+// its last message.
+func (r *Router) syncTail(ctx context.Context, w *levelWriter) error {
+	s, err := r.js.Stream(ctx, w.stream)
+	if err != nil {
+		return fmt.Errorf("level stream %s: %w", w.stream, err)
+	}
+	last := s.CachedInfo().State.LastSeq
+	w.expected = last
+	w.lastRouted.Store(0)
+	if last > 0 {
+		m, err := s.GetMsg(ctx, last)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			r.logger.Warn("level stream tail missing; redelivered ingress messages may be written twice", slog.String("stream", w.stream))
+		case err != nil:
+			return fmt.Errorf("level stream %s tail: %w", w.stream, err)
+		default:
+			if id, seq, ok := parseIngressRef(m.Header.Get(hdrIngress)); ok && id == r.ingressID {
+				w.lastRouted.Store(seq)
+			}
+		}
+	}
+	w.lastSubmitted = w.lastRouted.Load()
+	return nil
+}
+
+// route classifies one ingress message and starts its write.
+func (r *Router) route(m jetstream.Msg) {
+	meta, err := m.Metadata()
+	if err != nil {
+		r.logger.Error("ingress message without metadata", slog.Any("error", err))
+		_ = m.Term()
+		return
+	}
+	rt := &routing{msg: m, seq: meta.Sequence.Stream}
+	lvl, target, err := r.classify(m)
+	if err != nil {
+		r.deadLetter(rt, err)
+		return
+	}
+	w := r.writers[lvl.Index]
+	if rt.seq <= w.lastRouted.Load() {
+		r.skipped.Add(1)
+		_ = m.Ack()
+		return
+	}
+	if rt.seq <= w.lastSubmitted {
+		return // a redelivery of a write still in flight; its PubAck acks it
+	}
+	rt.w = w
+	rt.out = r.levelMsg(m, w, target, rt.seq, meta.Timestamp)
+	r.submit(rt)
+}
+
+// classify finds the level and target of an ingress message.
+func (r *Router) classify(m jetstream.Msg) (levels.Level, string, error) {
+	target, err := Target(m.Subject(), r.cfg.Prefix)
+	if err != nil {
+		return levels.Level{}, "", err
+	}
+	var value string
+	n := 0
+	for k, v := range m.Headers() {
+		if strings.EqualFold(k, HeaderLevel) {
+			n += len(v)
+			if len(v) > 0 {
+				value = v[0]
+			}
+		}
+	}
+	switch {
+	case n == 0:
+		return levels.Level{}, "", fmt.Errorf("%w: no %s header", levels.ErrMissingLevel, HeaderLevel)
+	case n > 1:
+		return levels.Level{}, "", fmt.Errorf("%w: %s has %d values, want one", levels.ErrInvalidLevel, HeaderLevel, n)
+	}
+	lvl, clamped, err := r.cfg.Levels.Pick(value)
+	if err != nil {
+		return levels.Level{}, "", err
+	}
+	if clamped {
+		r.clamped.Add(1)
+		r.logger.Warn("delay level above the table, clamped to the highest level",
+			slog.String("value", strings.TrimSpace(value)), slog.String("level", lvl.Name()), slog.String("subject", m.Subject()))
+	}
+	return lvl, target, nil
+}
+
+// levelMsg turns an ingress message into its level-stream message, reusing
+// its header map and payload. It removes control headers, JetStream
+// instruction headers (Nats-*, which acted on the ingress stream and must not
+// act again) and reserved Delayd-* headers, and adds the delivery headers.
+func (r *Router) levelMsg(m jetstream.Msg, w *levelWriter, target string, seq uint64, stored time.Time) *nats.Msg {
+	h := m.Headers()
+	if h == nil {
+		h = make(nats.Header, 5)
+	}
+	var userID string
+	for k, v := range h {
+		if isControlHeader(k) || hasPrefixFold(k, "Nats-") || hasPrefixFold(k, hdrInternalPrefix) {
+			if k == HeaderNatsMsgID && len(v) > 0 {
+				userID = v[0]
+			}
+			delete(h, k)
+		}
+	}
+	h[HeaderEnqueuedAt] = []string{FormatTime(stored)}
+	h[HeaderDueAt] = []string{FormatTime(stored.Add(w.level.Delay))}
+	h[hdrIngress] = []string{r.ingressRef(seq)}
+	if userID != "" {
+		h[hdrMsgID] = []string{userID}
+	}
+	return &nats.Msg{Subject: w.subject + target, Header: h, Data: m.Data()}
+}
+
+// submit starts the level write of rt.
+func (r *Router) submit(rt *routing) {
+	w := rt.w
+	rt.out.Header[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(w.expected, 10)}
+	fut, err := r.js.PublishMsgAsync(rt.out)
+	if err != nil {
+		if errors.Is(err, nats.ErrMaxPayload) {
+			r.deadLetter(&routing{msg: rt.msg, seq: rt.seq}, fmt.Errorf("%w: %d payload bytes plus delayd's headers exceed the server's max payload", ErrTooLarge, len(rt.out.Data)))
+			return
+		}
+		rt.err = err
+		r.fail(rt)
+		return
+	}
+	w.expected++
+	w.lastSubmitted = rt.seq
+	rt.fut = fut
+	r.pending.Add(1)
+	r.inflight <- rt
+}
+
+// deadLetter writes an invalid ingress message to DELAYD_DLQ.
+func (r *Router) deadLetter(rt *routing, reason error) {
+	m := rt.msg
+	r.logger.Warn("dead-lettering invalid message", slog.String("subject", m.Subject()), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
+	rt.out = deadLetterMsg(m.Subject(), m.Headers(), m.Data(), reason, r.ingressRef(rt.seq))
+	fut, err := r.js.PublishMsgAsync(rt.out)
+	if err != nil {
+		rt.err = err
+		r.fail(rt)
+		return
+	}
+	rt.fut = fut
+	r.pending.Add(1)
+	r.inflight <- rt
+}
+
+// acker confirms writes in order and acks their ingress messages.
+func (r *Router) acker(in <-chan *routing, done chan<- struct{}) {
+	defer close(done)
+	for rt := range in {
+		select {
+		case ack := <-rt.fut.Ok():
+			_ = rt.msg.Ack()
+			if rt.w == nil {
+				r.deadLettered.Add(1)
+			} else {
+				r.routed.Add(1)
+				rt.w.lastRouted.Store(rt.seq)
+				r.cfg.OnRouted(rt.w.stream, ack.Sequence)
+			}
+		case err := <-rt.fut.Err():
+			rt.err = err
+			r.fail(rt)
+		}
+		r.pending.Done()
+	}
+}
+
+func (r *Router) fail(rt *routing) {
+	r.mu.Lock()
+	r.failed = append(r.failed, rt)
+	r.mu.Unlock()
+	r.broken.Store(true)
+}
+
+// recover redoes failed writes in ingress order after every in-flight write
+// has settled, so each level stream stays in strict ingress order. It keeps
+// retrying, with capped backoff, until they are stored or ctx is done.
+func (r *Router) recover(ctx context.Context) error {
+	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
+	for {
+		r.pending.Wait()
+		r.mu.Lock()
+		failed := r.failed
+		r.failed = nil
+		r.broken.Store(false)
+		r.mu.Unlock()
+		if len(failed) == 0 {
+			return nil
+		}
+		slices.SortFunc(failed, func(a, b *routing) int { return compareUint(a.seq, b.seq) })
+		r.logger.Warn("level writes failed; retrying in order", slog.Int("count", len(failed)), slog.Any("error", failed[0].err))
+		if !backoff.sleep(ctx) {
+			return ctx.Err()
+		}
+		for _, w := range r.writers {
+			if err := r.syncTail(ctx, w); err != nil {
+				r.requeue(failed)
+				return err
+			}
+		}
+		for i, rt := range failed {
+			if r.broken.Load() {
+				// A write failed before it was sent; submitting later
+				// messages of its level now would break ingress order.
+				r.requeue(failed[i:])
+				break
+			}
+			_ = rt.msg.InProgress() // keep the ack wait from redelivering it meanwhile
+			if rt.w == nil {
+				rt.err = nil
+				fut, err := r.js.PublishMsgAsync(rt.out)
+				if err != nil {
+					rt.err = err
+					r.fail(rt)
+					continue
+				}
+				rt.fut = fut
+				r.pending.Add(1)
+				r.inflight <- rt
+				continue
+			}
+			if rt.seq <= rt.w.lastRouted.Load() {
+				r.skipped.Add(1)
+				_ = rt.msg.Ack()
+				continue
+			}
+			rt.err = nil
+			r.submit(rt)
+		}
+	}
+}
+
+func (r *Router) requeue(rts []*routing) {
+	r.mu.Lock()
+	r.failed = append(rts, r.failed...)
+	r.mu.Unlock()
+	r.broken.Store(true)
+}
+
+// ingressRef is the derived id of an ingress message: unique across the
+// ingress stream's lives because it includes the stream's creation time.
+func (r *Router) ingressRef(seq uint64) string {
+	return "delayd-" + r.ingressID + "-" + strconv.FormatUint(seq, 10)
+}
+
+// parseIngressRef is the inverse of [Router.ingressRef].
+func parseIngressRef(ref string) (id string, seq uint64, ok bool) {
+	rest, ok := strings.CutPrefix(ref, "delayd-")
+	if !ok {
+		return "", 0, false
+	}
+	id, s, ok := strings.Cut(rest, "-")
+	if !ok {
+		return "", 0, false
+	}
+	seq, err := strconv.ParseUint(s, 10, 64)
+	return id, seq, err == nil
+}
+
+func compareUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,596 @@
+package deliver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/offsets"
+)
+
+// Scanner defaults.
+const (
+	// ScannerBatchDefault is how many messages one read of the level stream returns at most.
+	ScannerBatchDefault = 512
+	// ScannerBatchBytesDefault bounds one read's payload bytes, and so the
+	// scanner's memory, whatever the backlog.
+	ScannerBatchBytesDefault = 1 << 20
+	// ScannerWindowDefault is how many deliveries may await confirmation
+	// before the scanner confirms them and commits its offset.
+	ScannerWindowDefault = 4096
+	// ScannerPurgeEveryDefault is the least time between purges of the
+	// delivered prefix while the level is busy.
+	ScannerPurgeEveryDefault = time.Second
+	// ScannerMaxAttemptsDefault is how often a delivery refused permanently by
+	// its target (for example too large for the target stream) is tried before
+	// it is dead-lettered. Transient failures are retried for ever.
+	ScannerMaxAttemptsDefault = 3
+
+	opTimeout = 10 * time.Second
+)
+
+// ScannerConfig configures a [Scanner].
+type ScannerConfig struct {
+	// Stream is the level stream's name, e.g. "DELAYD_5S". Required.
+	Stream string
+
+	// Offsets persists the stream's offset. Required.
+	Offsets *offsets.Store
+
+	// Targets tells stream-bound targets from core subjects. Required.
+	Targets *TargetIndex
+
+	// Logger is optional. Default discards.
+	Logger *slog.Logger
+
+	// Now is the scanner's clock. Optional. Default time.Now. Due times come
+	// from the server's store time; tests inject a skewed clock here.
+	Now func() time.Time
+
+	// GraceUntil holds back deliveries to core subjects until then, so that
+	// core subscribers disconnected by an embedded-server restart can
+	// reconnect first. Stream-bound targets are not held. Optional.
+	GraceUntil time.Time
+
+	// Batch, BatchBytes, Window, PurgeEvery and MaxAttempts are optional;
+	// defaults are the Scanner*Default constants.
+	Batch       int
+	BatchBytes  int
+	Window      int
+	PurgeEvery  time.Duration
+	MaxAttempts int
+}
+
+func (c *ScannerConfig) setDefaults() {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Batch == 0 {
+		c.Batch = ScannerBatchDefault
+	}
+	if c.BatchBytes == 0 {
+		c.BatchBytes = ScannerBatchBytesDefault
+	}
+	if c.Window == 0 {
+		c.Window = ScannerWindowDefault
+	}
+	if c.PurgeEvery == 0 {
+		c.PurgeEvery = ScannerPurgeEveryDefault
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = ScannerMaxAttemptsDefault
+	}
+}
+
+func (c *ScannerConfig) validate() error {
+	switch {
+	case c.Stream == "":
+		return errors.New("deliver: scanner: Stream is required")
+	case c.Offsets == nil:
+		return errors.New("deliver: scanner: Offsets is required")
+	case c.Targets == nil:
+		return errors.New("deliver: scanner: Targets is required")
+	case c.Batch < 1 || c.BatchBytes < 1 || c.Window < 1 || c.MaxAttempts < 1 || c.PurgeEvery < 0:
+		return errors.New("deliver: scanner: Batch, BatchBytes, Window and MaxAttempts must be positive")
+	}
+	return nil
+}
+
+// ScannerStats are a scanner's counters and position.
+type ScannerStats struct {
+	Stream       string
+	Offset       uint64        // last committed sequence
+	Delivered    uint64        // confirmed deliveries since start
+	DeadLettered uint64        // deliveries refused permanently, sent to DELAYD_DLQ
+	Retries      uint64        // failed deliveries retried
+	LastLateness time.Duration // lateness of the last delivery: delivered - due
+}
+
+// Scanner delivers one level stream. It reads the stream in sequence order
+// from its committed offset, waits exactly until the head's due time (no
+// polling interval: one timer for the head), publishes every due message to
+// its target, and commits the offset once the hand-offs are confirmed: a
+// PubAck for a stream-bound target, a flush round trip for a core subject.
+// It then purges the delivered prefix, always keeping the stream's last
+// delivered message (the router reads the tail to stay exactly-once).
+//
+// A scanner holds at most one read batch in memory (Batch messages,
+// BatchBytes of payload), whatever the backlog. It has no consumer on the
+// server, so nothing expires while a 2 h level waits for its head.
+//
+// Semantics follow RocketMQ 4's ScheduleMessageService DeliverDelayedMessageTimerTask,
+// except that delayd waits for the head's due time instead of rechecking
+// every 100 ms, and commits after every confirmed window instead of every 10 s.
+type Scanner struct {
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	cfg     ScannerConfig
+	logger  *slog.Logger
+	reader  *batchReader
+	stream  jetstream.Stream
+	subject string // "delayd.level.<NAME>."
+
+	knownLast atomic.Uint64 // highest sequence the router says it wrote
+	wake      chan struct{}
+
+	offset     uint64 // last confirmed sequence
+	committed  uint64
+	purgedTo   uint64
+	lastPurge  time.Time
+	next       uint64 // next sequence to read
+	buf        []*nats.Msg
+	inflight   []delivery
+	coreUnconf bool
+	attempts   map[uint64]int
+
+	delivered, deadLettered, retries atomic.Uint64
+	lastLateness                     atomic.Int64
+	committedA                       atomic.Uint64
+}
+
+// delivery is one hand-off awaiting confirmation.
+type delivery struct {
+	seq    uint64
+	target string
+	fut    jetstream.PubAckFuture // nil for a core subject
+	due    time.Time
+}
+
+// NewScanner returns a scanner for one level stream. js must have been
+// created with a publish-async timeout so that every PubAck future resolves.
+func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scanner, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	name, ok := strings.CutPrefix(cfg.Stream, "DELAYD_")
+	if !ok {
+		return nil, fmt.Errorf("deliver: scanner: %q is not a level stream name", cfg.Stream)
+	}
+	return &Scanner{
+		nc: nc, js: js, cfg: cfg,
+		logger:   cfg.Logger.With(slog.String("stream", cfg.Stream)),
+		subject:  levelSubjects + name + ".",
+		wake:     make(chan struct{}, 1),
+		attempts: make(map[uint64]int),
+	}, nil
+}
+
+// Notify tells the scanner that its stream now holds sequence seq. The router
+// calls it after each confirmed write; it never blocks.
+func (s *Scanner) Notify(seq uint64) {
+	for {
+		cur := s.knownLast.Load()
+		if seq <= cur || s.knownLast.CompareAndSwap(cur, seq) {
+			break
+		}
+	}
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Stats returns the scanner's counters.
+func (s *Scanner) Stats() ScannerStats {
+	return ScannerStats{
+		Stream: s.cfg.Stream, Offset: s.committedA.Load(), Delivered: s.delivered.Load(),
+		DeadLettered: s.deadLettered.Load(), Retries: s.retries.Load(),
+		LastLateness: time.Duration(s.lastLateness.Load()),
+	}
+}
+
+// Run delivers until ctx is done. On the way out it confirms what is in
+// flight, commits the offset and returns nil. It survives server restarts,
+// retrying with capped, jittered backoff.
+func (s *Scanner) Run(ctx context.Context) error {
+	reader, err := newBatchReader(s.nc, s.cfg.Stream)
+	if err != nil {
+		return err
+	}
+	s.reader = reader
+	defer reader.close()
+	defer s.shutdown()
+
+	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	for {
+		if err := s.start(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.logger.Warn("scanner start failed; retrying", slog.Any("error", err))
+			if !backoff.sleep(ctx) {
+				return nil
+			}
+			continue
+		}
+		break
+	}
+	backoff.reset()
+	for {
+		err := s.step(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			s.logger.Warn("scanner step failed; retrying", slog.Any("error", err))
+			if !backoff.sleep(ctx) {
+				return nil
+			}
+			continue
+		}
+		backoff.reset()
+	}
+}
+
+// start loads the offset and checks it against the stream's state,
+// correcting one that makes no sense.
+func (s *Scanner) start(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	stream, err := s.js.Stream(ctx, s.cfg.Stream)
+	if err != nil {
+		return fmt.Errorf("level stream: %w", err)
+	}
+	s.stream = stream
+	st := stream.CachedInfo().State
+	first := st.FirstSeq // with no messages, FirstSeq is LastSeq+1
+	if first == 0 {
+		first = 1
+	}
+	off, err := s.cfg.Offsets.Load(ctx, s.cfg.Stream)
+	switch {
+	case errors.Is(err, offsets.ErrNotFound):
+		off = first - 1
+	case errors.Is(err, offsets.ErrCorrupt):
+		off = first - 1
+		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, err.Error()); err != nil {
+			return err
+		}
+	case err != nil:
+		return err
+	case off > st.LastSeq:
+		// The stream was recreated, or the offset was set by hand past its end.
+		reason := fmt.Sprintf("offset %d beyond the stream's last sequence %d", off, st.LastSeq)
+		off = first - 1
+		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, reason); err != nil {
+			return err
+		}
+	case off+1 < first:
+		// Messages up to first-1 were purged, so they were delivered.
+		reason := fmt.Sprintf("offset %d below the stream's first sequence %d", off, first)
+		off = first - 1
+		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, reason); err != nil {
+			return err
+		}
+	}
+	s.offset, s.committed, s.purgedTo = off, off, first
+	s.committedA.Store(off)
+	s.next = off + 1
+	s.Notify(st.LastSeq)
+	s.logger.Debug("scanner started", slog.Uint64("offset", off), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("pending", st.LastSeq-off))
+	return nil
+}
+
+// step delivers the head if it is due, or waits for it.
+func (s *Scanner) step(ctx context.Context) error {
+	if len(s.buf) == 0 {
+		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		buf, err := s.reader.read(rctx, s.buf[:0], s.next, s.cfg.Batch, s.cfg.BatchBytes)
+		cancel()
+		if err != nil {
+			s.settle(ctx)
+			return err
+		}
+		s.buf = buf
+		if len(buf) == 0 {
+			if s.next <= s.knownLast.Load() {
+				// Written but not visible yet (a replica behind its leader).
+				return sleepCtx(ctx, time.Millisecond)
+			}
+			s.settle(ctx)
+			s.purge(ctx, true)
+			select {
+			case <-ctx.Done():
+			case <-s.wake:
+			}
+			return nil
+		}
+	}
+	m := s.buf[0]
+	seq, err := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
+	if err != nil || seq < s.next {
+		s.buf = s.buf[1:]
+		return nil
+	}
+	target, due := s.parse(m)
+	now := s.cfg.Now()
+	if !s.cfg.GraceUntil.IsZero() && now.Before(s.cfg.GraceUntil) && due.Before(s.cfg.GraceUntil) && !s.cfg.Targets.bound(target) {
+		due = s.cfg.GraceUntil
+	}
+	if wait := due.Sub(now); wait > 0 {
+		s.settle(ctx)
+		s.purge(ctx, true)
+		return s.sleepUntil(ctx, due)
+	}
+	s.buf[0] = nil
+	s.buf = s.buf[1:]
+	s.next = seq + 1
+	s.lastLateness.Store(int64(now.Sub(due)))
+	if err := s.publish(m, seq, target, due); err != nil {
+		return err
+	}
+	if len(s.inflight) >= s.cfg.Window {
+		s.settle(ctx)
+		s.purge(ctx, false)
+	}
+	return nil
+}
+
+// parse returns a level message's target and due time. A message without a
+// readable Delay-Due-At (written by hand) is due at its level-stream store
+// time plus the stream's delay, never earlier than the contract's due.
+func (s *Scanner) parse(m *nats.Msg) (string, time.Time) {
+	target := strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)
+	due, err := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderDueAt))
+	if err != nil {
+		stored, _ := time.Parse(time.RFC3339Nano, m.Header.Get(hdrJSTimeStamp))
+		due = stored
+		s.logger.Warn("level message without a valid due time; using its store time", slog.String("value", m.Header.Get(HeaderDueAt)))
+	}
+	return target, due
+}
+
+// publish hands one message to its target.
+func (s *Scanner) publish(m *nats.Msg, seq uint64, target string, due time.Time) error {
+	h := m.Header
+	id := h.Get(hdrMsgID)
+	if id == "" {
+		id = h.Get(hdrIngress)
+	}
+	stripInternal(h)
+	if id != "" {
+		h[HeaderNatsMsgID] = []string{id}
+	}
+	m.Subject, m.Reply, m.Sub = target, "", nil
+	d := delivery{seq: seq, target: target, due: due}
+	var err error
+	if s.cfg.Targets.bound(target) {
+		d.fut, err = s.js.PublishMsgAsync(m)
+	} else {
+		err = s.nc.PublishMsg(m)
+		s.coreUnconf = true
+	}
+	if err != nil {
+		if errors.Is(err, nats.ErrMaxPayload) {
+			s.deadLetter(m, seq, fmt.Errorf("%w: the delivery exceeds the server's max payload", ErrTooLarge))
+			return nil
+		}
+		// Not sent: rewind so it is read and tried again.
+		s.next, s.buf = seq, s.buf[:0]
+		return fmt.Errorf("publish to %q: %w", target, err)
+	}
+	s.inflight = append(s.inflight, d)
+	return nil
+}
+
+// settle confirms every in-flight delivery in order and commits the offset
+// up to the first failure. A failed delivery rewinds the scanner to it, so it
+// and everything after it are delivered again in order (stream-bound targets
+// drop the repeats by Nats-Msg-Id).
+func (s *Scanner) settle(ctx context.Context) {
+	if len(s.inflight) == 0 {
+		s.commit(ctx)
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	defer cancel()
+	var flushErr error
+	if s.coreUnconf {
+		flushErr = s.nc.FlushWithContext(cctx)
+		s.coreUnconf = false
+	}
+	for i, d := range s.inflight {
+		var err error
+		if d.fut == nil {
+			err = flushErr
+		} else {
+			select {
+			case <-d.fut.Ok():
+			case err = <-d.fut.Err():
+			}
+			if errors.Is(err, nats.ErrNoResponders) {
+				// The target's stream is gone and nobody listens: like any
+				// core publish without interest, it is delivered to no one.
+				s.cfg.Targets.forget(d.target)
+				err = nil
+			}
+		}
+		if err != nil {
+			s.failed(ctx, d, err)
+			clear(s.inflight[i:])
+			break
+		}
+		s.offset = d.seq
+		s.delivered.Add(1)
+		delete(s.attempts, d.seq)
+	}
+	s.inflight = s.inflight[:0]
+	s.commit(ctx)
+}
+
+// failed handles a delivery that was not confirmed: it is retried from the
+// stream, or dead-lettered when its target refused it permanently.
+func (s *Scanner) failed(ctx context.Context, d delivery, err error) {
+	s.next, s.buf = d.seq, s.buf[:0]
+	s.attempts[d.seq]++
+	n := s.attempts[d.seq]
+	s.retries.Add(1)
+	if permanent(err) && n >= s.cfg.MaxAttempts {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		defer cancel()
+		buf, rerr := s.reader.read(rctx, nil, d.seq, 1, 1)
+		if rerr == nil && len(buf) == 1 {
+			m := buf[0]
+			if seq, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64); seq == d.seq {
+				s.deadLetter(m, d.seq, fmt.Errorf("target %q refused it %d times: %w", d.target, n, err))
+				delete(s.attempts, d.seq)
+				return
+			}
+		}
+	}
+	s.logger.Warn("delivery failed; retrying", slog.String("target", d.target), slog.Uint64("seq", d.seq), slog.Int("attempt", n), slog.Any("error", err))
+	wait := min(time.Duration(n)*100*time.Millisecond, 5*time.Second)
+	_ = sleepCtx(ctx, wait)
+}
+
+// stripInternal removes every header a level-stream message carries for
+// JetStream or delayd only: the direct-get headers, the router's
+// Nats-Expected-Last-Sequence and the reserved Delayd-* headers. The router
+// already removed publishers' Nats-* instructions, so no Nats-* header may
+// reach a target except the Nats-Msg-Id the caller sets.
+func stripInternal(h nats.Header) {
+	for k := range h {
+		if hasPrefixFold(k, "Nats-") || hasPrefixFold(k, hdrInternalPrefix) {
+			delete(h, k)
+		}
+	}
+}
+
+// permanent reports whether a target's refusal will not change on retry.
+func permanent(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum
+	}
+	return false
+}
+
+// deadLetter writes a level message that cannot be delivered to DELAYD_DLQ
+// and moves the offset past it. It blocks until the write is stored.
+func (s *Scanner) deadLetter(m *nats.Msg, seq uint64, reason error) {
+	id := m.Header.Get(hdrIngress)
+	if id == "" {
+		id = m.Header.Get(HeaderNatsMsgID) // already prepared for delivery
+	}
+	if uid := m.Header.Get(hdrMsgID); uid != "" {
+		m.Header[HeaderNatsMsgID] = []string{uid} // kept as Delay-Msg-Id
+	}
+	subject := m.Subject
+	if strings.HasPrefix(subject, "_INBOX") || subject == "" {
+		subject = strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)
+	}
+	stripInternal(m.Header)
+	dl := deadLetterMsg(subject, m.Header, m.Data, reason, id)
+	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		_, err := s.js.PublishMsg(ctx, dl)
+		cancel()
+		if err == nil {
+			break
+		}
+		if errors.Is(err, nats.ErrMaxPayload) && len(dl.Data) > 0 {
+			// Even the dead letter is too large: keep the reason, drop the payload.
+			dl.Data = nil
+			dl.Header[HeaderError] = []string{oneLine(reason.Error()) + " (payload dropped: too large even for the dead-letter stream)"}
+			continue
+		}
+		s.logger.Error("dead-letter write failed; retrying", slog.Any("error", err))
+		backoff.sleep(context.Background())
+	}
+	s.logger.Warn("dead-lettered undeliverable message", slog.String("target", subject), slog.Uint64("seq", seq), slog.String("error", reason.Error()))
+	s.deadLettered.Add(1)
+	s.offset = max(s.offset, seq)
+	s.next = max(s.next, seq+1)
+}
+
+// commit persists the offset if it moved.
+func (s *Scanner) commit(ctx context.Context) {
+	if s.offset == s.committed {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	defer cancel()
+	if err := s.cfg.Offsets.Commit(cctx, s.cfg.Stream, s.offset); err != nil {
+		s.logger.Warn("offset commit failed", slog.Uint64("offset", s.offset), slog.Any("error", err))
+		return
+	}
+	s.committed = s.offset
+	s.committedA.Store(s.offset)
+}
+
+// purge removes the delivered prefix, keeping the last committed message.
+func (s *Scanner) purge(ctx context.Context, idle bool) {
+	if s.committed <= s.purgedTo || (!idle && s.cfg.Now().Sub(s.lastPurge) < s.cfg.PurgeEvery) {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if err := s.stream.Purge(pctx, jetstream.WithPurgeSequence(s.committed)); err != nil {
+		s.logger.Warn("purge failed", slog.Uint64("below", s.committed), slog.Any("error", err))
+		return
+	}
+	s.purgedTo = s.committed
+	s.lastPurge = s.cfg.Now()
+}
+
+// shutdown confirms and commits what is in flight when Run ends.
+func (s *Scanner) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	s.settle(ctx)
+	s.logger.Debug("scanner stopped", slog.Uint64("offset", s.committed))
+}
+
+// sleepUntil waits until the wall clock reaches due; false-free: Go timers
+// never fire early on the monotonic clock, and the caller re-checks the wall
+// clock before delivering.
+func (s *Scanner) sleepUntil(ctx context.Context, due time.Time) error {
+	return sleepCtx(ctx, due.Sub(s.cfg.Now()))
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

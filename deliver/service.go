@@ -1,0 +1,295 @@
+package deliver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/levels"
+	"github.com/delayd/delayd/offsets"
+)
+
+// Stream names and defaults of the JetStream resources delayd creates.
+const (
+	// IngressStream is the work-queue stream publishers write to, on "<prefix>.>".
+	IngressStream = "DELAYD_INGRESS"
+
+	// DuplicateWindowDefault is the ingress and dead-letter streams'
+	// Nats-Msg-Id duplicate window (JetStream's own default).
+	DuplicateWindowDefault = 2 * time.Minute
+
+	publishAsyncTimeout = 10 * time.Second
+)
+
+// Config configures a [Service].
+type Config struct {
+	// Prefix is the ingress subject prefix, e.g. "delay". Required.
+	Prefix string
+
+	// Levels is the level table. Required.
+	Levels levels.Table
+
+	// Replicas for every stream delayd creates. Optional. Default 1.
+	Replicas int
+
+	// StartGrace holds back overdue deliveries to core subjects for this long
+	// after start (embedded mode: subscribers reconnect after a restart).
+	// Optional. Default 0.
+	StartGrace time.Duration
+
+	// Logger is optional. Default discards.
+	Logger *slog.Logger
+
+	// Now is the scanners' clock. Optional. Default time.Now.
+	Now func() time.Time
+
+	// Router and Scanner tune the router and every scanner; their required
+	// fields are filled in by the service. Optional.
+	Router  RouterConfig
+	Scanner ScannerConfig
+}
+
+// Service is delayd's main job: it creates the JetStream resources, routes
+// ingress into level streams and runs one scanner per level stream,
+// including level streams that are no longer in the table but still hold
+// messages.
+type Service struct {
+	nc     *nats.Conn
+	cfg    Config
+	logger *slog.Logger
+
+	mu       sync.Mutex
+	router   *Router
+	scanners map[string]*Scanner
+	ready    atomic.Bool
+}
+
+// New returns a service on nc. Nothing touches the server until Run.
+func New(nc *nats.Conn, cfg Config) (*Service, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Replicas == 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.Prefix == "" || cfg.Levels.Len() == 0 {
+		return nil, errors.New("deliver: Prefix and Levels are required")
+	}
+	if cfg.Replicas < 1 {
+		return nil, fmt.Errorf("deliver: replicas %d: must be at least 1", cfg.Replicas)
+	}
+	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger}, nil
+}
+
+// Ready reports whether the resources exist and the router and every
+// scanner are running.
+func (s *Service) Ready() bool { return s.ready.Load() && s.nc.IsConnected() }
+
+// Stats returns the router's counters and each scanner's, by stream name.
+func (s *Service) Stats() (RouterStats, []ScannerStats) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var rs RouterStats
+	if s.router != nil {
+		rs = s.router.Stats()
+	}
+	var ss []ScannerStats
+	for _, sc := range s.scanners {
+		ss = append(ss, sc.Stats())
+	}
+	slices.SortFunc(ss, func(a, b ScannerStats) int { return strings.Compare(a.Stream, b.Stream) })
+	return rs, ss
+}
+
+// Run sets up the resources (retrying until the server answers), then
+// routes and delivers until ctx is done. It returns nil after a clean
+// shutdown: the router stopped taking ingress, the scanners confirmed what
+// was in flight and committed their offsets.
+func (s *Service) Run(ctx context.Context) error {
+	var streams []string
+	var store *offsets.Store
+	backoff := newBackoff(200*time.Millisecond, 5*time.Second)
+	for {
+		var err error
+		streams, store, err = s.setup(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.logger.Warn("setup failed; retrying", slog.Any("error", err))
+		if !backoff.sleep(ctx) {
+			return nil
+		}
+	}
+
+	targets := NewTargetIndex(s.nc, mustJS(s.nc, 0), s.logger)
+	if err := targets.Refresh(ctx); err != nil {
+		s.logger.Warn("target index refresh failed", slog.Any("error", err))
+	}
+
+	start := time.Now()
+	scanners := make(map[string]*Scanner, len(streams))
+	for _, name := range streams {
+		sc := s.cfg.Scanner
+		sc.Stream, sc.Offsets, sc.Targets = name, store, targets
+		sc.Logger = s.logger.With(slog.String("component", "scanner"))
+		if s.cfg.Now != nil {
+			sc.Now = s.cfg.Now
+		}
+		if s.cfg.StartGrace > 0 {
+			sc.GraceUntil = start.Add(s.cfg.StartGrace)
+		}
+		window := sc.Window
+		if window == 0 {
+			window = ScannerWindowDefault
+		}
+		scanner, err := NewScanner(s.nc, mustJS(s.nc, window+16), sc)
+		if err != nil {
+			return err
+		}
+		scanners[name] = scanner
+	}
+	rc := s.cfg.Router
+	rc.Prefix, rc.Levels = s.cfg.Prefix, s.cfg.Levels
+	rc.Logger = s.logger.With(slog.String("component", "router"))
+	rc.OnRouted = func(stream string, seq uint64) {
+		if sc := scanners[stream]; sc != nil {
+			sc.Notify(seq)
+		}
+	}
+	inflight := rc.MaxInFlight
+	if inflight == 0 {
+		inflight = RouterMaxInFlightDefault
+	}
+	router, err := NewRouter(mustJS(s.nc, inflight+16), rc)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.router, s.scanners = router, scanners
+	s.mu.Unlock()
+
+	var wg sync.WaitGroup
+	errs := make(chan error, len(scanners)+2)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Go(func() { errs <- targets.Run(runCtx) })
+	for _, sc := range scanners {
+		wg.Go(func() { errs <- sc.Run(runCtx) })
+	}
+	wg.Go(func() { errs <- router.Run(runCtx) })
+	s.ready.Store(true)
+	s.logger.Info("delayd scheduling", slog.String("ingress", s.cfg.Prefix+".>"), slog.Int("level_streams", len(streams)))
+
+	var first error
+	go func() { wg.Wait(); close(errs) }()
+	for err := range errs {
+		if err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	s.ready.Store(false)
+	return first
+}
+
+// setup creates or updates every stream and the offsets bucket, and returns
+// the level streams to scan: the table's, the immediate level's, and any
+// DELAYD_<duration> stream left from an earlier table.
+func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	js := mustJS(s.nc, 0)
+	r := s.cfg.Replicas
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        IngressStream,
+		Description: "delayd ingress: publish to " + s.cfg.Prefix + ".<target subject> with a Delay-Level header",
+		Subjects:    []string{s.cfg.Prefix + ".>"},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    r,
+		Duplicates:  DuplicateWindowDefault,
+	}); err != nil {
+		return nil, nil, fmt.Errorf("stream %s: %w", IngressStream, err)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        DLQStream,
+		Description: "delayd dead letters: invalid or undeliverable messages with Delay-Error and Delay-Subject",
+		Subjects:    []string{dlqSubjects + ">"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    r,
+		Duplicates:  DuplicateWindowDefault,
+	}); err != nil {
+		return nil, nil, fmt.Errorf("stream %s: %w", DLQStream, err)
+	}
+	want := append([]levels.Level{{}}, s.cfg.Levels.Levels()...)
+	var streams []string
+	for _, l := range want {
+		if err := ensureLevelStream(ctx, js, l.Delay, r); err != nil {
+			return nil, nil, err
+		}
+		streams = append(streams, l.Stream())
+	}
+	names := js.StreamNames(ctx, jetstream.WithStreamListSubject(levelSubjects+">"))
+	for name := range names.Name() {
+		if _, ok := levels.ParseStreamName(name); ok && !slices.Contains(streams, name) {
+			s.logger.Info("draining level stream no longer in the table", slog.String("stream", name))
+			streams = append(streams, name)
+		}
+	}
+	if err := names.Err(); err != nil {
+		return nil, nil, fmt.Errorf("list level streams: %w", err)
+	}
+	store, err := offsets.New(ctx, js, offsets.Config{Replicas: r, Logger: s.logger.With(slog.String("component", "offsets"))})
+	if err != nil {
+		return nil, nil, err
+	}
+	return streams, store, nil
+}
+
+// ensureLevelStream creates or updates the level stream for delay.
+func ensureLevelStream(ctx context.Context, js jetstream.JetStream, delay time.Duration, replicas int) error {
+	name := levels.StreamName(delay)
+	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        name,
+		Description: "delayd level " + levels.FormatDuration(delay) + ": messages waiting for their due time",
+		Subjects:    []string{levelSubjects + levels.DurationName(delay) + ".>"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+		AllowDirect: true,
+		// The router writes with Nats-Expected-Last-Sequence and no
+		// Nats-Msg-Id, so the smallest window keeps no ids in memory.
+		Duplicates: 100 * time.Millisecond,
+	})
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", name, err)
+	}
+	return nil
+}
+
+// mustJS returns a JetStream context with its own async-publish window, so
+// that one level's slow target never stalls another's publishes.
+func mustJS(nc *nats.Conn, maxPending int) jetstream.JetStream {
+	opts := []jetstream.JetStreamOpt{jetstream.WithPublishAsyncTimeout(publishAsyncTimeout)}
+	if maxPending > 0 {
+		opts = append(opts, jetstream.WithPublishAsyncMaxPending(maxPending))
+	}
+	js, err := jetstream.New(nc, opts...)
+	if err != nil {
+		panic(err) // only invalid options fail, and these are constant
+	}
+	return js
+}

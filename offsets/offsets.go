@@ -1,0 +1,143 @@
+// Package offsets persists each level stream's delivery offset in the
+// DELAYD_OFFSETS JetStream key-value bucket.
+//
+// An offset is the last level-stream sequence whose hand-off to its target was
+// confirmed (a PubAck for a stream-bound target, a flush round trip for a core
+// subject). After any restart a scanner resumes at offset+1, so only messages
+// past the last committed offset are delivered again. This is RocketMQ 4's
+// ScheduleMessageService offset table, except that delayd commits after every
+// confirmed batch instead of every 10 s.
+//
+// Each key is a level stream's name (for example "DELAYD_5S") and each value is
+// the sequence as decimal text, so operators can read and fix it with any KV
+// client: nats kv get DELAYD_OFFSETS DELAYD_5S.
+package offsets
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Bucket is the name of the key-value bucket that holds the offsets.
+const Bucket = "DELAYD_OFFSETS"
+
+var (
+	// ErrNotFound is returned by [Store.Load] when no offset was ever
+	// committed for the stream.
+	ErrNotFound = errors.New("offsets: no committed offset")
+
+	// ErrCorrupt is returned by [Store.Load] when the stored value is not a
+	// decimal sequence. The value is quoted in the wrapping error.
+	ErrCorrupt = errors.New("offsets: stored offset is not a decimal sequence")
+
+	// ErrRegress is returned by [Store.Commit] when the offset would move
+	// backwards. Offsets only move forward; use [Store.Correct] to repair one.
+	ErrRegress = errors.New("offsets: offset would move backwards")
+)
+
+// Config configures a [Store].
+type Config struct {
+	// Replicas is the bucket's replica count. Optional. Default 1.
+	Replicas int
+
+	// Logger receives corrections. Optional. Default discards.
+	Logger *slog.Logger
+}
+
+// Store reads and commits level offsets. It is safe for concurrent use; each
+// level stream's scanner owns its own key.
+type Store struct {
+	kv     jetstream.KeyValue
+	logger *slog.Logger
+
+	mu   sync.Mutex
+	last map[string]uint64 // last committed (or loaded) offset per stream
+}
+
+// New creates or updates the [Bucket] and returns a Store on it.
+func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, error) {
+	if cfg.Replicas == 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.Replicas < 0 {
+		return nil, fmt.Errorf("offsets: replicas %d: must be at least 1", cfg.Replicas)
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      Bucket,
+		Description: "delayd: last delivered sequence per level stream (decimal text)",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("offsets: create bucket %s: %w", Bucket, err)
+	}
+	return &Store{kv: kv, logger: logger, last: make(map[string]uint64)}, nil
+}
+
+// Load returns the committed offset of a level stream. It returns an error
+// wrapping [ErrNotFound] when there is none and [ErrCorrupt] when the stored
+// value is not a decimal sequence.
+func (s *Store) Load(ctx context.Context, stream string) (uint64, error) {
+	e, err := s.kv.Get(ctx, stream)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, fmt.Errorf("%w for %s", ErrNotFound, stream)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("offsets: load %s: %w", stream, err)
+	}
+	seq, err := strconv.ParseUint(string(e.Value()), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s = %q", ErrCorrupt, stream, e.Value())
+	}
+	s.mu.Lock()
+	s.last[stream] = seq
+	s.mu.Unlock()
+	return seq, nil
+}
+
+// Commit stores seq as the stream's offset. Committing the offset already
+// stored is a no-op without a round trip. Moving it backwards returns
+// [ErrRegress].
+func (s *Store) Commit(ctx context.Context, stream string, seq uint64) error {
+	s.mu.Lock()
+	last, ok := s.last[stream]
+	s.mu.Unlock()
+	if ok && seq == last {
+		return nil
+	}
+	if ok && seq < last {
+		return fmt.Errorf("%w: %s from %d to %d", ErrRegress, stream, last, seq)
+	}
+	return s.put(ctx, stream, seq)
+}
+
+// Correct stores seq as the stream's offset even if it moves backwards, and
+// logs the correction with its reason. Scanners use it when the stored
+// offset makes no sense for the stream (beyond its last sequence, below its
+// first, or corrupt).
+func (s *Store) Correct(ctx context.Context, stream string, seq uint64, reason string) error {
+	s.logger.Warn("offset corrected", slog.String("stream", stream), slog.Uint64("offset", seq), slog.String("reason", reason))
+	return s.put(ctx, stream, seq)
+}
+
+func (s *Store) put(ctx context.Context, stream string, seq uint64) error {
+	var buf [20]byte
+	if _, err := s.kv.Put(ctx, stream, strconv.AppendUint(buf[:0], seq, 10)); err != nil {
+		return fmt.Errorf("offsets: commit %s=%d: %w", stream, seq, err)
+	}
+	s.mu.Lock()
+	s.last[stream] = seq
+	s.mu.Unlock()
+	return nil
+}
