@@ -553,7 +553,7 @@ func (s *Scanner) commit(ctx context.Context) {
 
 // purge removes the delivered prefix, keeping the last committed message.
 func (s *Scanner) purge(ctx context.Context, idle bool) {
-	if s.committed <= s.purgedTo || (!idle && s.cfg.Now().Sub(s.lastPurge) < s.cfg.PurgeEvery) {
+	if ctx.Err() != nil || s.committed <= s.purgedTo || (!idle && s.cfg.Now().Sub(s.lastPurge) < s.cfg.PurgeEvery) {
 		return
 	}
 	pctx, cancel := context.WithTimeout(ctx, opTimeout)

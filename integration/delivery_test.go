@@ -1,0 +1,207 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/levels"
+)
+
+// TestNeverEarly publishes across every level of a short table (and level 0)
+// and checks that every delivery arrives at or after ingress store time +
+// the level's delay. Lateness percentiles go to the test log; no speed is
+// asserted.
+func TestNeverEarly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	table := levels.MustParse("100ms 300ms 1s")
+	b.startDelayd(table.String())
+	c := b.collect("early.>")
+
+	const perLevel = 40
+	want := 0
+	for i := range perLevel {
+		for lvl := 0; lvl <= table.Len(); lvl++ {
+			b.publish(fmt.Sprintf("delay.early.%d", lvl), []byte(strconv.Itoa(i)), level(lvl))
+			want++
+		}
+		time.Sleep(5 * time.Millisecond) // spread ingress times
+	}
+	got := c.wait(t, want, 30*time.Second)
+
+	var lateness []time.Duration
+	for _, r := range got {
+		lvl, _ := strconv.Atoi(r.msg.Subject[len("early."):])
+		l, _ := table.Level(lvl)
+		enq := parseTime(t, r.msg.Header, deliver.HeaderEnqueuedAt)
+		due := parseTime(t, r.msg.Header, deliver.HeaderDueAt)
+		if d := due.Sub(enq); d != l.Delay {
+			t.Fatalf("level %d: due - enqueued = %s, want %s", lvl, d, l.Delay)
+		}
+		if r.at.Before(due) {
+			t.Errorf("level %d delivered %s early (due %s, arrived %s)", lvl, due.Sub(r.at), due, r.at)
+		}
+		lateness = append(lateness, r.at.Sub(due))
+	}
+	slices.Sort(lateness)
+	t.Logf("lateness over %d deliveries: p50=%s p99=%s max=%s", len(lateness),
+		percentile(lateness, 50), percentile(lateness, 99), lateness[len(lateness)-1])
+	time.Sleep(200 * time.Millisecond)
+	if n := len(c.snapshot()); n != want {
+		t.Errorf("got %d deliveries, want exactly %d", n, want)
+	}
+}
+
+// TestFIFO checks that 1,000 messages at one level arrive in publish order.
+func TestFIFO(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("100ms 1s")
+	c := b.collect("fifo.x")
+	const n = 1000
+	ctx := context.Background()
+	var futs []jetstream.PubAckFuture
+	for i := range n {
+		f, err := b.js.PublishMsgAsync(&nats.Msg{Subject: "delay.fifo.x", Data: []byte(strconv.Itoa(i)), Header: level(1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	select {
+	case <-b.js.PublishAsyncComplete():
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("publishes not acked")
+	}
+	for _, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatal(err)
+		}
+	}
+	got := c.wait(t, n, 30*time.Second)
+	for i, r := range got {
+		if string(r.msg.Data) != strconv.Itoa(i) {
+			t.Fatalf("delivery %d carried %q: out of order", i, r.msg.Data)
+		}
+	}
+}
+
+// TestIsolation checks that a long level's head never holds back a short
+// level: the short message is delivered while the long one is still pending.
+func TestIsolation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("100ms 10s")
+	c := b.collect("iso.>")
+	b.publish("delay.iso.long", []byte("long"), level(2))
+	b.publish("delay.iso.short", []byte("short"), level(1))
+	got := c.wait(t, 1, 9*time.Second)
+	if got[0].msg.Subject != "iso.short" {
+		t.Fatalf("first delivery on %s, want iso.short", got[0].msg.Subject)
+	}
+	longDue := parseTime(t, got[0].msg.Header, deliver.HeaderEnqueuedAt).Add(10 * time.Second)
+	if !got[0].at.Before(longDue) {
+		t.Fatalf("short level delivered at %s, not before the long level's due %s", got[0].at, longDue)
+	}
+}
+
+// TestRestartExactlyOnce stops delayd gracefully with messages pending in
+// several levels, starts it again, and checks that every message reaches a
+// stream-bound target exactly once, counted by Nats-Msg-Id.
+func TestRestartExactlyOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	target := b.createStream("CAPTURE", "captured.>")
+	table := "100ms 500ms 2s"
+	b.startDelayd(table)
+
+	const perLevel = 300
+	var total int
+	publishBatch := func(round int) {
+		for i := range perLevel {
+			for lvl := 0; lvl <= 3; lvl++ {
+				hdr := level(lvl)
+				if i%2 == 0 {
+					hdr.Set("Nats-Msg-Id", fmt.Sprintf("user-%d-%d-%d", round, lvl, i))
+				}
+				b.publish(fmt.Sprintf("delay.captured.l%d", lvl), []byte(fmt.Sprint(round, lvl, i)), hdr)
+				total++
+			}
+		}
+	}
+	publishBatch(0)
+	b.stopDelayd() // graceful: pending messages in every level
+	publishBatch(1) // published while delayd is down
+	b.startDelayd(table)
+	publishBatch(2)
+
+	waitFor(t, 30*time.Second, "all captured", func() bool {
+		info, err := target.Info(context.Background())
+		return err == nil && info.State.Msgs >= uint64(total)
+	})
+	time.Sleep(500 * time.Millisecond) // a late duplicate would show up now
+	ids := map[string]int{}
+	for _, m := range b.streamMsgs("CAPTURE") {
+		id := m.Header.Get("Nats-Msg-Id")
+		if id == "" {
+			t.Fatal("delivery without Nats-Msg-Id")
+		}
+		ids[id]++
+	}
+	if len(ids) != total {
+		t.Fatalf("captured %d distinct ids, want %d", len(ids), total)
+	}
+	for id, n := range ids {
+		if n != 1 {
+			t.Errorf("id %s captured %d times", id, n)
+		}
+	}
+	if n := b.streamCount("CAPTURE"); n != uint64(total) {
+		t.Errorf("target stream holds %d messages, want %d", n, total)
+	}
+	// Every level stream is purged down to its last delivered message.
+	for _, name := range []string{"DELAYD_0S", "DELAYD_100MS", "DELAYD_500MS", "DELAYD_2S"} {
+		if n := b.streamCount(name); n > 1 {
+			t.Errorf("%s still holds %d messages after delivery, want at most 1", name, n)
+		}
+	}
+}
+
+// TestTableChangeDrainsRemovedLevel removes a level from the table while it
+// holds messages; they are still delivered after restart.
+func TestTableChangeDrainsRemovedLevel(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.collect("removed.>")
+	b.startDelayd("100ms 2s")
+	for i := range 5 {
+		b.publish("delay.removed.x", []byte(strconv.Itoa(i)), level(2))
+	}
+	waitFor(t, 10*time.Second, "routed to DELAYD_2S", func() bool { return b.streamCount("DELAYD_2S") == 5 })
+	b.stopDelayd()
+	b.startDelayd("100ms 500ms") // 2s is gone from the table
+	got := c.wait(t, 5, 15*time.Second)
+	for i, r := range got {
+		if string(r.msg.Data) != strconv.Itoa(i) {
+			t.Fatalf("delivery %d = %q, want %d", i, r.msg.Data, i)
+		}
+		due := parseTime(t, r.msg.Header, deliver.HeaderDueAt)
+		if r.at.Before(due) {
+			t.Errorf("delivered %s early", due.Sub(r.at))
+		}
+		if d := due.Sub(parseTime(t, r.msg.Header, deliver.HeaderEnqueuedAt)); d != 2*time.Second {
+			t.Errorf("due - enqueued = %s, want the removed level's 2s", d)
+		}
+	}
+}
