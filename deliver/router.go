@@ -197,10 +197,8 @@ func (r *Router) session(ctx context.Context) error {
 		return fmt.Errorf("ingress stream: %w", err)
 	}
 	r.ingressID = strconv.FormatInt(info.CachedInfo().Created.UnixNano(), 10)
-	for _, w := range r.writers {
-		if err := r.syncTail(ctx, w); err != nil {
-			return err
-		}
+	if err := r.syncTails(ctx); err != nil {
+		return err
 	}
 	// A fresh consumer redelivers every unacked ingress message at once,
 	// instead of after the ack wait of a consumer left by a crashed process.
@@ -250,6 +248,20 @@ func (r *Router) session(ctx context.Context) error {
 		}
 		r.route(m)
 	}
+}
+
+// syncTails syncs every level writer and tells the scanners each stream's
+// last sequence: a write whose PubAck was lost is found here, not acked.
+func (r *Router) syncTails(ctx context.Context) error {
+	for _, w := range r.writers {
+		if err := r.syncTail(ctx, w); err != nil {
+			return err
+		}
+		if w.expected > 0 {
+			r.cfg.OnRouted(w.stream, w.expected)
+		}
+	}
+	return nil
 }
 
 // syncTail reads a level stream's last sequence and the ingress sequence of
@@ -454,11 +466,9 @@ func (r *Router) recover(ctx context.Context) error {
 		if !backoff.sleep(ctx) {
 			return ctx.Err()
 		}
-		for _, w := range r.writers {
-			if err := r.syncTail(ctx, w); err != nil {
-				r.requeue(failed)
-				return err
-			}
+		if err := r.syncTails(ctx); err != nil {
+			r.requeue(failed)
+			return err
 		}
 		for i, rt := range failed {
 			if r.broken.Load() {

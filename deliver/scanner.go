@@ -153,6 +153,7 @@ type Scanner struct {
 	inflight   []delivery
 	coreUnconf bool
 	attempts   map[uint64]int
+	lagRetries int
 
 	delivered, deadLettered, retries atomic.Uint64
 	lastLateness                     atomic.Int64
@@ -316,9 +317,13 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.buf = buf
 		if len(buf) == 0 {
 			if s.next <= s.knownLast.Load() {
-				// Written but not visible yet (a replica behind its leader).
-				return sleepCtx(ctx, time.Millisecond)
+				// Written but not visible yet (a replica behind its leader),
+				// or removed by hand: look again, backing off to 1 s.
+				s.lagRetries++
+				s.settle(ctx)
+				return sleepCtx(ctx, min(time.Millisecond<<min(s.lagRetries, 10), time.Second))
 			}
+			s.lagRetries = 0
 			s.settle(ctx)
 			s.purge(ctx, true)
 			select {
@@ -430,7 +435,7 @@ func (s *Scanner) settle(ctx context.Context) {
 			case <-d.fut.Ok():
 			case err = <-d.fut.Err():
 			}
-			if errors.Is(err, nats.ErrNoResponders) {
+			if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 				// The target's stream is gone and nobody listens: like any
 				// core publish without interest, it is delivered to no one.
 				s.cfg.Targets.forget(d.target)

@@ -1,0 +1,188 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver"
+)
+
+// delaydBinary builds cmd/delayd once per test binary.
+var delaydBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "delayd-bin-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "delayd")
+	out, err := exec.Command("go", "build", "-race", "-o", bin, "../cmd/delayd").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// process is delayd running as a separate OS process.
+type process struct {
+	cmd *exec.Cmd
+	out *bytes.Buffer
+}
+
+// startProcess runs the delayd binary against the test's server.
+func (b *testBundle) startProcess(env ...string) *process {
+	b.t.Helper()
+	bin, err := delaydBinary()
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(),
+		"DELAYD_NATS_URL="+b.srv.ClientURL(),
+		"DELAYD_HTTP_ADDR=",
+		"DELAYD_LOG_FORMAT=json",
+		"DELAYD_LOG_LEVEL=warn",
+	)
+	cmd.Env = append(cmd.Env, env...)
+	out := &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, &syncWriter{w: out}
+	if err := cmd.Start(); err != nil {
+		b.t.Fatal(err)
+	}
+	p := &process{cmd: cmd, out: out}
+	b.t.Cleanup(func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() })
+	return p
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+// TestKill9 runs delayd as a separate process against an external
+// nats-server, kills it with SIGKILL at random moments while 100,000
+// messages flow through several levels, and restarts it each time. Nothing
+// may be lost or early; a stream-bound target sees no duplicate; a core
+// subscriber's raw re-deliveries are reported.
+func TestKill9(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long fault test: skipped under -short")
+	}
+	b := setup(t)
+	const (
+		total = 100_000
+		kills = 20
+	)
+	env := []string{"DELAYD_LEVELS=100ms 300ms 1s"}
+	capture := b.createStream("KILLCAP", "kill.>")
+
+	// Core subscriber: counts every raw delivery and early arrivals.
+	var (
+		mu        sync.Mutex
+		seen      = make(map[string]int, total)
+		early     atomic.Int64
+		coreTotal atomic.Int64
+	)
+	sub, err := b.nc.Subscribe("kill.>", func(m *nats.Msg) {
+		now := time.Now()
+		coreTotal.Add(1)
+		if due, err := time.Parse(time.RFC3339Nano, m.Header.Get(deliver.HeaderDueAt)); err != nil || now.Before(due) {
+			early.Add(1)
+		}
+		mu.Lock()
+		seen[m.Header.Get("Nats-Msg-Id")]++
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	defer func() { _ = sub.Unsubscribe() }()
+
+	p := b.startProcess(env...)
+
+	// Publisher: async, bounded, over four levels (0 included).
+	pubDone := make(chan struct{})
+	go func() {
+		defer close(pubDone)
+		for i := range total {
+			hdr := level(i % 4)
+			if i%3 == 0 {
+				hdr.Set("Nats-Msg-Id", fmt.Sprintf("own-%d", i))
+			}
+			for {
+				_, err := b.js.PublishMsgAsync(&nats.Msg{Subject: fmt.Sprintf("delay.kill.l%d", i%4), Data: []byte(fmt.Sprint(i)), Header: hdr})
+				if err == nil {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if i%2000 == 0 {
+				<-b.js.PublishAsyncComplete()
+			}
+		}
+		<-b.js.PublishAsyncComplete()
+	}()
+	_ = jetstream.PubAck{}
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	for k := range kills {
+		time.Sleep(time.Duration(200+rng.IntN(800)) * time.Millisecond)
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = p.cmd.Wait()
+		t.Logf("kill %d at %s: captured %d", k+1, time.Now().Format("15:04:05.000"), b.streamCount("KILLCAP"))
+		p = b.startProcess(env...)
+	}
+	<-pubDone
+
+	waitFor(t, 3*time.Minute, "every message captured", func() bool {
+		info, err := capture.Info(context.Background())
+		return err == nil && info.State.Msgs >= total
+	})
+	time.Sleep(time.Second) // late duplicates would show now
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Wait(); err != nil {
+		t.Errorf("graceful stop: %v\n%s", err, p.out.String())
+	}
+
+	stored := b.streamCount("KILLCAP")
+	mu.Lock()
+	distinct := len(seen)
+	raw := coreTotal.Load()
+	mu.Unlock()
+	t.Logf("published=%d captured=%d core distinct=%d core raw=%d core re-deliveries=%d early=%d",
+		total, stored, distinct, raw, raw-int64(distinct), early.Load())
+	if stored != total {
+		t.Errorf("target stream holds %d messages, want exactly %d (lost or duplicated)", stored, total)
+	}
+	if distinct != total {
+		t.Errorf("core subscriber saw %d distinct ids, want %d", distinct, total)
+	}
+	if early.Load() != 0 {
+		t.Errorf("%d deliveries arrived before Delay-Due-At", early.Load())
+	}
+	if n := b.streamCount(deliver.IngressStream); n != 0 {
+		t.Errorf("ingress still holds %d messages", n)
+	}
+}
