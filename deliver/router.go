@@ -117,8 +117,8 @@ type Router struct {
 	cfg    RouterConfig
 	logger *slog.Logger
 
-	ingressID string          // unique to the ingress stream's life: its creation time
-	writers   []*levelWriter  // by level index, 0 = immediate
+	ingressID string         // unique to the ingress stream's life: its creation time
+	writers   []*levelWriter // by level index, 0 = immediate
 	byStream  map[string]*levelWriter
 
 	inflight chan *routing

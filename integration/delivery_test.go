@@ -141,7 +141,7 @@ func TestRestartExactlyOnce(t *testing.T) {
 		}
 	}
 	publishBatch(0)
-	b.stopDelayd() // graceful: pending messages in every level
+	b.stopDelayd()  // graceful: pending messages in every level
 	publishBatch(1) // published while delayd is down
 	b.startDelayd(table)
 	publishBatch(2)
