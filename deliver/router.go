@@ -348,7 +348,7 @@ func (r *Router) classify(m jetstream.Msg) (levels.Level, string, error) {
 	if clamped {
 		r.clamped.Add(1)
 		r.logger.Warn("delay level above the table, clamped to the highest level",
-			slog.String("value", strings.TrimSpace(value)), slog.String("level", lvl.Name()), slog.String("subject", m.Subject()))
+			slog.String("value", strings.TrimSpace(value)), slog.String("delay_level", lvl.Name()), slog.String("subject", m.Subject()))
 	}
 	return lvl, target, nil
 }

@@ -21,8 +21,8 @@ func ExampleTable_Pick() {
 	// " 2 ": level 2, delay 5s, stream DELAYD_5S, clamped false
 	// "3": level 3, delay 1m30s, stream DELAYD_1M30S, clamped false
 	// "9": level 3, delay 1m30s, stream DELAYD_1M30S, clamped true
-	// levels: "-1": negative (want an integer from 0 to 3): invalid delay level
-	// levels: "": empty value (want an integer from 0 to 3): missing delay level
+	// levels: "-1": negative (want 0 to 3; higher values are clamped): invalid delay level
+	// levels: "": empty value (want 0 to 3; higher values are clamped): missing delay level
 }
 
 func ExampleParse() {

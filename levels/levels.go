@@ -185,7 +185,7 @@ func (t Table) String() string {
 func (t Table) Pick(value string) (lvl Level, clamped bool, err error) {
 	v := strings.TrimSpace(value)
 	if v == "" {
-		return Level{}, false, fmt.Errorf("levels: %q: empty value (want an integer from 0 to %d): %w",
+		return Level{}, false, fmt.Errorf("levels: %q: empty value (want 0 to %d; higher values are clamped): %w",
 			value, t.Len(), ErrMissingLevel)
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
@@ -193,12 +193,12 @@ func (t Table) Pick(value string) (lvl Level, clamped bool, err error) {
 		if errors.Is(err, strconv.ErrRange) {
 			return Level{}, false, fmt.Errorf("levels: %q: does not fit in an int64: %w", value, ErrLevelOverflow)
 		}
-		return Level{}, false, fmt.Errorf("levels: %q: not a base-10 integer (want an integer from 0 to %d): %w",
+		return Level{}, false, fmt.Errorf("levels: %q: not a base-10 integer (want 0 to %d; higher values are clamped): %w",
 			value, t.Len(), ErrInvalidLevel)
 	}
 	switch {
 	case n < 0:
-		return Level{}, false, fmt.Errorf("levels: %q: negative (want an integer from 0 to %d): %w",
+		return Level{}, false, fmt.Errorf("levels: %q: negative (want 0 to %d; higher values are clamped): %w",
 			value, t.Len(), ErrInvalidLevel)
 	case n == 0:
 		return Level{}, false, nil

@@ -96,7 +96,7 @@ func run() int {
 		logger.Error("bad service configuration", slog.Any("error", err))
 		return exitConfig
 	}
-	logger.Info("level table", slog.String("levels", cfg.Levels.String()), slog.String("publish_to", cfg.Prefix+".<subject>"), slog.String("header", deliver.HeaderLevel+": 1.."+fmt.Sprint(cfg.Levels.Len())))
+	logger.Info("level table", slog.String("levels", cfg.Levels.String()), slog.String("publish_to", cfg.Prefix+".<subject>"), slog.String("header", deliver.HeaderLevel+": 0.."+fmt.Sprint(cfg.Levels.Len())))
 
 	if cfg.HTTPAddr != "" {
 		hs, err := serveHTTP(cfg.HTTPAddr, svc, logger)
