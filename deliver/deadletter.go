@@ -1,10 +1,12 @@
 package deliver
 
 import (
+	"context"
 	"errors"
 	"strings"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/levels"
 )
@@ -36,18 +38,26 @@ func reasonOf(err error) string {
 
 // deadLetterMsg builds the DLQ message for a message published to subject.
 // It keeps the payload and headers, except JetStream instruction headers
-// (Nats-*), which would act on the dead-letter stream; a publisher's
-// Nats-Msg-Id is kept as Delay-Msg-Id. It adds Delay-Error and
+// (Nats-*), which would act on the dead-letter stream, and reserved Delayd-*
+// headers; a publisher's Nats-Msg-Id is kept as Delay-Msg-Id. It adds Delay-Error and
 // Delay-Subject, and dedupes on id, the message's derived ingress id.
 func deadLetterMsg(subject string, h nats.Header, data []byte, reason error, id string) *nats.Msg {
 	if h == nil {
 		h = make(nats.Header, 4)
 	}
 	for k, v := range h {
-		if hasPrefixFold(k, "Nats-") {
-			if k == HeaderNatsMsgID && len(v) > 0 {
+		switch {
+		case hasPrefixFold(k, "Nats-"):
+			if strings.EqualFold(k, HeaderNatsMsgID) && len(v) > 0 {
 				h[HeaderMsgID] = []string{v[0]}
 			}
+			delete(h, k)
+		case k == hdrMsgID: // the publisher's id, carried by a level message
+			if len(v) > 0 {
+				h[HeaderMsgID] = []string{v[0]}
+			}
+			delete(h, k)
+		case hasPrefixFold(k, hdrInternalPrefix):
 			delete(h, k)
 		}
 	}
@@ -65,4 +75,54 @@ func oneLine(s string) string {
 		}
 		return r
 	}, s)
+}
+
+// tooLarge reports whether the server refused a write for its size: over the
+// max payload, the stream's max message size, or the 64 KiB header limit.
+func tooLarge(err error) bool {
+	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, ErrTooLarge) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jetstream.JSErrCodeStreamMessageExceedsMaximum, errCodeHeaderTooLarge:
+			return true
+		}
+	}
+	return false
+}
+
+// errCodeHeaderTooLarge is JetStream's "header size exceeds maximum allowed
+// of 64k" (nats-server JSStreamHeaderExceedsMaximumErr).
+const errCodeHeaderTooLarge jetstream.ErrorCode = 10097
+
+// publishDeadLetter stores a dead letter and waits for its PubAck. If the
+// server refuses it for its size, it retries without the payload, then
+// without the user headers, saying so in Delay-Error. Other failures are
+// returned.
+func publishDeadLetter(ctx context.Context, js jetstream.JetStream, dl *nats.Msg) error {
+	for attempt := 0; ; attempt++ {
+		pctx, cancel := context.WithTimeout(ctx, opTimeout)
+		_, err := js.PublishMsg(pctx, dl)
+		cancel()
+		if err == nil || !tooLarge(err) || attempt == 2 {
+			return err
+		}
+		reason := dl.Header.Get(HeaderError)
+		switch attempt {
+		case 0:
+			dl.Data = nil
+			dl.Header[HeaderError] = []string{reason + " (payload dropped: too large even for the dead-letter stream)"}
+		case 1:
+			keep := nats.Header{}
+			for _, k := range []string{HeaderError, HeaderSubject, HeaderNatsMsgID, HeaderMsgID} {
+				if v, ok := dl.Header[k]; ok {
+					keep[k] = v
+				}
+			}
+			keep[HeaderError] = []string{reason + "; user headers dropped: too large even for the dead-letter stream"}
+			dl.Header = keep
+		}
+	}
 }

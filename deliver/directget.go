@@ -2,7 +2,6 @@ package deliver
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -23,7 +22,7 @@ type batchReader struct {
 }
 
 func newBatchReader(nc *nats.Conn, stream string) (*batchReader, error) {
-	inbox := nc.NewRespInbox()
+	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox + ".*")
 	if err != nil {
 		return nil, fmt.Errorf("subscribe direct-get inbox: %w", err)
@@ -63,21 +62,18 @@ func (r *batchReader) read(ctx context.Context, dst []*nats.Msg, from uint64, n,
 		if m.Subject != reply {
 			continue // a late reply to an earlier, abandoned request
 		}
-		if len(m.Data) == 0 && m.Header != nil {
+		if m.Header.Get(hdrJSSequence) == "" {
+			// A status, not a message: every stored message comes back with
+			// Nats-Sequence, and level messages carry no user Nats-* header,
+			// so a publisher's own "Status" header cannot pose as one.
 			switch m.Header.Get("Status") {
-			case "204": // end of batch
+			case "204", "404": // end of batch; nothing at or after from
 				return dst, nil
-			case "404": // nothing at or after from
-				return dst, nil
-			case "":
 			case "503":
 				return dst, fmt.Errorf("direct get: %w", nats.ErrNoResponders)
 			default:
-				return dst, fmt.Errorf("direct get: status %s %s", m.Header.Get("Status"), m.Header.Get("Description"))
+				return dst, fmt.Errorf("direct get: unexpected reply: status %q %s", m.Header.Get("Status"), m.Header.Get("Description"))
 			}
-		}
-		if m.Header.Get(hdrJSSequence) == "" {
-			return dst, errors.New("direct get: reply without Nats-Sequence")
 		}
 		dst = append(dst, m)
 	}

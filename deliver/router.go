@@ -143,13 +143,57 @@ type levelWriter struct {
 
 // routing is one ingress message on its way.
 type routing struct {
-	msg jetstream.Msg
+	msg *nats.Msg    // the ingress message; Reply is its $JS.ACK subject
 	seq uint64       // ingress sequence
 	w   *levelWriter // nil for a dead letter
 	out *nats.Msg
 	fut jetstream.PubAckFuture
 	err error
+
+	// Headers levelMsg removed from msg, to restore them on a dead letter.
+	shaped   bool // levelMsg ran on msg's header map
+	removed  [2]hdrKV
+	nRemoved int
+	spill    []hdrKV
 }
+
+type hdrKV struct {
+	key    string
+	values []string
+}
+
+func (rt *routing) remember(k string, v []string) {
+	if rt.nRemoved < len(rt.removed) {
+		rt.removed[rt.nRemoved] = hdrKV{k, v}
+		rt.nRemoved++
+		return
+	}
+	rt.spill = append(rt.spill, hdrKV{k, v})
+}
+
+// originalHeader undoes levelMsg on the ingress message's header map: the
+// headers delayd added are removed and the ones it removed are back.
+func (rt *routing) originalHeader() nats.Header {
+	h := rt.msg.Header
+	if !rt.shaped || h == nil {
+		return h
+	}
+	rt.shaped = false
+	for _, k := range []string{HeaderEnqueuedAt, HeaderDueAt, hdrIngress, hdrMsgID, jetstream.ExpectedLastSeqHeader} {
+		delete(h, k)
+	}
+	for _, kv := range rt.removed[:rt.nRemoved] {
+		h[kv.key] = kv.values
+	}
+	for _, kv := range rt.spill {
+		h[kv.key] = kv.values
+	}
+	return h
+}
+
+func (rt *routing) ack() { _ = rt.msg.Respond(ackAck) }
+
+func (rt *routing) inProgress() { _ = rt.msg.Respond(ackInProgress) }
 
 // NewRouter returns a router. The streams must exist; see [Service].
 func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
@@ -205,7 +249,7 @@ func (r *Router) session(ctx context.Context) error {
 	if err := r.js.DeleteConsumer(ctx, IngressStream, RouterConsumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("reset ingress consumer: %w", err)
 	}
-	cons, err := r.js.CreateOrUpdateConsumer(ctx, IngressStream, jetstream.ConsumerConfig{
+	_, err = r.js.CreateOrUpdateConsumer(ctx, IngressStream, jetstream.ConsumerConfig{
 		Durable:       RouterConsumer,
 		Description:   "delayd router: ingress to level streams",
 		AckPolicy:     jetstream.AckExplicitPolicy,
@@ -217,13 +261,13 @@ func (r *Router) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create ingress consumer: %w", err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(r.cfg.Batch))
+	pull, err := newPullLoop(r.js.Conn(), IngressStream, RouterConsumer, r.cfg.Batch)
 	if err != nil {
-		return fmt.Errorf("consume ingress: %w", err)
+		return err
 	}
-	stop := context.AfterFunc(ctx, it.Stop)
+	stop := context.AfterFunc(ctx, pull.stop)
 	defer stop()
-	defer it.Stop()
+	defer pull.stop()
 
 	r.inflight = make(chan *routing, r.cfg.MaxInFlight)
 	ackerDone := make(chan struct{})
@@ -239,9 +283,9 @@ func (r *Router) session(ctx context.Context) error {
 				return err
 			}
 		}
-		m, err := it.Next()
+		m, err := pull.next(ctx)
 		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			return fmt.Errorf("ingress: %w", err)
@@ -292,14 +336,14 @@ func (r *Router) syncTail(ctx context.Context, w *levelWriter) error {
 }
 
 // route classifies one ingress message and starts its write.
-func (r *Router) route(m jetstream.Msg) {
-	meta, err := m.Metadata()
-	if err != nil {
-		r.logger.Error("ingress message without metadata", slog.Any("error", err))
-		_ = m.Term()
+func (r *Router) route(m *nats.Msg) {
+	meta, ok := parseAck(m.Reply)
+	if !ok {
+		r.logger.Error("ingress message with an unreadable ack subject", slog.String("reply", m.Reply))
+		_ = m.Respond(ackTerm)
 		return
 	}
-	rt := &routing{msg: m, seq: meta.Sequence.Stream}
+	rt := &routing{msg: m, seq: meta.streamSeq}
 	lvl, target, err := r.classify(m)
 	if err != nil {
 		r.deadLetter(rt, err)
@@ -308,26 +352,26 @@ func (r *Router) route(m jetstream.Msg) {
 	w := r.writers[lvl.Index]
 	if rt.seq <= w.lastRouted.Load() {
 		r.skipped.Add(1)
-		_ = m.Ack()
+		rt.ack()
 		return
 	}
 	if rt.seq <= w.lastSubmitted {
 		return // a redelivery of a write still in flight; its PubAck acks it
 	}
 	rt.w = w
-	rt.out = r.levelMsg(m, w, target, rt.seq, meta.Timestamp)
+	r.levelMsg(rt, target, meta.stored)
 	r.submit(rt)
 }
 
 // classify finds the level and target of an ingress message.
-func (r *Router) classify(m jetstream.Msg) (levels.Level, string, error) {
-	target, err := Target(m.Subject(), r.cfg.Prefix)
+func (r *Router) classify(m *nats.Msg) (levels.Level, string, error) {
+	target, err := Target(m.Subject, r.cfg.Prefix)
 	if err != nil {
 		return levels.Level{}, "", err
 	}
 	var value string
 	n := 0
-	for k, v := range m.Headers() {
+	for k, v := range m.Header {
 		if strings.EqualFold(k, HeaderLevel) {
 			n += len(v)
 			if len(v) > 0 {
@@ -348,7 +392,7 @@ func (r *Router) classify(m jetstream.Msg) (levels.Level, string, error) {
 	if clamped {
 		r.clamped.Add(1)
 		r.logger.Warn("delay level above the table, clamped to the highest level",
-			slog.String("value", strings.TrimSpace(value)), slog.String("delay_level", lvl.Name()), slog.String("subject", m.Subject()))
+			slog.String("value", strings.TrimSpace(value)), slog.String("delay_level", lvl.Name()), slog.String("subject", m.Subject))
 	}
 	return lvl, target, nil
 }
@@ -357,27 +401,31 @@ func (r *Router) classify(m jetstream.Msg) (levels.Level, string, error) {
 // its header map and payload. It removes control headers, JetStream
 // instruction headers (Nats-*, which acted on the ingress stream and must not
 // act again) and reserved Delayd-* headers, and adds the delivery headers.
-func (r *Router) levelMsg(m jetstream.Msg, w *levelWriter, target string, seq uint64, stored time.Time) *nats.Msg {
-	h := m.Headers()
+func (r *Router) levelMsg(rt *routing, target string, stored time.Time) {
+	m, w := rt.msg, rt.w
+	rt.shaped = true
+	h := m.Header
 	if h == nil {
 		h = make(nats.Header, 5)
+		m.Header = h
 	}
 	var userID string
 	for k, v := range h {
 		if isControlHeader(k) || hasPrefixFold(k, "Nats-") || hasPrefixFold(k, hdrInternalPrefix) {
-			if k == HeaderNatsMsgID && len(v) > 0 {
+			if strings.EqualFold(k, HeaderNatsMsgID) && len(v) > 0 {
 				userID = v[0]
 			}
+			rt.remember(k, v)
 			delete(h, k)
 		}
 	}
 	h[HeaderEnqueuedAt] = []string{FormatTime(stored)}
 	h[HeaderDueAt] = []string{FormatTime(stored.Add(w.level.Delay))}
-	h[hdrIngress] = []string{r.ingressRef(seq)}
+	h[hdrIngress] = []string{r.ingressRef(rt.seq)}
 	if userID != "" {
 		h[hdrMsgID] = []string{userID}
 	}
-	return &nats.Msg{Subject: w.subject + target, Header: h, Data: m.Data()}
+	rt.out = &nats.Msg{Subject: w.subject + target, Header: h, Data: m.Data}
 }
 
 // submit starts the level write of rt.
@@ -386,11 +434,12 @@ func (r *Router) submit(rt *routing) {
 	rt.out.Header[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(w.expected, 10)}
 	fut, err := r.js.PublishMsgAsync(rt.out)
 	if err != nil {
+		rt.err = err
 		if errors.Is(err, nats.ErrMaxPayload) {
-			r.deadLetter(&routing{msg: rt.msg, seq: rt.seq}, fmt.Errorf("%w: %d payload bytes plus delayd's headers exceed the server's max payload", ErrTooLarge, len(rt.out.Data)))
+			// Refused before it was sent: nothing to resync, order is kept.
+			r.deadLetter(rt, fmt.Errorf("%w: %d payload bytes plus delayd's headers exceed the server's max payload", ErrTooLarge, len(rt.out.Data)))
 			return
 		}
-		rt.err = err
 		r.fail(rt)
 		return
 	}
@@ -401,11 +450,12 @@ func (r *Router) submit(rt *routing) {
 	r.inflight <- rt
 }
 
-// deadLetter writes an invalid ingress message to DELAYD_DLQ.
+// deadLetter starts the write of an ingress message to DELAYD_DLQ.
 func (r *Router) deadLetter(rt *routing, reason error) {
 	m := rt.msg
-	r.logger.Warn("dead-lettering invalid message", slog.String("subject", m.Subject()), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
-	rt.out = deadLetterMsg(m.Subject(), m.Headers(), m.Data(), reason, r.ingressRef(rt.seq))
+	r.logger.Warn("dead-lettering invalid message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
+	rt.w = nil
+	rt.out = deadLetterMsg(m.Subject, rt.originalHeader(), m.Data, reason, r.ingressRef(rt.seq))
 	fut, err := r.js.PublishMsgAsync(rt.out)
 	if err != nil {
 		rt.err = err
@@ -423,7 +473,7 @@ func (r *Router) acker(in <-chan *routing, done chan<- struct{}) {
 	for rt := range in {
 		select {
 		case ack := <-rt.fut.Ok():
-			_ = rt.msg.Ack()
+			rt.ack()
 			if rt.w == nil {
 				r.deadLettered.Add(1)
 			} else {
@@ -447,11 +497,13 @@ func (r *Router) fail(rt *routing) {
 }
 
 // recover redoes failed writes in ingress order after every in-flight write
-// has settled, so each level stream stays in strict ingress order. It keeps
-// retrying, with capped backoff, until they are stored or ctx is done.
+// has settled, so each level stream stays in strict ingress order. A write
+// the server refuses for good (too large once delayd's headers are added) is
+// dead-lettered; any other failure is retried, with capped backoff, until it
+// is stored or ctx is done.
 func (r *Router) recover(ctx context.Context) error {
 	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
-	for {
+	for round := 0; ; round++ {
 		r.pending.Wait()
 		r.mu.Lock()
 		failed := r.failed
@@ -463,7 +515,8 @@ func (r *Router) recover(ctx context.Context) error {
 		}
 		slices.SortFunc(failed, func(a, b *routing) int { return compareUint(a.seq, b.seq) })
 		r.logger.Warn("level writes failed; retrying in order", slog.Int("count", len(failed)), slog.Any("error", failed[0].err))
-		if !backoff.sleep(ctx) {
+		if round > 0 && !backoff.sleep(ctx) {
+			r.requeue(failed)
 			return ctx.Err()
 		}
 		if err := r.syncTails(ctx); err != nil {
@@ -477,23 +530,19 @@ func (r *Router) recover(ctx context.Context) error {
 				r.requeue(failed[i:])
 				break
 			}
-			_ = rt.msg.InProgress() // keep the ack wait from redelivering it meanwhile
-			if rt.w == nil {
-				rt.err = nil
-				fut, err := r.js.PublishMsgAsync(rt.out)
-				if err != nil {
-					rt.err = err
-					r.fail(rt)
-					continue
+			rt.inProgress() // keep the ack wait from redelivering it meanwhile
+			if rt.w == nil || tooLarge(rt.err) {
+				// A dead letter, or a level write refused for its size.
+				if err := r.deadLetterSync(ctx, rt); err != nil {
+					r.logger.Warn("dead-letter write failed; retrying", slog.Any("error", err))
+					r.requeue(failed[i:])
+					break
 				}
-				rt.fut = fut
-				r.pending.Add(1)
-				r.inflight <- rt
 				continue
 			}
 			if rt.seq <= rt.w.lastRouted.Load() {
 				r.skipped.Add(1)
-				_ = rt.msg.Ack()
+				rt.ack()
 				continue
 			}
 			rt.err = nil
@@ -502,6 +551,29 @@ func (r *Router) recover(ctx context.Context) error {
 	}
 }
 
+// deadLetterSync writes rt to DELAYD_DLQ and waits for the PubAck, then acks
+// the ingress message. A dead letter that is itself too large is stored
+// without its payload, then without its user headers, with the reason saying
+// so: delayd's headers can push a message at the server's limits over them,
+// and the dead letter must not loop.
+func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
+	m := rt.msg
+	reason := rt.err
+	if rt.w != nil {
+		reason = fmt.Errorf("%w: the level-stream write was refused: %v", ErrTooLarge, rt.err)
+		rt.out = deadLetterMsg(m.Subject, rt.originalHeader(), m.Data, reason, r.ingressRef(rt.seq))
+		r.logger.Warn("dead-lettering message too large for its level stream", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
+	}
+	if err := publishDeadLetter(ctx, r.js, rt.out); err != nil {
+		return err
+	}
+	r.deadLettered.Add(1)
+	rt.w = nil
+	rt.ack()
+	return nil
+}
+
+// requeue puts rts back to be retried.
 func (r *Router) requeue(rts []*routing) {
 	r.mu.Lock()
 	r.failed = append(rts, r.failed...)

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
 )
 
@@ -154,6 +155,10 @@ type Scanner struct {
 	coreUnconf bool
 	attempts   map[uint64]int
 	lagRetries int
+	probing    bool                // after a failure: one delivery at a time
+	done       map[uint64]struct{} // confirmed after an earlier failure; skipped on re-read
+	backoff    *backoff
+	delay      time.Duration
 
 	delivered, deadLettered, retries atomic.Uint64
 	lastLateness                     atomic.Int64
@@ -166,6 +171,8 @@ type delivery struct {
 	target string
 	fut    jetstream.PubAckFuture // nil for a core subject
 	due    time.Time
+
+	confirmed bool // nothing to wait for: dead-lettered, or confirmed earlier
 }
 
 // NewScanner returns a scanner for one level stream. js must have been
@@ -175,16 +182,20 @@ func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scan
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	name, ok := strings.CutPrefix(cfg.Stream, "DELAYD_")
+	delay, ok := levels.ParseStreamName(cfg.Stream)
 	if !ok {
 		return nil, fmt.Errorf("deliver: scanner: %q is not a level stream name", cfg.Stream)
 	}
+	name := strings.TrimPrefix(cfg.Stream, levels.StreamPrefix)
 	return &Scanner{
 		nc: nc, js: js, cfg: cfg,
 		logger:   cfg.Logger.With(slog.String("stream", cfg.Stream)),
 		subject:  levelSubjects + name + ".",
 		wake:     make(chan struct{}, 1),
 		attempts: make(map[uint64]int),
+		done:     make(map[uint64]struct{}),
+		backoff:  newBackoff(100*time.Millisecond, 5*time.Second),
+		delay:    delay,
 	}, nil
 }
 
@@ -324,7 +335,11 @@ func (s *Scanner) step(ctx context.Context) error {
 				return sleepCtx(ctx, min(time.Millisecond<<min(s.lagRetries, 10), time.Second))
 			}
 			s.lagRetries = 0
+			next := s.next
 			s.settle(ctx)
+			if s.next != next {
+				return nil // a delivery failed and was rewound: read it again
+			}
 			s.purge(ctx, true)
 			select {
 			case <-ctx.Done():
@@ -339,24 +354,35 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.buf = s.buf[1:]
 		return nil
 	}
+	if _, ok := s.done[seq]; ok {
+		// Confirmed before an earlier delivery failed: not sent again.
+		delete(s.done, seq)
+		s.buf[0], s.buf = nil, s.buf[1:]
+		s.next = seq + 1
+		s.inflight = append(s.inflight, delivery{seq: seq, confirmed: true})
+		return nil
+	}
 	target, due := s.parse(m)
 	now := s.cfg.Now()
 	if !s.cfg.GraceUntil.IsZero() && now.Before(s.cfg.GraceUntil) && due.Before(s.cfg.GraceUntil) && !s.cfg.Targets.bound(target) {
 		due = s.cfg.GraceUntil
 	}
 	if wait := due.Sub(now); wait > 0 {
+		next := s.next
 		s.settle(ctx)
+		if s.next != next {
+			return nil // a delivery failed and was rewound: read it again
+		}
 		s.purge(ctx, true)
 		return s.sleepUntil(ctx, due)
 	}
-	s.buf[0] = nil
-	s.buf = s.buf[1:]
+	s.buf[0], s.buf = nil, s.buf[1:]
 	s.next = seq + 1
 	s.lastLateness.Store(int64(now.Sub(due)))
-	if err := s.publish(m, seq, target, due); err != nil {
+	if err := s.publish(ctx, m, seq, target, due); err != nil {
 		return err
 	}
-	if len(s.inflight) >= s.cfg.Window {
+	if s.probing || len(s.inflight) >= s.cfg.Window {
 		s.settle(ctx)
 		s.purge(ctx, false)
 	}
@@ -371,14 +397,14 @@ func (s *Scanner) parse(m *nats.Msg) (string, time.Time) {
 	due, err := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderDueAt))
 	if err != nil {
 		stored, _ := time.Parse(time.RFC3339Nano, m.Header.Get(hdrJSTimeStamp))
-		due = stored
-		s.logger.Warn("level message without a valid due time; using its store time", slog.String("value", m.Header.Get(HeaderDueAt)))
+		due = stored.Add(s.delay)
+		s.logger.Warn("level message without a valid due time; using its store time plus the level's delay", slog.String("value", m.Header.Get(HeaderDueAt)))
 	}
 	return target, due
 }
 
 // publish hands one message to its target.
-func (s *Scanner) publish(m *nats.Msg, seq uint64, target string, due time.Time) error {
+func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target string, due time.Time) error {
 	h := m.Header
 	id := h.Get(hdrMsgID)
 	if id == "" {
@@ -399,7 +425,12 @@ func (s *Scanner) publish(m *nats.Msg, seq uint64, target string, due time.Time)
 	}
 	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
-			s.deadLetter(m, seq, fmt.Errorf("%w: the delivery exceeds the server's max payload", ErrTooLarge))
+			// Refused before sending: confirm what precedes it, then dead-letter.
+			s.settle(ctx)
+			if s.next != seq+1 {
+				return nil // an earlier delivery failed; this one is read again
+			}
+			s.deadLetter(ctx, m, seq, fmt.Errorf("%w: the delivery exceeds the server's max payload", ErrTooLarge))
 			return nil
 		}
 		// Not sent: rewind so it is read and tried again.
@@ -411,9 +442,11 @@ func (s *Scanner) publish(m *nats.Msg, seq uint64, target string, due time.Time)
 }
 
 // settle confirms every in-flight delivery in order and commits the offset
-// up to the first failure. A failed delivery rewinds the scanner to it, so it
-// and everything after it are delivered again in order (stream-bound targets
-// drop the repeats by Nats-Msg-Id).
+// up to the first failure. After a failure the scanner rewinds to the failed
+// delivery and probes: it sends one delivery at a time, with capped backoff,
+// until the target takes it. Deliveries after the failed one that were
+// confirmed anyway are remembered and not sent again, so a failing target
+// costs no flood of re-deliveries.
 func (s *Scanner) settle(ctx context.Context) {
 	if len(s.inflight) == 0 {
 		s.commit(ctx)
@@ -426,11 +459,17 @@ func (s *Scanner) settle(ctx context.Context) {
 		flushErr = s.nc.FlushWithContext(cctx)
 		s.coreUnconf = false
 	}
-	for i, d := range s.inflight {
+	var (
+		failed    delivery
+		failedErr error
+	)
+	for _, d := range s.inflight {
 		var err error
-		if d.fut == nil {
+		switch {
+		case d.confirmed:
+		case d.fut == nil:
 			err = flushErr
-		} else {
+		default:
 			select {
 			case <-d.fut.Ok():
 			case err = <-d.fut.Err():
@@ -442,42 +481,55 @@ func (s *Scanner) settle(ctx context.Context) {
 				err = nil
 			}
 		}
-		if err != nil {
-			s.failed(ctx, d, err)
-			clear(s.inflight[i:])
-			break
+		switch {
+		case err != nil && failedErr == nil:
+			failed, failedErr = d, err
+		case err != nil:
+			// Also failed: it is behind the first failure and is sent again.
+		case failedErr == nil:
+			s.offset = d.seq
+			if !d.confirmed {
+				s.delivered.Add(1)
+				delete(s.attempts, d.seq)
+			}
+		case !d.confirmed:
+			s.done[d.seq] = struct{}{}
+			s.delivered.Add(1)
 		}
-		s.offset = d.seq
-		s.delivered.Add(1)
-		delete(s.attempts, d.seq)
 	}
+	clear(s.inflight)
 	s.inflight = s.inflight[:0]
 	s.commit(ctx)
+	if failedErr == nil {
+		s.probing = false
+		return
+	}
+	s.failed(ctx, failed, failedErr)
 }
 
-// failed handles a delivery that was not confirmed: it is retried from the
-// stream, or dead-lettered when its target refused it permanently.
+// failed handles the first delivery of a window that was not confirmed: it
+// is dead-lettered when its target refused it permanently and often enough,
+// otherwise retried after a capped backoff.
 func (s *Scanner) failed(ctx context.Context, d delivery, err error) {
-	s.next, s.buf = d.seq, s.buf[:0]
+	s.next, s.buf, s.probing = d.seq, s.buf[:0], true
 	s.attempts[d.seq]++
 	n := s.attempts[d.seq]
 	s.retries.Add(1)
-	if permanent(err) && n >= s.cfg.MaxAttempts {
+	if tooLarge(err) && n >= s.cfg.MaxAttempts {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-		defer cancel()
 		buf, rerr := s.reader.read(rctx, nil, d.seq, 1, 1)
+		cancel()
 		if rerr == nil && len(buf) == 1 {
-			m := buf[0]
-			if seq, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64); seq == d.seq {
-				s.deadLetter(m, d.seq, fmt.Errorf("target %q refused it %d times: %w", d.target, n, err))
+			if seq, _ := strconv.ParseUint(buf[0].Header.Get(hdrJSSequence), 10, 64); seq == d.seq {
 				delete(s.attempts, d.seq)
+				s.deadLetter(ctx, buf[0], d.seq, fmt.Errorf("target %q refused it %d times: %w", d.target, n, err))
 				return
 			}
 		}
 	}
 	s.logger.Warn("delivery failed; retrying", slog.String("target", d.target), slog.Uint64("seq", d.seq), slog.Int("attempt", n), slog.Any("error", err))
-	wait := min(time.Duration(n)*100*time.Millisecond, 5*time.Second)
-	_ = sleepCtx(ctx, wait)
+	s.backoff.cur = min(time.Duration(n)*100*time.Millisecond, 5*time.Second)
+	s.backoff.sleep(ctx)
 }
 
 // stripInternal removes every header a level-stream message carries for
@@ -493,52 +545,34 @@ func stripInternal(h nats.Header) {
 	}
 }
 
-// permanent reports whether a target's refusal will not change on retry.
-func permanent(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		return apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum
-	}
-	return false
-}
-
-// deadLetter writes a level message that cannot be delivered to DELAYD_DLQ
-// and moves the offset past it. It blocks until the write is stored.
-func (s *Scanner) deadLetter(m *nats.Msg, seq uint64, reason error) {
+// deadLetter writes a level message that cannot be delivered to DELAYD_DLQ,
+// retrying until it is stored, and then counts it as confirmed so the offset
+// moves past it in order. m is either as read from the level stream or
+// already prepared for delivery.
+func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reason error) {
 	id := m.Header.Get(hdrIngress)
 	if id == "" {
 		id = m.Header.Get(HeaderNatsMsgID) // already prepared for delivery
 	}
-	if uid := m.Header.Get(hdrMsgID); uid != "" {
-		m.Header[HeaderNatsMsgID] = []string{uid} // kept as Delay-Msg-Id
+	subject := strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)
+	if subject == "" {
+		subject = m.Subject
 	}
-	subject := m.Subject
-	if strings.HasPrefix(subject, "_INBOX") || subject == "" {
-		subject = strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)
-	}
-	stripInternal(m.Header)
 	dl := deadLetterMsg(subject, m.Header, m.Data, reason, id)
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-		_, err := s.js.PublishMsg(ctx, dl)
-		cancel()
+		err := publishDeadLetter(context.WithoutCancel(ctx), s.js, dl)
 		if err == nil {
 			break
-		}
-		if errors.Is(err, nats.ErrMaxPayload) && len(dl.Data) > 0 {
-			// Even the dead letter is too large: keep the reason, drop the payload.
-			dl.Data = nil
-			dl.Header[HeaderError] = []string{oneLine(reason.Error()) + " (payload dropped: too large even for the dead-letter stream)"}
-			continue
 		}
 		s.logger.Error("dead-letter write failed; retrying", slog.Any("error", err))
 		backoff.sleep(context.Background())
 	}
 	s.logger.Warn("dead-lettered undeliverable message", slog.String("target", subject), slog.Uint64("seq", seq), slog.String("error", reason.Error()))
 	s.deadLettered.Add(1)
-	s.offset = max(s.offset, seq)
 	s.next = max(s.next, seq+1)
+	s.inflight = append(s.inflight, delivery{seq: seq, confirmed: true})
+	s.settle(ctx)
 }
 
 // commit persists the offset if it moved.

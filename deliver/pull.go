@@ -1,0 +1,179 @@
+package deliver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Ack bodies of the JetStream consumer protocol.
+var (
+	ackAck        = []byte("+ACK")
+	ackInProgress = []byte("+WPI")
+	ackTerm       = []byte("+TERM")
+)
+
+const (
+	pullExpires   = 30 * time.Second
+	pullHeartbeat = 5 * time.Second
+	ackPrefix     = "$JS.ACK."
+)
+
+// errConsumerDeleted means the server deleted the pull consumer.
+var errConsumerDeleted = errors.New("ingress consumer deleted")
+
+// pullLoop pulls a durable consumer over the JetStream wire protocol, keeping
+// about batch messages requested ahead.
+//
+// It tells a data message from a status message by its reply subject: data
+// always carries a $JS.ACK.… reply, the server's status messages never do.
+// Client libraries that look at the Status header instead can be poisoned by
+// a publisher: an empty message with a user header "Status: 409" and
+// "Description: Consumer Deleted" reads as the consumer's deletion.
+type pullLoop struct {
+	nc          *nats.Conn
+	subject     string // $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>
+	inbox       string
+	sub         *nats.Subscription
+	batch       int
+	outstanding int
+	request     []byte
+	lastSeen    time.Time
+	reconnects  uint64
+}
+
+func newPullLoop(nc *nats.Conn, stream, consumer string, batch int) (*pullLoop, error) {
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe pull inbox: %w", err)
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		return nil, err
+	}
+	req := fmt.Appendf(nil, `{"batch":%d,"expires":%d,"idle_heartbeat":%d}`, batch, pullExpires.Nanoseconds(), pullHeartbeat.Nanoseconds())
+	return &pullLoop{
+		nc: nc, subject: "$JS.API.CONSUMER.MSG.NEXT." + stream + "." + consumer,
+		inbox: inbox, sub: sub, batch: batch, request: req, lastSeen: time.Now(), reconnects: nc.Stats().Reconnects,
+	}, nil
+}
+
+// stop ends the loop; a blocked next returns at once.
+func (p *pullLoop) stop() { _ = p.sub.Unsubscribe() }
+
+// next returns the next data message. It returns an error when ctx is done,
+// the loop was stopped, or the consumer was deleted.
+func (p *pullLoop) next(ctx context.Context) (*nats.Msg, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if r := p.nc.Stats().Reconnects; r != p.reconnects {
+			// The server may have forgotten our requests across the reconnect.
+			p.reconnects, p.outstanding = r, 0
+		}
+		if p.outstanding <= p.batch/2 {
+			if err := p.nc.PublishRequest(p.subject, p.inbox, p.request); err != nil {
+				return nil, fmt.Errorf("pull request: %w", err)
+			}
+			p.outstanding += p.batch
+		}
+		m, err := p.sub.NextMsg(pullHeartbeat)
+		if errors.Is(err, nats.ErrTimeout) {
+			if time.Since(p.lastSeen) > 2*pullHeartbeat {
+				// No heartbeat: the requests are gone; ask again.
+				p.outstanding, p.lastSeen = 0, time.Now()
+			}
+			continue
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("pull: %w", err)
+		}
+		p.lastSeen = time.Now()
+		if strings.HasPrefix(m.Reply, ackPrefix) {
+			p.outstanding--
+			return m, nil
+		}
+		if m.Reply != "" {
+			continue // not ours
+		}
+		switch m.Header.Get("Status") {
+		case "100": // idle heartbeat or flow control
+		case "404", "408": // no messages / request expired: the rest of it is void
+			p.outstanding -= pendingOf(m, p.batch)
+		case "409":
+			descr := strings.ToLower(m.Header.Get("Description"))
+			switch {
+			case strings.Contains(descr, "consumer deleted"):
+				return nil, errConsumerDeleted
+			case strings.Contains(descr, "leadership change"), strings.Contains(descr, "server shutdown"):
+				p.outstanding = 0
+			default: // exceeded max waiting, max request batch…: that request is void
+				p.outstanding -= pendingOf(m, p.batch)
+			}
+		}
+		p.outstanding = max(p.outstanding, 0)
+	}
+}
+
+// pendingOf reads how many messages a status says were left unsent.
+func pendingOf(m *nats.Msg, dflt int) int {
+	if v := m.Header.Get("Nats-Pending-Messages"); v != "" {
+		if n, err := strconv.Atoi(v); err == nil {
+			return n
+		}
+	}
+	return dflt
+}
+
+// ackMeta holds the fields of a $JS.ACK reply subject delayd uses.
+type ackMeta struct {
+	streamSeq uint64
+	stored    time.Time
+	delivered uint64
+}
+
+// parseAck parses "$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>"
+// and the v2 form with domain, account hash and a trailing token.
+func parseAck(reply string) (ackMeta, bool) {
+	rest, ok := strings.CutPrefix(reply, ackPrefix)
+	if !ok {
+		return ackMeta{}, false
+	}
+	var tok [12]string
+	n := 0
+	for n < len(tok) {
+		i := strings.IndexByte(rest, '.')
+		if i < 0 {
+			tok[n] = rest
+			n++
+			break
+		}
+		tok[n], rest = rest[:i], rest[i+1:]
+		n++
+	}
+	var f []string
+	switch n {
+	case 7: // v1: stream consumer delivered sseq dseq ts pending
+		f = tok[2:7]
+	case 9, 10: // v2: domain acchash stream consumer delivered sseq dseq ts pending [token]
+		f = tok[4:9]
+	default:
+		return ackMeta{}, false
+	}
+	delivered, err1 := strconv.ParseUint(f[0], 10, 64)
+	sseq, err2 := strconv.ParseUint(f[1], 10, 64)
+	ts, err3 := strconv.ParseInt(f[3], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return ackMeta{}, false
+	}
+	return ackMeta{streamSeq: sseq, stored: time.Unix(0, ts), delivered: delivered}, true
+}
