@@ -26,7 +26,7 @@ const (
 // reasonOf maps an error to its dead-letter reason.
 func reasonOf(err error) string {
 	switch {
-	case errors.Is(err, ErrInvalidTarget), errors.Is(err, ErrForbiddenTarget):
+	case errors.Is(err, ErrInvalidTarget), errors.Is(err, ErrForbiddenTarget), errors.Is(err, ErrDeniedTarget):
 		return ReasonTarget
 	case errors.Is(err, levels.ErrMissingLevel), errors.Is(err, levels.ErrInvalidLevel), errors.Is(err, levels.ErrLevelOverflow):
 		return ReasonLevel

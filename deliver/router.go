@@ -47,6 +47,9 @@ type RouterConfig struct {
 	// Levels is the level table. Required.
 	Levels levels.Table
 
+	// Targets is the operator's target policy. Optional. Default allows all.
+	Targets TargetPolicy
+
 	// Logger is optional. Default discards.
 	Logger *slog.Logger
 
@@ -88,6 +91,9 @@ func (c *RouterConfig) validate() error {
 	}
 	if c.MaxInFlight < 1 || c.Batch < 1 {
 		return errors.New("deliver: router: MaxInFlight and Batch must be positive")
+	}
+	if err := c.Targets.validate(); err != nil {
+		return fmt.Errorf("deliver: router: target policy: %w", err)
 	}
 	return nil
 }
@@ -366,6 +372,9 @@ func (r *Router) route(m *nats.Msg) {
 // classify finds the level and target of an ingress message.
 func (r *Router) classify(m *nats.Msg) (levels.Level, string, error) {
 	target, err := Target(m.Subject, r.cfg.Prefix)
+	if err == nil {
+		err = r.cfg.Targets.Check(target)
+	}
 	if err != nil {
 		return levels.Level{}, "", err
 	}

@@ -38,6 +38,10 @@ type Config struct {
 	// Levels is the level table. Required.
 	Levels levels.Table
 
+	// Targets is the operator's allow and deny lists of target subject
+	// patterns; deny wins. Optional. Default allows every valid target.
+	Targets TargetPolicy
+
 	// Replicas for every stream delayd creates. Optional. Default 1.
 	Replicas int
 
@@ -86,6 +90,9 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	if cfg.Replicas < 1 {
 		return nil, fmt.Errorf("deliver: replicas %d: must be at least 1", cfg.Replicas)
+	}
+	if err := cfg.Targets.validate(); err != nil {
+		return nil, fmt.Errorf("deliver: target policy: %w", err)
 	}
 	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger}, nil
 }
@@ -161,7 +168,7 @@ func (s *Service) Run(ctx context.Context) error {
 		scanners[name] = scanner
 	}
 	rc := s.cfg.Router
-	rc.Prefix, rc.Levels = s.cfg.Prefix, s.cfg.Levels
+	rc.Prefix, rc.Levels, rc.Targets = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets
 	rc.Logger = s.logger.With(slog.String("component", "router"))
 	rc.OnRouted = func(stream string, seq uint64) {
 		if sc := scanners[stream]; sc != nil {

@@ -524,3 +524,42 @@ func FuzzTarget(f *testing.F) {
 		}
 	})
 }
+
+func TestTargetPolicy(t *testing.T) {
+	t.Parallel()
+	p := TargetPolicy{Allow: []string{"orders.>", "billing.*.retry"}, Deny: []string{"orders.secret.>"}}
+	for target, ok := range map[string]bool{
+		"orders.close":          true,
+		"orders.a.b.c":          true,
+		"billing.42.retry":      true,
+		"billing.42.retry.x":    false,
+		"orders.secret.x":       false, // deny wins over allow
+		"payments.refund":       false, // no allow pattern matches
+		"_INBOX.abc":            false,
+		"orders.secretive.ok.x": true,
+	} {
+		err := p.Check(target)
+		if (err == nil) != ok {
+			t.Errorf("Check(%q) = %v, want allowed=%v", target, err, ok)
+		}
+		if err != nil && !errors.Is(err, ErrDeniedTarget) {
+			t.Errorf("Check(%q) = %v, want ErrDeniedTarget", target, err)
+		}
+	}
+	if err := (TargetPolicy{Deny: []string{"_INBOX.>"}}).Check("orders.x"); err != nil {
+		t.Errorf("deny-only policy refused an unlisted target: %v", err)
+	}
+	if reasonOf(fmt.Errorf("x: %w", ErrDeniedTarget)) != ReasonTarget {
+		t.Error("a denied target is not dead-lettered with reason target")
+	}
+	for _, bad := range []string{"", "a..b", "a.>.b", "a*", "a b", ">x"} {
+		if ValidatePattern(bad) == nil {
+			t.Errorf("ValidatePattern(%q) accepted", bad)
+		}
+	}
+	for _, good := range []string{">", "*", "a.*", "a.>", "a.*.c"} {
+		if err := ValidatePattern(good); err != nil {
+			t.Errorf("ValidatePattern(%q) = %v", good, err)
+		}
+	}
+}
