@@ -35,7 +35,15 @@ const (
 	// it is dead-lettered. Transient failures are retried for ever.
 	ScannerMaxAttemptsDefault = 3
 
+	// ScannerStallAfterDefault is how long a due head may go without the
+	// offset moving before the scanner reports itself stalled.
+	ScannerStallAfterDefault = 30 * time.Second
+
 	opTimeout = 10 * time.Second
+
+	// clockRefresh is how often the clock bound restarts from a fresh
+	// observation, so that a local clock stepped forward is noticed.
+	clockRefresh = time.Minute
 )
 
 // ScannerConfig configures a [Scanner].
@@ -115,7 +123,8 @@ type ScannerStats struct {
 	Delivered    uint64        // confirmed deliveries since start
 	DeadLettered uint64        // deliveries refused permanently, sent to DELAYD_DLQ
 	Retries      uint64        // failed deliveries retried
-	LastLateness time.Duration // lateness of the last delivery: delivered - due
+	LastLateness time.Duration // lateness of the last delivery: delivered - due, by the server's clock
+	ClockBound   time.Duration // upper bound on the local clock's lead over the server's
 }
 
 // Scanner delivers one level stream. It reads the stream in sequence order
@@ -159,6 +168,18 @@ type Scanner struct {
 	done       map[uint64]struct{} // confirmed after an earlier failure; skipped on re-read
 	backoff    *backoff
 	delay      time.Duration
+
+	// bound is an upper bound on (local clock - server clock). A message
+	// stored at server time ts and read at local time L proves the server's
+	// clock had passed ts by L, so skew <= L - ts. Delivering once local time
+	// reaches due + bound therefore is never early by the server's clock,
+	// whichever way the two clocks are off.
+	bound   time.Duration
+	boundAt time.Time
+
+	clockBoundA  atomic.Int64 // bound, for Stats
+	headDue      atomic.Int64 // unix ns of a due head not yet delivered; 0 if none
+	lastProgress atomic.Int64 // unix ns of the last offset move or idle wait
 
 	delivered, deadLettered, retries atomic.Uint64
 	lastLateness                     atomic.Int64
@@ -214,12 +235,54 @@ func (s *Scanner) Notify(seq uint64) {
 	}
 }
 
+// observeClock tightens the clock bound with a server timestamp seen at
+// local time now. fresh restarts the bound from this observation.
+func (s *Scanner) observeClock(serverTime time.Time, fresh bool) {
+	if serverTime.IsZero() {
+		return
+	}
+	now := s.cfg.Now()
+	b := now.Sub(serverTime)
+	if fresh || s.boundAt.IsZero() {
+		s.bound, s.boundAt = b, now
+	} else {
+		s.bound = min(s.bound, b)
+	}
+	s.clockBoundA.Store(int64(s.bound))
+}
+
+// refreshClock restarts the clock bound from the server time in a fresh
+// stream info.
+func (s *Scanner) refreshClock(ctx context.Context) {
+	ictx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	info, err := s.stream.Info(ictx)
+	if err != nil {
+		s.boundAt = s.cfg.Now() // keep the old bound; try again later
+		return
+	}
+	s.observeClock(info.TimeStamp, true)
+}
+
+func (s *Scanner) progress() { s.lastProgress.Store(s.cfg.Now().UnixNano()) }
+
+// Stalled reports whether a due head has waited longer than
+// [ScannerStallAfterDefault] without the offset moving: the target keeps
+// refusing it, or the server is unreachable.
+func (s *Scanner) Stalled() bool {
+	if s.headDue.Load() == 0 {
+		return false
+	}
+	return s.cfg.Now().Sub(time.Unix(0, s.lastProgress.Load())) > ScannerStallAfterDefault
+}
+
 // Stats returns the scanner's counters.
 func (s *Scanner) Stats() ScannerStats {
 	return ScannerStats{
 		Stream: s.cfg.Stream, Offset: s.committedA.Load(), Delivered: s.delivered.Load(),
 		DeadLettered: s.deadLettered.Load(), Retries: s.retries.Load(),
 		LastLateness: time.Duration(s.lastLateness.Load()),
+		ClockBound:   time.Duration(s.clockBoundA.Load()),
 	}
 }
 
@@ -276,6 +339,7 @@ func (s *Scanner) start(ctx context.Context) error {
 		return fmt.Errorf("level stream: %w", err)
 	}
 	s.stream = stream
+	s.observeClock(stream.CachedInfo().TimeStamp, true)
 	st := stream.CachedInfo().State
 	first := st.FirstSeq // with no messages, FirstSeq is LastSeq+1
 	if first == 0 {
@@ -311,6 +375,7 @@ func (s *Scanner) start(ctx context.Context) error {
 	s.committedA.Store(off)
 	s.next = off + 1
 	s.Notify(st.LastSeq)
+	s.progress()
 	s.logger.Debug("scanner started", slog.Uint64("offset", off), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("pending", st.LastSeq-off))
 	return nil
 }
@@ -326,6 +391,14 @@ func (s *Scanner) step(ctx context.Context) error {
 			return err
 		}
 		s.buf = buf
+		if n := len(buf); n > 0 {
+			if ts, err := time.Parse(time.RFC3339Nano, buf[n-1].Header.Get(hdrJSTimeStamp)); err == nil {
+				s.observeClock(ts, false)
+			}
+		}
+		if s.cfg.Now().Sub(s.boundAt) > clockRefresh {
+			s.refreshClock(ctx)
+		}
 		if len(buf) == 0 {
 			if s.next <= s.knownLast.Load() {
 				// Written but not visible yet (a replica behind its leader),
@@ -341,6 +414,8 @@ func (s *Scanner) step(ctx context.Context) error {
 				return nil // a delivery failed and was rewound: read it again
 			}
 			s.purge(ctx, true)
+			s.headDue.Store(0)
+			s.progress()
 			select {
 			case <-ctx.Done():
 			case <-s.wake:
@@ -367,18 +442,23 @@ func (s *Scanner) step(ctx context.Context) error {
 	if !s.cfg.GraceUntil.IsZero() && now.Before(s.cfg.GraceUntil) && due.Before(s.cfg.GraceUntil) && !s.cfg.Targets.bound(target) {
 		due = s.cfg.GraceUntil
 	}
-	if wait := due.Sub(now); wait > 0 {
+	if wait := due.Add(s.bound).Sub(now); wait > 0 {
 		next := s.next
 		s.settle(ctx)
 		if s.next != next {
 			return nil // a delivery failed and was rewound: read it again
 		}
 		s.purge(ctx, true)
-		return s.sleepUntil(ctx, due)
+		s.headDue.Store(0)
+		s.progress()
+		return sleepCtx(ctx, wait)
+	}
+	if s.headDue.Load() == 0 {
+		s.headDue.Store(due.UnixNano())
 	}
 	s.buf[0], s.buf = nil, s.buf[1:]
 	s.next = seq + 1
-	s.lastLateness.Store(int64(now.Sub(due)))
+	s.lastLateness.Store(int64(now.Sub(due) - s.bound))
 	if err := s.publish(ctx, m, seq, target, due); err != nil {
 		return err
 	}
@@ -488,6 +568,8 @@ func (s *Scanner) settle(ctx context.Context) {
 			// Also failed: it is behind the first failure and is sent again.
 		case failedErr == nil:
 			s.offset = d.seq
+			s.headDue.Store(0)
+			s.progress()
 			if !d.confirmed {
 				s.delivered.Add(1)
 				delete(s.attempts, d.seq)
@@ -611,13 +693,6 @@ func (s *Scanner) shutdown() {
 	defer cancel()
 	s.settle(ctx)
 	s.logger.Debug("scanner stopped", slog.Uint64("offset", s.committed))
-}
-
-// sleepUntil waits until the wall clock reaches due; false-free: Go timers
-// never fire early on the monotonic clock, and the caller re-checks the wall
-// clock before delivering.
-func (s *Scanner) sleepUntil(ctx context.Context, due time.Time) error {
-	return sleepCtx(ctx, due.Sub(s.cfg.Now()))
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

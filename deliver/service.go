@@ -97,9 +97,36 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger}, nil
 }
 
-// Ready reports whether the resources exist and the router and every
-// scanner are running.
-func (s *Service) Ready() bool { return s.ready.Load() && s.nc.IsConnected() }
+// Ready reports whether the resources exist, the router and every scanner
+// are running, the connection is up, and no scanner is stalled (a due head
+// that has not moved for [ScannerStallAfterDefault]).
+func (s *Service) Ready() bool {
+	if !s.ready.Load() || !s.nc.IsConnected() {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sc := range s.scanners {
+		if sc.Stalled() {
+			return false
+		}
+	}
+	return true
+}
+
+// Stalled returns the level streams whose scanner is stalled.
+func (s *Service) Stalled() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for name, sc := range s.scanners {
+		if sc.Stalled() {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
 
 // Stats returns the router's counters and each scanner's, by stream name.
 func (s *Service) Stats() (RouterStats, []ScannerStats) {

@@ -1,0 +1,150 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/offsets"
+)
+
+// TestClockSkew runs delayd with a scanner clock that is ahead of, or behind,
+// the server's by seconds. Due times come from the server's store time, and
+// the scanner bounds its own skew from server timestamps, so a clock ahead
+// never delivers early and a clock behind does not deliver late by the skew.
+func TestClockSkew(t *testing.T) {
+	t.Parallel()
+	for _, skew := range []time.Duration{2 * time.Second, -2 * time.Second} {
+		t.Run(fmt.Sprint(skew), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.startDelayd("100ms 500ms", func(c *deliver.Config) {
+				c.Now = func() time.Time { return time.Now().Add(skew) }
+			})
+			c := b.collect("skew.>")
+			const n = 30
+			for i := range n {
+				b.publish("delay.skew.x", []byte(strconv.Itoa(i)), level(1+i%2))
+				time.Sleep(10 * time.Millisecond)
+			}
+			got := c.wait(t, n, 20*time.Second)
+			var late []time.Duration
+			for _, r := range got {
+				due := parseTime(t, r.msg.Header, deliver.HeaderDueAt)
+				if r.at.Before(due) {
+					t.Errorf("delivered %s early with the scanner clock off by %s", due.Sub(r.at), skew)
+				}
+				late = append(late, r.at.Sub(due))
+			}
+			slices.Sort(late)
+			t.Logf("scanner clock off by %s: lateness p50=%s max=%s", skew, percentile(late, 50), late[len(late)-1])
+			if skew < 0 && late[len(late)-1] >= -skew {
+				t.Errorf("a scanner clock behind by %s made deliveries late by up to %s", -skew, late[len(late)-1])
+			}
+		})
+	}
+}
+
+// TestOffsetsThatMakeNoSense stores offsets that cannot be right for their
+// level stream, then starts delayd: it corrects each one, persists the
+// correction, and delivers on time with nothing lost.
+func TestOffsetsThatMakeNoSense(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name  string
+		value func(last uint64) string // "" deletes the key
+	}{
+		{"beyond the last sequence", func(last uint64) string { return strconv.FormatUint(last+1000, 10) }},
+		{"below the first sequence", func(uint64) string { return "1" }},
+		{"garbage", func(uint64) string { return "banana" }},
+		{"missing", func(uint64) string { return "" }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			c := b.collect("off.>")
+			const table = "100ms 1s"
+			// First life: deliver 20 messages, so the stream is purged to its tail.
+			b.startDelayd(table)
+			for i := range 20 {
+				b.publish("delay.off.x", []byte("a"+strconv.Itoa(i)), level(1))
+			}
+			c.wait(t, 20, 10*time.Second)
+			waitFor(t, 10*time.Second, "offset committed", func() bool {
+				_, ss := b.svc.Stats()
+				for _, s := range ss {
+					if s.Stream == "DELAYD_100MS" {
+						return s.Offset == 20
+					}
+				}
+				return false
+			})
+			b.stopDelayd()
+
+			kv, err := b.js.KeyValue(context.Background(), offsets.Bucket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v := tc.value(20); v == "" {
+				if err := kv.Delete(context.Background(), "DELAYD_100MS"); err != nil {
+					t.Fatal(err)
+				}
+			} else if _, err := kv.Put(context.Background(), "DELAYD_100MS", []byte(v)); err != nil {
+				t.Fatal(err)
+			}
+
+			// Second life: 20 more, all delivered, none early.
+			b.startDelayd(table)
+			for i := range 20 {
+				b.publish("delay.off.x", []byte("b"+strconv.Itoa(i)), level(1))
+			}
+			waitFor(t, 15*time.Second, "second batch delivered", func() bool {
+				n := 0
+				for _, r := range c.snapshot() {
+					if r.msg.Data[0] == 'b' {
+						n++
+					}
+				}
+				return n >= 20
+			})
+			seen := map[string]int{}
+			for _, r := range c.snapshot() {
+				seen[string(r.msg.Data)]++
+				if due := parseTime(t, r.msg.Header, deliver.HeaderDueAt); r.at.Before(due) {
+					t.Errorf("%s delivered %s early", r.msg.Data, due.Sub(r.at))
+				}
+			}
+			for i := range 20 {
+				if seen["b"+strconv.Itoa(i)] != 1 {
+					t.Errorf("b%d delivered %d times, want 1", i, seen["b"+strconv.Itoa(i)])
+				}
+			}
+			// At most the kept tail message is delivered again.
+			again := 0
+			for i := range 20 {
+				again += seen["a"+strconv.Itoa(i)] - 1
+			}
+			if again > 1 {
+				t.Errorf("%d first-life messages delivered again, want at most the kept tail", again)
+			}
+			// The correction was persisted and is a sane sequence now.
+			waitFor(t, 10*time.Second, "offset corrected", func() bool {
+				e, err := kv.Get(context.Background(), "DELAYD_100MS")
+				if err != nil {
+					return false
+				}
+				v, err := strconv.ParseUint(string(e.Value()), 10, 64)
+				return err == nil && v == 40
+			})
+		})
+	}
+}
+
+var _ = jetstream.KeyValueConfig{}
