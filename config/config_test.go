@@ -16,6 +16,8 @@ import (
 var vars = []string{
 	"DELAYD_NATS_URL", "DELAYD_LISTEN", "DELAYD_STORE_DIR", "DELAYD_LEVELS", "DELAYD_PREFIX", "DELAYD_HTTP_ADDR",
 	"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE",
+	"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED", "DELAYD_NATS_CREDS",
+	"DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY", "DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS",
 }
 
 // clearEnv unsets every DELAYD_* variable (and the unprefixed names envconfig could fall back to) for the test.
@@ -76,6 +78,10 @@ func TestDefaultTags(t *testing.T) {
 		"DELAYD_LOG_FORMAT":  LogFormatDefault,
 		"DELAYD_LOG_LEVEL":   LogLevelDefault,
 		"DELAYD_START_GRACE": StartGraceDefault.String(),
+
+		"DELAYD_NATS_USER": "", "DELAYD_NATS_PASSWORD": "", "DELAYD_NATS_TOKEN": "", "DELAYD_NATS_NKEY_SEED": "",
+		"DELAYD_NATS_CREDS": "", "DELAYD_NATS_TLS_CA": "", "DELAYD_NATS_TLS_CERT": "", "DELAYD_NATS_TLS_KEY": "",
+		"DELAYD_ALLOW_TARGETS": "", "DELAYD_DENY_TARGETS": "",
 	}
 	typ := reflect.TypeFor[Config]()
 	if typ.NumField() != len(vars) {

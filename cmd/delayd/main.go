@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -58,10 +59,15 @@ func run() int {
 		os.Exit(exitError)
 	}()
 
+	// Auth and TLS options load their files now, so a bad file is a configuration error. No option value is logged.
+	opts, err := cfg.NATSOptions()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
+		return exitConfig
+	}
 	var (
-		srv  *server.Server
-		opts []nats.Option
-		url  = cfg.NATSURL
+		srv *server.Server
+		url = cfg.NATSURL
 	)
 	if url == "" {
 		srv, err = startEmbedded(cfg, logger)
@@ -74,12 +80,25 @@ func run() int {
 		opts = append(opts, nats.InProcessServer(srv))
 		logger.Info("embedded nats-server ready", slog.String("url", url), slog.String("store_dir", cfg.StoreDir))
 	}
-	nc, err := connect(url, logger, opts...)
+	// The connection closes for good only when delayd drains it at shutdown, or when nats.go gives up (the same
+	// authentication error twice in a row): then delayd stops with an error rather than retry on a dead connection.
+	var connLost atomic.Bool
+	opts = append(opts, nats.ClosedHandler(func(nc *nats.Conn) {
+		if ctx.Err() == nil {
+			connLost.Store(true)
+			logger.Error("NATS connection closed; stopping", slog.Any("error", nc.LastError()))
+			cancel()
+		}
+	}))
+	nc, err := connect(url, cfg, logger, opts...)
 	if err != nil {
 		logger.Error("connect to NATS failed", slog.Any("error", err))
 		return exitError
 	}
 	defer func() { _ = nc.Drain() }()
+	if !nc.IsConnected() { // once connected, the ConnectHandler logs it
+		logger.Warn("NATS not reachable yet; retrying for ever", slog.String("auth", cfg.AuthMethod()), slog.Any("error", nc.LastError()))
+	}
 
 	grace := time.Duration(0)
 	if srv != nil {
@@ -90,6 +109,7 @@ func run() int {
 		Levels:     cfg.Levels,
 		Replicas:   cfg.Replicas,
 		StartGrace: grace,
+		Targets:    cfg.TargetPolicy(),
 		Logger:     logger,
 	})
 	if err != nil {
@@ -107,8 +127,15 @@ func run() int {
 		defer func() { _ = hs.Close() }()
 	}
 
+	if p := cfg.TargetPolicy(); len(p.Allow)+len(p.Deny) > 0 {
+		logger.Info("target policy", slog.String("allow", cfg.AllowTargets.String()), slog.String("deny", cfg.DenyTargets.String()))
+	}
+
 	if err := svc.Run(ctx); err != nil {
 		logger.Error("delayd stopped with an error", slog.Any("error", err))
+		return exitError
+	}
+	if connLost.Load() {
 		return exitError
 	}
 	logger.Info("delayd stopped cleanly")
@@ -132,7 +159,7 @@ func newLogger(cfg config.Config) *slog.Logger {
 }
 
 // connect dials NATS and reconnects for ever, with jittered backoff.
-func connect(url string, logger *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+func connect(url string, cfg config.Config, logger *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
 	opts := append([]nats.Option{
 		nats.Name("delayd"),
 		nats.MaxReconnects(-1),
@@ -144,8 +171,9 @@ func connect(url string, logger *slog.Logger, extra ...nats.Option) (*nats.Conn,
 				logger.Warn("disconnected from NATS", slog.Any("error", err))
 			}
 		}),
+		nats.ConnectHandler(func(nc *nats.Conn) { logConnected(nc, cfg, logger) }),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			logger.Info("reconnected to NATS", slog.String("url", nc.ConnectedUrlRedacted()))
+			logger.Info("reconnected to NATS", slog.String("url", config.RedactURLs(nc.ConnectedUrlRedacted())))
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			attrs := []any{slog.Any("error", err)}
@@ -156,6 +184,14 @@ func connect(url string, logger *slog.Logger, extra ...nats.Option) (*nats.Conn,
 		}),
 	}, extra...)
 	return nats.Connect(url, opts...)
+}
+
+// logConnected logs the server URL without its password or token, the authentication method's name and whether the
+// connection is TLS; never an option value.
+func logConnected(nc *nats.Conn, cfg config.Config, logger *slog.Logger) {
+	_, tlsErr := nc.TLSConnectionState()
+	logger.Info("connected to NATS", slog.String("url", config.RedactURLs(nc.ConnectedUrlRedacted())),
+		slog.String("auth", cfg.AuthMethod()), slog.Bool("tls", tlsErr == nil))
 }
 
 // serveHTTP serves /healthz (the process is alive) and /readyz (connected,
