@@ -9,38 +9,42 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// batchReader reads a stream by sequence with JetStream's batched direct get
+// batchReader reads streams by sequence with JetStream's batched direct get
 // ($JS.API.DIRECT.GET.<stream>, nats-server 2.11+). It is stateless on the
 // server: there is no consumer to create, keep alive or lose while a scanner
 // waits two hours for its head, and one request returns a whole batch.
+//
+// It tells a stored message from a status by the Nats-Sequence header the
+// server adds to every stored message, never by a Status header, which a
+// publisher could set. For the same reason replies arrive on a channel
+// subscription: a synchronous subscription's NextMsg turns any empty
+// message with "Status: 503" into an error.
 type batchReader struct {
-	nc      *nats.Conn
-	subject string // $JS.API.DIRECT.GET.<stream>
-	inbox   string // prefix; each request replies to inbox.<n>
-	sub     *nats.Subscription
-	reqID   atomic.Uint64
+	nc    *nats.Conn
+	inbox string // prefix; each request replies to inbox.<n>
+	sub   *nats.Subscription
+	ch    chan *nats.Msg
+	reqID atomic.Uint64
 }
 
-func newBatchReader(nc *nats.Conn, stream string) (*batchReader, error) {
+func newBatchReader(nc *nats.Conn, maxBatch int) (*batchReader, error) {
 	inbox := nc.NewInbox()
-	sub, err := nc.SubscribeSync(inbox + ".*")
+	// One request is in flight at a time; room for it and a late one.
+	ch := make(chan *nats.Msg, 2*maxBatch+16)
+	sub, err := nc.ChanSubscribe(inbox+".*", ch)
 	if err != nil {
 		return nil, fmt.Errorf("subscribe direct-get inbox: %w", err)
 	}
-	// A burst batch is many messages; never drop them as a slow consumer.
-	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		return nil, err
-	}
-	return &batchReader{nc: nc, subject: "$JS.API.DIRECT.GET." + stream, inbox: inbox, sub: sub}, nil
+	return &batchReader{nc: nc, inbox: inbox, sub: sub, ch: ch}, nil
 }
 
 func (r *batchReader) close() { _ = r.sub.Unsubscribe() }
 
-// read appends to dst up to n messages with sequence >= from, at most about
-// maxBytes of payload, and returns dst. An empty result means the stream
-// holds nothing at or after from. Each returned message keeps JetStream's
-// Nats-Sequence, Nats-Subject and Nats-Time-Stamp headers.
-func (r *batchReader) read(ctx context.Context, dst []*nats.Msg, from uint64, n, maxBytes int) ([]*nats.Msg, error) {
+// read appends to dst up to n messages of stream with sequence >= from, at
+// most about maxBytes of payload, and returns dst. An empty result means the
+// stream holds nothing at or after from. Each returned message keeps
+// JetStream's Nats-Sequence, Nats-Subject and Nats-Time-Stamp headers.
+func (r *batchReader) read(ctx context.Context, stream string, dst []*nats.Msg, from uint64, n, maxBytes int) ([]*nats.Msg, error) {
 	id := r.reqID.Add(1)
 	reply := r.inbox + "." + strconv.FormatUint(id, 10)
 	var req [96]byte
@@ -51,21 +55,22 @@ func (r *batchReader) read(ctx context.Context, dst []*nats.Msg, from uint64, n,
 	b = append(b, `,"max_bytes":`...)
 	b = strconv.AppendInt(b, int64(maxBytes), 10)
 	b = append(b, '}')
-	if err := r.nc.PublishMsg(&nats.Msg{Subject: r.subject, Reply: reply, Data: b}); err != nil {
+	if err := r.nc.PublishMsg(&nats.Msg{Subject: "$JS.API.DIRECT.GET." + stream, Reply: reply, Data: b}); err != nil {
 		return dst, fmt.Errorf("direct get: %w", err)
 	}
 	for {
-		m, err := r.sub.NextMsgWithContext(ctx)
-		if err != nil {
-			return dst, fmt.Errorf("direct get: %w", err)
+		var m *nats.Msg
+		select {
+		case <-ctx.Done():
+			return dst, fmt.Errorf("direct get: %w", ctx.Err())
+		case m = <-r.ch:
 		}
 		if m.Subject != reply {
 			continue // a late reply to an earlier, abandoned request
 		}
 		if m.Header.Get(hdrJSSequence) == "" {
 			// A status, not a message: every stored message comes back with
-			// Nats-Sequence, and level messages carry no user Nats-* header,
-			// so a publisher's own "Status" header cannot pose as one.
+			// Nats-Sequence, and level messages carry no user Nats-* header.
 			switch m.Header.Get("Status") {
 			case "204", "404": // end of batch; nothing at or after from
 				return dst, nil

@@ -40,6 +40,8 @@ type pullLoop struct {
 	subject     string // $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>
 	inbox       string
 	sub         *nats.Subscription
+	ch          chan *nats.Msg
+	timer       *time.Timer
 	batch       int
 	outstanding int
 	request     []byte
@@ -49,26 +51,31 @@ type pullLoop struct {
 
 func newPullLoop(nc *nats.Conn, stream, consumer string, batch int) (*pullLoop, error) {
 	inbox := nc.NewInbox()
-	sub, err := nc.SubscribeSync(inbox)
+	// At most 1.5 batches are requested ahead, plus status messages. A
+	// channel subscription, because a synchronous one's NextMsg turns an
+	// empty message with a publisher's "Status: 503" into an error.
+	ch := make(chan *nats.Msg, 4*batch+64)
+	sub, err := nc.ChanSubscribe(inbox, ch)
 	if err != nil {
 		return nil, fmt.Errorf("subscribe pull inbox: %w", err)
-	}
-	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		return nil, err
 	}
 	req := fmt.Appendf(nil, `{"batch":%d,"expires":%d,"idle_heartbeat":%d}`, batch, pullExpires.Nanoseconds(), pullHeartbeat.Nanoseconds())
 	return &pullLoop{
 		nc: nc, subject: "$JS.API.CONSUMER.MSG.NEXT." + stream + "." + consumer,
-		inbox: inbox, sub: sub, batch: batch, request: req, lastSeen: time.Now(), reconnects: nc.Stats().Reconnects,
+		inbox: inbox, sub: sub, ch: ch, timer: time.NewTimer(pullHeartbeat),
+		batch: batch, request: req, lastSeen: time.Now(), reconnects: nc.Stats().Reconnects,
 	}, nil
 }
 
-// stop ends the loop; a blocked next returns at once.
+// stop ends the loop.
 func (p *pullLoop) stop() { _ = p.sub.Unsubscribe() }
 
-// next returns the next data message. It returns an error when ctx is done,
-// the loop was stopped, or the consumer was deleted.
-func (p *pullLoop) next(ctx context.Context) (*nats.Msg, error) {
+// errWoken is returned by next when its wake channel fired.
+var errWoken = errors.New("woken")
+
+// next returns the next data message. It returns errWoken when wake fires,
+// and an error when ctx is done or the consumer was deleted.
+func (p *pullLoop) next(ctx context.Context, wake <-chan struct{}) (*nats.Msg, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -83,19 +90,24 @@ func (p *pullLoop) next(ctx context.Context) (*nats.Msg, error) {
 			}
 			p.outstanding += p.batch
 		}
-		m, err := p.sub.NextMsg(pullHeartbeat)
-		if errors.Is(err, nats.ErrTimeout) {
-			if time.Since(p.lastSeen) > 2*pullHeartbeat {
-				// No heartbeat: the requests are gone; ask again.
-				p.outstanding, p.lastSeen = 0, time.Now()
-			}
-			continue
-		}
-		if err != nil {
-			if ctx.Err() != nil {
+		var m *nats.Msg
+		select {
+		case m = <-p.ch:
+		default:
+			p.timer.Reset(pullHeartbeat)
+			select {
+			case <-ctx.Done():
 				return nil, ctx.Err()
+			case <-wake:
+				return nil, errWoken
+			case <-p.timer.C:
+				if time.Since(p.lastSeen) > 2*pullHeartbeat {
+					// No heartbeat: the requests are gone; ask again.
+					p.outstanding, p.lastSeen = 0, time.Now()
+				}
+				continue
+			case m = <-p.ch:
 			}
-			return nil, fmt.Errorf("pull: %w", err)
 		}
 		p.lastSeen = time.Now()
 		if strings.HasPrefix(m.Reply, ackPrefix) {

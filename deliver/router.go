@@ -132,6 +132,8 @@ type Router struct {
 	mu       sync.Mutex
 	failed   []*routing
 	broken   atomic.Bool
+	kick     chan struct{} // wakes the router loop when a write failed
+	tails    *batchReader
 
 	routed, deadLettered, clamped, skipped atomic.Uint64
 }
@@ -207,7 +209,7 @@ func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, byStream: make(map[string]*levelWriter)}
+	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, byStream: make(map[string]*levelWriter), kick: make(chan struct{}, 1)}
 	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
 	for _, l := range all {
 		w := &levelWriter{level: l, stream: l.Stream(), subject: levelSubjects + l.Name() + "."}
@@ -227,6 +229,12 @@ func (r *Router) Stats() RouterStats {
 // without duplicates, on the next start) and returns nil. It survives server
 // restarts and reconnects; it returns an error only for a bad setup.
 func (r *Router) Run(ctx context.Context) error {
+	tails, err := newBatchReader(r.js.Conn(), 1)
+	if err != nil {
+		return err
+	}
+	defer tails.close()
+	r.tails = tails
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
 		err := r.session(ctx)
@@ -289,7 +297,10 @@ func (r *Router) session(ctx context.Context) error {
 				return err
 			}
 		}
-		m, err := pull.next(ctx)
+		m, err := pull.next(ctx, r.kick)
+		if errors.Is(err, errWoken) {
+			continue // a write failed: recover before the next message
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -325,14 +336,16 @@ func (r *Router) syncTail(ctx context.Context, w *levelWriter) error {
 	w.expected = last
 	w.lastRouted.Store(0)
 	if last > 0 {
-		m, err := s.GetMsg(ctx, last)
+		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		msgs, err := r.tails.read(rctx, w.stream, nil, last, 1, 1)
+		cancel()
 		switch {
-		case errors.Is(err, jetstream.ErrMsgNotFound):
-			r.logger.Warn("level stream tail missing; redelivered ingress messages may be written twice", slog.String("stream", w.stream))
 		case err != nil:
 			return fmt.Errorf("level stream %s tail: %w", w.stream, err)
+		case len(msgs) == 0 || msgs[0].Header.Get(hdrJSSequence) != strconv.FormatUint(last, 10):
+			r.logger.Warn("level stream tail missing; redelivered ingress messages may be written twice", slog.String("stream", w.stream))
 		default:
-			if id, seq, ok := parseIngressRef(m.Header.Get(hdrIngress)); ok && id == r.ingressID {
+			if id, seq, ok := parseIngressRef(msgs[0].Header.Get(hdrIngress)); ok && id == r.ingressID {
 				w.lastRouted.Store(seq)
 			}
 		}
@@ -503,6 +516,10 @@ func (r *Router) fail(rt *routing) {
 	r.failed = append(r.failed, rt)
 	r.mu.Unlock()
 	r.broken.Store(true)
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
 }
 
 // recover redoes failed writes in ingress order after every in-flight write

@@ -290,7 +290,7 @@ func (s *Scanner) Stats() ScannerStats {
 // flight, commits the offset and returns nil. It survives server restarts,
 // retrying with capped, jittered backoff.
 func (s *Scanner) Run(ctx context.Context) error {
-	reader, err := newBatchReader(s.nc, s.cfg.Stream)
+	reader, err := newBatchReader(s.nc, s.cfg.Batch)
 	if err != nil {
 		return err
 	}
@@ -384,7 +384,7 @@ func (s *Scanner) start(ctx context.Context) error {
 func (s *Scanner) step(ctx context.Context) error {
 	if len(s.buf) == 0 {
 		rctx, cancel := context.WithTimeout(ctx, opTimeout)
-		buf, err := s.reader.read(rctx, s.buf[:0], s.next, s.cfg.Batch, s.cfg.BatchBytes)
+		buf, err := s.reader.read(rctx, s.cfg.Stream, s.buf[:0], s.next, s.cfg.Batch, s.cfg.BatchBytes)
 		cancel()
 		if err != nil {
 			s.settle(ctx)
@@ -599,7 +599,7 @@ func (s *Scanner) failed(ctx context.Context, d delivery, err error) {
 	s.retries.Add(1)
 	if tooLarge(err) && n >= s.cfg.MaxAttempts {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-		buf, rerr := s.reader.read(rctx, nil, d.seq, 1, 1)
+		buf, rerr := s.reader.read(rctx, s.cfg.Stream, nil, d.seq, 1, 1)
 		cancel()
 		if rerr == nil && len(buf) == 1 {
 			if seq, _ := strconv.ParseUint(buf[0].Header.Get(hdrJSSequence), 10, 64); seq == d.seq {

@@ -37,7 +37,7 @@ var delaydBinary = sync.OnceValues(func() (string, error) {
 // process is delayd running as a separate OS process.
 type process struct {
 	cmd *exec.Cmd
-	out *bytes.Buffer
+	out *syncWriter // its stdout and stderr
 }
 
 // startProcess runs the delayd binary against the test's server.
@@ -55,8 +55,8 @@ func (b *testBundle) startProcess(env ...string) *process {
 		"DELAYD_LOG_LEVEL=warn",
 	)
 	cmd.Env = append(cmd.Env, env...)
-	out := &bytes.Buffer{}
-	cmd.Stdout, cmd.Stderr = out, &syncWriter{w: out}
+	out := &syncWriter{w: &bytes.Buffer{}}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		b.t.Fatal(err)
 	}
@@ -74,6 +74,12 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
 }
 
 // TestKill9 runs delayd as a separate process against an external

@@ -1,0 +1,225 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver"
+)
+
+// TestTargetFailureFullStream delivers to a target stream that refuses
+// writes (full, discard new) in the same level as a healthy target, with a
+// second level beside them. The failing target must hold up neither the other
+// level nor cause a flood of re-deliveries to the healthy target of its own
+// level, and once it has room every message must arrive, once and in order.
+func TestTargetFailureFullStream(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	fullCfg := jetstream.StreamConfig{
+		Name: "FULL", Subjects: []string{"full.>"}, MaxMsgs: 5, Discard: jetstream.DiscardNew, Storage: jetstream.FileStorage,
+	}
+	if _, err := b.js.CreateStream(ctx, fullCfg); err != nil {
+		t.Fatal(err)
+	}
+	b.createStream("OK", "ok.>")
+	b.startDelayd("100ms 300ms")
+
+	// Every raw publish to ok.a, whether the OK stream keeps it or drops it
+	// as a duplicate.
+	var (
+		rawMu sync.Mutex
+		raw   = make(map[string]int) // Nats-Msg-Id -> arrivals
+		nRaw  int
+	)
+	sub, err := b.nc.Subscribe("ok.a", func(m *nats.Msg) {
+		rawMu.Lock()
+		raw[m.Header.Get(deliver.HeaderNatsMsgID)]++
+		nRaw++
+		rawMu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	const nFull, nA, nB = 20, 20, 50
+	start := time.Now()
+	for i := range nB {
+		if i < nFull {
+			b.publish("delay.full.x", fmt.Appendf(nil, "full-%02d", i), level(1))
+		}
+		if i < nA {
+			b.publish("delay.ok.a", fmt.Appendf(nil, "a-%02d", i), level(1))
+		}
+		b.publish("delay.ok.b", fmt.Appendf(nil, "b-%02d", i), level(2))
+	}
+	t.Logf("published %d messages in %s", nFull+nA+nB, time.Since(start))
+
+	okMsgs := func(subject string) []*jetstream.RawStreamMsg {
+		var out []*jetstream.RawStreamMsg
+		for _, m := range b.streamMsgs("OK") {
+			if m.Subject == subject {
+				out = append(out, m)
+			}
+		}
+		return out
+	}
+
+	// The other level is not held up by the failing target.
+	waitFor(t, 10*time.Second, fmt.Sprintf("%d ok.b messages in OK", nB), func() bool { return len(okMsgs("ok.b")) >= nB })
+	var late []time.Duration
+	for _, m := range okMsgs("ok.b") {
+		due := parseTime(t, m.Header, deliver.HeaderDueAt)
+		if m.Time.Before(due) {
+			t.Errorf("ok.b %q stored at %s, before its due time %s", m.Data, m.Time.Format(time.RFC3339Nano), due.Format(time.RFC3339Nano))
+		}
+		late = append(late, m.Time.Sub(due))
+	}
+	slices.Sort(late)
+	t.Logf("ok.b lateness over %d deliveries: p50=%s max=%s", len(late), percentile(late, 50), late[len(late)-1])
+	if mx := late[len(late)-1]; mx > time.Second {
+		t.Errorf("ok.b max lateness %s: the failing target of level 1 delayed level 2", mx)
+	}
+
+	// Let the failing level retry for a while.
+	time.Sleep(3 * time.Second)
+	if n := b.streamCount("FULL"); n != 5 {
+		t.Errorf("FULL holds %d messages, want 5", n)
+	}
+	rawMu.Lock()
+	t.Logf("after ~3 s of a full target: %d raw publishes of ok.a, %d distinct ids; %d ok.a in OK",
+		nRaw, len(raw), len(okMsgs("ok.a")))
+	for id, n := range raw {
+		if n > 2 {
+			t.Errorf("ok.a %s published %d times while FULL was full, want at most 2", id, n)
+		}
+	}
+	rawMu.Unlock()
+	checkNoDupIDs(t, b.streamMsgs("OK"))
+	_, ss := b.svc.Stats()
+	for _, st := range ss {
+		t.Logf("scanner %s: delivered=%d retries=%d dead-lettered=%d offset=%d", st.Stream, st.Delivered, st.Retries, st.DeadLettered, st.Offset)
+	}
+
+	// Make room: every full.x arrives, in publish order, and every ok.a is in
+	// OK exactly once.
+	fullCfg.MaxMsgs = -1
+	if _, err := b.js.UpdateStream(ctx, fullCfg); err != nil {
+		t.Fatal(err)
+	}
+	freed := time.Now()
+	waitFor(t, 20*time.Second, fmt.Sprintf("%d messages in FULL", nFull), func() bool { return b.streamCount("FULL") >= nFull })
+	t.Logf("FULL complete %s after it had room", time.Since(freed))
+	waitFor(t, 10*time.Second, fmt.Sprintf("%d ok.a messages in OK", nA), func() bool { return len(okMsgs("ok.a")) >= nA })
+	time.Sleep(500 * time.Millisecond) // any late duplicate shows up
+
+	var order []string
+	for _, m := range b.streamMsgs("FULL") {
+		order = append(order, string(m.Data))
+	}
+	var want []string
+	for i := range nFull {
+		want = append(want, fmt.Sprintf("full-%02d", i))
+	}
+	if !slices.Equal(order, want) {
+		t.Errorf("FULL holds %q, want %q (publish order, once each)", order, want)
+	}
+	seen := make(map[string]int)
+	for _, m := range okMsgs("ok.a") {
+		seen[string(m.Data)]++
+	}
+	for i := range nA {
+		if n := seen[fmt.Sprintf("a-%02d", i)]; n != 1 {
+			t.Errorf("a-%02d is in OK %d times, want 1", i, n)
+		}
+	}
+	checkNoDupIDs(t, b.streamMsgs("OK"))
+	if n := b.streamCount(deliver.DLQStream); n != 0 {
+		t.Errorf("DELAYD_DLQ holds %d messages, want 0 (a full stream is a transient failure)", n)
+	}
+	rawMu.Lock()
+	t.Logf("in all: %d raw publishes of ok.a for %d messages", nRaw, nA)
+	rawMu.Unlock()
+}
+
+// checkNoDupIDs fails if two messages of a stream share a Nats-Msg-Id.
+func checkNoDupIDs(t *testing.T, msgs []*jetstream.RawStreamMsg) {
+	t.Helper()
+	ids := make(map[string]uint64)
+	for _, m := range msgs {
+		id := m.Header.Get(deliver.HeaderNatsMsgID)
+		if prev, ok := ids[id]; ok {
+			t.Errorf("OK holds Nats-Msg-Id %q twice: sequences %d and %d", id, prev, m.Sequence)
+		}
+		ids[id] = m.Sequence
+	}
+}
+
+// TestTargetFailureTooLargeIsLast delivers one message that its target stream
+// refuses for good (over its max message size), with nothing after it in its
+// level: no later traffic wakes the scanner, so it must retry and then
+// dead-letter on its own.
+func TestTargetFailureTooLargeIsLast(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.js.CreateStream(context.Background(), jetstream.StreamConfig{
+		Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 100, Storage: jetstream.FileStorage,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	b.startDelayd("100ms")
+
+	data := bytes.Repeat([]byte{0xcd}, 1024)
+	start := time.Now()
+	b.publish("delay.small.big", data, nats.Header{"Delay-Level": {"1"}, "Nats-Msg-Id": {"user-big"}, "X-User": {"kept"}})
+	waitFor(t, 15*time.Second, "the refused message in DELAYD_DLQ", func() bool { return b.streamCount(deliver.DLQStream) >= 1 })
+	t.Logf("dead-lettered %s after publish", time.Since(start))
+
+	dlq := b.streamMsgs(deliver.DLQStream)
+	if len(dlq) != 1 {
+		t.Fatalf("DELAYD_DLQ holds %d messages, want 1", len(dlq))
+	}
+	m := dlq[0]
+	if want := deliver.DLQSubjectPrefix + deliver.ReasonUndeliverable; m.Subject != want {
+		t.Errorf("dead-letter subject = %q, want %q", m.Subject, want)
+	}
+	if got := m.Header.Get(deliver.HeaderMsgID); got != "user-big" {
+		t.Errorf("%s = %q, want %q; headers %v", deliver.HeaderMsgID, got, "user-big", m.Header)
+	}
+	if !bytes.Equal(m.Data, data) {
+		t.Errorf("payload changed: %d bytes, want the %d published", len(m.Data), len(data))
+	}
+	if got := m.Header.Get("X-User"); got != "kept" {
+		t.Errorf("X-User = %q, want %q", got, "kept")
+	}
+	if reason := m.Header.Get(deliver.HeaderError); reason == "" {
+		t.Errorf("%s missing", deliver.HeaderError)
+	} else {
+		t.Logf("%s: %s", deliver.HeaderError, reason)
+	}
+	if n := b.streamCount("SMALL"); n != 0 {
+		t.Errorf("SMALL holds %d messages, want 0", n)
+	}
+	_, ss := b.svc.Stats()
+	for _, st := range ss {
+		if st.Stream == "DELAYD_100MS" {
+			t.Logf("scanner %s: retries=%d dead-lettered=%d", st.Stream, st.Retries, st.DeadLettered)
+			if st.DeadLettered != 1 {
+				t.Errorf("scanner %s dead-lettered %d, want 1", st.Stream, st.DeadLettered)
+			}
+		}
+	}
+}
