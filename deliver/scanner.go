@@ -536,8 +536,14 @@ func (s *Scanner) settle(ctx context.Context) {
 	defer cancel()
 	var flushErr error
 	if s.coreUnconf {
+		before := s.nc.LastError()
 		flushErr = s.nc.FlushWithContext(cctx)
 		s.coreUnconf = false
+		// The server answers a refused publish with -ERR before the flush's
+		// PONG, and the client records it as LastError on the way.
+		if e := s.nc.LastError(); e != before {
+			s.cfg.Targets.NoteError(e)
+		}
 	}
 	var (
 		failed    delivery
@@ -549,10 +555,16 @@ func (s *Scanner) settle(ctx context.Context) {
 		case d.confirmed:
 		case d.fut == nil:
 			err = flushErr
+			if err == nil && s.cfg.Targets.refused(d.target) {
+				err = fmt.Errorf("%w: publish to %q", ErrPermissionDenied, d.target)
+			}
 		default:
 			select {
 			case <-d.fut.Ok():
 			case err = <-d.fut.Err():
+			}
+			if err != nil && s.cfg.Targets.refused(d.target) {
+				err = fmt.Errorf("%w: publish to %q: %v", ErrPermissionDenied, d.target, err)
 			}
 			if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 				// The target's stream is gone and nobody listens: like any
@@ -597,7 +609,7 @@ func (s *Scanner) failed(ctx context.Context, d delivery, err error) {
 	s.attempts[d.seq]++
 	n := s.attempts[d.seq]
 	s.retries.Add(1)
-	if tooLarge(err) && n >= s.cfg.MaxAttempts {
+	if permanent(err) && n >= s.cfg.MaxAttempts {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		buf, rerr := s.reader.read(rctx, s.cfg.Stream, nil, d.seq, 1, 1)
 		cancel()
@@ -613,6 +625,14 @@ func (s *Scanner) failed(ctx context.Context, d delivery, err error) {
 	s.backoff.cur = min(time.Duration(n)*100*time.Millisecond, 5*time.Second)
 	s.backoff.sleep(ctx)
 }
+
+// ErrPermissionDenied means the server refused delayd's publish to the
+// target: delayd's NATS user may not publish there.
+var ErrPermissionDenied = errors.New("permission denied")
+
+// permanent reports whether a target's refusal will not change on retry:
+// too large for it, or not permitted.
+func permanent(err error) bool { return tooLarge(err) || errors.Is(err, ErrPermissionDenied) }
 
 // stripInternal removes every header a level-stream message carries for
 // JetStream or delayd only: the direct-get headers, the router's

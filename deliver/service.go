@@ -71,6 +71,8 @@ type Service struct {
 	cfg    Config
 	logger *slog.Logger
 
+	targets *TargetIndex
+
 	mu       sync.Mutex
 	router   *Router
 	scanners map[string]*Scanner
@@ -94,7 +96,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if err := cfg.Targets.validate(); err != nil {
 		return nil, fmt.Errorf("deliver: target policy: %w", err)
 	}
-	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger}, nil
+	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger, targets: NewTargetIndex(nc, mustJS(nc, 0), cfg.Logger)}, nil
 }
 
 // Ready reports whether the resources exist, the router and every scanner
@@ -112,6 +114,14 @@ func (s *Service) Ready() bool {
 		}
 	}
 	return true
+}
+
+// HandleAsyncError takes the connection's asynchronous errors (wire it into
+// nats.ErrorHandler). A publish permissions violation marks its subject as
+// refused, so that deliveries there are retried and then dead-lettered
+// instead of counted as delivered. Safe before Run and for concurrent use.
+func (s *Service) HandleAsyncError(err error) {
+	s.targets.NoteError(err)
 }
 
 // Stalled returns the level streams whose scanner is stalled.
@@ -167,7 +177,7 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 	}
 
-	targets := NewTargetIndex(s.nc, mustJS(s.nc, 0), s.logger)
+	targets := s.targets
 	if err := targets.Refresh(ctx); err != nil {
 		s.logger.Warn("target index refresh failed", slog.Any("error", err))
 	}

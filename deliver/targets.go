@@ -2,7 +2,9 @@ package deliver
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"regexp"
 	"log/slog"
 	"strings"
 	"sync"
@@ -40,6 +42,7 @@ type TargetIndex struct {
 	mu       sync.RWMutex
 	patterns []string
 	cache    map[string]bool
+	denied   map[string]time.Time // subject -> when the server last refused a publish to it
 
 	kick chan struct{}
 }
@@ -50,7 +53,7 @@ func NewTargetIndex(nc *nats.Conn, js jetstream.JetStream, logger *slog.Logger) 
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &TargetIndex{js: js, nc: nc, logger: logger, cache: make(map[string]bool), kick: make(chan struct{}, 1)}
+	return &TargetIndex{js: js, nc: nc, logger: logger, cache: make(map[string]bool), denied: make(map[string]time.Time), kick: make(chan struct{}, 1)}
 }
 
 // bound reports whether subject is captured by a stream.
@@ -140,6 +143,41 @@ func (t *TargetIndex) Run(ctx context.Context) error {
 		}
 		cancel()
 	}
+}
+
+// deniedFor is how long a server's permission refusal is remembered.
+const deniedFor = time.Minute
+
+// permissionRe extracts the subject of a publish permissions violation.
+var permissionRe = regexp.MustCompile(`(?i)permissions violation for publish to "([^"]+)"`)
+
+// NoteError records a publish permissions violation reported by the server
+// (as a connection's async error or LastError). It returns the refused
+// subject, or "" if err is not such a violation.
+func (t *TargetIndex) NoteError(err error) string {
+	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) {
+		return ""
+	}
+	m := permissionRe.FindStringSubmatch(err.Error())
+	if m == nil {
+		return ""
+	}
+	t.mu.Lock()
+	if len(t.denied) >= targetIndexMaxCache {
+		clear(t.denied)
+	}
+	t.denied[m[1]] = time.Now()
+	t.mu.Unlock()
+	return m[1]
+}
+
+// refused reports whether the server refused a publish to subject within
+// the last minute.
+func (t *TargetIndex) refused(subject string) bool {
+	t.mu.RLock()
+	at, ok := t.denied[subject]
+	t.mu.RUnlock()
+	return ok && time.Since(at) < deniedFor
 }
 
 // subjectMatches reports whether the literal subject matches pattern, which

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,7 +77,13 @@ func (b *testBundle) connect() {
 // is ready. It is stopped at cleanup, or by b.stopDelayd.
 func (b *testBundle) startDelayd(table string, mod ...func(*deliver.Config)) {
 	b.t.Helper()
-	nc, err := nats.Connect(b.srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	var svcRef atomic.Pointer[deliver.Service]
+	nc, err := nats.Connect(b.srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if svc := svcRef.Load(); svc != nil {
+				svc.HandleAsyncError(err)
+			}
+		}))
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -88,6 +95,7 @@ func (b *testBundle) startDelayd(table string, mod ...func(*deliver.Config)) {
 	if err != nil {
 		b.t.Fatal(err)
 	}
+	svcRef.Store(svc)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()

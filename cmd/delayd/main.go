@@ -90,6 +90,18 @@ func run() int {
 			cancel()
 		}
 	}))
+	// The service learns of refused publishes through the async error handler.
+	var svcRef atomic.Pointer[deliver.Service]
+	opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+		attrs := []any{slog.Any("error", err)}
+		if sub != nil {
+			attrs = append(attrs, slog.String("subject", sub.Subject))
+		}
+		logger.Error("NATS async error", attrs...)
+		if svc := svcRef.Load(); svc != nil {
+			svc.HandleAsyncError(err)
+		}
+	}))
 	nc, err := connect(url, cfg, logger, opts...)
 	if err != nil {
 		logger.Error("connect to NATS failed", slog.Any("error", err))
@@ -116,6 +128,7 @@ func run() int {
 		logger.Error("bad service configuration", slog.Any("error", err))
 		return exitConfig
 	}
+	svcRef.Store(svc)
 	logger.Info("level table", slog.String("levels", cfg.Levels.String()), slog.String("publish_to", cfg.Prefix+".<subject>"), slog.String("header", deliver.HeaderLevel+": 0.."+fmt.Sprint(cfg.Levels.Len())))
 
 	if cfg.HTTPAddr != "" {
@@ -174,13 +187,6 @@ func connect(url string, cfg config.Config, logger *slog.Logger, extra ...nats.O
 		nats.ConnectHandler(func(nc *nats.Conn) { logConnected(nc, cfg, logger) }),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			logger.Info("reconnected to NATS", slog.String("url", config.RedactURLs(nc.ConnectedUrlRedacted())))
-		}),
-		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
-			attrs := []any{slog.Any("error", err)}
-			if sub != nil {
-				attrs = append(attrs, slog.String("subject", sub.Subject))
-			}
-			logger.Error("NATS async error", attrs...)
 		}),
 	}, extra...)
 	return nats.Connect(url, opts...)
