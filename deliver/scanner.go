@@ -26,7 +26,7 @@ const (
 	ScannerBatchBytesDefault = 1 << 20
 	// ScannerWindowDefault is how many deliveries may await confirmation
 	// before the scanner confirms them and commits its offset.
-	ScannerWindowDefault = 4096
+	ScannerWindowDefault = 512
 	// ScannerPurgeEveryDefault is the least time between purges of the
 	// delivered prefix while the level is busy.
 	ScannerPurgeEveryDefault = time.Second
@@ -164,6 +164,7 @@ type Scanner struct {
 	coreUnconf bool
 	attempts   map[uint64]int
 	lagRetries int
+	commitFut  jetstream.PubAckFuture // the pending offset write
 	probing    bool                // after a failure: one delivery at a time
 	done       map[uint64]struct{} // confirmed after an earlier failure; skipped on re-read
 	backoff    *backoff
@@ -677,19 +678,49 @@ func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reaso
 	s.settle(ctx)
 }
 
-// commit persists the offset if it moved.
-func (s *Scanner) commit(ctx context.Context) {
+// commit starts persisting the offset if it moved, without waiting: the
+// write is pipelined behind the deliveries it confirms. The previous
+// commit's outcome is checked here, and the last one is awaited at shutdown.
+func (s *Scanner) commit(context.Context) {
+	s.checkCommit(false)
 	if s.offset == s.committed {
 		return
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-	defer cancel()
-	if err := s.cfg.Offsets.Commit(cctx, s.cfg.Stream, s.offset); err != nil {
+	fut, err := s.cfg.Offsets.CommitAsync(s.cfg.Stream, s.offset)
+	if err != nil {
 		s.logger.Warn("offset commit failed", slog.Uint64("offset", s.offset), slog.Any("error", err))
 		return
 	}
+	s.commitFut = fut
 	s.committed = s.offset
 	s.committedA.Store(s.offset)
+}
+
+// checkCommit logs a failed offset write. It waits for the pending one if
+// wait is set.
+func (s *Scanner) checkCommit(wait bool) {
+	if s.commitFut == nil {
+		return
+	}
+	if wait {
+		select {
+		case <-s.commitFut.Ok():
+		case err := <-s.commitFut.Err():
+			s.logger.Warn("offset commit failed", slog.Uint64("offset", s.committed), slog.Any("error", err))
+		case <-time.After(opTimeout):
+			s.logger.Warn("offset commit unconfirmed at shutdown", slog.Uint64("offset", s.committed))
+		}
+		s.commitFut = nil
+		return
+	}
+	select {
+	case <-s.commitFut.Ok():
+		s.commitFut = nil
+	case err := <-s.commitFut.Err():
+		s.logger.Warn("offset commit failed; the next one supersedes it", slog.Uint64("offset", s.committed), slog.Any("error", err))
+		s.commitFut = nil
+	default:
+	}
 }
 
 // purge removes the delivered prefix, keeping the last committed message.
@@ -712,6 +743,7 @@ func (s *Scanner) shutdown() {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	s.settle(ctx)
+	s.checkCommit(true)
 	s.logger.Debug("scanner stopped", slog.Uint64("offset", s.committed))
 }
 

@@ -54,6 +54,7 @@ type Config struct {
 // level stream's scanner owns its own key.
 type Store struct {
 	kv     jetstream.KeyValue
+	js     jetstream.JetStream
 	logger *slog.Logger
 
 	mu   sync.Mutex
@@ -82,7 +83,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("offsets: create bucket %s: %w", Bucket, err)
 	}
-	return &Store{kv: kv, logger: logger, last: make(map[string]uint64)}, nil
+	return &Store{kv: kv, js: js, logger: logger, last: make(map[string]uint64)}, nil
 }
 
 // Load returns the committed offset of a level stream. It returns an error
@@ -120,6 +121,30 @@ func (s *Store) Commit(ctx context.Context, stream string, seq uint64) error {
 		return fmt.Errorf("%w: %s from %d to %d", ErrRegress, stream, last, seq)
 	}
 	return s.put(ctx, stream, seq)
+}
+
+// CommitAsync starts storing seq as the stream's offset and returns at once
+// with the write's PubAck future, or nil when seq is already the offset.
+// Writes from one connection are stored in order, so the latest wins; a
+// write lost in a crash only means a few more re-deliveries, never a loss,
+// since an offset is committed only after its hand-offs were confirmed.
+// Moving it backwards returns [ErrRegress].
+func (s *Store) CommitAsync(stream string, seq uint64) (jetstream.PubAckFuture, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	last, ok := s.last[stream]
+	if ok && seq == last {
+		return nil, nil
+	}
+	if ok && seq < last {
+		return nil, fmt.Errorf("%w: %s from %d to %d", ErrRegress, stream, last, seq)
+	}
+	fut, err := s.js.PublishAsync("$KV."+Bucket+"."+stream, strconv.AppendUint(nil, seq, 10))
+	if err != nil {
+		return nil, fmt.Errorf("offsets: commit %s=%d: %w", stream, seq, err)
+	}
+	s.last[stream] = seq
+	return fut, nil
 }
 
 // Correct stores seq as the stream's offset even if it moves backwards, and
