@@ -165,8 +165,8 @@ type Scanner struct {
 	attempts   map[uint64]int
 	lagRetries int
 	commitFut  jetstream.PubAckFuture // the pending offset write
-	probing    bool                // after a failure: one delivery at a time
-	done       map[uint64]struct{} // confirmed after an earlier failure; skipped on re-read
+	probing    bool                   // after a failure: one delivery at a time
+	done       map[uint64]struct{}    // confirmed after an earlier failure; skipped on re-read
 	backoff    *backoff
 	delay      time.Duration
 
