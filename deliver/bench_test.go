@@ -1,0 +1,115 @@
+package deliver
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/levels"
+)
+
+// ingressMsg is a typical ingress message: a level header, two user headers
+// and a publisher id, as the router's pull loop receives it.
+func ingressMsg() *nats.Msg {
+	return &nats.Msg{
+		Subject: "delay.orders.close",
+		Reply:   "$JS.ACK.DELAYD_INGRESS.delayd-router.1.4242.4242.1795990280677514429.0",
+		Header: nats.Header{
+			"Delay-Level":  []string{"3"},
+			"Content-Type": []string{"application/json"},
+			"Trace-Id":     []string{"4bf92f3577b34da6a3ce929d0e0e4736"},
+			"Nats-Msg-Id":  []string{"order-42-close"},
+		},
+		Data: make([]byte, 128),
+	}
+}
+
+func benchRouter(b *testing.B) *Router {
+	r, err := NewRouter(nil, RouterConfig{Prefix: "delay", Levels: levels.Default()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r.ingressID = "1795990280677514429"
+	return r
+}
+
+// BenchmarkClassify measures the router's header parsing and level choice
+// for one ingress message: ack-subject metadata, target validation, the
+// case-insensitive Delay-Level lookup and levels.Table.Pick.
+func BenchmarkClassify(b *testing.B) {
+	r := benchRouter(b)
+	m := ingressMsg()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := parseAck(m.Reply); !ok {
+			b.Fatal("bad ack subject")
+		}
+		if _, _, err := r.classify(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkLevelMsg measures building the level-stream message from an
+// ingress message: header rewrite, the two RFC 3339 timestamps, the
+// derived id and the expected-last-sequence header.
+func BenchmarkLevelMsg(b *testing.B) {
+	r := benchRouter(b)
+	stored := time.Now()
+	w := r.writers[3]
+	b.ReportAllocs()
+	for b.Loop() {
+		m := ingressMsg() // included: the client allocates this per message too
+		rt := &routing{msg: m, seq: 4242, w: w}
+		r.levelMsg(rt, "orders.close", stored)
+		rt.out.Header[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(w.expected, 10)}
+	}
+}
+
+// levelStreamMsg is a message as the scanner's direct get returns it.
+func levelStreamMsg() *nats.Msg {
+	return &nats.Msg{
+		Subject: "_INBOX.x.1",
+		Header: nats.Header{
+			"Content-Type":                []string{"application/json"},
+			"Trace-Id":                    []string{"4bf92f3577b34da6a3ce929d0e0e4736"},
+			HeaderEnqueuedAt:              []string{"2026-11-29T22:11:59.799452339Z"},
+			HeaderDueAt:                   []string{"2026-11-29T22:12:09.799452339Z"},
+			hdrIngress:                    []string{"delayd-1795990280677514429-4242"},
+			hdrMsgID:                      []string{"order-42-close"},
+			"Nats-Expected-Last-Sequence": []string{"4241"},
+			hdrJSSubject:                  []string{"delayd.level.10S.orders.close"},
+			hdrJSSequence:                 []string{"4242"},
+			hdrJSTimeStamp:                []string{"2026-11-29T22:11:59.801452339Z"},
+			"Nats-Stream":                 []string{"DELAYD_10S"},
+			"Nats-Num-Pending":            []string{"17"},
+			"Nats-Last-Sequence":          []string{"4241"},
+		},
+		Data: make([]byte, 128),
+	}
+}
+
+// BenchmarkDeliveryMsg measures what the scanner does per message before
+// the publish: sequence and due-time parsing, and turning the level message
+// into the delivered message (internal headers stripped, Nats-Msg-Id set).
+func BenchmarkDeliveryMsg(b *testing.B) {
+	s := &Scanner{subject: "delayd.level.10S.", delay: 10 * time.Second}
+	b.ReportAllocs()
+	for b.Loop() {
+		m := levelStreamMsg() // included: the client allocates this per message too
+		if _, err := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64); err != nil {
+			b.Fatal(err)
+		}
+		target, due := s.parse(m)
+		if target != "orders.close" || due.IsZero() {
+			b.Fatal("bad parse")
+		}
+		id := m.Header.Get(hdrMsgID)
+		stripInternal(m.Header)
+		m.Header[HeaderNatsMsgID] = []string{id}
+		m.Subject = target
+	}
+}
