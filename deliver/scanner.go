@@ -409,14 +409,9 @@ func (s *Scanner) step(ctx context.Context) error {
 				return sleepCtx(ctx, min(time.Millisecond<<min(s.lagRetries, 10), time.Second))
 			}
 			s.lagRetries = 0
-			next := s.next
-			s.settle(ctx)
-			if s.next != next {
+			if !s.quiesce(ctx) {
 				return nil // a delivery failed and was rewound: read it again
 			}
-			s.purge(ctx, true)
-			s.headDue.Store(0)
-			s.progress()
 			select {
 			case <-ctx.Done():
 			case <-s.wake:
@@ -444,14 +439,9 @@ func (s *Scanner) step(ctx context.Context) error {
 		due = s.cfg.GraceUntil
 	}
 	if wait := due.Add(s.bound).Sub(now); wait > 0 {
-		next := s.next
-		s.settle(ctx)
-		if s.next != next {
+		if !s.quiesce(ctx) {
 			return nil // a delivery failed and was rewound: read it again
 		}
-		s.purge(ctx, true)
-		s.headDue.Store(0)
-		s.progress()
 		return sleepCtx(ctx, wait)
 	}
 	if s.headDue.Load() == 0 {
@@ -468,6 +458,22 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.purge(ctx, false)
 	}
 	return nil
+}
+
+// quiesce readies the scanner to wait: it confirms and commits what is in
+// flight, purges the delivered prefix, and marks the level as holding no due
+// head. It returns false if a delivery failed and was rewound, in which case
+// the caller must read again instead of waiting.
+func (s *Scanner) quiesce(ctx context.Context) bool {
+	next := s.next
+	s.settle(ctx)
+	if s.next != next {
+		return false
+	}
+	s.purge(ctx, true)
+	s.headDue.Store(0)
+	s.progress()
+	return true
 }
 
 // parse returns a level message's target and due time. A message without a
