@@ -1,0 +1,254 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/levels"
+)
+
+// Native message schedule headers (nats-server 2.12+, server/stream.go).
+const (
+	hdrSchedule       = "Nats-Schedule"
+	hdrScheduleTarget = "Nats-Schedule-Target"
+	nativeStream      = "NSCHED"
+)
+
+// burst runs N messages all due at the same instant: delayd to a core
+// subscriber and to a stream-bound target, native schedules to the stream.
+func (b *bench) burst(ctx context.Context) ([]result, []string, error) {
+	var rows []result
+	for _, target := range []string{"core", "stream"} {
+		r, err := b.burstDelayd(ctx, target)
+		if err != nil {
+			return rows, nil, fmt.Errorf("delayd %s: %w", target, err)
+		}
+		rows = append(rows, r)
+	}
+	nrows, notes, err := b.burstNative(ctx)
+	if err != nil {
+		return rows, notes, fmt.Errorf("native: %w", err)
+	}
+	return append(rows, nrows...), notes, nil
+}
+
+// burstDelayd routes N messages into DELAYD_1S with the router alone, waits
+// until the last is due, then starts the service at T.
+func (b *bench) burstDelayd(ctx context.Context, target string) (result, error) {
+	const table = "1s"
+	n := b.cfg.BurstN
+	label := "burst delayd " + target
+	row := result{Scenario: "burst", System: "delayd", Target: target, N: n}
+	e, err := b.newEnv()
+	if err != nil {
+		return row, err
+	}
+	defer e.close()
+	if err := e.createDelaydStreams(ctx, table); err != nil {
+		return row, err
+	}
+	subject := "burst." + target
+	if target == "stream" {
+		if err := e.createStream(ctx, jetstream.StreamConfig{Name: "BURST", Subjects: []string{"burst.>"}}); err != nil {
+			return row, err
+		}
+	}
+
+	// The router alone: messages reach the level stream, no scanner runs.
+	rnc, err := e.conn(nil)
+	if err != nil {
+		return row, err
+	}
+	rjs, err := jetstream.New(rnc, jetstream.WithPublishAsyncTimeout(10*time.Second), jetstream.WithPublishAsyncMaxPending(deliver.RouterMaxInFlightDefault+16))
+	if err != nil {
+		return row, err
+	}
+	router, err := deliver.NewRouter(rjs, deliver.RouterConfig{Prefix: prefix, Levels: levels.MustParse(table)})
+	if err != nil {
+		return row, err
+	}
+	rctx, rcancel := context.WithCancel(ctx)
+	rdone := make(chan error, 1)
+	go func() { rdone <- router.Run(rctx) }()
+	pub, err := b.publishAll(ctx, e, label, n, func(i int) *nats.Msg { return b.delaydMsg(i, subject, 1) })
+	if err != nil {
+		rcancel()
+		return row, err
+	}
+	row.Note = refusedNote(n, pub.acked)
+	ok := b.waitCount(ctx, label+": routed", pub.acked, 2*time.Minute, func() int { return int(router.Stats().Routed) })
+	rcancel()
+	if err := <-rdone; err != nil {
+		return row, fmt.Errorf("router: %w", err)
+	}
+	if !ok {
+		row.Note = notes(row.Note, fmt.Sprintf("routing timed out at %d", router.Stats().Routed))
+	}
+
+	// Wait until the last routed message is due.
+	lastDue, err := lastDue(ctx, e, levels.StreamName(time.Second))
+	if err != nil {
+		return row, err
+	}
+	if err := sleepCtx(ctx, time.Until(lastDue)+10*time.Millisecond); err != nil {
+		return row, err
+	}
+
+	var core *collector
+	if target == "core" {
+		if core, err = e.subscribe(subject, n); err != nil {
+			return row, err
+		}
+	}
+	t0 := time.Now()
+	svc, err := e.startService(ctx, table)
+	if err != nil {
+		return row, err
+	}
+	var arrs []arrival
+	if core != nil {
+		b.waitCount(ctx, label+": delivered", n, 2*time.Minute, core.count)
+		arrs = core.arrivals()
+	} else {
+		_, _, err := e.waitStreamMsgs(ctx, "BURST", uint64(n), 2*time.Minute)
+		if err != nil && !errors.Is(err, errTimeout) {
+			return row, err
+		}
+		r, err := e.readStream(ctx, "BURST", "", n, dueHeader)
+		if err != nil {
+			return row, err
+		}
+		b.waitCount(ctx, label+": read back", n, time.Minute, r.count)
+		arrs = r.stop()
+	}
+	if err := svc.stop(); err != nil {
+		return row, err
+	}
+	t := count(arrs, n, func(a arrival) time.Time { return later(a.due, t0) })
+	row.Lost, row.Early, row.Lateness = t.lost, t.early, t.lateness
+	if t.distinct > 0 {
+		row.MsgsPerS = float64(t.distinct) / t.last.Sub(t0).Seconds()
+	}
+	row.Note = notes(row.Note, dupNote(t.dups))
+	return row, nil
+}
+
+// lastDue reads Delay-Due-At of a level stream's last message.
+func lastDue(ctx context.Context, e *env, stream string) (time.Time, error) {
+	s, err := e.js.Stream(ctx, stream)
+	if err != nil {
+		return time.Time{}, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if info.State.Msgs == 0 {
+		return time.Now(), nil
+	}
+	m, err := s.GetMsg(ctx, info.State.LastSeq)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return time.Parse(time.RFC3339Nano, m.Header.Get(deliver.HeaderDueAt))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// newNativeEnv starts a server with a stream that allows message schedules
+// on nsched.>.
+func (b *bench) newNativeEnv(ctx context.Context) (*env, error) {
+	e, err := b.newEnv()
+	if err != nil {
+		return nil, err
+	}
+	if err := e.createStream(ctx, jetstream.StreamConfig{Name: nativeStream, Subjects: []string{"nsched.>"}, AllowMsgSchedules: true}); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// scheduleMsg is native schedule i: due at `at`, producing nsched.out.<i>.
+// Each schedule needs a subject of its own: the server keeps one schedule
+// per subject, and a newer one replaces it.
+func (b *bench) scheduleMsg(i int, at time.Time) *nats.Msg {
+	is := strconv.Itoa(i)
+	return &nats.Msg{
+		Subject: "nsched.sched." + is,
+		Header: nats.Header{
+			hdrSchedule:       []string{"@at " + deliver.FormatTime(at)},
+			hdrScheduleTarget: []string{"nsched.out." + is},
+		},
+		Data: payload(i, b.cfg.Payload),
+	}
+}
+
+// burstNative publishes N one-shot schedules "@at T" and measures the
+// produced messages' store times against T.
+func (b *bench) burstNative(ctx context.Context) ([]result, []string, error) {
+	n := b.cfg.BurstN
+	label := "burst native"
+	e, err := b.newNativeEnv(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer e.close()
+	core, err := e.subscribe("nsched.out.>", n)
+	if err != nil {
+		return nil, nil, err
+	}
+	// T must lie beyond the last publish: about 30 µs a schedule here, plus 2 s.
+	lead := 2*time.Second + time.Duration(n)*30*time.Microsecond
+	t0 := time.Now().Add(lead)
+	pub, err := b.publishAll(ctx, e, label, n, func(i int) *nats.Msg { return b.scheduleMsg(i, t0) })
+	if err != nil {
+		return nil, nil, err
+	}
+	row := result{Scenario: "burst", System: "native", Target: "stream", N: n, Note: refusedNote(n, pub.acked)}
+	if over := time.Since(t0); over > 0 {
+		row.Note = notes(row.Note, fmt.Sprintf("publishing ended %s after T: later schedules were stored past due", over.Round(time.Millisecond)))
+	}
+	r, err := e.readStream(ctx, nativeStream, "nsched.out.>", n, func(jetstream.Msg) time.Time { return t0 })
+	if err != nil {
+		return nil, nil, err
+	}
+	b.waitCount(ctx, label+": produced", n, time.Until(t0)+2*time.Minute, r.count)
+	arrs := r.stop()
+	t := count(arrs, n, func(arrival) time.Time { return t0 })
+	row.Lost, row.Early, row.Lateness = t.lost, t.early, t.lateness
+	if t.distinct > 0 {
+		row.MsgsPerS = float64(t.distinct) / t.last.Sub(t0).Seconds()
+	}
+	row.Note = notes(row.Note, dupNote(t.dups))
+	rows := []result{row}
+
+	var notesOut []string
+	if got := core.count(); got == 0 {
+		notesOut = append(notesOut, fmt.Sprintf("burst/native: a core subscriber on nsched.out.> received 0 of %d produced messages (the server stores them without publishing to core subscribers), so native has no core row", t.distinct))
+	} else {
+		carrs := core.arrivals()
+		for i := range carrs {
+			carrs[i].due = t0
+		}
+		ct := count(carrs, n, func(arrival) time.Time { return t0 })
+		crow := result{Scenario: "burst", System: "native", Target: "core", N: n, Lost: ct.lost, Early: ct.early, Lateness: ct.lateness, Note: dupNote(ct.dups)}
+		if ct.distinct > 0 {
+			crow.MsgsPerS = float64(ct.distinct) / ct.last.Sub(t0).Seconds()
+		}
+		rows = append(rows, crow)
+	}
+	return rows, notesOut, nil
+}

@@ -1,0 +1,213 @@
+// Command delaybench measures delayd against references measured in the same
+// run, on embedded nats-servers in the same process: raw JetStream (the
+// ceiling of the machine) and NATS native message schedules (nats-server
+// 2.12+, a stream with AllowMsgSchedules and one "Nats-Schedule: @at …"
+// message per delayed message).
+//
+//	go run ./cmd/delaybench                       # every scenario, default sizes (≤ ~5 min on 2 cores)
+//	go run ./cmd/delaybench -scenarios burst,steady -burst-n 200000
+//	go run ./cmd/delaybench -json                 # one JSON object per row
+//
+// Each (scenario, system) pair gets a fresh embedded nats-server (JetStream,
+// file storage in a temporary directory removed at exit, no logging, no
+// signal handlers, a client connected in-process), so no run sees another's
+// streams, backlog or garbage. delayd and native schedules run on the same
+// server build and configuration. Payloads are 128 bytes by default; each
+// starts with the message's index as 12 decimal digits, which is how
+// messages are told apart and counted.
+//
+// Rows, by scenario:
+//
+//   - raw-publish, raw-read (system raw, target stream): the reference. N
+//     async publishes (PublishMsgAsync, window 4,096) into a plain file
+//     stream, msgs_per_s = N / time until the last PubAck; then an ordered
+//     consumer reads them back, msgs_per_s = N / read time.
+//   - ingest (delayd): N messages are published to delay.bench.x with
+//     Delay-Level 3 of the table "1s 5s 1h" while delayd is stopped; then a
+//     delayd service starts and msgs_per_s = N / time from its start until
+//     DELAYD_1H holds N (the router's rate, service start-up included).
+//     early counts deliveries to bench.x, which none may see within the hour.
+//   - burst (delayd and native; targets core and stream): N messages all due
+//     by the same instant T. delayd: a router alone (no scanners) writes N
+//     messages into DELAYD_1S; once the last is due, T is taken and the
+//     service started. Lateness = arrival − max(Delay-Due-At, T); native:
+//     N one-shot schedules "@at T" (nanoseconds) with T a few seconds ahead,
+//     lateness = produced message's store time − T. msgs_per_s = N / (last
+//     arrival − T). Core arrivals are time.Now() in a core subscriber; stream
+//     arrivals are store timestamps read back with an ordered consumer.
+//     Native schedules produce their messages inside the stream only: a core
+//     subscriber sees none (the run checks and says so), so native has no
+//     core row.
+//   - steady (delayd and native): -steady-rate msg/s for -steady-duration,
+//     each due 1 s after it is published (delayd: table "1s", level 1, to a
+//     core subscriber; native: "@at publish time + 1 s" to the stream).
+//     msgs_per_s is the publish rate achieved; lateness = arrival − due.
+//   - pending (delayd and native): -pending-n messages waiting 2 h.
+//     heap_bytes_per_pending = (heap after publishing and routing − heap
+//     before) / N, whole process (server included), each heap read after
+//     two runtime.GC() and after the file store's block cache expired (it
+//     holds up to one block of recent writes for 10 s). pending-own
+//     (delayd): heap with the service running minus heap once it stopped:
+//     delayd's own memory, which must not grow with N.
+//
+// Every row counts lost (published and PubAcked, but never delivered, by
+// payload index; a timeout counts the rest as lost) and early (delivered
+// before due: arrival or store time before the due time). Times are wall
+// clock where they are compared with server timestamps, and monotonic
+// time.Now() deltas otherwise. Percentiles are over every message.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Default sizes: the whole default run stays within about 5 minutes on 2 cores.
+const (
+	NDefault              = 100_000
+	PayloadDefault        = 128
+	SteadyRateDefault     = 10_000
+	SteadyDurationDefault = 30 * time.Second
+	BurstNDefault         = 100_000
+	PendingNDefault       = 100_000
+	// SettleDefault is how long the pending scenario waits before a heap
+	// reading: past the file store's 10 s block cache expiry.
+	SettleDefault = 11 * time.Second
+)
+
+// scenarioNames are the scenarios, in the order they run.
+var scenarioNames = []string{"raw", "ingest", "burst", "steady", "pending"}
+
+// config is the harness's configuration; the flags set it.
+type config struct {
+	N              int           // raw and ingest message count
+	Payload        int           // payload bytes, at least 12
+	SteadyRate     int           // steady: msg/s offered
+	SteadyDuration time.Duration // steady: publishing time
+	BurstN         int           // burst message count
+	PendingN       int           // pending message count
+	Scenarios      []string      // subset of scenarioNames; empty = all
+	JSON           bool          // one JSON object per row instead of a table
+	Settle         time.Duration // pending: wait before heap readings
+	CommandLine    string        // printed in the header
+}
+
+func (c *config) validate() error {
+	if c.N < 1 || c.BurstN < 1 || c.PendingN < 1 || c.SteadyRate < 1 || c.SteadyDuration <= 0 {
+		return errors.New("-n, -burst-n, -pending-n, -steady-rate and -steady-duration must be positive")
+	}
+	if c.Payload < idxWidth {
+		return fmt.Errorf("-payload %d: must be at least %d (the index is written in the first %d bytes)", c.Payload, idxWidth, idxWidth)
+	}
+	for _, s := range c.Scenarios {
+		if !slices.Contains(scenarioNames, s) {
+			return fmt.Errorf("-scenarios: unknown scenario %q (have %s)", s, strings.Join(scenarioNames, ","))
+		}
+	}
+	return nil
+}
+
+func (c *config) wants(name string) bool {
+	return len(c.Scenarios) == 0 || slices.Contains(c.Scenarios, name)
+}
+
+func main() {
+	cfg := config{CommandLine: commandLine(os.Args)}
+	fs := flag.NewFlagSet("delaybench", flag.ContinueOnError)
+	fs.IntVar(&cfg.N, "n", NDefault, "messages for the raw and ingest scenarios")
+	fs.IntVar(&cfg.Payload, "payload", PayloadDefault, "payload bytes")
+	fs.IntVar(&cfg.SteadyRate, "steady-rate", SteadyRateDefault, "steady: messages per second offered")
+	fs.DurationVar(&cfg.SteadyDuration, "steady-duration", SteadyDurationDefault, "steady: how long to publish")
+	fs.IntVar(&cfg.BurstN, "burst-n", BurstNDefault, "burst: messages all due at the same instant")
+	fs.IntVar(&cfg.PendingN, "pending-n", PendingNDefault, "pending: messages waiting 2h")
+	scen := fs.String("scenarios", strings.Join(scenarioNames, ","), "comma-separated subset of "+strings.Join(scenarioNames, ","))
+	fs.BoolVar(&cfg.JSON, "json", false, "one JSON object per row instead of a table")
+	fs.DurationVar(&cfg.Settle, "settle", SettleDefault, "pending: wait before each heap reading (the file store's block cache expires after 10s)")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	for s := range strings.SplitSeq(*scen, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			cfg.Scenarios = append(cfg.Scenarios, s)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "delaybench:", err)
+		os.Exit(1)
+	}
+}
+
+// commandLine is the command as typed: under go run, os.Args[0] is a
+// temporary binary, shown as "go run ./cmd/delaybench".
+func commandLine(args []string) string {
+	cmd := args[0]
+	if strings.Contains(cmd, "go-build") {
+		cmd = "go run ./cmd/delaybench"
+	}
+	return strings.Join(append([]string{cmd}, args[1:]...), " ")
+}
+
+// run runs the selected scenarios and writes the rows to stdout (a table, or
+// JSON lines) and progress to stderr.
+func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	root, err := os.MkdirTemp("", "delaybench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(root)
+
+	b := &bench{cfg: cfg, root: root, stderr: stderr}
+	out := newOutput(cfg, stdout)
+	out.header()
+	start := time.Now()
+	for _, name := range scenarioNames {
+		if !cfg.wants(name) {
+			continue
+		}
+		b.logf("%s: start", name)
+		s := time.Now()
+		rows, notes, err := b.scenario(ctx, name)
+		for _, r := range rows {
+			out.row(r)
+		}
+		for _, n := range notes {
+			out.note(n)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		b.logf("%s: done in %s", name, time.Since(s).Round(time.Millisecond))
+	}
+	out.footer(time.Since(start))
+	return nil
+}
+
+func (b *bench) scenario(ctx context.Context, name string) ([]result, []string, error) {
+	switch name {
+	case "raw":
+		return b.raw(ctx)
+	case "ingest":
+		return b.ingest(ctx)
+	case "burst":
+		return b.burst(ctx)
+	case "steady":
+		return b.steady(ctx)
+	case "pending":
+		return b.pending(ctx)
+	}
+	return nil, nil, fmt.Errorf("unknown scenario %q", name)
+}

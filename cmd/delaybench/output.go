@@ -1,0 +1,184 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// result is one row.
+type result struct {
+	Scenario string    `json:"scenario"`
+	System   string    `json:"system"` // "delayd", "native" or "raw"
+	Target   string    `json:"target,omitempty"`
+	N        int       `json:"n"`
+	MsgsPerS float64   `json:"msgs_per_s,omitempty"`
+	Lateness *lateness `json:"lateness_ms,omitempty"`
+	Lost     int       `json:"lost"`
+	Early    int       `json:"early"`
+	// HeapPerPending is heap bytes per pending message (pending rows only).
+	HeapPerPending *float64 `json:"heap_bytes_per_pending,omitempty"`
+	// HeapBytes is the heap difference the row measures (pending rows only).
+	HeapBytes *int64 `json:"heap_bytes,omitempty"`
+	Note      string `json:"note,omitempty"`
+}
+
+// lateness is a distribution in milliseconds, over every message.
+type lateness struct {
+	P50 float64 `json:"p50"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+// tally is what a run's arrivals show.
+type tally struct {
+	distinct int
+	dups     int
+	early    int
+	lost     int
+	lateness *lateness
+	last     time.Time // latest arrival
+}
+
+// count tallies arrivals of messages 0..n-1: each index counts once (its
+// first arrival), early means arrival before a.due, lateness is arrival −
+// base(a).
+func count(arrs []arrival, n int, base func(a arrival) time.Time) tally {
+	var t tally
+	seen := make([]bool, n)
+	lat := make([]time.Duration, 0, len(arrs))
+	for _, a := range arrs {
+		if a.idx < 0 || a.idx >= n {
+			continue
+		}
+		if seen[a.idx] {
+			t.dups++
+			continue
+		}
+		seen[a.idx] = true
+		t.distinct++
+		if !a.due.IsZero() && a.at.Before(a.due) {
+			t.early++
+		}
+		if base != nil {
+			lat = append(lat, a.at.Sub(base(a)))
+		}
+		if a.at.After(t.last) {
+			t.last = a.at
+		}
+	}
+	t.lost = n - t.distinct
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+		t.lateness = &lateness{P50: ms(pct(lat, 50)), P99: ms(pct(lat, 99)), Max: ms(lat[len(lat)-1])}
+	}
+	return t
+}
+
+// pct is the nearest-rank p-th percentile of sorted durations.
+func pct(sorted []time.Duration, p float64) time.Duration {
+	rank := int(float64(len(sorted))*p/100+0.999999) - 1
+	return sorted[max(0, min(rank, len(sorted)-1))]
+}
+
+// output writes rows as a table (flushed at the end) or JSON lines.
+type output struct {
+	cfg   config
+	w     io.Writer
+	tw    *tabwriter.Writer
+	notes []string
+}
+
+func newOutput(cfg config, w io.Writer) *output {
+	return &output{cfg: cfg, w: w, tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)}
+}
+
+func (o *output) header() {
+	if o.cfg.JSON {
+		return
+	}
+	fmt.Fprintf(o.w, "delaybench  %s  %s/%s  NumCPU=%d  %s  nats-server %s (embedded, in-process)\n",
+		time.Now().Format(time.RFC3339), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), server.VERSION)
+	fmt.Fprintf(o.w, "command: %s\n", o.cfg.CommandLine)
+	fmt.Fprintf(o.w, "payload %d B; n=%d burst-n=%d steady %d msg/s for %s; pending-n=%d; lateness in ms over every message\n\n",
+		o.cfg.Payload, o.cfg.N, o.cfg.BurstN, o.cfg.SteadyRate, o.cfg.SteadyDuration, o.cfg.PendingN)
+	fmt.Fprintln(o.tw, "scenario\tsystem\ttarget\tn\tmsgs/s\tp50 ms\tp99 ms\tmax ms\tlost\tearly\theap B/pending\t")
+}
+
+func (o *output) row(r result) {
+	if o.cfg.JSON {
+		b, _ := json.Marshal(r)
+		fmt.Fprintln(o.w, string(b))
+		return
+	}
+	dash := "-"
+	rate, p50, p99, mx, heap := dash, dash, dash, dash, dash
+	if r.MsgsPerS > 0 {
+		rate = fmt.Sprintf("%.0f", r.MsgsPerS)
+	}
+	if r.Lateness != nil {
+		p50, p99, mx = fmt.Sprintf("%.1f", r.Lateness.P50), fmt.Sprintf("%.1f", r.Lateness.P99), fmt.Sprintf("%.1f", r.Lateness.Max)
+	}
+	if r.HeapPerPending != nil {
+		heap = fmt.Sprintf("%.1f", *r.HeapPerPending)
+	}
+	if r.HeapBytes != nil {
+		heap += fmt.Sprintf(" (%s)", mib(*r.HeapBytes))
+	}
+	target := r.Target
+	if target == "" {
+		target = dash
+	}
+	fmt.Fprintf(o.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t\n", r.Scenario, r.System, target, r.N, rate, p50, p99, mx, r.Lost, r.Early, heap)
+	if r.Note != "" {
+		o.notes = append(o.notes, fmt.Sprintf("%s/%s/%s: %s", r.Scenario, r.System, target, r.Note))
+	}
+}
+
+// note adds a line under the table (a JSON line {"note": …} with -json).
+func (o *output) note(s string) {
+	if o.cfg.JSON {
+		b, _ := json.Marshal(map[string]string{"note": s})
+		fmt.Fprintln(o.w, string(b))
+		return
+	}
+	o.notes = append(o.notes, s)
+}
+
+func (o *output) footer(elapsed time.Duration) {
+	if o.cfg.JSON {
+		return
+	}
+	_ = o.tw.Flush()
+	for _, n := range o.notes {
+		fmt.Fprintln(o.w, "note: "+n)
+	}
+	fmt.Fprintf(o.w, "total %s\n", elapsed.Round(100*time.Millisecond))
+}
+
+func mib(b int64) string {
+	sign := ""
+	if b < 0 {
+		sign, b = "-", -b
+	}
+	return fmt.Sprintf("%s%.2f MiB", sign, float64(b)/(1<<20))
+}
+
+// notes joins non-empty notes.
+func notes(parts ...string) string {
+	var out []string
+	for _, p := range parts {
+		if p != "" {
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, "; ")
+}

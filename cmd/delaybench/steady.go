@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// steady offers -steady-rate msg/s for -steady-duration, each message due
+// 1 s after it is published.
+func (b *bench) steady(ctx context.Context) ([]result, []string, error) {
+	d, err := b.steadyDelayd(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("delayd: %w", err)
+	}
+	nrow, err := b.steadyNative(ctx)
+	if err != nil {
+		return []result{d}, nil, fmt.Errorf("native: %w", err)
+	}
+	return []result{d, nrow}, nil, nil
+}
+
+// paced is what a paced publisher did.
+type paced struct {
+	sent, refused int
+	elapsed       time.Duration // first publish to last PubAck (monotonic)
+}
+
+// publishPaced publishes rate msg/s for dur in batches every 5 ms, catching
+// up on the schedule when a batch ran late, and waits for the PubAcks.
+func (b *bench) publishPaced(ctx context.Context, e *env, label string, mk func(i int) *nats.Msg) (paced, error) {
+	rate, dur := b.cfg.SteadyRate, b.cfg.SteadyDuration
+	total := int(float64(rate) * dur.Seconds())
+	var refused, sent atomic.Int64
+	js, err := jetstream.New(e.nc, jetstream.WithPublishAsyncMaxPending(pubWindow), jetstream.WithPublishAsyncTimeout(30*time.Second),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, _ *nats.Msg, _ error) { refused.Add(1) }))
+	if err != nil {
+		return paced{}, err
+	}
+	stop := b.progress(label+": published", total, func() int { return int(sent.Load()) })
+	defer stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	start := time.Now()
+	i := 0
+	for i < total {
+		want := min(total, int(float64(rate)*time.Since(start).Seconds())+1)
+		for ; i < want; i++ {
+			if _, err := js.PublishMsgAsync(mk(i), jetstream.WithStallWait(time.Minute)); err != nil {
+				refused.Add(1)
+			}
+		}
+		sent.Store(int64(i))
+		select {
+		case <-ctx.Done():
+			return paced{}, ctx.Err()
+		case <-tick.C:
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		return paced{}, errors.New("PubAcks still missing after 1 min")
+	}
+	return paced{sent: total, refused: int(refused.Load()), elapsed: time.Since(start)}, nil
+}
+
+func (b *bench) steadyDelayd(ctx context.Context) (result, error) {
+	row := result{Scenario: "steady", System: "delayd", Target: "core"}
+	e, err := b.newEnv()
+	if err != nil {
+		return row, err
+	}
+	defer e.close()
+	svc, err := e.startService(ctx, "1s")
+	if err != nil {
+		return row, err
+	}
+	total := int(float64(b.cfg.SteadyRate) * b.cfg.SteadyDuration.Seconds())
+	core, err := e.subscribe("steady.core", total)
+	if err != nil {
+		return row, err
+	}
+	p, err := b.publishPaced(ctx, e, "steady delayd", func(i int) *nats.Msg { return b.delaydMsg(i, "steady.core", 1) })
+	if err != nil {
+		return row, err
+	}
+	b.waitCount(ctx, "steady delayd: delivered", p.sent, time.Minute, core.count)
+	if err := svc.stop(); err != nil {
+		return row, err
+	}
+	t := count(core.arrivals(), p.sent, func(a arrival) time.Time { return a.due })
+	row.N, row.MsgsPerS = p.sent, float64(p.sent)/p.elapsed.Seconds()
+	row.Lost, row.Early, row.Lateness = t.lost, t.early, t.lateness
+	row.Note = notes(refusedNote(p.sent, p.sent-p.refused), dupNote(t.dups))
+	return row, nil
+}
+
+func (b *bench) steadyNative(ctx context.Context) (result, error) {
+	row := result{Scenario: "steady", System: "native", Target: "stream"}
+	e, err := b.newNativeEnv(ctx)
+	if err != nil {
+		return row, err
+	}
+	defer e.close()
+	total := int(float64(b.cfg.SteadyRate) * b.cfg.SteadyDuration.Seconds())
+	due := make([]time.Time, total) // written by the publisher only, read after it is done
+	r, err := e.readStream(ctx, nativeStream, "nsched.out.>", total, nil)
+	if err != nil {
+		return row, err
+	}
+	p, err := b.publishPaced(ctx, e, "steady native", func(i int) *nats.Msg {
+		due[i] = time.Now().Add(time.Second)
+		return b.scheduleMsg(i, due[i])
+	})
+	if err != nil {
+		r.stop()
+		return row, err
+	}
+	b.waitCount(ctx, "steady native: produced", p.sent, time.Minute, r.count)
+	arrs := r.stop()
+	for i := range arrs {
+		if a := &arrs[i]; a.idx >= 0 && a.idx < total {
+			a.due = due[a.idx]
+		}
+	}
+	t := count(arrs, p.sent, func(a arrival) time.Time { return a.due })
+	row.N, row.MsgsPerS = p.sent, float64(p.sent)/p.elapsed.Seconds()
+	row.Lost, row.Early, row.Lateness = t.lost, t.early, t.lateness
+	row.Note = notes(refusedNote(p.sent, p.sent-p.refused), dupNote(t.dups))
+	return row, nil
+}
