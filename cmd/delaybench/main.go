@@ -45,8 +45,9 @@
 //   - pending (delayd and native): -pending-n messages waiting 2 h.
 //     heap_bytes_per_pending = (heap after publishing and routing − heap
 //     before) / N, whole process (server included), each heap read after
-//     two runtime.GC() and after the file store's block cache expired (it
-//     holds up to one block of recent writes for 10 s). pending-own
+//     -settle (11 s: the file store's block cache, which holds up to one
+//     block of recent writes, expires after 10 s, also for the servers of
+//     earlier scenarios) and two runtime.GC(). pending-own
 //     (delayd): heap with the service running minus heap once it stopped:
 //     delayd's own memory, which must not grow with N.
 //
@@ -188,6 +189,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 			out.note(n)
 		}
 		if err != nil {
+			out.footer(time.Since(start))
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		b.logf("%s: done in %s", name, time.Since(s).Round(time.Millisecond))

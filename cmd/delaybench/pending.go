@@ -32,6 +32,16 @@ func heap() int64 {
 	return int64(ms.HeapAlloc)
 }
 
+// settledHeap waits -settle (the file store's block caches, and those of
+// servers stopped by earlier scenarios, expire), then returns [heap].
+func (b *bench) settledHeap(ctx context.Context, label string) (int64, error) {
+	b.logf("%s: settling %s before the heap reading", label, b.cfg.Settle)
+	if err := sleepCtx(ctx, b.cfg.Settle); err != nil {
+		return 0, err
+	}
+	return heap(), nil
+}
+
 func perPending(bytes int64, n int) *float64 {
 	v := float64(bytes) / float64(n)
 	return &v
@@ -53,7 +63,10 @@ func (b *bench) pendingDelayd(ctx context.Context) ([]result, error) {
 	if err != nil {
 		return nil, err
 	}
-	before := heap()
+	before, err := b.settledHeap(ctx, "pending delayd: baseline")
+	if err != nil {
+		return nil, err
+	}
 	pub, err := b.publishAll(ctx, e, "pending delayd", n, func(i int) *nats.Msg { return b.delaydMsg(i, "pending.x", 1) })
 	if err != nil {
 		return nil, err
@@ -63,11 +76,10 @@ func (b *bench) pendingDelayd(ctx context.Context) ([]result, error) {
 		return nil, err
 	}
 	b.waitCount(ctx, "pending delayd: routed", pub.acked, time.Minute, func() int { rs, _ := svc.svc.Stats(); return int(rs.Routed) })
-	b.logf("pending delayd: settling %s before the heap reading", b.cfg.Settle)
-	if err := sleepCtx(ctx, b.cfg.Settle); err != nil {
+	running, err := b.settledHeap(ctx, "pending delayd: backlog")
+	if err != nil {
 		return nil, err
 	}
-	running := heap()
 	if err := svc.stop(); err != nil {
 		return nil, err
 	}
@@ -89,7 +101,10 @@ func (b *bench) pendingNative(ctx context.Context) (result, error) {
 		return row, err
 	}
 	defer e.close()
-	before := heap()
+	before, err := b.settledHeap(ctx, "pending native: baseline")
+	if err != nil {
+		return row, err
+	}
 	due := time.Now().Add(2 * time.Hour)
 	pub, err := b.publishAll(ctx, e, "pending native", n, func(i int) *nats.Msg { return b.scheduleMsg(i, due) })
 	if err != nil {
@@ -99,11 +114,11 @@ func (b *bench) pendingNative(ctx context.Context) (result, error) {
 	if err != nil && err != errTimeout {
 		return row, err
 	}
-	b.logf("pending native: settling %s before the heap reading", b.cfg.Settle)
-	if err := sleepCtx(ctx, b.cfg.Settle); err != nil {
+	after, err := b.settledHeap(ctx, "pending native: backlog")
+	if err != nil {
 		return row, err
 	}
-	grown := heap() - before
+	grown := after - before
 	produced, err := producedCount(ctx, e)
 	if err != nil {
 		return row, err
