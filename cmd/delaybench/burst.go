@@ -112,6 +112,7 @@ func (b *bench) burstDelayd(ctx context.Context, target string) (result, error) 
 	if err != nil {
 		return row, err
 	}
+	b.logf("%s: service ready %s after T", label, time.Since(t0).Round(time.Millisecond))
 	var arrs []arrival
 	if core != nil {
 		b.waitCount(ctx, label+": delivered", n, 2*time.Minute, core.count)
@@ -135,6 +136,7 @@ func (b *bench) burstDelayd(ctx context.Context, target string) (result, error) 
 	row.Lost, row.Early, row.Lateness = t.lost, t.early, t.lateness
 	if t.distinct > 0 {
 		row.MsgsPerS = float64(t.distinct) / t.last.Sub(t0).Seconds()
+		b.logf("%s: first arrival %s after T, last %s", label, t.first.Sub(t0).Round(time.Millisecond), t.last.Sub(t0).Round(time.Millisecond))
 	}
 	row.Note = notes(row.Note, dupNote(t.dups))
 	return row, nil
@@ -231,6 +233,7 @@ func (b *bench) burstNative(ctx context.Context) ([]result, []string, error) {
 	row.Lost, row.Early, row.Lateness = t.lost, t.early, t.lateness
 	if t.distinct > 0 {
 		row.MsgsPerS = float64(t.distinct) / t.last.Sub(t0).Seconds()
+		b.logf("%s: first arrival %s after T, last %s", label, t.first.Sub(t0).Round(time.Millisecond), t.last.Sub(t0).Round(time.Millisecond))
 	}
 	row.Note = notes(row.Note, dupNote(t.dups))
 	rows := []result{row}

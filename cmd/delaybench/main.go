@@ -66,6 +66,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -133,8 +134,30 @@ func main() {
 	scen := fs.String("scenarios", strings.Join(scenarioNames, ","), "comma-separated subset of "+strings.Join(scenarioNames, ","))
 	fs.BoolVar(&cfg.JSON, "json", false, "one JSON object per row instead of a table")
 	fs.DurationVar(&cfg.Settle, "settle", SettleDefault, "pending: wait before each heap reading (the file store's block cache expires after 10s)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+	memProfile := fs.String("memprofile", "", "write an allocation profile at the end to this file (go tool pprof -sample_index=alloc_space)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "delaybench:", err)
+			os.Exit(2)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "delaybench:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if *memProfile != "" {
+		defer func() {
+			if f, err := os.Create(*memProfile); err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(f, 0)
+				_ = f.Close()
+			}
+		}()
 	}
 	for s := range strings.SplitSeq(*scen, ",") {
 		if s = strings.TrimSpace(s); s != "" {
@@ -145,6 +168,8 @@ func main() {
 	defer stop()
 	if err := run(ctx, cfg, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "delaybench:", err)
+		stop()
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }

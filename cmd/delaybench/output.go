@@ -44,6 +44,7 @@ type tally struct {
 	early    int
 	lost     int
 	lateness *lateness
+	first    time.Time // earliest arrival
 	last     time.Time // latest arrival
 }
 
@@ -72,6 +73,9 @@ func count(arrs []arrival, n int, base func(a arrival) time.Time) tally {
 		}
 		if a.at.After(t.last) {
 			t.last = a.at
+		}
+		if t.first.IsZero() || a.at.Before(t.first) {
+			t.first = a.at
 		}
 	}
 	t.lost = n - t.distinct
