@@ -49,7 +49,7 @@ type pullLoop struct {
 	reconnects  uint64
 }
 
-func newPullLoop(nc *nats.Conn, stream, consumer string, batch int) (*pullLoop, error) {
+func newPullLoop(nc *nats.Conn, stream, consumer string, batch, maxBytes int) (*pullLoop, error) {
 	inbox := nc.NewInbox()
 	// At most 1.5 batches are requested ahead, plus status messages. A
 	// channel subscription, because a synchronous one's NextMsg turns an
@@ -59,7 +59,11 @@ func newPullLoop(nc *nats.Conn, stream, consumer string, batch int) (*pullLoop, 
 	if err != nil {
 		return nil, fmt.Errorf("subscribe pull inbox: %w", err)
 	}
-	req := fmt.Appendf(nil, `{"batch":%d,"expires":%d,"idle_heartbeat":%d}`, batch, pullExpires.Nanoseconds(), pullHeartbeat.Nanoseconds())
+	req := fmt.Appendf(nil, `{"batch":%d,"expires":%d,"idle_heartbeat":%d`, batch, pullExpires.Nanoseconds(), pullHeartbeat.Nanoseconds())
+	if maxBytes > 0 {
+		req = fmt.Appendf(req, `,"max_bytes":%d`, maxBytes)
+	}
+	req = append(req, '}')
 	return &pullLoop{
 		nc: nc, subject: "$JS.API.CONSUMER.MSG.NEXT." + stream + "." + consumer,
 		inbox: inbox, sub: sub, ch: ch, timer: time.NewTimer(pullHeartbeat),
@@ -74,8 +78,9 @@ func (p *pullLoop) stop() { _ = p.sub.Unsubscribe() }
 var errWoken = errors.New("woken")
 
 // next returns the next data message. It returns errWoken when wake fires,
-// and an error when ctx is done or the consumer was deleted.
-func (p *pullLoop) next(ctx context.Context, wake <-chan struct{}) (*nats.Msg, error) {
+// and an error when ctx is done or the consumer was deleted. With block
+// unset it returns a nil message at once when none is buffered.
+func (p *pullLoop) next(ctx context.Context, wake <-chan struct{}, block bool) (*nats.Msg, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -94,6 +99,9 @@ func (p *pullLoop) next(ctx context.Context, wake <-chan struct{}) (*nats.Msg, e
 		select {
 		case m = <-p.ch:
 		default:
+			if !block {
+				return nil, nil
+			}
 			p.timer.Reset(pullHeartbeat)
 			select {
 			case <-ctx.Done():
@@ -118,6 +126,8 @@ func (p *pullLoop) next(ctx context.Context, wake <-chan struct{}) (*nats.Msg, e
 			continue // not ours
 		}
 		switch m.Header.Get("Status") {
+		case "503": // no responders: the consumer is gone
+			return nil, errConsumerDeleted
 		case "100": // idle heartbeat or flow control
 		case "404", "408": // no messages / request expired: the rest of it is void
 			p.outstanding -= pendingOf(m, p.batch)

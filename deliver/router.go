@@ -275,7 +275,7 @@ func (r *Router) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create ingress consumer: %w", err)
 	}
-	pull, err := newPullLoop(r.js.Conn(), IngressStream, RouterConsumer, r.cfg.Batch)
+	pull, err := newPullLoop(r.js.Conn(), IngressStream, RouterConsumer, r.cfg.Batch, 0)
 	if err != nil {
 		return err
 	}
@@ -297,7 +297,7 @@ func (r *Router) session(ctx context.Context) error {
 				return err
 			}
 		}
-		m, err := pull.next(ctx, r.kick)
+		m, err := pull.next(ctx, r.kick, true)
 		if errors.Is(err, errWoken) {
 			continue // a write failed: recover before the next message
 		}

@@ -163,10 +163,13 @@ type Scanner struct {
 	inflight   []delivery
 	coreUnconf bool
 	attempts   map[uint64]int
-	lagRetries int
 	commitFut  jetstream.PubAckFuture // the pending offset write
-	probing    bool                   // after a failure: one delivery at a time
-	done       map[uint64]struct{}    // confirmed after an earlier failure; skipped on re-read
+	feed       *feed
+	resetFeed  bool      // the feed must restart at next
+	head       *nats.Msg // the message being waited for or delivered
+	headMeta   ackMeta
+	probing    bool                // after a failure: one delivery at a time
+	done       map[uint64]struct{} // confirmed after an earlier failure; skipped on re-read
 	backoff    *backoff
 	delay      time.Duration
 
@@ -297,6 +300,8 @@ func (s *Scanner) Run(ctx context.Context) error {
 	}
 	s.reader = reader
 	defer reader.close()
+	s.feed = newFeed(s.nc, s.js, s.cfg.Stream, s.cfg.Batch, s.cfg.BatchBytes)
+	defer s.feed.close()
 	defer s.shutdown()
 
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
@@ -375,6 +380,7 @@ func (s *Scanner) start(ctx context.Context) error {
 	s.offset, s.committed, s.purgedTo = off, off, first
 	s.committedA.Store(off)
 	s.next = off + 1
+	s.resetFeed = true
 	s.Notify(st.LastSeq)
 	s.progress()
 	s.logger.Debug("scanner started", slog.Uint64("offset", off), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("pending", st.LastSeq-off))
@@ -383,57 +389,48 @@ func (s *Scanner) start(ctx context.Context) error {
 
 // step delivers the head if it is due, or waits for it.
 func (s *Scanner) step(ctx context.Context) error {
-	if len(s.buf) == 0 {
-		rctx, cancel := context.WithTimeout(ctx, opTimeout)
-		buf, err := s.reader.read(rctx, s.cfg.Stream, s.buf[:0], s.next, s.cfg.Batch, s.cfg.BatchBytes)
-		cancel()
-		if err != nil {
-			s.settle(ctx)
+	if s.resetFeed {
+		if err := s.feed.reset(ctx, s.next); err != nil {
 			return err
 		}
-		s.buf = buf
-		if n := len(buf); n > 0 {
-			if ts, err := time.Parse(time.RFC3339Nano, buf[n-1].Header.Get(hdrJSTimeStamp)); err == nil {
-				s.observeClock(ts, false)
+		s.resetFeed, s.head = false, nil
+	}
+	if s.head == nil {
+		m, meta, err := s.feed.next(ctx, nil, false)
+		if err == nil && m == nil {
+			// Nothing buffered: confirm and commit before blocking.
+			if !s.quiesce(ctx) {
+				return nil // a delivery failed and was rewound
 			}
+			m, meta, err = s.feed.next(ctx, nil, true)
 		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.settle(ctx)
+			s.resetFeed = true
+			return err
+		}
+		if meta.streamSeq < s.next {
+			return nil // read again after a reset
+		}
+		s.head, s.headMeta = m, meta
+		s.observeClock(meta.stored, false)
 		if s.cfg.Now().Sub(s.boundAt) > clockRefresh {
 			s.refreshClock(ctx)
 		}
-		if len(buf) == 0 {
-			if s.next <= s.knownLast.Load() {
-				// Written but not visible yet (a replica behind its leader),
-				// or removed by hand: look again, backing off to 1 s.
-				s.lagRetries++
-				s.settle(ctx)
-				return sleepCtx(ctx, min(time.Millisecond<<min(s.lagRetries, 10), time.Second))
-			}
-			s.lagRetries = 0
-			if !s.quiesce(ctx) {
-				return nil // a delivery failed and was rewound: read it again
-			}
-			select {
-			case <-ctx.Done():
-			case <-s.wake:
-			}
-			return nil
-		}
 	}
-	m := s.buf[0]
-	seq, err := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
-	if err != nil || seq < s.next {
-		s.buf = s.buf[1:]
-		return nil
-	}
+	m, seq := s.head, s.headMeta.streamSeq
 	if _, ok := s.done[seq]; ok {
 		// Confirmed before an earlier delivery failed: not sent again.
 		delete(s.done, seq)
-		s.buf[0], s.buf = nil, s.buf[1:]
+		s.head = nil
 		s.next = seq + 1
 		s.inflight = append(s.inflight, delivery{seq: seq, confirmed: true})
 		return nil
 	}
-	target, due := s.parse(m)
+	target, due := s.parse(m, s.headMeta.stored)
 	now := s.cfg.Now()
 	if !s.cfg.GraceUntil.IsZero() && now.Before(s.cfg.GraceUntil) && due.Before(s.cfg.GraceUntil) && !s.cfg.Targets.bound(target) {
 		due = s.cfg.GraceUntil
@@ -447,7 +444,7 @@ func (s *Scanner) step(ctx context.Context) error {
 	if s.headDue.Load() == 0 {
 		s.headDue.Store(due.UnixNano())
 	}
-	s.buf[0], s.buf = nil, s.buf[1:]
+	s.head = nil
 	s.next = seq + 1
 	s.lastLateness.Store(int64(now.Sub(due) - s.bound))
 	if err := s.publish(ctx, m, seq, target, due); err != nil {
@@ -479,11 +476,10 @@ func (s *Scanner) quiesce(ctx context.Context) bool {
 // parse returns a level message's target and due time. A message without a
 // readable Delay-Due-At (written by hand) is due at its level-stream store
 // time plus the stream's delay, never earlier than the contract's due.
-func (s *Scanner) parse(m *nats.Msg) (string, time.Time) {
-	target := strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)
+func (s *Scanner) parse(m *nats.Msg, stored time.Time) (string, time.Time) {
+	target := strings.TrimPrefix(m.Subject, s.subject)
 	due, err := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderDueAt))
 	if err != nil {
-		stored, _ := time.Parse(time.RFC3339Nano, m.Header.Get(hdrJSTimeStamp))
 		due = stored.Add(s.delay)
 		s.logger.Warn("level message without a valid due time; using its store time plus the level's delay", slog.String("value", m.Header.Get(HeaderDueAt)))
 	}
@@ -521,7 +517,7 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 			return nil
 		}
 		// Not sent: rewind so it is read and tried again.
-		s.next, s.buf = seq, s.buf[:0]
+		s.next, s.head, s.resetFeed = seq, nil, true
 		return fmt.Errorf("publish to %q: %w", target, err)
 	}
 	s.inflight = append(s.inflight, d)
@@ -612,7 +608,7 @@ func (s *Scanner) settle(ctx context.Context) {
 // is dead-lettered when its target refused it permanently and often enough,
 // otherwise retried after a capped backoff.
 func (s *Scanner) failed(ctx context.Context, d delivery, err error) {
-	s.next, s.buf, s.probing = d.seq, s.buf[:0], true
+	s.next, s.head, s.resetFeed, s.probing = d.seq, nil, true, true
 	s.attempts[d.seq]++
 	n := s.attempts[d.seq]
 	s.retries.Add(1)
