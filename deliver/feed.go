@@ -72,10 +72,11 @@ func (f *feed) reset(ctx context.Context, from uint64) error {
 }
 
 // next returns the next message and its stream sequence and store time. With
-// block unset it returns a nil message at once when none is buffered.
-func (f *feed) next(ctx context.Context, wake <-chan struct{}, block bool) (*nats.Msg, ackMeta, error) {
+// block unset it returns a nil message at once when none is buffered; with a
+// positive timeout it returns a nil message once that long has passed.
+func (f *feed) next(ctx context.Context, block bool, timeout time.Duration) (*nats.Msg, ackMeta, error) {
 	for {
-		m, err := f.pull.next(ctx, wake, block)
+		m, err := f.pull.next(ctx, nil, block, timeout)
 		if err != nil || m == nil {
 			return nil, ackMeta{}, err
 		}

@@ -79,8 +79,15 @@ var errWoken = errors.New("woken")
 
 // next returns the next data message. It returns errWoken when wake fires,
 // and an error when ctx is done or the consumer was deleted. With block
-// unset it returns a nil message at once when none is buffered.
-func (p *pullLoop) next(ctx context.Context, wake <-chan struct{}, block bool) (*nats.Msg, error) {
+// unset it returns a nil message at once when none is buffered; with a
+// positive timeout it returns a nil message once that long has passed.
+func (p *pullLoop) next(ctx context.Context, wake <-chan struct{}, block bool, timeout time.Duration) (*nats.Msg, error) {
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		deadline = t.C
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -108,6 +115,8 @@ func (p *pullLoop) next(ctx context.Context, wake <-chan struct{}, block bool) (
 				return nil, ctx.Err()
 			case <-wake:
 				return nil, errWoken
+			case <-deadline:
+				return nil, nil
 			case <-p.timer.C:
 				if time.Since(p.lastSeen) > 2*pullHeartbeat {
 					// No heartbeat: the requests are gone; ask again.

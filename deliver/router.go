@@ -297,7 +297,7 @@ func (r *Router) session(ctx context.Context) error {
 				return err
 			}
 		}
-		m, err := pull.next(ctx, r.kick, true)
+		m, err := pull.next(ctx, r.kick, true, 0)
 		if errors.Is(err, errWoken) {
 			continue // a write failed: recover before the next message
 		}

@@ -396,13 +396,21 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.resetFeed, s.head = false, nil
 	}
 	if s.head == nil {
-		m, meta, err := s.feed.next(ctx, nil, false)
+		m, meta, err := s.feed.next(ctx, false, 0)
 		if err == nil && m == nil {
 			// Nothing buffered: confirm and commit before blocking.
 			if !s.quiesce(ctx) {
 				return nil // a delivery failed and was rewound
 			}
-			m, meta, err = s.feed.next(ctx, nil, true)
+			if s.committed > s.purgedTo {
+				// A purge is due once the level has been quiet a moment.
+				if m, meta, err = s.feed.next(ctx, true, s.cfg.PurgeEvery); err == nil && m == nil {
+					s.purge(ctx, true)
+				}
+			}
+			if err == nil && m == nil {
+				m, meta, err = s.feed.next(ctx, true, 0)
+			}
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -467,7 +475,7 @@ func (s *Scanner) quiesce(ctx context.Context) bool {
 	if s.next != next {
 		return false
 	}
-	s.purge(ctx, true)
+	s.purge(ctx, false)
 	s.headDue.Store(0)
 	s.progress()
 	return true
