@@ -754,6 +754,7 @@ func (s *Scanner) shutdown() {
 	defer cancel()
 	s.settle(ctx)
 	s.checkCommit(true)
+	s.purge(ctx, true) // the delivered prefix goes with a clean stop
 	s.logger.Debug("scanner stopped", slog.Uint64("offset", s.committed))
 }
 
