@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -197,7 +198,8 @@ type delivery struct {
 	fut    jetstream.PubAckFuture // nil for a core subject
 	due    time.Time
 
-	confirmed bool // nothing to wait for: dead-lettered, or confirmed earlier
+	confirmed bool  // nothing to wait for: dead-lettered, or confirmed earlier
+	err       error // the PubAck's error, once taken from the future
 }
 
 // NewScanner returns a scanner for one level stream. js must have been
@@ -458,8 +460,11 @@ func (s *Scanner) step(ctx context.Context) error {
 	if err := s.publish(ctx, m, seq, target, due); err != nil {
 		return err
 	}
-	if s.probing || len(s.inflight) >= s.cfg.Window {
+	switch {
+	case s.probing:
 		s.settle(ctx)
+	case len(s.inflight) >= s.cfg.Window:
+		s.settleFirst(ctx, s.cfg.Window/2)
 		s.purge(ctx, false)
 	}
 	return nil
@@ -538,15 +543,24 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 // until the target takes it. Deliveries after the failed one that were
 // confirmed anyway are remembered and not sent again, so a failing target
 // costs no flood of re-deliveries.
-func (s *Scanner) settle(ctx context.Context) {
+func (s *Scanner) settle(ctx context.Context) { s.settleFirst(ctx, len(s.inflight)) }
+
+// settleFirst confirms the oldest n in-flight deliveries and commits the
+// offset past them, leaving the rest in flight so the pipeline to the
+// target never drains while the window is full. A failure among them
+// settles everything, as settle does.
+func (s *Scanner) settleFirst(ctx context.Context, n int) {
 	if len(s.inflight) == 0 {
 		s.commit(ctx)
 		return
 	}
+	if n < len(s.inflight) && s.firstFailure(n) {
+		n = len(s.inflight)
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer cancel()
 	var flushErr error
-	if s.coreUnconf {
+	if s.coreUnconf && slices.ContainsFunc(s.inflight[:n], func(d delivery) bool { return d.fut == nil && !d.confirmed }) {
 		before := s.nc.LastError()
 		flushErr = s.nc.FlushWithContext(cctx)
 		s.coreUnconf = false
@@ -560,7 +574,7 @@ func (s *Scanner) settle(ctx context.Context) {
 		failed    delivery
 		failedErr error
 	)
-	for _, d := range s.inflight {
+	for _, d := range s.inflight[:n] {
 		var err error
 		switch {
 		case d.confirmed:
@@ -570,9 +584,11 @@ func (s *Scanner) settle(ctx context.Context) {
 				err = fmt.Errorf("%w: publish to %q", ErrPermissionDenied, d.target)
 			}
 		default:
-			select {
-			case <-d.fut.Ok():
-			case err = <-d.fut.Err():
+			if err = d.err; err == nil {
+				select {
+				case <-d.fut.Ok():
+				case err = <-d.fut.Err():
+				}
 			}
 			if err != nil && s.cfg.Targets.refused(d.target) {
 				err = fmt.Errorf("%w: publish to %q: %v", ErrPermissionDenied, d.target, err)
@@ -602,14 +618,33 @@ func (s *Scanner) settle(ctx context.Context) {
 			s.delivered.Add(1)
 		}
 	}
-	clear(s.inflight)
-	s.inflight = s.inflight[:0]
+	rest := copy(s.inflight, s.inflight[n:])
+	clear(s.inflight[rest:])
+	s.inflight = s.inflight[:rest]
+	s.coreUnconf = slices.ContainsFunc(s.inflight, func(d delivery) bool { return d.fut == nil && !d.confirmed })
 	s.commit(ctx)
 	if failedErr == nil {
 		s.probing = false
 		return
 	}
 	s.failed(ctx, failed, failedErr)
+}
+
+// firstFailure reports whether one of the oldest n in-flight PubAcks has
+// already failed, without waiting.
+func (s *Scanner) firstFailure(n int) bool {
+	for i, d := range s.inflight[:n] {
+		if d.fut == nil {
+			continue
+		}
+		select {
+		case err := <-d.fut.Err():
+			s.inflight[i].err = err // consumed from the future: kept here
+			return true
+		default:
+		}
+	}
+	return false
 }
 
 // failed handles the first delivery of a window that was not confirmed: it
