@@ -89,7 +89,7 @@ func (s *syncWriter) String() string {
 // subscriber's raw re-deliveries are reported.
 func TestKill9(t *testing.T) {
 	if testing.Short() {
-		t.Skip("long fault test: skipped under -short")
+		t.Skip("long fault test: skipped when testing.Short()")
 	}
 	b := setup(t)
 	const (

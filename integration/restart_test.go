@@ -33,7 +33,7 @@ func cpuTicks(t *testing.T, pid int) int64 {
 // nothing.
 func TestServerRestart(t *testing.T) {
 	if testing.Short() {
-		t.Skip("long fault test (30 s outage): skipped under -short")
+		t.Skip("long fault test (30 s outage): skipped when testing.Short()")
 	}
 	b := setup(t)
 	port := b.srv.Addr().(*net.TCPAddr).Port

@@ -14,7 +14,7 @@ import (
 // every row has lost == 0 and early == 0. It never asserts a speed.
 func TestSmoke(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs every scenario on embedded servers")
+		t.Skip("runs every scenario on embedded servers; skipped when testing.Short()")
 	}
 	cfg := config{
 		N: 1000, Payload: PayloadDefault, BurstN: 1000, PendingN: 1000,
