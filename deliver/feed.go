@@ -63,7 +63,9 @@ func (f *feed) reset(ctx context.Context, from uint64) error {
 	if err != nil {
 		return fmt.Errorf("create level consumer: %w", err)
 	}
-	pull, err := newPullLoop(f.nc, f.stream, f.name, f.batch, f.bytes)
+	// A pull's byte limit must leave room for the largest message the
+	// server accepts, or that message could never be pulled.
+	pull, err := newPullLoop(f.nc, f.stream, f.name, f.batch, max(f.bytes, 2*int(f.nc.MaxPayload())))
 	if err != nil {
 		return err
 	}
