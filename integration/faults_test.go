@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver"
@@ -148,3 +149,36 @@ func TestOffsetsThatMakeNoSense(t *testing.T) {
 }
 
 var _ = jetstream.KeyValueConfig{}
+
+// TestLargeMessageBeyondBatchBytes delivers a message larger than a
+// scanner's per-pull byte budget (1 MiB) on a server that allows 4 MiB
+// payloads: the scanner must not stall on it.
+func TestLargeMessageBeyondBatchBytes(t *testing.T) {
+	t.Parallel()
+	srv, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
+		MaxPayload: 4 << 20,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	b := &testBundle{t: t, srv: srv}
+	b.connect()
+	b.startDelayd("100ms")
+	c := b.collect("large.x")
+	data := make([]byte, 2<<20)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	b.publish("delay.large.x", data, level(1))
+	b.publish("delay.large.x", []byte("after"), level(1))
+	got := c.wait(t, 2, 15*time.Second)
+	if len(got[0].msg.Data) != len(data) || string(got[1].msg.Data) != "after" {
+		t.Fatalf("got %d bytes then %q, want %d bytes then \"after\"", len(got[0].msg.Data), got[1].msg.Data, len(data))
+	}
+}
