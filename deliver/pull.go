@@ -149,6 +149,11 @@ func (p *pullLoop) next(ctx context.Context, wake <-chan struct{}, block bool, t
 				p.outstanding = 0
 			default: // exceeded max waiting, max request batch…: that request is void
 				p.outstanding -= pendingOf(m, p.batch)
+				// If it recurs at once (an operator's request limits), do
+				// not re-pull in a tight loop.
+				if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+					return nil, err
+				}
 			}
 		}
 		p.outstanding = max(p.outstanding, 0)

@@ -50,6 +50,10 @@ type RouterConfig struct {
 	// Targets is the operator's target policy. Optional. Default allows all.
 	Targets TargetPolicy
 
+	// Replicas for a level stream the router has to recreate because it was
+	// deleted while delayd ran. Optional. Default 1.
+	Replicas int
+
 	// Logger is optional. Default discards.
 	Logger *slog.Logger
 
@@ -62,8 +66,9 @@ type RouterConfig struct {
 	Batch int
 
 	// OnRouted is called after a level-stream write is confirmed, with the
-	// level stream's name and the sequence the write got. Scanners use it to
-	// wake up. Optional.
+	// level stream's name and the sequence the write got, for observers such
+	// as metrics. (Scanners need no nudge: their pending pull request
+	// receives the message.) Optional.
 	OnRouted func(stream string, seq uint64)
 }
 
@@ -133,7 +138,9 @@ type Router struct {
 	failed   []*routing
 	broken   atomic.Bool
 	kick     chan struct{} // wakes the router loop when a write failed
-	tails    *batchReader
+
+	failingSince atomic.Int64 // unix ns since level writes or sessions keep failing; 0 when healthy
+	tails        *batchReader
 
 	routed, deadLettered, clamped, skipped atomic.Uint64
 }
@@ -219,6 +226,13 @@ func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
 	return r, nil
 }
 
+// Healthy reports whether the router has not been failing to write or to
+// consume for longer than [ScannerStallAfterDefault].
+func (r *Router) Healthy() bool {
+	since := r.failingSince.Load()
+	return since == 0 || time.Since(time.Unix(0, since)) <= ScannerStallAfterDefault
+}
+
 // Stats returns the router's counters.
 func (r *Router) Stats() RouterStats {
 	return RouterStats{Routed: r.routed.Load(), DeadLettered: r.deadLettered.Load(), Clamped: r.clamped.Load(), Skipped: r.skipped.Load()}
@@ -237,9 +251,14 @@ func (r *Router) Run(ctx context.Context) error {
 	r.tails = tails
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
+		began := time.Now()
 		err := r.session(ctx)
 		if ctx.Err() != nil {
 			return nil
+		}
+		r.failingSince.CompareAndSwap(0, time.Now().UnixNano())
+		if time.Since(began) > time.Minute {
+			backoff.reset() // a long healthy session: start the backoff afresh
 		}
 		r.logger.Warn("router restarting", slog.Any("error", err))
 		if !backoff.sleep(ctx) {
@@ -279,6 +298,7 @@ func (r *Router) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.failingSince.Store(0)
 	stop := context.AfterFunc(ctx, pull.stop)
 	defer stop()
 	defer pull.stop()
@@ -329,6 +349,13 @@ func (r *Router) syncTails(ctx context.Context) error {
 // its last message.
 func (r *Router) syncTail(ctx context.Context, w *levelWriter) error {
 	s, err := r.js.Stream(ctx, w.stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// Deleted while delayd ran: without it no level could be routed.
+		r.logger.Warn("level stream missing; recreating it", slog.String("stream", w.stream))
+		if err = ensureLevelStream(ctx, r.js, w.level.Delay, max(r.cfg.Replicas, 1)); err == nil {
+			s, err = r.js.Stream(ctx, w.stream)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("level stream %s: %w", w.stream, err)
 	}
@@ -529,7 +556,11 @@ func (r *Router) fail(rt *routing) {
 // is stored or ctx is done.
 func (r *Router) recover(ctx context.Context) error {
 	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
+	defer r.failingSince.Store(0)
 	for round := 0; ; round++ {
+		if round > 0 {
+			r.failingSince.CompareAndSwap(0, time.Now().UnixNano())
+		}
 		r.pending.Wait()
 		r.mu.Lock()
 		failed := r.failed

@@ -136,9 +136,12 @@ type ScannerStats struct {
 // It then purges the delivered prefix, always keeping the stream's last
 // delivered message (the router reads the tail to stay exactly-once).
 //
-// A scanner holds at most one read batch in memory (Batch messages,
-// BatchBytes of payload), whatever the backlog. It has no consumer on the
-// server, so nothing expires while a 2 h level waits for its head.
+// A scanner holds at most one and a half pull batches in memory (Batch
+// messages each, at most BatchBytes or twice the server's max payload),
+// whatever the backlog. It reads through an unacknowledged consumer it
+// creates at its own offset (see feed); the offset, not the consumer, is the
+// position, so a consumer the server drops while a 2 h level waits for its
+// head is simply recreated.
 //
 // Semantics follow RocketMQ 4's ScheduleMessageService DeliverDelayedMessageTimerTask,
 // except that delayd waits for the head's due time instead of rechecking
@@ -152,9 +155,6 @@ type Scanner struct {
 	stream  jetstream.Stream
 	subject string // "delayd.level.<NAME>."
 
-	knownLast atomic.Uint64 // highest sequence the router says it wrote
-	wake      chan struct{}
-
 	offset     uint64 // last confirmed sequence
 	committed  uint64
 	purgedTo   uint64
@@ -167,6 +167,7 @@ type Scanner struct {
 	commitFut  jetstream.PubAckFuture // the pending offset write
 	feed       *feed
 	resetFeed  bool      // the feed must restart at next
+	feedFresh  bool      // no message read since the feed restarted
 	head       *nats.Msg // the message being waited for or delivered
 	headMeta   ackMeta
 	probing    bool                // after a failure: one delivery at a time
@@ -218,27 +219,11 @@ func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scan
 		nc: nc, js: js, cfg: cfg,
 		logger:   cfg.Logger.With(slog.String("stream", cfg.Stream)),
 		subject:  levelSubjects + name + ".",
-		wake:     make(chan struct{}, 1),
 		attempts: make(map[uint64]int),
 		done:     make(map[uint64]struct{}),
 		backoff:  newBackoff(100*time.Millisecond, 5*time.Second),
 		delay:    delay,
 	}, nil
-}
-
-// Notify tells the scanner that its stream now holds sequence seq. The router
-// calls it after each confirmed write; it never blocks.
-func (s *Scanner) Notify(seq uint64) {
-	for {
-		cur := s.knownLast.Load()
-		if seq <= cur || s.knownLast.CompareAndSwap(cur, seq) {
-			break
-		}
-	}
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
 }
 
 // observeClock tightens the clock bound with a server timestamp seen at
@@ -383,7 +368,6 @@ func (s *Scanner) start(ctx context.Context) error {
 	s.committedA.Store(off)
 	s.next = off + 1
 	s.resetFeed = true
-	s.Notify(st.LastSeq)
 	s.progress()
 	s.logger.Debug("scanner started", slog.Uint64("offset", off), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("pending", st.LastSeq-off))
 	return nil
@@ -395,7 +379,7 @@ func (s *Scanner) step(ctx context.Context) error {
 		if err := s.feed.reset(ctx, s.next); err != nil {
 			return err
 		}
-		s.resetFeed, s.head = false, nil
+		s.resetFeed, s.head, s.feedFresh = false, nil, true
 	}
 	if s.head == nil {
 		m, meta, err := s.feed.next(ctx, false, 0)
@@ -425,11 +409,21 @@ func (s *Scanner) step(ctx context.Context) error {
 		if meta.streamSeq < s.next {
 			return nil // read again after a reset
 		}
+		fresh := s.feedFresh
+		s.feedFresh = false
+		if meta.streamSeq > s.next && !fresh {
+			// A level stream has no gaps above its purged prefix, so a
+			// sequence skipped mid-stream was lost on the way (a full
+			// client buffer): read again from next.
+			s.logger.Warn("level stream read skipped a sequence; reading again", slog.Uint64("want", s.next), slog.Uint64("got", meta.streamSeq))
+			s.resetFeed = true
+			return nil
+		}
 		s.head, s.headMeta = m, meta
 		s.observeClock(meta.stored, false)
-		if s.cfg.Now().Sub(s.boundAt) > clockRefresh {
-			s.refreshClock(ctx)
-		}
+	}
+	if s.cfg.Now().Sub(s.boundAt) > clockRefresh {
+		s.refreshClock(ctx)
 	}
 	m, seq := s.head, s.headMeta.streamSeq
 	if _, ok := s.done[seq]; ok {
@@ -449,7 +443,9 @@ func (s *Scanner) step(ctx context.Context) error {
 		if !s.quiesce(ctx) {
 			return nil // a delivery failed and was rewound: read it again
 		}
-		return sleepCtx(ctx, wait)
+		// Wake at least every clockRefresh to re-measure the clock bound,
+		// so a clock stepped during a long wait is noticed.
+		return sleepCtx(ctx, min(wait, clockRefresh))
 	}
 	if s.headDue.Load() == 0 {
 		s.headDue.Store(due.UnixNano())
@@ -559,27 +555,36 @@ func (s *Scanner) settleFirst(ctx context.Context, n int) {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer cancel()
-	var flushErr error
-	if s.coreUnconf && slices.ContainsFunc(s.inflight[:n], func(d delivery) bool { return d.fut == nil && !d.confirmed }) {
-		before := s.nc.LastError()
-		flushErr = s.nc.FlushWithContext(cctx)
-		s.coreUnconf = false
-		// The server answers a refused publish with -ERR before the flush's
-		// PONG, and the client records it as LastError on the way.
-		if e := s.nc.LastError(); e != before {
-			s.cfg.Targets.NoteError(e)
+	// One flush confirms every core publish sent before it; it is done the
+	// first time a core delivery needs confirming.
+	var (
+		flushed  bool
+		flushErr error
+	)
+	flush := func() error {
+		if !flushed {
+			flushed = true
+			before := s.nc.LastError()
+			flushErr = s.nc.FlushWithContext(cctx)
+			// The server answers a refused publish with -ERR before the
+			// flush's PONG, and the client records it as LastError.
+			if e := s.nc.LastError(); e != before {
+				s.cfg.Targets.NoteError(e)
+			}
 		}
+		return flushErr
 	}
 	var (
 		failed    delivery
 		failedErr error
 	)
-	for _, d := range s.inflight[:n] {
+	for i := 0; i < n; i++ {
+		d := s.inflight[i]
 		var err error
 		switch {
 		case d.confirmed:
 		case d.fut == nil:
-			err = flushErr
+			err = flush()
 			if err == nil && s.cfg.Targets.refused(d.target) {
 				err = fmt.Errorf("%w: publish to %q", ErrPermissionDenied, d.target)
 			}
@@ -594,15 +599,22 @@ func (s *Scanner) settleFirst(ctx context.Context, n int) {
 				err = fmt.Errorf("%w: publish to %q: %v", ErrPermissionDenied, d.target, err)
 			}
 			if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
-				// The target's stream is gone and nobody listens: like any
-				// core publish without interest, it is delivered to no one.
+				// Nobody answered: the target's stream may be gone, or be
+				// electing a leader. Only if the refreshed index says no
+				// stream captures the subject is it a core subject without
+				// interest, delivered to no one; otherwise it is retried.
 				s.cfg.Targets.forget(d.target)
-				err = nil
+				if rerr := s.cfg.Targets.Refresh(cctx); rerr == nil && !s.cfg.Targets.bound(d.target) {
+					err = nil
+				}
 			}
 		}
 		switch {
 		case err != nil && failedErr == nil:
 			failed, failedErr = d, err
+			// Everything behind it is settled too, so that the rewind
+			// leaves nothing in flight and successes are remembered.
+			n = len(s.inflight)
 		case err != nil:
 			// Also failed: it is behind the first failure and is sent again.
 		case failedErr == nil:
@@ -714,7 +726,12 @@ func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reaso
 			break
 		}
 		s.logger.Error("dead-letter write failed; retrying", slog.Any("error", err))
-		backoff.sleep(context.Background())
+		if !backoff.sleep(ctx) {
+			// Stopping: the message stays past the offset and is read,
+			// and dead-lettered, again on the next start.
+			s.next, s.head, s.resetFeed = min(s.next, seq), nil, true
+			return
+		}
 	}
 	s.logger.Warn("dead-lettered undeliverable message", slog.String("target", subject), slog.Uint64("seq", seq), slog.String("error", reason.Error()))
 	s.deadLettered.Add(1)

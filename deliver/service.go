@@ -108,6 +108,9 @@ func (s *Service) Ready() bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.router != nil && !s.router.Healthy() {
+		return false
+	}
 	for _, sc := range s.scanners {
 		if sc.Stalled() {
 			return false
@@ -205,13 +208,8 @@ func (s *Service) Run(ctx context.Context) error {
 		scanners[name] = scanner
 	}
 	rc := s.cfg.Router
-	rc.Prefix, rc.Levels, rc.Targets = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets
+	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas
 	rc.Logger = s.logger.With(slog.String("component", "router"))
-	rc.OnRouted = func(stream string, seq uint64) {
-		if sc := scanners[stream]; sc != nil {
-			sc.Notify(seq)
-		}
-	}
 	inflight := rc.MaxInFlight
 	if inflight == 0 {
 		inflight = RouterMaxInFlightDefault

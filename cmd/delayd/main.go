@@ -83,7 +83,9 @@ func run() int {
 	// The connection closes for good only when delayd drains it at shutdown, or when nats.go gives up (the same
 	// authentication error twice in a row): then delayd stops with an error rather than retry on a dead connection.
 	var connLost atomic.Bool
+	closed := make(chan struct{})
 	opts = append(opts, nats.ClosedHandler(func(nc *nats.Conn) {
+		defer close(closed)
 		if ctx.Err() == nil {
 			connLost.Store(true)
 			logger.Error("NATS connection closed; stopping", slog.Any("error", nc.LastError()))
@@ -107,7 +109,19 @@ func run() int {
 		logger.Error("connect to NATS failed", slog.Any("error", err))
 		return exitError
 	}
-	defer func() { _ = nc.Drain() }()
+	defer func() {
+		// Send what is buffered (the router's last ingress acks, the last
+		// offset writes) and wait for the drain before the embedded server
+		// and the process go away.
+		_ = nc.FlushTimeout(5 * time.Second)
+		if err := nc.Drain(); err == nil {
+			select {
+			case <-closed:
+			case <-time.After(10 * time.Second):
+				logger.Warn("NATS connection did not drain within 10s")
+			}
+		}
+	}()
 	if !nc.IsConnected() { // once connected, the ConnectHandler logs it
 		logger.Warn("NATS not reachable yet; retrying for ever", slog.String("auth", cfg.AuthMethod()), slog.Any("error", nc.LastError()))
 	}
