@@ -3,7 +3,9 @@ package deliver
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -22,6 +24,29 @@ const (
 	// DLQSubjectPrefix is followed by the reason: "delayd.dlq.level".
 	DLQSubjectPrefix = dlqSubjects
 )
+
+// Reasons lists every dead-letter reason, for metrics labels.
+var Reasons = []string{ReasonLevel, ReasonTarget, ReasonSize, ReasonUndeliverable}
+
+// reasonCounts counts dead letters by reason.
+type reasonCounts struct{ n [4]atomic.Uint64 }
+
+func (c *reasonCounts) add(reason string) {
+	if c == nil {
+		return
+	}
+	if i := slices.Index(Reasons, reason); i >= 0 {
+		c.n[i].Add(1)
+	}
+}
+
+func (c *reasonCounts) snapshot() map[string]uint64 {
+	m := make(map[string]uint64, len(Reasons))
+	for i, r := range Reasons {
+		m[r] = c.n[i].Load()
+	}
+	return m
+}
 
 // reasonOf maps an error to its dead-letter reason.
 func reasonOf(err error) string {

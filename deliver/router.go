@@ -65,6 +65,8 @@ type RouterConfig struct {
 	// [RouterBatchDefault].
 	Batch int
 
+	reasons *reasonCounts // dead letters by reason, shared with the scanners (set by Service)
+
 	// OnRouted is called after a level-stream write is confirmed, with the
 	// level stream's name and the sequence the write got, for observers such
 	// as metrics. (Scanners need no nudge: their pending pull request
@@ -158,12 +160,13 @@ type levelWriter struct {
 
 // routing is one ingress message on its way.
 type routing struct {
-	msg *nats.Msg    // the ingress message; Reply is its $JS.ACK subject
-	seq uint64       // ingress sequence
-	w   *levelWriter // nil for a dead letter
-	out *nats.Msg
-	fut jetstream.PubAckFuture
-	err error
+	msg    *nats.Msg    // the ingress message; Reply is its $JS.ACK subject
+	seq    uint64       // ingress sequence
+	w      *levelWriter // nil for a dead letter
+	out    *nats.Msg
+	fut    jetstream.PubAckFuture
+	err    error
+	reason error // why it is a dead letter
 
 	// Headers levelMsg removed from msg, to restore them on a dead letter.
 	shaped   bool // levelMsg ran on msg's header map
@@ -503,7 +506,7 @@ func (r *Router) submit(rt *routing) {
 func (r *Router) deadLetter(rt *routing, reason error) {
 	m := rt.msg
 	r.logger.Warn("dead-lettering invalid message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
-	rt.w = nil
+	rt.w, rt.reason = nil, reason
 	rt.out = deadLetterMsg(m.Subject, rt.originalHeader(), m.Data, reason, r.ingressRef(rt.seq))
 	fut, err := r.js.PublishMsgAsync(rt.out)
 	if err != nil {
@@ -525,6 +528,7 @@ func (r *Router) acker(in <-chan *routing, done chan<- struct{}) {
 			rt.ack()
 			if rt.w == nil {
 				r.deadLettered.Add(1)
+				r.cfg.reasons.add(reasonOf(rt.reason))
 			} else {
 				r.routed.Add(1)
 				rt.w.lastRouted.Store(rt.seq)
@@ -615,9 +619,11 @@ func (r *Router) recover(ctx context.Context) error {
 // and the dead letter must not loop.
 func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 	m := rt.msg
-	reason := rt.err
-	if rt.w != nil {
+	reason := rt.reason
+	if reason == nil {
+		// A level write refused for its size: build its dead letter once.
 		reason = fmt.Errorf("%w: the level-stream write was refused: %v", ErrTooLarge, rt.err)
+		rt.reason = reason
 		rt.out = deadLetterMsg(m.Subject, rt.originalHeader(), m.Data, reason, r.ingressRef(rt.seq))
 		r.logger.Warn("dead-lettering message too large for its level stream", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
 	}
@@ -625,6 +631,7 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 		return err
 	}
 	r.deadLettered.Add(1)
+	r.cfg.reasons.add(reasonOf(reason))
 	rt.w = nil
 	rt.ack()
 	return nil

@@ -70,6 +70,13 @@ type ScannerConfig struct {
 	// reconnect first. Stream-bound targets are not held. Optional.
 	GraceUntil time.Time
 
+	// OnDelivery is called for every delivery as it is published, with its
+	// lateness (publish time - due, by the server's clock). It runs on the
+	// scanner's goroutine: keep it cheap (a histogram observation). Optional.
+	OnDelivery func(lateness time.Duration)
+
+	reasons *reasonCounts // dead letters by reason (set by Service)
+
 	// Batch, BatchBytes, Window, PurgeEvery and MaxAttempts are optional;
 	// defaults are the Scanner*Default constants.
 	Batch       int
@@ -124,6 +131,9 @@ type ScannerStats struct {
 	Delivered    uint64        // confirmed deliveries since start
 	DeadLettered uint64        // deliveries refused permanently, sent to DELAYD_DLQ
 	Retries      uint64        // failed deliveries retried
+	Pending      uint64        // messages written to the level stream past the committed offset
+	CommitLag    uint64        // confirmed deliveries whose offset write is not acknowledged yet
+	OldestDueAge time.Duration // how long the due head has waited undelivered; 0 if none is due
 	LastLateness time.Duration // lateness of the last delivery: delivered - due, by the server's clock
 	ClockBound   time.Duration // upper bound on the local clock's lead over the server's
 }
@@ -165,6 +175,7 @@ type Scanner struct {
 	coreUnconf bool
 	attempts   map[uint64]int
 	commitFut  jetstream.PubAckFuture // the pending offset write
+	commitSeq  uint64                 // the offset it writes
 	feed       *feed
 	resetFeed  bool      // the feed must restart at next
 	feedFresh  bool      // no message read since the feed restarted
@@ -183,9 +194,11 @@ type Scanner struct {
 	bound   time.Duration
 	boundAt time.Time
 
-	clockBoundA  atomic.Int64 // bound, for Stats
-	headDue      atomic.Int64 // unix ns of a due head not yet delivered; 0 if none
-	lastProgress atomic.Int64 // unix ns of the last offset move or idle wait
+	clockBoundA  atomic.Int64  // bound, for Stats
+	lastSeq      atomic.Uint64 // the level stream's last sequence, as far as known
+	ackedOffset  atomic.Uint64 // the last offset the KV bucket acknowledged
+	headDue      atomic.Int64  // unix ns of a due head not yet delivered; 0 if none
+	lastProgress atomic.Int64  // unix ns of the last offset move or idle wait
 
 	delivered, deadLettered, retries atomic.Uint64
 	lastLateness                     atomic.Int64
@@ -224,6 +237,32 @@ func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scan
 		backoff:  newBackoff(100*time.Millisecond, 5*time.Second),
 		delay:    delay,
 	}, nil
+}
+
+// Written tells the scanner its stream now holds sequence seq, for the
+// pending count in [Scanner.Stats]. The router reports each confirmed write.
+func (s *Scanner) Written(seq uint64) {
+	for {
+		cur := s.lastSeq.Load()
+		if seq <= cur || s.lastSeq.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
+
+func (s *Scanner) oldestDueAge() time.Duration {
+	due := s.headDue.Load()
+	if due == 0 {
+		return 0
+	}
+	return max(s.cfg.Now().Sub(time.Unix(0, due)), 0)
+}
+
+func sat(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
 }
 
 // observeClock tightens the clock bound with a server timestamp seen at
@@ -272,6 +311,9 @@ func (s *Scanner) Stats() ScannerStats {
 	return ScannerStats{
 		Stream: s.cfg.Stream, Offset: s.committedA.Load(), Delivered: s.delivered.Load(),
 		DeadLettered: s.deadLettered.Load(), Retries: s.retries.Load(),
+		Pending:      sat(s.lastSeq.Load(), s.committedA.Load()),
+		CommitLag:    sat(s.committedA.Load(), s.ackedOffset.Load()),
+		OldestDueAge: s.oldestDueAge(),
 		LastLateness: time.Duration(s.lastLateness.Load()),
 		ClockBound:   time.Duration(s.clockBoundA.Load()),
 	}
@@ -366,8 +408,10 @@ func (s *Scanner) start(ctx context.Context) error {
 	}
 	s.offset, s.committed, s.purgedTo = off, off, first
 	s.committedA.Store(off)
+	s.ackedOffset.Store(off)
 	s.next = off + 1
 	s.resetFeed = true
+	s.Written(st.LastSeq)
 	s.progress()
 	s.logger.Debug("scanner started", slog.Uint64("offset", off), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("pending", st.LastSeq-off))
 	return nil
@@ -452,7 +496,11 @@ func (s *Scanner) step(ctx context.Context) error {
 	}
 	s.head = nil
 	s.next = seq + 1
-	s.lastLateness.Store(int64(now.Sub(due) - s.bound))
+	lateness := now.Sub(due) - s.bound
+	s.lastLateness.Store(int64(lateness))
+	if s.cfg.OnDelivery != nil {
+		s.cfg.OnDelivery(lateness)
+	}
 	if err := s.publish(ctx, m, seq, target, due); err != nil {
 		return err
 	}
@@ -735,6 +783,7 @@ func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reaso
 	}
 	s.logger.Warn("dead-lettered undeliverable message", slog.String("target", subject), slog.Uint64("seq", seq), slog.String("error", reason.Error()))
 	s.deadLettered.Add(1)
+	s.cfg.reasons.add(reasonOf(reason))
 	s.next = max(s.next, seq+1)
 	s.inflight = append(s.inflight, delivery{seq: seq, confirmed: true})
 	s.settle(ctx)
@@ -753,7 +802,9 @@ func (s *Scanner) commit(context.Context) {
 		s.logger.Warn("offset commit failed", slog.Uint64("offset", s.offset), slog.Any("error", err))
 		return
 	}
-	s.commitFut = fut
+	// A pending older write is superseded: writes are stored in order, so it
+	// is acknowledged by the time the newer one is.
+	s.commitFut, s.commitSeq = fut, s.offset
 	s.committed = s.offset
 	s.committedA.Store(s.offset)
 }
@@ -767,6 +818,7 @@ func (s *Scanner) checkCommit(wait bool) {
 	if wait {
 		select {
 		case <-s.commitFut.Ok():
+			s.ackedOffset.Store(s.commitSeq)
 		case err := <-s.commitFut.Err():
 			s.logger.Warn("offset commit failed", slog.Uint64("offset", s.committed), slog.Any("error", err))
 		case <-time.After(opTimeout):
@@ -777,6 +829,7 @@ func (s *Scanner) checkCommit(wait bool) {
 	}
 	select {
 	case <-s.commitFut.Ok():
+		s.ackedOffset.Store(s.commitSeq)
 		s.commitFut = nil
 	case err := <-s.commitFut.Err():
 		s.logger.Warn("offset commit failed; the next one supersedes it", slog.Uint64("offset", s.committed), slog.Any("error", err))

@@ -56,6 +56,10 @@ type Config struct {
 	// Now is the scanners' clock. Optional. Default time.Now.
 	Now func() time.Time
 
+	// OnDelivery is called for every delivery with its level stream and
+	// lateness, on the scanner's goroutine (a metrics histogram). Optional.
+	OnDelivery func(stream string, lateness time.Duration)
+
 	// Router and Scanner tune the router and every scanner; their required
 	// fields are filled in by the service. Optional.
 	Router  RouterConfig
@@ -72,6 +76,8 @@ type Service struct {
 	logger *slog.Logger
 
 	targets *TargetIndex
+
+	reasons reasonCounts
 
 	mu       sync.Mutex
 	router   *Router
@@ -118,6 +124,10 @@ func (s *Service) Ready() bool {
 	}
 	return true
 }
+
+// DeadLetters returns the dead letters written since start, by reason
+// (every reason of [Reasons] is present).
+func (s *Service) DeadLetters() map[string]uint64 { return s.reasons.snapshot() }
 
 // HandleAsyncError takes the connection's asynchronous errors (wire it into
 // nats.ErrorHandler). A publish permissions violation marks its subject as
@@ -189,7 +199,11 @@ func (s *Service) Run(ctx context.Context) error {
 	scanners := make(map[string]*Scanner, len(streams))
 	for _, name := range streams {
 		sc := s.cfg.Scanner
-		sc.Stream, sc.Offsets, sc.Targets = name, store, targets
+		sc.Stream, sc.Offsets, sc.Targets, sc.reasons = name, store, targets, &s.reasons
+		if s.cfg.OnDelivery != nil {
+			stream := name
+			sc.OnDelivery = func(l time.Duration) { s.cfg.OnDelivery(stream, l) }
+		}
 		sc.Logger = s.logger.With(slog.String("component", "scanner"))
 		if s.cfg.Now != nil {
 			sc.Now = s.cfg.Now
@@ -208,7 +222,12 @@ func (s *Service) Run(ctx context.Context) error {
 		scanners[name] = scanner
 	}
 	rc := s.cfg.Router
-	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas
+	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas, rc.reasons = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas, &s.reasons
+	rc.OnRouted = func(stream string, seq uint64) {
+		if sc := scanners[stream]; sc != nil {
+			sc.Written(seq)
+		}
+	}
 	rc.Logger = s.logger.With(slog.String("component", "router"))
 	inflight := rc.MaxInFlight
 	if inflight == 0 {

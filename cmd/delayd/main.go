@@ -25,6 +25,7 @@ import (
 
 	"github.com/delayd/delayd/config"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/metrics"
 )
 
 func main() {
@@ -130,6 +131,7 @@ func run() int {
 	if srv != nil {
 		grace = cfg.StartGrace // only a restarted embedded server disconnects core subscribers
 	}
+	var m *metrics.Metrics // set before Run; the hook runs only on Run's scanners
 	svc, err := deliver.New(nc, deliver.Config{
 		Prefix:     cfg.Prefix,
 		Levels:     cfg.Levels,
@@ -137,16 +139,18 @@ func run() int {
 		StartGrace: grace,
 		Targets:    cfg.TargetPolicy(),
 		Logger:     logger,
+		OnDelivery: func(stream string, lateness time.Duration) { m.ObserveDelivery(stream, lateness) },
 	})
 	if err != nil {
 		logger.Error("bad service configuration", slog.Any("error", err))
 		return exitConfig
 	}
+	m = metrics.New(svc, nc)
 	svcRef.Store(svc)
 	logger.Info("level table", slog.String("levels", cfg.Levels.String()), slog.String("publish_to", cfg.Prefix+".<subject>"), slog.String("header", deliver.HeaderLevel+": 0.."+fmt.Sprint(cfg.Levels.Len())))
 
 	if cfg.HTTPAddr != "" {
-		hs, err := serveHTTP(cfg.HTTPAddr, svc, logger)
+		hs, err := serveHTTP(cfg.HTTPAddr, svc, m, logger)
 		if err != nil {
 			logger.Error("DELAYD_HTTP_ADDR: cannot listen", slog.String("addr", cfg.HTTPAddr), slog.Any("error", err))
 			return exitConfig
@@ -216,7 +220,7 @@ func logConnected(nc *nats.Conn, cfg config.Config, logger *slog.Logger) {
 
 // serveHTTP serves /healthz (the process is alive) and /readyz (connected,
 // resources set up, router and scanners running).
-func serveHTTP(addr string, svc *deliver.Service, logger *slog.Logger) (*http.Server, error) {
+func serveHTTP(addr string, svc *deliver.Service, m *metrics.Metrics, logger *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -232,12 +236,13 @@ func serveHTTP(addr string, svc *deliver.Service, logger *slog.Logger) (*http.Se
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
+	mux.Handle("GET /metrics", m.Handler())
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("http server failed", slog.Any("error", err))
 		}
 	}()
-	logger.Info("http endpoints", slog.String("addr", ln.Addr().String()), slog.String("paths", "/healthz /readyz"))
+	logger.Info("http endpoints", slog.String("addr", ln.Addr().String()), slog.String("paths", "/healthz /readyz /metrics"))
 	return hs, nil
 }

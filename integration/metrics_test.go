@@ -1,0 +1,117 @@
+package integration
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/metrics"
+)
+
+// TestMetrics scrapes /metrics after known traffic, parses it with the
+// Prometheus text parser, and checks the counters.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var m atomic.Pointer[metrics.Metrics]
+	b.startDelayd("100ms 1h", func(c *deliver.Config) {
+		c.OnDelivery = func(stream string, l time.Duration) {
+			if mm := m.Load(); mm != nil {
+				mm.ObserveDelivery(stream, l)
+			}
+		}
+	})
+	m.Store(metrics.New(b.svc, b.nc))
+	srv := httptest.NewServer(m.Load().Handler())
+	t.Cleanup(srv.Close)
+
+	c := b.collect("met.>")
+	for i := range 5 {
+		b.publish("delay.met.x", []byte(strconv.Itoa(i)), level(1))
+	}
+	for range 3 {
+		b.publish("delay.met.later", []byte("x"), level(2)) // pending for an hour
+	}
+	b.publish("delay.met.bad", nil, level(-1))
+	b.publish("delay.met.bad", nil, nil)
+	b.publish("delay.$JS.API.INFO", nil, level(1))
+	c.wait(t, 5, 10*time.Second)
+
+	var fams map[string]*dto.MetricFamily
+	value := func(name string, labels map[string]string) float64 {
+		f := fams[name]
+		if f == nil {
+			t.Fatalf("metric %s missing", name)
+		}
+	next:
+		for _, mt := range f.Metric {
+			for k, v := range labels {
+				found := false
+				for _, lp := range mt.Label {
+					if lp.GetName() == k && lp.GetValue() == v {
+						found = true
+					}
+				}
+				if !found {
+					continue next
+				}
+			}
+			switch {
+			case mt.Counter != nil:
+				return mt.Counter.GetValue()
+			case mt.Gauge != nil:
+				return mt.Gauge.GetValue()
+			case mt.Histogram != nil:
+				return float64(mt.Histogram.GetSampleCount())
+			}
+		}
+		t.Fatalf("metric %s%v missing", name, labels)
+		return 0
+	}
+	scrape := func() {
+		resp, err := http.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		if fams, err = p.TextToMetricFamilies(resp.Body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "counters to settle", func() bool {
+		scrape()
+		return value("delayd_delivered_total", map[string]string{"stream": "DELAYD_100MS"}) == 5 &&
+			value("delayd_level_pending_messages", map[string]string{"stream": "DELAYD_1H"}) == 3
+	})
+	for name, want := range map[string]float64{
+		"delayd_routed_total": 8,
+		"delayd_ready":        1,
+	} {
+		if got := value(name, nil); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	for reason, want := range map[string]float64{"level": 2, "target": 1, "size": 0, "undeliverable": 0} {
+		if got := value("delayd_dead_lettered_total", map[string]string{"reason": reason}); got != want {
+			t.Errorf("delayd_dead_lettered_total{reason=%q} = %v, want %v", reason, got, want)
+		}
+	}
+	if got := value("delayd_delivery_lateness_seconds", map[string]string{"stream": "DELAYD_100MS", "delay": "100ms"}); got != 5 {
+		t.Errorf("lateness histogram count = %v, want 5", got)
+	}
+	if got := value("delayd_level_pending_messages", map[string]string{"stream": "DELAYD_100MS"}); got != 0 {
+		t.Errorf("DELAYD_100MS pending = %v, want 0", got)
+	}
+	if got := value("delayd_level_oldest_due_age_seconds", map[string]string{"stream": "DELAYD_1H"}); got != 0 {
+		t.Errorf("DELAYD_1H oldest due age = %v, want 0 (nothing due)", got)
+	}
+}

@@ -1,0 +1,122 @@
+// Package metrics exposes a running delayd as Prometheus metrics.
+//
+// Everything but the lateness histogram is read at scrape time from the
+// service's atomic counters: a scrape costs O(levels) and takes no lock on
+// the router's or scanners' hot path. The histogram is observed by each
+// scanner as it publishes (an atomic add per delivery).
+package metrics
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/levels"
+)
+
+// LatenessBuckets are the lateness histogram's upper bounds, in seconds:
+// 1 ms to 10 s.
+var LatenessBuckets = []float64{0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+// Metrics is delayd's Prometheus collector. Register it, and pass
+// [Metrics.ObserveDelivery] as deliver.Config.OnDelivery.
+type Metrics struct {
+	svc *deliver.Service
+	nc  *nats.Conn
+
+	lateness  *prometheus.HistogramVec
+	observers sync.Map // stream -> prometheus.Observer
+
+	pending, oldestDue, delivered, retries, commitLag *prometheus.Desc
+	routed, clamped, deadLettered, reconnects, ready  *prometheus.Desc
+}
+
+// New returns the collector for svc, whose connection is nc.
+func New(svc *deliver.Service, nc *nats.Conn) *Metrics {
+	lv := []string{"stream", "delay"}
+	return &Metrics{
+		svc: svc, nc: nc,
+		lateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "delayd_delivery_lateness_seconds",
+			Help:    "Lateness of each delivery: publish time minus due time, by the server's clock.",
+			Buckets: LatenessBuckets,
+		}, lv),
+		pending:      prometheus.NewDesc("delayd_level_pending_messages", "Messages in the level stream past its committed offset.", lv, nil),
+		oldestDue:    prometheus.NewDesc("delayd_level_oldest_due_age_seconds", "How long the level's due head has waited undelivered; 0 if nothing is due.", lv, nil),
+		delivered:    prometheus.NewDesc("delayd_delivered_total", "Deliveries confirmed by their target (PubAck or flush).", lv, nil),
+		retries:      prometheus.NewDesc("delayd_delivery_retries_total", "Deliveries a target refused and that were tried again.", lv, nil),
+		commitLag:    prometheus.NewDesc("delayd_offset_commit_lag_messages", "Confirmed deliveries whose offset write the KV bucket has not acknowledged yet.", lv, nil),
+		routed:       prometheus.NewDesc("delayd_routed_total", "Ingress messages written to a level stream.", nil, nil),
+		clamped:      prometheus.NewDesc("delayd_clamped_total", "Delay-Level values above the table, clamped to the highest level.", nil, nil),
+		deadLettered: prometheus.NewDesc("delayd_dead_lettered_total", "Messages written to DELAYD_DLQ, by reason.", []string{"reason"}, nil),
+		reconnects:   prometheus.NewDesc("delayd_nats_reconnects_total", "Reconnections of delayd's NATS connection.", nil, nil),
+		ready:        prometheus.NewDesc("delayd_ready", "1 when /readyz would answer 200.", nil, nil),
+	}
+}
+
+// ObserveDelivery records one delivery's lateness; it is the service's
+// OnDelivery hook.
+func (m *Metrics) ObserveDelivery(stream string, lateness time.Duration) {
+	o, ok := m.observers.Load(stream)
+	if !ok {
+		o, _ = m.observers.LoadOrStore(stream, m.lateness.WithLabelValues(stream, delayLabel(stream)))
+	}
+	o.(prometheus.Observer).Observe(lateness.Seconds())
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	m.lateness.Describe(ch)
+	for _, d := range []*prometheus.Desc{m.pending, m.oldestDue, m.delivered, m.retries, m.commitLag, m.routed, m.clamped, m.deadLettered, m.reconnects, m.ready} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	m.lateness.Collect(ch)
+	rs, ss := m.svc.Stats()
+	for _, s := range ss {
+		l := []string{s.Stream, delayLabel(s.Stream)}
+		ch <- prometheus.MustNewConstMetric(m.pending, prometheus.GaugeValue, float64(s.Pending), l...)
+		ch <- prometheus.MustNewConstMetric(m.oldestDue, prometheus.GaugeValue, s.OldestDueAge.Seconds(), l...)
+		ch <- prometheus.MustNewConstMetric(m.delivered, prometheus.CounterValue, float64(s.Delivered), l...)
+		ch <- prometheus.MustNewConstMetric(m.retries, prometheus.CounterValue, float64(s.Retries), l...)
+		ch <- prometheus.MustNewConstMetric(m.commitLag, prometheus.GaugeValue, float64(s.CommitLag), l...)
+	}
+	ch <- prometheus.MustNewConstMetric(m.routed, prometheus.CounterValue, float64(rs.Routed))
+	ch <- prometheus.MustNewConstMetric(m.clamped, prometheus.CounterValue, float64(rs.Clamped))
+	for reason, n := range m.svc.DeadLetters() {
+		ch <- prometheus.MustNewConstMetric(m.deadLettered, prometheus.CounterValue, float64(n), reason)
+	}
+	ch <- prometheus.MustNewConstMetric(m.reconnects, prometheus.CounterValue, float64(m.nc.Stats().Reconnects))
+	ready := 0.0
+	if m.svc.Ready() {
+		ready = 1
+	}
+	ch <- prometheus.MustNewConstMetric(m.ready, prometheus.GaugeValue, ready)
+}
+
+// delayLabel is a level stream's delay in Go's form ("5s", "1m30s"), or the
+// stream name without its prefix if it is not a level stream.
+func delayLabel(stream string) string {
+	if d, ok := levels.ParseStreamName(stream); ok {
+		return levels.FormatDuration(d)
+	}
+	return strings.TrimPrefix(stream, levels.StreamPrefix)
+}
+
+// Handler serves the collector, with the Go runtime's and the process's
+// standard metrics, in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}
