@@ -65,10 +65,13 @@ type ScannerConfig struct {
 	// from the server's store time; tests inject a skewed clock here.
 	Now func() time.Time
 
-	// GraceUntil holds back deliveries to core subjects until then, so that
-	// core subscribers disconnected by an embedded-server restart can
-	// reconnect first. Stream-bound targets are not held. Optional.
-	GraceUntil time.Time
+	// StartedAt and StartGrace: deliveries to core subjects that were
+	// already due at StartedAt (overdue after downtime) are held until
+	// StartedAt+StartGrace, so that core subscribers disconnected by an
+	// embedded-server restart can reconnect first. Messages that fall due
+	// later, and stream-bound targets, are not held. Optional.
+	StartedAt  time.Time
+	StartGrace time.Duration
 
 	// OnDelivery is called for every delivery as it is published, with its
 	// lateness (publish time - due, by the server's clock). It runs on the
@@ -480,8 +483,10 @@ func (s *Scanner) step(ctx context.Context) error {
 	}
 	target, due := s.parse(m, s.headMeta.stored)
 	now := s.cfg.Now()
-	if !s.cfg.GraceUntil.IsZero() && now.Before(s.cfg.GraceUntil) && due.Before(s.cfg.GraceUntil) && !s.cfg.Targets.bound(target) {
-		due = s.cfg.GraceUntil
+	if s.cfg.StartGrace > 0 && due.Before(s.cfg.StartedAt) {
+		if until := s.cfg.StartedAt.Add(s.cfg.StartGrace); now.Before(until) && !s.cfg.Targets.bound(target) {
+			due = until
+		}
 	}
 	if wait := due.Add(s.bound).Sub(now); wait > 0 {
 		if !s.quiesce(ctx) {

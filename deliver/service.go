@@ -209,7 +209,7 @@ func (s *Service) Run(ctx context.Context) error {
 			sc.Now = s.cfg.Now
 		}
 		if s.cfg.StartGrace > 0 {
-			sc.GraceUntil = start.Add(s.cfg.StartGrace)
+			sc.StartedAt, sc.StartGrace = start, s.cfg.StartGrace
 		}
 		window := sc.Window
 		if window == 0 {
