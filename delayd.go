@@ -1,0 +1,143 @@
+// Package delayd is the publisher's side of delayd, NATS JetStream delayed
+// delivery by level: the header names of the contract, and [Publish], which
+// validates a delayed message the way delayd's router would and publishes
+// it through JetStream, so a publisher gets the router's error at once
+// instead of finding the message in the dead-letter stream.
+//
+// Delay levels follow RocketMQ 4's ScheduleMessageService: a 1-based index
+// into delayd's level table; 0 delivers at once, and an index above the
+// table is clamped to its highest level by delayd.
+package delayd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver"
+)
+
+// Header names of the contract.
+const (
+	// HeaderLevel carries the delay level, "Delay-Level: 3".
+	HeaderLevel = deliver.HeaderLevel
+	// HeaderEnqueuedAt is set on deliveries: when the ingress stream stored the message (RFC 3339, ns, UTC).
+	HeaderEnqueuedAt = deliver.HeaderEnqueuedAt
+	// HeaderDueAt is set on deliveries: when the message became due (RFC 3339, ns, UTC).
+	HeaderDueAt = deliver.HeaderDueAt
+	// HeaderError is set on dead letters: the one-line reason.
+	HeaderError = deliver.HeaderError
+	// HeaderSubject is set on dead letters: the subject the message was published to.
+	HeaderSubject = deliver.HeaderSubject
+	// HeaderMsgID is set on dead letters that carried a publisher Nats-Msg-Id.
+	HeaderMsgID = deliver.HeaderMsgID
+)
+
+// PrefixDefault is delayd's default ingress subject prefix (DELAYD_PREFIX).
+const PrefixDefault = "delay"
+
+// ErrNoDelay is returned by [Publish] when no delay option was given.
+var ErrNoDelay = errors.New("delayd: no delay given (use WithLevel)")
+
+// ErrInvalidLevel is returned by [Publish] for a negative level.
+var ErrInvalidLevel = errors.New("delayd: invalid delay level")
+
+// PublishOpt is an option of [Publish].
+type PublishOpt func(*publishOpts) error
+
+type publishOpts struct {
+	level    int
+	hasLevel bool
+	msgID    string
+	prefix   string
+	header   nats.Header
+}
+
+// WithLevel sets the delay level: 1..N index delayd's level table, 0
+// delivers at once, above N is clamped by delayd. Negative is an error
+// wrapping [ErrInvalidLevel].
+func WithLevel(n int) PublishOpt {
+	return func(o *publishOpts) error {
+		if n < 0 {
+			return fmt.Errorf("%w: %d is negative", ErrInvalidLevel, n)
+		}
+		o.level, o.hasLevel = n, true
+		return nil
+	}
+}
+
+// WithMsgID sets the message's Nats-Msg-Id: it dedupes at ingress within the
+// ingress stream's duplicate window and is kept on delivery.
+func WithMsgID(id string) PublishOpt {
+	return func(o *publishOpts) error {
+		o.msgID = id
+		return nil
+	}
+}
+
+// WithPrefix sets delayd's ingress prefix when DELAYD_PREFIX is not "delay".
+func WithPrefix(prefix string) PublishOpt {
+	return func(o *publishOpts) error {
+		o.prefix = prefix
+		return nil
+	}
+}
+
+// WithHeader adds user headers; delayd delivers them unchanged.
+func WithHeader(h nats.Header) PublishOpt {
+	return func(o *publishOpts) error {
+		o.header = h
+		return nil
+	}
+}
+
+// Publish publishes data for delayed delivery to subject (the target, e.g.
+// "orders.close") and waits for the ingress stream's PubAck, so the message
+// is durably stored when it returns. It returns the message's id: the
+// Nats-Msg-Id given with [WithMsgID], or else the ingress stream sequence
+// as decimal text.
+//
+// Errors: [ErrNoDelay] or [ErrInvalidLevel] for the options; errors wrapping
+// deliver.ErrInvalidTarget or deliver.ErrForbiddenTarget when delayd would
+// dead-letter the target (empty tokens, wildcards, '$' subjects, subjects
+// under the prefix or under "delayd."); JetStream's publish errors.
+func Publish(ctx context.Context, js jetstream.JetStream, subject string, data []byte, opts ...PublishOpt) (string, error) {
+	o := publishOpts{prefix: PrefixDefault}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return "", err
+		}
+	}
+	if !o.hasLevel {
+		return "", ErrNoDelay
+	}
+	if err := deliver.ValidateTarget(subject, o.prefix); err != nil {
+		return "", fmt.Errorf("delayd: %w", err)
+	}
+	m := nats.NewMsg(o.prefix + "." + subject)
+	m.Data = data
+	for k, v := range o.header {
+		if strings.EqualFold(k, HeaderLevel) {
+			continue // the level is WithLevel's; a second value would be invalid
+		}
+		m.Header[k] = append([]string(nil), v...)
+	}
+	m.Header.Set(HeaderLevel, strconv.Itoa(o.level))
+	var popts []jetstream.PublishOpt
+	if o.msgID != "" {
+		popts = append(popts, jetstream.WithMsgID(o.msgID))
+	}
+	ack, err := js.PublishMsg(ctx, m, popts...)
+	if err != nil {
+		return "", fmt.Errorf("delayd: publish: %w", err)
+	}
+	if o.msgID != "" {
+		return o.msgID, nil
+	}
+	return strconv.FormatUint(ack.Sequence, 10), nil
+}

@@ -1,0 +1,76 @@
+package delayd_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd"
+	"github.com/delayd/delayd/deliver"
+)
+
+func TestPublish(t *testing.T) {
+	t.Parallel()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	// The ingress stream as delayd creates it (no delayd running: the
+	// message stays in ingress for inspection).
+	ingress, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: deliver.IngressStream, Subjects: []string{"delay.>"}, Retention: jetstream.WorkQueuePolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := delayd.Publish(ctx, js, "orders.close", nil); !errors.Is(err, delayd.ErrNoDelay) {
+		t.Errorf("no delay option: %v, want ErrNoDelay", err)
+	}
+	if _, err := delayd.Publish(ctx, js, "orders.close", nil, delayd.WithLevel(-1)); !errors.Is(err, delayd.ErrInvalidLevel) {
+		t.Errorf("level -1: %v, want ErrInvalidLevel", err)
+	}
+	for _, target := range []string{"", "orders..close", "orders.*", "delay.x", "delayd.level.1S.x", "$KV.x"} {
+		if _, err := delayd.Publish(ctx, js, target, nil, delayd.WithLevel(1)); !errors.Is(err, deliver.ErrInvalidTarget) && !errors.Is(err, deliver.ErrForbiddenTarget) {
+			t.Errorf("target %q: %v, want the router's target error", target, err)
+		}
+	}
+
+	id, err := delayd.Publish(ctx, js, "orders.close", []byte("x"), delayd.WithLevel(3),
+		delayd.WithHeader(nats.Header{"delay-level": []string{"9"}, "X-Trace": []string{"a", "b"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ingress.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id != "1" {
+		t.Errorf("id = %q, want the ingress sequence \"1\"", id)
+	}
+	if m.Subject != "delay.orders.close" || m.Header.Get(delayd.HeaderLevel) != "3" || m.Header.Get("delay-level") != "" {
+		t.Errorf("stored %s with headers %v: want delay.orders.close, one Delay-Level 3", m.Subject, m.Header)
+	}
+	if v := m.Header.Values("X-Trace"); len(v) != 2 || v[0] != "a" || v[1] != "b" {
+		t.Errorf("X-Trace = %v, want [a b]", v)
+	}
+	id, err = delayd.Publish(ctx, js, "orders.close", nil, delayd.WithLevel(0), delayd.WithMsgID("mine"), delayd.WithPrefix("delay"))
+	if err != nil || id != "mine" {
+		t.Errorf("with a message id: %q, %v; want \"mine\"", id, err)
+	}
+}
