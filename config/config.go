@@ -42,6 +42,8 @@ const (
 	LogLevelDefault = "info"
 	// StartGraceDefault is the default start-up grace for overdue deliveries to core subjects (DELAYD_START_GRACE).
 	StartGraceDefault = 3 * time.Second
+	// MaxDelayDefault is the default longest Delay-Duration or Delay-Deliver-At (DELAYD_MAX_DELAY): a week.
+	MaxDelayDefault = 168 * time.Hour
 )
 
 // Limits of DELAYD_REPLICAS: JetStream allows 1 to 5 replicas.
@@ -99,6 +101,11 @@ type Config struct {
 	// reconnecting subscribers get them. It is a Go duration (time.ParseDuration), >= 0.
 	// Optional. Default [StartGraceDefault].
 	StartGrace time.Duration `envconfig:"DELAYD_START_GRACE" default:"3s"`
+
+	// MaxDelay is the longest delay a Delay-Duration, or a Delay-Deliver-At ahead of the ingress store time, may ask
+	// for; longer is invalid input (dead-lettered). A Go duration (time.ParseDuration), > 0.
+	// Optional. Default [MaxDelayDefault].
+	MaxDelay time.Duration `envconfig:"DELAYD_MAX_DELAY" default:"168h"`
 
 	// NATSUser and NATSPassword authenticate to the NATS server(s) of NATSURL with a user name and password
 	// ([nats.UserInfo]). Both or neither; only with NATSURL; at most one authentication method.
@@ -218,6 +225,8 @@ func parseReason(pe *envconfig.ParseError) string {
 		return fmt.Sprintf("must be an integer between %d and %d", ReplicasMin, ReplicasMax)
 	case "DELAYD_START_GRACE":
 		return `must be a Go duration >= 0, such as "3s" or "500ms"`
+	case "DELAYD_MAX_DELAY":
+		return `must be a positive Go duration, such as "168h"`
 	}
 	return pe.Err.Error()
 }
@@ -280,6 +289,9 @@ func (c Config) Validate() error {
 	}
 	if _, ok := parseLogLevel(c.LogLevel); !ok {
 		bad("DELAYD_LOG_LEVEL", c.LogLevel, "must be debug, info, warn or error", nil)
+	}
+	if c.MaxDelay <= 0 {
+		bad("DELAYD_MAX_DELAY", c.MaxDelay.String(), "must be a positive Go duration, such as 168h", nil)
 	}
 	if c.StartGrace < 0 {
 		bad("DELAYD_START_GRACE", c.StartGrace.String(), "must be >= 0", nil)

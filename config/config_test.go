@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/delayd/delayd/levels"
 )
@@ -15,7 +16,7 @@ import (
 // vars are every variable Config reads.
 var vars = []string{
 	"DELAYD_NATS_URL", "DELAYD_LISTEN", "DELAYD_STORE_DIR", "DELAYD_LEVELS", "DELAYD_PREFIX", "DELAYD_HTTP_ADDR",
-	"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE",
+	"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY",
 	"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED", "DELAYD_NATS_CREDS",
 	"DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY", "DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS",
 }
@@ -50,6 +51,7 @@ func TestLoadDefaults(t *testing.T) {
 		LogFormat:  LogFormatDefault,
 		LogLevel:   LogLevelDefault,
 		StartGrace: StartGraceDefault,
+		MaxDelay:   MaxDelayDefault,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load() = %+v, want %+v", c, want)
@@ -78,6 +80,7 @@ func TestDefaultTags(t *testing.T) {
 		"DELAYD_LOG_FORMAT":  LogFormatDefault,
 		"DELAYD_LOG_LEVEL":   LogLevelDefault,
 		"DELAYD_START_GRACE": StartGraceDefault.String(),
+		"DELAYD_MAX_DELAY":   "168h",
 
 		"DELAYD_NATS_USER": "", "DELAYD_NATS_PASSWORD": "", "DELAYD_NATS_TOKEN": "", "DELAYD_NATS_NKEY_SEED": "",
 		"DELAYD_NATS_CREDS": "", "DELAYD_NATS_TLS_CA": "", "DELAYD_NATS_TLS_CERT": "", "DELAYD_NATS_TLS_KEY": "",
@@ -145,6 +148,7 @@ func TestLoadValues(t *testing.T) {
 		LogFormat:  "JSON",
 		LogLevel:   "Debug",
 		StartGrace: 0,
+		MaxDelay:   MaxDelayDefault,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load() = %+v, want %+v", c, want)
@@ -350,5 +354,21 @@ func validConfig() Config {
 		LogFormat:  LogFormatDefault,
 		LogLevel:   LogLevelDefault,
 		StartGrace: StartGraceDefault,
+		MaxDelay:   MaxDelayDefault,
+	}
+}
+
+func TestMaxDelay(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("DELAYD_MAX_DELAY", "36h")
+	c, err := Load()
+	if err != nil || c.MaxDelay != 36*time.Hour {
+		t.Fatalf("Load() MaxDelay = %s, %v; want 36h", c.MaxDelay, err)
+	}
+	for _, bad := range []string{"0s", "-1h", "a week"} {
+		t.Setenv("DELAYD_MAX_DELAY", bad)
+		if _, err := Load(); err == nil || !strings.Contains(err.Error(), "DELAYD_MAX_DELAY") {
+			t.Errorf("DELAYD_MAX_DELAY=%q: %v, want an error naming the variable", bad, err)
+		}
 	}
 }

@@ -47,7 +47,7 @@ func BenchmarkClassify(b *testing.B) {
 		if _, ok := parseAck(m.Reply); !ok {
 			b.Fatal("bad ack subject")
 		}
-		if _, _, err := r.classify(m); err != nil {
+		if _, _, _, err := r.classify(m, time.Time{}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -64,7 +64,7 @@ func BenchmarkLevelMsg(b *testing.B) {
 	for b.Loop() {
 		m := ingressMsg() // included: the client allocates this per message too
 		rt := &routing{msg: m, seq: 4242, w: w}
-		r.levelMsg(rt, "orders.close", stored)
+		r.levelMsg(rt, "orders.close", stored, time.Time{})
 		rt.out.Header[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(w.expected, 10)}
 	}
 }

@@ -21,6 +21,19 @@ const (
 	// delay, RFC 3339 with nanoseconds, UTC. Delivery never happens before it.
 	HeaderDueAt = "Delay-Due-At"
 
+	// HeaderDuration asks for any delay, as a Go duration: "Delay-Duration: 90s".
+	// Exactly one of HeaderLevel, HeaderDuration and HeaderDeliverAt may be set.
+	HeaderDuration = "Delay-Duration"
+
+	// HeaderDeliverAt asks for delivery at a time, RFC 3339:
+	// "Delay-Deliver-At: 2026-11-30T08:00:00Z". A time in the past is
+	// delivered at once.
+	HeaderDeliverAt = "Delay-Deliver-At"
+
+	// HeaderHops is set on deliveries that cascaded through level streams:
+	// how many times the message moved on to another level.
+	HeaderHops = "Delay-Hops"
+
 	// HeaderError is set on dead letters: a one-line reason.
 	HeaderError = "Delay-Error"
 
@@ -44,6 +57,9 @@ const (
 	hdrInternalPrefix = "Delayd-"
 	hdrMsgID          = "Delayd-Msg-Id"  // the publisher's Nats-Msg-Id, when it gave one
 	hdrIngress        = "Delayd-Ingress" // derived id "delayd-<ingress created, unix ns>-<ingress seq>"
+	hdrOrigin         = "Delayd-Origin"  // a cascading message's first derived id: its delivery id
+	hdrHops           = "Delayd-Hops"    // hops so far, decimal
+	hdrHopDue         = "Delayd-Hop-Due" // when this level's wait ends, if before Delay-Due-At
 )
 
 // Headers JetStream adds to direct-get replies that the scanner reads.
@@ -71,6 +87,8 @@ func hasPrefixFold(s, prefix string) bool {
 // the two headers delayd sets itself (a publisher's own values are replaced).
 func isControlHeader(key string) bool {
 	return strings.EqualFold(key, HeaderLevel) ||
+		strings.EqualFold(key, HeaderDuration) ||
+		strings.EqualFold(key, HeaderDeliverAt) ||
 		strings.EqualFold(key, HeaderEnqueuedAt) ||
 		strings.EqualFold(key, HeaderDueAt)
 }

@@ -26,6 +26,8 @@ const (
 	RouterBatchDefault = 1024
 	// RouterConsumer is the durable name of the router's ingress consumer.
 	RouterConsumer = "delayd-router"
+	// MaxDelayDefault is the longest delay accepted by default: a week.
+	MaxDelayDefault = 168 * time.Hour
 
 	ingressAckWait = 30 * time.Second
 )
@@ -49,6 +51,11 @@ type RouterConfig struct {
 
 	// Targets is the operator's target policy. Optional. Default allows all.
 	Targets TargetPolicy
+
+	// MaxDelay is the longest Delay-Duration, or Delay-Deliver-At ahead of
+	// the ingress store time, delayd accepts. Optional. Default
+	// [MaxDelayDefault].
+	MaxDelay time.Duration
 
 	// Replicas for a level stream the router has to recreate because it was
 	// deleted while delayd ran. Optional. Default 1.
@@ -83,6 +90,9 @@ func (c *RouterConfig) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.MaxDelay == 0 {
+		c.MaxDelay = MaxDelayDefault
 	}
 	if c.OnRouted == nil {
 		c.OnRouted = func(string, uint64) {}
@@ -393,7 +403,7 @@ func (r *Router) route(m *nats.Msg) {
 		return
 	}
 	rt := &routing{msg: m, seq: meta.streamSeq}
-	lvl, target, err := r.classify(m)
+	lvl, target, due, err := r.classify(m, meta.stored)
 	if err != nil {
 		r.deadLetter(rt, err)
 		return
@@ -408,23 +418,35 @@ func (r *Router) route(m *nats.Msg) {
 		return // a redelivery of a write still in flight; its PubAck acks it
 	}
 	rt.w = w
-	r.levelMsg(rt, target, meta.stored)
+	r.levelMsg(rt, target, meta.stored, due)
 	r.submit(rt)
 }
 
-// classify finds the level and target of an ingress message.
-func (r *Router) classify(m *nats.Msg) (levels.Level, string, error) {
+// classify finds the level, target and due time of an ingress message
+// stored at stored. due is zero for a Delay-Level message (its level's
+// delay decides); for Delay-Duration and Delay-Deliver-At it is the
+// requested time, and the level is the first stage of the cascade.
+func (r *Router) classify(m *nats.Msg, stored time.Time) (levels.Level, string, time.Time, error) {
 	target, err := Target(m.Subject, r.cfg.Prefix)
 	if err == nil {
 		err = r.cfg.Targets.Check(target)
 	}
 	if err != nil {
-		return levels.Level{}, "", err
+		return levels.Level{}, "", time.Time{}, err
 	}
-	var value string
-	n := 0
+	var (
+		key, value string
+		kinds, n   int
+		seen       [3]bool
+	)
 	for k, v := range m.Header {
-		if strings.EqualFold(k, HeaderLevel) {
+		for i, h := range [3]string{HeaderLevel, HeaderDuration, HeaderDeliverAt} {
+			if !strings.EqualFold(k, h) {
+				continue
+			}
+			if !seen[i] {
+				seen[i], kinds, key = true, kinds+1, h
+			}
 			n += len(v)
 			if len(v) > 0 {
 				value = v[0]
@@ -432,28 +454,80 @@ func (r *Router) classify(m *nats.Msg) (levels.Level, string, error) {
 		}
 	}
 	switch {
-	case n == 0:
-		return levels.Level{}, "", fmt.Errorf("%w: no %s header", levels.ErrMissingLevel, HeaderLevel)
+	case kinds == 0:
+		return levels.Level{}, "", time.Time{}, fmt.Errorf("%w: no %s, %s or %s header", levels.ErrMissingLevel, HeaderLevel, HeaderDuration, HeaderDeliverAt)
+	case kinds > 1:
+		return levels.Level{}, "", time.Time{}, fmt.Errorf("%w: ambiguous: set exactly one of %s, %s and %s", levels.ErrInvalidLevel, HeaderLevel, HeaderDuration, HeaderDeliverAt)
 	case n > 1:
-		return levels.Level{}, "", fmt.Errorf("%w: %s has %d values, want one", levels.ErrInvalidLevel, HeaderLevel, n)
+		return levels.Level{}, "", time.Time{}, fmt.Errorf("%w: %s has %d values, want one", levels.ErrInvalidLevel, key, n)
+	}
+	if key != HeaderLevel {
+		due, err := r.requestedDue(key, strings.TrimSpace(value), stored)
+		if err != nil {
+			return levels.Level{}, "", time.Time{}, err
+		}
+		return r.cascadeLevel(due.Sub(stored)), target, due, nil
 	}
 	lvl, clamped, err := r.cfg.Levels.Pick(value)
 	if err != nil {
-		return levels.Level{}, "", err
+		return levels.Level{}, "", time.Time{}, err
 	}
 	if clamped {
 		r.clamped.Add(1)
 		r.logger.Warn("delay level above the table, clamped to the highest level",
 			slog.String("value", strings.TrimSpace(value)), slog.String("delay_level", lvl.Name()), slog.String("subject", m.Subject))
 	}
-	return lvl, target, nil
+	return lvl, target, time.Time{}, nil
+}
+
+// requestedDue parses a Delay-Duration or Delay-Deliver-At value.
+func (r *Router) requestedDue(key, value string, stored time.Time) (time.Time, error) {
+	var due time.Time
+	if key == HeaderDuration {
+		d, err := time.ParseDuration(value)
+		switch {
+		case err != nil:
+			return due, fmt.Errorf("%w: %s %q is not a Go duration such as 90s or 36h", levels.ErrInvalidLevel, key, value)
+		case d < 0:
+			return due, fmt.Errorf("%w: %s %q is negative", levels.ErrInvalidLevel, key, value)
+		}
+		due = stored.Add(d)
+	} else {
+		t, err := time.Parse(time.RFC3339Nano, value)
+		if err != nil {
+			return due, fmt.Errorf("%w: %s %q is not an RFC 3339 time", levels.ErrInvalidLevel, key, value)
+		}
+		due = t
+	}
+	if due.Sub(stored) > r.cfg.MaxDelay {
+		return due, fmt.Errorf("%w: %s %q is beyond the longest delay %s (DELAYD_MAX_DELAY)", levels.ErrInvalidLevel, key, value, levels.FormatDuration(r.cfg.MaxDelay))
+	}
+	return due, nil
+}
+
+// cascadeLevel picks the level for a remaining delay: the longest level not
+// longer than it, so the message never waits past its due time; or, when
+// even the shortest level is longer, the shortest, where the scanner waits
+// for the due time itself. Nothing remaining: level 0.
+func (r *Router) cascadeLevel(remaining time.Duration) levels.Level {
+	if remaining <= 0 {
+		return levels.Level{}
+	}
+	all := r.cfg.Levels.Levels()
+	pick := all[0]
+	for _, l := range all {
+		if l.Delay <= remaining {
+			pick = l
+		}
+	}
+	return pick
 }
 
 // levelMsg turns an ingress message into its level-stream message, reusing
 // its header map and payload. It removes control headers, JetStream
 // instruction headers (Nats-*, which acted on the ingress stream and must not
 // act again) and reserved Delayd-* headers, and adds the delivery headers.
-func (r *Router) levelMsg(rt *routing, target string, stored time.Time) {
+func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
 	m, w := rt.msg, rt.w
 	rt.shaped = true
 	h := m.Header
@@ -461,21 +535,44 @@ func (r *Router) levelMsg(rt *routing, target string, stored time.Time) {
 		h = make(nats.Header, 5)
 		m.Header = h
 	}
-	var userID string
+	// A message moving on from an earlier level (a hop) carries its first
+	// ingress id, its first enqueue time and its publisher's id.
+	origin := h.Get(hdrOrigin)
+	hop := origin != ""
+	var userID, enqueued, hops string
+	if hop {
+		userID, enqueued, hops = h.Get(hdrMsgID), h.Get(HeaderEnqueuedAt), h.Get(hdrHops)
+	}
 	for k, v := range h {
 		if isControlHeader(k) || hasPrefixFold(k, "Nats-") || hasPrefixFold(k, hdrInternalPrefix) {
-			if strings.EqualFold(k, HeaderNatsMsgID) && len(v) > 0 {
+			if !hop && strings.EqualFold(k, HeaderNatsMsgID) && len(v) > 0 {
 				userID = v[0]
 			}
 			rt.remember(k, v)
 			delete(h, k)
 		}
 	}
-	h[HeaderEnqueuedAt] = []string{FormatTime(stored)}
-	h[HeaderDueAt] = []string{FormatTime(stored.Add(w.level.Delay))}
+	if enqueued == "" {
+		enqueued = FormatTime(stored)
+	}
+	levelDue := stored.Add(w.level.Delay)
+	switch {
+	case due.IsZero(): // a Delay-Level message
+		due = levelDue
+	case due.Before(stored): // a Delay-Deliver-At in the past: now
+		due = stored
+	case levelDue.Before(due): // more to wait after this level: it moves on
+		h[hdrHopDue] = []string{FormatTime(levelDue)}
+	}
+	h[HeaderEnqueuedAt] = []string{enqueued}
+	h[HeaderDueAt] = []string{FormatTime(due)}
 	h[hdrIngress] = []string{r.ingressRef(rt.seq)}
 	if userID != "" {
 		h[hdrMsgID] = []string{userID}
+	}
+	if hop {
+		h[hdrOrigin] = []string{origin}
+		h[hdrHops] = []string{hops}
 	}
 	rt.out = &nats.Msg{Subject: w.subject + target, Header: h, Data: m.Data}
 }

@@ -73,6 +73,10 @@ type ScannerConfig struct {
 	StartedAt  time.Time
 	StartGrace time.Duration
 
+	// Prefix is delayd's ingress prefix, where a cascading message moves on
+	// to its next level. Optional. Default "delay".
+	Prefix string
+
 	// OnDelivery is called for every delivery as it is published, with its
 	// lateness (publish time - due, by the server's clock). It runs on the
 	// scanner's goroutine: keep it cheap (a histogram observation). Optional.
@@ -95,6 +99,9 @@ func (c *ScannerConfig) setDefaults() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Prefix == "" {
+		c.Prefix = "delay"
 	}
 	if c.Batch == 0 {
 		c.Batch = ScannerBatchDefault
@@ -134,6 +141,7 @@ type ScannerStats struct {
 	Delivered    uint64        // confirmed deliveries since start
 	DeadLettered uint64        // deliveries refused permanently, sent to DELAYD_DLQ
 	Retries      uint64        // failed deliveries retried
+	Forwarded    uint64        // cascading messages moved on to their next level
 	Pending      uint64        // messages written to the level stream past the committed offset
 	CommitLag    uint64        // confirmed deliveries whose offset write is not acknowledged yet
 	OldestDueAge time.Duration // how long the due head has waited undelivered; 0 if none is due
@@ -203,9 +211,9 @@ type Scanner struct {
 	headDue      atomic.Int64  // unix ns of a due head not yet delivered; 0 if none
 	lastProgress atomic.Int64  // unix ns of the last offset move or idle wait
 
-	delivered, deadLettered, retries atomic.Uint64
-	lastLateness                     atomic.Int64
-	committedA                       atomic.Uint64
+	delivered, deadLettered, retries, forwarded atomic.Uint64
+	lastLateness                                atomic.Int64
+	committedA                                  atomic.Uint64
 }
 
 // delivery is one hand-off awaiting confirmation.
@@ -216,6 +224,7 @@ type delivery struct {
 	due    time.Time
 
 	confirmed bool  // nothing to wait for: dead-lettered, or confirmed earlier
+	hop       bool  // a cascading message moved on, not a delivery
 	err       error // the PubAck's error, once taken from the future
 }
 
@@ -313,7 +322,7 @@ func (s *Scanner) Stalled() bool {
 func (s *Scanner) Stats() ScannerStats {
 	return ScannerStats{
 		Stream: s.cfg.Stream, Offset: s.committedA.Load(), Delivered: s.delivered.Load(),
-		DeadLettered: s.deadLettered.Load(), Retries: s.retries.Load(),
+		DeadLettered: s.deadLettered.Load(), Retries: s.retries.Load(), Forwarded: s.forwarded.Load(),
 		Pending:      sat(s.lastSeq.Load(), s.committedA.Load()),
 		CommitLag:    sat(s.committedA.Load(), s.ackedOffset.Load()),
 		OldestDueAge: s.oldestDueAge(),
@@ -483,6 +492,22 @@ func (s *Scanner) step(ctx context.Context) error {
 	}
 	target, due := s.parse(m, s.headMeta.stored)
 	now := s.cfg.Now()
+	if hopDue, ok := s.hopDue(m); ok {
+		// A cascading message: at the end of this level's wait it moves on.
+		if wait := hopDue.Add(s.bound).Sub(now); wait > 0 {
+			if !s.quiesce(ctx) {
+				return nil
+			}
+			return sleepCtx(ctx, min(wait, clockRefresh))
+		}
+		s.head = nil
+		s.next = seq + 1
+		if err := s.forward(m, seq, target, due); err != nil {
+			return err
+		}
+		s.afterPublish(ctx)
+		return nil
+	}
 	if s.cfg.StartGrace > 0 && due.Before(s.cfg.StartedAt) {
 		if until := s.cfg.StartedAt.Add(s.cfg.StartGrace); now.Before(until) && !s.cfg.Targets.bound(target) {
 			due = until
@@ -509,6 +534,12 @@ func (s *Scanner) step(ctx context.Context) error {
 	if err := s.publish(ctx, m, seq, target, due); err != nil {
 		return err
 	}
+	s.afterPublish(ctx)
+	return nil
+}
+
+// afterPublish confirms deliveries as the window requires.
+func (s *Scanner) afterPublish(ctx context.Context) {
 	switch {
 	case s.probing:
 		s.settle(ctx)
@@ -516,6 +547,60 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.settleFirst(ctx, s.cfg.Window/2)
 		s.purge(ctx, false)
 	}
+}
+
+// hopDue returns when a cascading message's wait at this level ends, if it
+// has more to wait after it.
+func (s *Scanner) hopDue(m *nats.Msg) (time.Time, bool) {
+	v := m.Header.Get(hdrHopDue)
+	if v == "" {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	return t, err == nil
+}
+
+// forward moves a cascading message on: it is published to the ingress
+// stream again with Delay-Deliver-At set to its due time, so the router
+// places it at the level for what remains. The write is confirmed by its
+// PubAck like a delivery to a stream; its Nats-Msg-Id (first id and hop
+// number) makes the ingress stream drop a repeat after a crash. The message
+// keeps its first id, enqueue time and publisher id.
+func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time) error {
+	h := m.Header
+	origin := h.Get(hdrOrigin)
+	if origin == "" {
+		origin = h.Get(hdrIngress)
+	}
+	hops, _ := strconv.Atoi(h.Get(hdrHops))
+	hops++
+	userID, enqueued := h.Get(hdrMsgID), h.Get(HeaderEnqueuedAt)
+	stripInternal(h)
+	delete(h, HeaderDueAt)
+	h[HeaderDeliverAt] = []string{FormatTime(due)}
+	h[HeaderEnqueuedAt] = []string{enqueued}
+	h[hdrOrigin] = []string{origin}
+	h[hdrHops] = []string{strconv.Itoa(hops)}
+	if userID != "" {
+		h[hdrMsgID] = []string{userID}
+	}
+	h[HeaderNatsMsgID] = []string{origin + "-hop" + strconv.Itoa(hops)}
+	m.Subject, m.Reply, m.Sub = s.cfg.Prefix+"."+target, "", nil
+	fut, err := s.js.PublishMsgAsync(m)
+	if err != nil {
+		if errors.Is(err, nats.ErrMaxPayload) {
+			// Refused before sending: confirm what precedes it, then dead-letter.
+			s.settle(context.Background())
+			if s.next == seq+1 {
+				s.deadLetter(context.Background(), m, seq, fmt.Errorf("%w: the cascading message exceeds the server's max payload", ErrTooLarge))
+			}
+			return nil
+		}
+		s.next, s.head, s.resetFeed = seq, nil, true
+		return fmt.Errorf("forward to %q: %w", m.Subject, err)
+	}
+	s.forwarded.Add(1)
+	s.inflight = append(s.inflight, delivery{seq: seq, target: m.Subject, fut: fut, due: due, hop: true})
 	return nil
 }
 
@@ -553,11 +638,18 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 	h := m.Header
 	id := h.Get(hdrMsgID)
 	if id == "" {
+		id = h.Get(hdrOrigin)
+	}
+	if id == "" {
 		id = h.Get(hdrIngress)
 	}
+	hops := h.Get(hdrHops)
 	stripInternal(h)
 	if id != "" {
 		h[HeaderNatsMsgID] = []string{id}
+	}
+	if hops != "" {
+		h[HeaderHops] = []string{hops}
 	}
 	m.Subject, m.Reply, m.Sub = target, "", nil
 	d := delivery{seq: seq, target: target, due: due}
@@ -675,12 +767,16 @@ func (s *Scanner) settleFirst(ctx context.Context, n int) {
 			s.headDue.Store(0)
 			s.progress()
 			if !d.confirmed {
-				s.delivered.Add(1)
+				if !d.hop {
+					s.delivered.Add(1)
+				}
 				delete(s.attempts, d.seq)
 			}
 		case !d.confirmed:
 			s.done[d.seq] = struct{}{}
-			s.delivered.Add(1)
+			if !d.hop {
+				s.delivered.Add(1)
+			}
 		}
 	}
 	rest := copy(s.inflight, s.inflight[n:])

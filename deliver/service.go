@@ -42,6 +42,10 @@ type Config struct {
 	// patterns; deny wins. Optional. Default allows every valid target.
 	Targets TargetPolicy
 
+	// MaxDelay is the longest Delay-Duration or Delay-Deliver-At accepted.
+	// Optional. Default [MaxDelayDefault].
+	MaxDelay time.Duration
+
 	// Replicas for every stream delayd creates. Optional. Default 1.
 	Replicas int
 
@@ -199,7 +203,7 @@ func (s *Service) Run(ctx context.Context) error {
 	scanners := make(map[string]*Scanner, len(streams))
 	for _, name := range streams {
 		sc := s.cfg.Scanner
-		sc.Stream, sc.Offsets, sc.Targets, sc.reasons = name, store, targets, &s.reasons
+		sc.Stream, sc.Offsets, sc.Targets, sc.reasons, sc.Prefix = name, store, targets, &s.reasons, s.cfg.Prefix
 		if s.cfg.OnDelivery != nil {
 			stream := name
 			sc.OnDelivery = func(l time.Duration) { s.cfg.OnDelivery(stream, l) }
@@ -222,7 +226,7 @@ func (s *Service) Run(ctx context.Context) error {
 		scanners[name] = scanner
 	}
 	rc := s.cfg.Router
-	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas, rc.reasons = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas, &s.reasons
+	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas, rc.reasons, rc.MaxDelay = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas, &s.reasons, s.cfg.MaxDelay
 	rc.OnRouted = func(stream string, seq uint64) {
 		if sc := scanners[stream]; sc != nil {
 			sc.Written(seq)

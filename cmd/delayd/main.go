@@ -137,6 +137,7 @@ func run() int {
 		Levels:     cfg.Levels,
 		Replicas:   cfg.Replicas,
 		StartGrace: grace,
+		MaxDelay:   cfg.MaxDelay,
 		Targets:    cfg.TargetPolicy(),
 		Logger:     logger,
 		OnDelivery: func(stream string, lateness time.Duration) { m.ObserveDelivery(stream, lateness) },

@@ -1,0 +1,167 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/deliver"
+)
+
+// TestAnyDelay publishes a seeded spread of Delay-Duration and
+// Delay-Deliver-At messages through the table "100ms 300ms 1s" and checks
+// that each is delivered once, never before the time asked for, with
+// Delay-Due-At the time asked for, and late by less than the smallest
+// level (plus scheduling noise of a loaded CI machine).
+func TestAnyDelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createStream("ANYDELAY", "any.>")
+	b.startDelayd("100ms 300ms 1s")
+	rng := rand.New(rand.NewPCG(42, 7))
+	type want struct {
+		due   time.Time // zero: enqueue + d
+		d     time.Duration
+		byDur bool
+	}
+	wants := map[string]want{}
+	for i := range 60 {
+		id := "any-" + strconv.Itoa(i)
+		hdr := nats.Header{"Nats-Msg-Id": []string{id}}
+		if i%3 == 0 {
+			at := time.Now().Add(time.Duration(rng.IntN(3000)-500) * time.Millisecond) // some in the past
+			hdr.Set(deliver.HeaderDeliverAt, at.UTC().Format(time.RFC3339Nano))
+			wants[id] = want{due: at}
+		} else {
+			d := time.Duration(rng.IntN(2500)) * time.Millisecond
+			hdr.Set(deliver.HeaderDuration, d.String())
+			wants[id] = want{d: d, byDur: true}
+		}
+		b.publish("delay.any.x", []byte(id), hdr)
+		time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
+	}
+	waitFor(t, 20*time.Second, "every message delivered", func() bool { return b.streamCount("ANYDELAY") >= uint64(len(wants)) })
+	time.Sleep(300 * time.Millisecond)
+
+	var late []time.Duration
+	seen := map[string]int{}
+	hopped := 0
+	for _, m := range b.streamMsgs("ANYDELAY") {
+		id := m.Header.Get("Nats-Msg-Id")
+		seen[id]++
+		w, ok := wants[id]
+		if !ok {
+			t.Fatalf("unexpected delivery %q", id)
+		}
+		enq := parseTime(t, m.Header, deliver.HeaderEnqueuedAt)
+		due := parseTime(t, m.Header, deliver.HeaderDueAt)
+		asked := w.due
+		if w.byDur {
+			asked = enq.Add(w.d)
+		}
+		if asked.Before(enq) {
+			asked = enq // in the past: at once
+		}
+		if !due.Equal(asked) {
+			t.Errorf("%s: Delay-Due-At %s, want the time asked for %s", id, due.Format(time.RFC3339Nano), asked.Format(time.RFC3339Nano))
+		}
+		if m.Time.Before(due) {
+			t.Errorf("%s delivered %s early", id, due.Sub(m.Time))
+		}
+		late = append(late, m.Time.Sub(due))
+		if m.Header.Get(deliver.HeaderHops) != "" {
+			hopped++
+		}
+		for _, k := range []string{deliver.HeaderDuration, deliver.HeaderDeliverAt, "Delayd-Origin", "Delayd-Hops", "Delayd-Hop-Due"} {
+			if m.Header.Get(k) != "" {
+				t.Errorf("%s: control header %s reached the target", id, k)
+			}
+		}
+	}
+	for id := range wants {
+		if seen[id] != 1 {
+			t.Errorf("%s delivered %d times, want 1", id, seen[id])
+		}
+	}
+	slices.Sort(late)
+	t.Logf("lateness over %d: p50=%s p99=%s max=%s; %d cascaded through levels", len(late), percentile(late, 50), percentile(late, 99), late[len(late)-1], hopped)
+	if mx := late[len(late)-1]; mx >= 100*time.Millisecond+200*time.Millisecond {
+		t.Errorf("max lateness %s, want below the smallest level (100ms) plus scheduling noise", mx)
+	}
+	if hopped == 0 {
+		t.Error("no message cascaded: the spread should include delays past two levels")
+	}
+}
+
+// TestAnyDelayInvalid dead-letters ambiguous, negative, malformed and
+// too-long delays.
+func TestAnyDelayInvalid(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("100ms 1s", func(c *deliver.Config) { c.MaxDelay = time.Hour })
+	cases := []nats.Header{
+		{deliver.HeaderLevel: {"1"}, deliver.HeaderDuration: {"1s"}},
+		{deliver.HeaderDuration: {"1s"}, deliver.HeaderDeliverAt: {time.Now().Format(time.RFC3339)}},
+		{deliver.HeaderDuration: {"-1s"}},
+		{deliver.HeaderDuration: {"soon"}},
+		{deliver.HeaderDuration: {"2h"}}, // beyond MaxDelay
+		{deliver.HeaderDeliverAt: {"tomorrow"}},
+		{deliver.HeaderDeliverAt: {time.Now().Add(2 * time.Hour).UTC().Format(time.RFC3339)}},
+		{deliver.HeaderDuration: {"1s", "2s"}},
+	}
+	for i, h := range cases {
+		b.publish("delay.bad.x"+strconv.Itoa(i), []byte(fmt.Sprint(h)), h)
+	}
+	waitFor(t, 10*time.Second, "every case dead-lettered", func() bool { return b.streamCount(deliver.DLQStream) >= uint64(len(cases)) })
+	for _, m := range b.streamMsgs(deliver.DLQStream) {
+		if m.Subject != "delayd.dlq.level" || m.Header.Get(deliver.HeaderError) == "" {
+			t.Errorf("%s: dead letter on %s with Delay-Error %q", m.Data, m.Subject, m.Header.Get(deliver.HeaderError))
+		}
+	}
+}
+
+// TestCascadeRestart stops delayd between hops of cascading messages and
+// starts it again: each arrives once at a stream-bound target, never early.
+func TestCascadeRestart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	capture := b.createStream("CASCADECAP", "cas.>")
+	const table = "100ms 300ms"
+	b.startDelayd(table)
+	const n = 50
+	for i := range n {
+		h := nats.Header{deliver.HeaderDuration: {"1500ms"}}
+		if i%2 == 0 {
+			h.Set("Nats-Msg-Id", "cas-"+strconv.Itoa(i))
+		}
+		b.publish("delay.cas.x", []byte(strconv.Itoa(i)), h)
+	}
+	time.Sleep(450 * time.Millisecond) // mid-cascade: some hops done
+	b.stopDelayd()
+	time.Sleep(200 * time.Millisecond)
+	b.startDelayd(table)
+	waitFor(t, 15*time.Second, "all captured", func() bool {
+		info, err := capture.Info(context.Background())
+		return err == nil && info.State.Msgs >= n
+	})
+	time.Sleep(500 * time.Millisecond)
+	ids := map[string]int{}
+	for _, m := range b.streamMsgs("CASCADECAP") {
+		ids[m.Header.Get("Nats-Msg-Id")]++
+		if due := parseTime(t, m.Header, deliver.HeaderDueAt); m.Time.Before(due) {
+			t.Errorf("%s delivered %s early", m.Data, due.Sub(m.Time))
+		}
+		if d := parseTime(t, m.Header, deliver.HeaderDueAt).Sub(parseTime(t, m.Header, deliver.HeaderEnqueuedAt)); d != 1500*time.Millisecond {
+			t.Errorf("%s: due − enqueued = %s, want 1.5s across the hops", m.Data, d)
+		}
+	}
+	if len(ids) != n || b.streamCount("CASCADECAP") != n {
+		t.Errorf("captured %d messages with %d distinct ids, want %d of each", b.streamCount("CASCADECAP"), len(ids), n)
+	}
+}
