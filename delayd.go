@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -30,6 +31,12 @@ const (
 	HeaderEnqueuedAt = deliver.HeaderEnqueuedAt
 	// HeaderDueAt is set on deliveries: when the message became due (RFC 3339, ns, UTC).
 	HeaderDueAt = deliver.HeaderDueAt
+	// HeaderDuration asks for any delay, as a Go duration.
+	HeaderDuration = deliver.HeaderDuration
+	// HeaderDeliverAt asks for delivery at an RFC 3339 time.
+	HeaderDeliverAt = deliver.HeaderDeliverAt
+	// HeaderHops is set on deliveries that cascaded through levels.
+	HeaderHops = deliver.HeaderHops
 	// HeaderError is set on dead letters: the one-line reason.
 	HeaderError = deliver.HeaderError
 	// HeaderSubject is set on dead letters: the subject the message was published to.
@@ -42,9 +49,13 @@ const (
 const PrefixDefault = "delay"
 
 // ErrNoDelay is returned by [Publish] when no delay option was given.
-var ErrNoDelay = errors.New("delayd: no delay given (use WithLevel)")
+var ErrNoDelay = errors.New("delayd: no delay given (use WithLevel, WithDuration or WithDeliverAt)")
 
-// ErrInvalidLevel is returned by [Publish] for a negative level.
+// ErrAmbiguousDelay is returned by [Publish] when more than one delay option
+// was given.
+var ErrAmbiguousDelay = errors.New("delayd: more than one of WithLevel, WithDuration and WithDeliverAt")
+
+// ErrInvalidLevel is returned by [Publish] for a negative level or duration.
 var ErrInvalidLevel = errors.New("delayd: invalid delay level")
 
 // PublishOpt is an option of [Publish].
@@ -53,6 +64,9 @@ type PublishOpt func(*publishOpts) error
 type publishOpts struct {
 	level    int
 	hasLevel bool
+	delay    string // HeaderDuration or HeaderDeliverAt value
+	delayKey string
+	nDelays  int
 	msgID    string
 	prefix   string
 	header   nats.Header
@@ -67,6 +81,29 @@ func WithLevel(n int) PublishOpt {
 			return fmt.Errorf("%w: %d is negative", ErrInvalidLevel, n)
 		}
 		o.level, o.hasLevel = n, true
+		o.nDelays++
+		return nil
+	}
+}
+
+// WithDuration asks for delivery after d (>= 0; 0 is at once), cascading
+// through delayd's levels. Negative is an error wrapping [ErrInvalidLevel].
+func WithDuration(d time.Duration) PublishOpt {
+	return func(o *publishOpts) error {
+		if d < 0 {
+			return fmt.Errorf("%w: duration %s is negative", ErrInvalidLevel, d)
+		}
+		o.delayKey, o.delay = HeaderDuration, d.String()
+		o.nDelays++
+		return nil
+	}
+}
+
+// WithDeliverAt asks for delivery at t; a time in the past delivers at once.
+func WithDeliverAt(t time.Time) PublishOpt {
+	return func(o *publishOpts) error {
+		o.delayKey, o.delay = HeaderDeliverAt, t.UTC().Format(time.RFC3339Nano)
+		o.nDelays++
 		return nil
 	}
 }
@@ -102,7 +139,7 @@ func WithHeader(h nats.Header) PublishOpt {
 // Nats-Msg-Id given with [WithMsgID], or else the ingress stream sequence
 // as decimal text.
 //
-// Errors: [ErrNoDelay] or [ErrInvalidLevel] for the options; errors wrapping
+// Errors: [ErrNoDelay], [ErrAmbiguousDelay] or [ErrInvalidLevel] for the options; errors wrapping
 // deliver.ErrInvalidTarget or deliver.ErrForbiddenTarget when delayd would
 // dead-letter the target (empty tokens, wildcards, '$' subjects, subjects
 // under the prefix or under "delayd."); JetStream's publish errors.
@@ -113,8 +150,11 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 			return "", err
 		}
 	}
-	if !o.hasLevel {
+	switch {
+	case o.nDelays == 0:
 		return "", ErrNoDelay
+	case o.nDelays > 1:
+		return "", ErrAmbiguousDelay
 	}
 	if err := deliver.ValidateTarget(subject, o.prefix); err != nil {
 		return "", fmt.Errorf("delayd: %w", err)
@@ -122,12 +162,16 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 	m := nats.NewMsg(o.prefix + "." + subject)
 	m.Data = data
 	for k, v := range o.header {
-		if strings.EqualFold(k, HeaderLevel) {
-			continue // the level is WithLevel's; a second value would be invalid
+		if strings.EqualFold(k, HeaderLevel) || strings.EqualFold(k, HeaderDuration) || strings.EqualFold(k, HeaderDeliverAt) {
+			continue // the delay is the options'; a second one would be invalid
 		}
 		m.Header[k] = append([]string(nil), v...)
 	}
-	m.Header.Set(HeaderLevel, strconv.Itoa(o.level))
+	if o.hasLevel {
+		m.Header.Set(HeaderLevel, strconv.Itoa(o.level))
+	} else {
+		m.Header.Set(o.delayKey, o.delay)
+	}
 	var popts []jetstream.PublishOpt
 	if o.msgID != "" {
 		popts = append(popts, jetstream.WithMsgID(o.msgID))

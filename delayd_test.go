@@ -45,6 +45,12 @@ func TestPublish(t *testing.T) {
 	if _, err := delayd.Publish(ctx, js, "orders.close", nil, delayd.WithLevel(-1)); !errors.Is(err, delayd.ErrInvalidLevel) {
 		t.Errorf("level -1: %v, want ErrInvalidLevel", err)
 	}
+	if _, err := delayd.Publish(ctx, js, "orders.close", nil, delayd.WithDuration(-time.Second)); !errors.Is(err, delayd.ErrInvalidLevel) {
+		t.Errorf("duration -1s: %v, want ErrInvalidLevel", err)
+	}
+	if _, err := delayd.Publish(ctx, js, "orders.close", nil, delayd.WithLevel(1), delayd.WithDuration(time.Second)); !errors.Is(err, delayd.ErrAmbiguousDelay) {
+		t.Errorf("level and duration: %v, want ErrAmbiguousDelay", err)
+	}
 	for _, target := range []string{"", "orders..close", "orders.*", "delay.x", "delayd.level.1S.x", "$KV.x"} {
 		if _, err := delayd.Publish(ctx, js, target, nil, delayd.WithLevel(1)); !errors.Is(err, deliver.ErrInvalidTarget) && !errors.Is(err, deliver.ErrForbiddenTarget) {
 			t.Errorf("target %q: %v, want the router's target error", target, err)
@@ -72,5 +78,21 @@ func TestPublish(t *testing.T) {
 	id, err = delayd.Publish(ctx, js, "orders.close", nil, delayd.WithLevel(0), delayd.WithMsgID("mine"), delayd.WithPrefix("delay"))
 	if err != nil || id != "mine" {
 		t.Errorf("with a message id: %q, %v; want \"mine\"", id, err)
+	}
+	at := time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)
+	if _, err := delayd.Publish(ctx, js, "orders.close", nil, delayd.WithDeliverAt(at)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := delayd.Publish(ctx, js, "orders.close", nil, delayd.WithDuration(90*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for seq, want := range map[uint64][2]string{3: {delayd.HeaderDeliverAt, "2030-01-02T03:04:05.000000006Z"}, 4: {delayd.HeaderDuration, "1m30s"}} {
+		m, err := ingress.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Header.Get(want[0]); got != want[1] || m.Header.Get(delayd.HeaderLevel) != "" {
+			t.Errorf("message %d: %s = %q (Delay-Level %q), want %q alone", seq, want[0], got, m.Header.Get(delayd.HeaderLevel), want[1])
+		}
 	}
 }
