@@ -47,6 +47,7 @@ type pullLoop struct {
 	request     []byte
 	lastSeen    time.Time
 	reconnects  uint64
+	reconnLook  time.Time
 }
 
 func newPullLoop(nc *nats.Conn, stream, consumer string, batch, maxBytes int) (*pullLoop, error) {
@@ -92,9 +93,12 @@ func (p *pullLoop) next(ctx context.Context, wake <-chan struct{}, block bool, t
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if r := p.nc.Stats().Reconnects; r != p.reconnects {
-			// The server may have forgotten our requests across the reconnect.
-			p.reconnects, p.outstanding = r, 0
+		if now := time.Now(); now.Sub(p.reconnLook) > 100*time.Millisecond {
+			p.reconnLook = now
+			if r := p.nc.Stats().Reconnects; r != p.reconnects {
+				// The server may have forgotten our requests across the reconnect.
+				p.reconnects, p.outstanding = r, 0
+			}
 		}
 		if p.outstanding <= p.batch/2 {
 			if err := p.nc.PublishRequest(p.subject, p.inbox, p.request); err != nil {
@@ -147,6 +151,8 @@ func (p *pullLoop) next(ctx context.Context, wake <-chan struct{}, block bool, t
 				return nil, errConsumerDeleted
 			case strings.Contains(descr, "leadership change"), strings.Contains(descr, "server shutdown"):
 				p.outstanding = 0
+			case strings.Contains(descr, "batch completed"): // routine: a request was filled
+				p.outstanding -= pendingOf(m, 0)
 			default: // exceeded max waiting, max request batch…: that request is void
 				p.outstanding -= pendingOf(m, p.batch)
 				// If it recurs at once (an operator's request limits), do

@@ -68,8 +68,10 @@ type ScannerConfig struct {
 	// StartedAt and StartGrace: deliveries to core subjects that were
 	// already due at StartedAt (overdue after downtime) are held until
 	// StartedAt+StartGrace, so that core subscribers disconnected by an
-	// embedded-server restart can reconnect first. Messages that fall due
-	// later, and stream-bound targets, are not held. Optional.
+	// embedded-server restart can reconnect first. [Scanner.Reconnected]
+	// moves StartedAt to a reconnect. Messages that fall due later, and
+	// stream-bound targets, are not held. Optional; a zero StartedAt holds
+	// nothing until a reconnect.
 	StartedAt  time.Time
 	StartGrace time.Duration
 
@@ -176,26 +178,32 @@ type Scanner struct {
 	stream  jetstream.Stream
 	subject string // "delayd.level.<NAME>."
 
-	offset     uint64 // last confirmed sequence
-	committed  uint64
-	purgedTo   uint64
-	lastPurge  time.Time
-	next       uint64 // next sequence to read
-	buf        []*nats.Msg
-	inflight   []delivery
-	coreUnconf bool
-	attempts   map[uint64]int
-	commitFut  jetstream.PubAckFuture // the pending offset write
-	commitSeq  uint64                 // the offset it writes
-	feed       *feed
-	resetFeed  bool      // the feed must restart at next
-	feedFresh  bool      // no message read since the feed restarted
-	head       *nats.Msg // the message being waited for or delivered
-	headMeta   ackMeta
-	probing    bool                // after a failure: one delivery at a time
-	done       map[uint64]struct{} // confirmed after an earlier failure; skipped on re-read
-	backoff    *backoff
-	delay      time.Duration
+	offset         uint64 // last confirmed sequence
+	committed      uint64
+	purgedTo       uint64
+	lastPurge      time.Time
+	next           uint64 // next sequence to read
+	buf            []*nats.Msg
+	inflight       []delivery
+	coreUnconf     bool
+	attempts       map[uint64]int
+	graceFrom      atomic.Int64           // unix ns: core deliveries due before it wait the start grace
+	seenReconnects uint64                 // the connection's reconnect count at the last look
+	reconnLook     time.Time              // when it was looked at
+	sawDisconnect  bool                   // a core delivery found the connection down
+	restart        bool                   // start over: the stream is not the one the offset belongs to
+	created        time.Time              // the level stream's creation time
+	commitFut      jetstream.PubAckFuture // the pending offset write
+	commitSeq      uint64                 // the offset it writes
+	feed           *feed
+	resetFeed      bool      // the feed must restart at next
+	feedFresh      bool      // no message read since the feed restarted
+	head           *nats.Msg // the message being waited for or delivered
+	headMeta       ackMeta
+	probing        bool                // after a failure: one delivery at a time
+	done           map[uint64]struct{} // confirmed after an earlier failure; skipped on re-read
+	backoff        *backoff
+	delay          time.Duration
 
 	// bound is an upper bound on (local clock - server clock). A message
 	// stored at server time ts and read at local time L proves the server's
@@ -240,7 +248,7 @@ func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scan
 		return nil, fmt.Errorf("deliver: scanner: %q is not a level stream name", cfg.Stream)
 	}
 	name := strings.TrimPrefix(cfg.Stream, levels.StreamPrefix)
-	return &Scanner{
+	sc := &Scanner{
 		nc: nc, js: js, cfg: cfg,
 		logger:   cfg.Logger.With(slog.String("stream", cfg.Stream)),
 		subject:  levelSubjects + name + ".",
@@ -248,7 +256,11 @@ func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scan
 		done:     make(map[uint64]struct{}),
 		backoff:  newBackoff(100*time.Millisecond, 5*time.Second),
 		delay:    delay,
-	}, nil
+	}
+	if !cfg.StartedAt.IsZero() {
+		sc.graceFrom.Store(cfg.StartedAt.UnixNano())
+	}
+	return sc, nil
 }
 
 // Written tells the scanner its stream now holds sequence seq, for the
@@ -275,6 +287,15 @@ func sat(a, b uint64) uint64 {
 		return 0
 	}
 	return a - b
+}
+
+// Reconnected tells the scanner its connection came back after an outage:
+// core subscribers are reconnecting too, so deliveries to core subjects
+// that fell due while the server was away wait the start grace from now.
+func (s *Scanner) Reconnected() {
+	if s.cfg.StartGrace > 0 {
+		s.graceFrom.Store(time.Now().UnixNano())
+	}
 }
 
 // observeClock tightens the clock bound with a server timestamp seen at
@@ -346,21 +367,24 @@ func (s *Scanner) Run(ctx context.Context) error {
 	defer s.shutdown()
 
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	s.restart = true
 	for {
-		if err := s.start(ctx); err != nil {
-			if ctx.Err() != nil {
-				return nil
+		if s.restart {
+			// At start, and whenever the level stream is not the one the
+			// offset belongs to (deleted, or deleted and recreated).
+			if err := s.start(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				s.logger.Warn("scanner start failed; retrying", slog.Any("error", err))
+				if !backoff.sleep(ctx) {
+					return nil
+				}
+				continue
 			}
-			s.logger.Warn("scanner start failed; retrying", slog.Any("error", err))
-			if !backoff.sleep(ctx) {
-				return nil
-			}
-			continue
+			s.restart = false
+			backoff.reset()
 		}
-		break
-	}
-	backoff.reset()
-	for {
 		err := s.step(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -385,7 +409,10 @@ func (s *Scanner) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("level stream: %w", err)
 	}
-	s.stream = stream
+	s.stream, s.created = stream, stream.CachedInfo().Created
+	s.head, s.inflight, s.probing = nil, s.inflight[:0], false
+	clear(s.done)
+	clear(s.attempts)
 	s.observeClock(stream.CachedInfo().TimeStamp, true)
 	st := stream.CachedInfo().State
 	first := st.FirstSeq // with no messages, FirstSeq is LastSeq+1
@@ -424,6 +451,7 @@ func (s *Scanner) start(ctx context.Context) error {
 	s.next = off + 1
 	s.resetFeed = true
 	s.Written(st.LastSeq)
+	s.seenReconnects = s.nc.Stats().Reconnects
 	s.progress()
 	s.logger.Debug("scanner started", slog.Uint64("offset", off), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("pending", st.LastSeq-off))
 	return nil
@@ -432,6 +460,9 @@ func (s *Scanner) start(ctx context.Context) error {
 // step delivers the head if it is due, or waits for it.
 func (s *Scanner) step(ctx context.Context) error {
 	if s.resetFeed {
+		if !s.sameStream(ctx) {
+			return nil
+		}
 		if err := s.feed.reset(ctx, s.next); err != nil {
 			return err
 		}
@@ -508,8 +539,31 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.afterPublish(ctx)
 		return nil
 	}
-	if s.cfg.StartGrace > 0 && due.Before(s.cfg.StartedAt) {
-		if until := s.cfg.StartedAt.Add(s.cfg.StartGrace); now.Before(until) && !s.cfg.Targets.bound(target) {
+	if !due.Add(s.bound).After(now) && !s.cfg.Targets.bound(target) {
+		// A core delivery is due. Not while disconnected: nats.go would
+		// buffer it and send it the instant the connection is back, before
+		// core subscribers have reconnected. And a reconnect since the last
+		// look starts the grace for what fell due meanwhile.
+		if !s.nc.IsConnected() {
+			s.sawDisconnect = true
+			if !s.quiesce(ctx) {
+				return nil
+			}
+			return sleepCtx(ctx, 50*time.Millisecond)
+		}
+		// A reconnect this scanner saw happen, or one that happened while it
+		// slept (the reconnect count, looked at no more than every 50 ms).
+		if s.sawDisconnect || now.Sub(s.reconnLook) > 50*time.Millisecond {
+			s.reconnLook = now
+			if r := s.nc.Stats().Reconnects; r != s.seenReconnects || s.sawDisconnect {
+				s.seenReconnects, s.sawDisconnect = r, false
+				s.Reconnected()
+				now = s.cfg.Now()
+			}
+		}
+	}
+	if from := time.Unix(0, s.graceFrom.Load()); s.cfg.StartGrace > 0 && due.Before(from) {
+		if until := from.Add(s.cfg.StartGrace); now.Before(until) && !s.cfg.Targets.bound(target) {
 			due = until
 		}
 	}
@@ -944,6 +998,12 @@ func (s *Scanner) purge(ctx context.Context, idle bool) {
 	if ctx.Err() != nil || s.committed <= s.purgedTo || (!idle && s.cfg.Now().Sub(s.lastPurge) < s.cfg.PurgeEvery) {
 		return
 	}
+	s.lastPurge = s.cfg.Now() // a failing purge is not retried in a tight loop either
+	// The offset belongs to one life of the stream: purging by it a stream
+	// that was deleted and recreated would destroy undelivered messages.
+	if !s.sameStream(ctx) {
+		return
+	}
 	pctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	if err := s.stream.Purge(pctx, jetstream.WithPurgeSequence(s.committed)); err != nil {
@@ -951,7 +1011,27 @@ func (s *Scanner) purge(ctx context.Context, idle bool) {
 		return
 	}
 	s.purgedTo = s.committed
-	s.lastPurge = s.cfg.Now()
+}
+
+// sameStream reports whether the level stream is still the one the scanner
+// started on. If it was deleted, or deleted and recreated, the scanner
+// starts over (offset checked against the new stream) and it returns false.
+func (s *Scanner) sameStream(ctx context.Context) bool {
+	ictx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	info, err := s.stream.Info(ictx)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		s.logger.Warn("level stream gone; starting over")
+	case err != nil:
+		return true // unknown: the caller's own request will fail or succeed
+	case !info.Created.Equal(s.created) || s.committed > info.State.LastSeq:
+		s.logger.Warn("level stream recreated; starting over")
+	default:
+		return true
+	}
+	s.restart, s.resetFeed = true, true
+	return false
 }
 
 // shutdown confirms and commits what is in flight when Run ends.

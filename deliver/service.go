@@ -50,9 +50,13 @@ type Config struct {
 	Replicas int
 
 	// StartGrace holds back overdue deliveries to core subjects for this long
-	// after start (embedded mode: subscribers reconnect after a restart).
-	// Optional. Default 0.
+	// after a reconnect ([Service.HandleReconnect]) and, with GraceAtStart,
+	// after start: core subscribers reconnect meanwhile. Optional. Default 0.
 	StartGrace time.Duration
+
+	// GraceAtStart applies StartGrace at start too: in embedded mode a
+	// restart of delayd restarts the server its subscribers use.
+	GraceAtStart bool
 
 	// Logger is optional. Default discards.
 	Logger *slog.Logger
@@ -127,6 +131,17 @@ func (s *Service) Ready() bool {
 		}
 	}
 	return true
+}
+
+// HandleReconnect tells the service its connection came back (wire it into
+// nats.ReconnectHandler): deliveries to core subjects that fell due during
+// the outage wait StartGrace, so that core subscribers reconnect first.
+func (s *Service) HandleReconnect() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sc := range s.scanners {
+		sc.Reconnected()
+	}
 }
 
 // DeadLetters returns the dead letters written since start, by reason
@@ -212,8 +227,9 @@ func (s *Service) Run(ctx context.Context) error {
 		if s.cfg.Now != nil {
 			sc.Now = s.cfg.Now
 		}
-		if s.cfg.StartGrace > 0 {
-			sc.StartedAt, sc.StartGrace = start, s.cfg.StartGrace
+		sc.StartGrace = s.cfg.StartGrace
+		if s.cfg.GraceAtStart {
+			sc.StartedAt = start
 		}
 		window := sc.Window
 		if window == 0 {

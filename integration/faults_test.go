@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"testing"
@@ -197,7 +198,7 @@ func TestStartGrace(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // now overdue
 	const grace = time.Second
 	started := time.Now()
-	b.startDelayd("100ms 200ms", func(cfg *deliver.Config) { cfg.StartGrace = grace })
+	b.startDelayd("100ms 200ms", func(cfg *deliver.Config) { cfg.StartGrace, cfg.GraceAtStart = grace, true })
 	b.publish("delay.grace.fresh", []byte("fresh"), level(2))
 	got := c.wait(t, 2, 10*time.Second)
 	for _, r := range got {
@@ -212,5 +213,31 @@ func TestStartGrace(t *testing.T) {
 				t.Errorf("a message due after start was held %s by the start grace", r.at.Sub(due))
 			}
 		}
+	}
+}
+
+// TestReconnectGrace: deliveries to core subjects that fall due while the
+// server is away wait the start grace after delayd reconnects, so a core
+// subscriber that reconnects a moment later still gets them.
+func TestReconnectGrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	port := b.srv.Addr().(*net.TCPAddr).Port
+	c := b.collect("rg.>")
+	const grace = time.Second
+	b.startDelayd("100ms 1s", func(cfg *deliver.Config) { cfg.StartGrace = grace })
+	b.publish("delay.rg.x", []byte("during the outage"), level(2))
+	b.srv.Shutdown()
+	b.srv.WaitForShutdown()
+	time.Sleep(1500 * time.Millisecond) // due while the server is away
+	back := time.Now()
+	b.srv = startServer(t, b.storeDir, port)
+	got := c.wait(t, 1, 15*time.Second)
+	if got[0].at.Before(back.Add(grace)) {
+		t.Errorf("delivered %s after the server came back, before the %s grace", got[0].at.Sub(back), grace)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := len(c.snapshot()); n != 1 {
+		t.Errorf("delivered %d times, want once", n)
 	}
 }

@@ -83,6 +83,11 @@ func (b *testBundle) startDelayd(table string, mod ...func(*deliver.Config)) {
 			if svc := svcRef.Load(); svc != nil {
 				svc.HandleAsyncError(err)
 			}
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) {
+			if svc := svcRef.Load(); svc != nil {
+				svc.HandleReconnect()
+			}
 		}))
 	if err != nil {
 		b.t.Fatal(err)

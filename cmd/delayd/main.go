@@ -105,6 +105,12 @@ func run() int {
 			svc.HandleAsyncError(err)
 		}
 	}))
+	opts = append(opts, nats.ReconnectHandler(func(nc *nats.Conn) {
+		logger.Info("reconnected to NATS", slog.String("url", config.RedactURLs(nc.ConnectedUrlRedacted())))
+		if svc := svcRef.Load(); svc != nil {
+			svc.HandleReconnect()
+		}
+	}))
 	nc, err := connect(url, cfg, logger, opts...)
 	if err != nil {
 		logger.Error("connect to NATS failed", slog.Any("error", err))
@@ -127,20 +133,19 @@ func run() int {
 		logger.Warn("NATS not reachable yet; retrying for ever", slog.String("auth", cfg.AuthMethod()), slog.Any("error", nc.LastError()))
 	}
 
-	grace := time.Duration(0)
-	if srv != nil {
-		grace = cfg.StartGrace // only a restarted embedded server disconnects core subscribers
-	}
 	var m *metrics.Metrics // set before Run; the hook runs only on Run's scanners
 	svc, err := deliver.New(nc, deliver.Config{
 		Prefix:     cfg.Prefix,
 		Levels:     cfg.Levels,
 		Replicas:   cfg.Replicas,
-		StartGrace: grace,
-		MaxDelay:   cfg.MaxDelay,
-		Targets:    cfg.TargetPolicy(),
-		Logger:     logger,
-		OnDelivery: func(stream string, lateness time.Duration) { m.ObserveDelivery(stream, lateness) },
+		StartGrace: cfg.StartGrace,
+		// A restart of delayd restarts its embedded server, so core
+		// subscribers reconnect after a start too.
+		GraceAtStart: srv != nil,
+		MaxDelay:     cfg.MaxDelay,
+		Targets:      cfg.TargetPolicy(),
+		Logger:       logger,
+		OnDelivery:   func(stream string, lateness time.Duration) { m.ObserveDelivery(stream, lateness) },
 	})
 	if err != nil {
 		logger.Error("bad service configuration", slog.Any("error", err))
@@ -204,9 +209,6 @@ func connect(url string, cfg config.Config, logger *slog.Logger, extra ...nats.O
 			}
 		}),
 		nats.ConnectHandler(func(nc *nats.Conn) { logConnected(nc, cfg, logger) }),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			logger.Info("reconnected to NATS", slog.String("url", config.RedactURLs(nc.ConnectedUrlRedacted())))
-		}),
 	}, extra...)
 	return nats.Connect(url, opts...)
 }
