@@ -25,7 +25,7 @@ const (
 )
 
 // errConsumerDeleted means the server deleted the pull consumer.
-var errConsumerDeleted = errors.New("ingress consumer deleted")
+var errConsumerDeleted = errors.New("consumer deleted")
 
 // pullLoop pulls a durable consumer over the JetStream wire protocol, keeping
 // about batch messages requested ahead.

@@ -192,6 +192,7 @@ type Scanner struct {
 	reconnLook     time.Time              // when it was looked at
 	sawDisconnect  bool                   // a core delivery found the connection down
 	restart        bool                   // start over: the stream is not the one the offset belongs to
+	replaced       bool                   // the stored offset belongs to a deleted stream
 	created        time.Time              // the level stream's creation time
 	commitFut      jetstream.PubAckFuture // the pending offset write
 	commitSeq      uint64                 // the offset it writes
@@ -420,6 +421,15 @@ func (s *Scanner) start(ctx context.Context) error {
 		first = 1
 	}
 	off, err := s.cfg.Offsets.Load(ctx, s.cfg.Stream)
+	if err == nil && s.replaced {
+		// The stored offset counts the deleted stream's sequences.
+		reason := fmt.Sprintf("offset %d belongs to a level stream deleted while delayd ran", off)
+		off = first - 1
+		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, reason); err != nil {
+			return err
+		}
+		s.replaced = false
+	}
 	switch {
 	case errors.Is(err, offsets.ErrNotFound):
 		off = first - 1
@@ -1030,7 +1040,7 @@ func (s *Scanner) sameStream(ctx context.Context) bool {
 	default:
 		return true
 	}
-	s.restart, s.resetFeed = true, true
+	s.restart, s.resetFeed, s.replaced = true, true, true
 	return false
 }
 

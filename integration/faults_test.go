@@ -241,3 +241,36 @@ func TestReconnectGrace(t *testing.T) {
 		t.Errorf("delivered %d times, want once", n)
 	}
 }
+
+// TestLevelStreamDeletedWhileRunning deletes a level stream under a running
+// delayd: the router recreates it, and every message routed after the
+// deletion is delivered (the scanner must not purge or read the new stream
+// by the old one's offset).
+func TestLevelStreamDeletedWhileRunning(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.collect("recreated.>")
+	b.startDelayd("100ms 300ms")
+	for i := range 30 {
+		b.publish("delay.recreated.before", []byte("b"+strconv.Itoa(i)), level(2))
+	}
+	c.wait(t, 30, 10*time.Second)
+	time.Sleep(1500 * time.Millisecond) // a purge has run: the offset is well past 1
+	if err := b.js.DeleteStream(context.Background(), "DELAYD_300MS"); err != nil {
+		t.Fatal(err)
+	}
+	// More than the old stream's offset, so a stale offset would skip some.
+	for i := range 45 {
+		b.publish("delay.recreated.after", []byte("a"+strconv.Itoa(i)), level(2))
+		time.Sleep(10 * time.Millisecond)
+	}
+	waitFor(t, 20*time.Second, "every message routed after the deletion delivered", func() bool {
+		n := 0
+		for _, r := range c.snapshot() {
+			if r.msg.Subject == "recreated.after" {
+				n++
+			}
+		}
+		return n >= 45
+	})
+}
