@@ -488,6 +488,7 @@ func (s *Scanner) step(ctx context.Context) error {
 			if s.committed > s.purgedTo {
 				// A purge is due once the level has been quiet a moment.
 				if m, meta, err = s.feed.next(ctx, true, s.cfg.PurgeEvery); err == nil && m == nil {
+					s.checkCommit(false) // acknowledged by now: the commit lag reads 0 while idle
 					s.purge(ctx, true)
 				}
 			}
