@@ -559,8 +559,9 @@ func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
 	switch {
 	case due.IsZero(): // a Delay-Level message
 		due = levelDue
-	case due.Before(stored): // a Delay-Deliver-At in the past: now
+	case due.Before(stored) && !hop: // a Delay-Deliver-At in the past: now
 		due = stored
+	case due.Before(stored): // a hop that arrives overdue (delayd was down): at once, due unchanged
 	case levelDue.Before(due): // more to wait after this level: it moves on
 		h[hdrHopDue] = []string{FormatTime(levelDue)}
 	}

@@ -144,7 +144,7 @@ func TestCascadeRestart(t *testing.T) {
 	}
 	time.Sleep(450 * time.Millisecond) // mid-cascade: some hops done
 	b.stopDelayd()
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // the due times pass while delayd is down
 	b.startDelayd(table)
 	waitFor(t, 15*time.Second, "all captured", func() bool {
 		info, err := capture.Info(context.Background())
