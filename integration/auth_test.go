@@ -28,6 +28,7 @@ import (
 
 	"github.com/delayd/delayd/config"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -44,7 +45,7 @@ const (
 // and registers its shutdown.
 func secServer(t *testing.T, mod func(*server.Options)) *server.Server {
 	t.Helper()
-	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true}
+	opts := natstest.Options(t.TempDir())
 	if mod != nil {
 		mod(opts)
 	}

@@ -9,10 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/offsets"
 )
 
@@ -149,26 +147,14 @@ func TestOffsetsThatMakeNoSense(t *testing.T) {
 	}
 }
 
-var _ = jetstream.KeyValueConfig{}
-
 // TestLargeMessageBeyondBatchBytes delivers a message larger than a
 // scanner's per-pull byte budget (1 MiB) on a server that allows 4 MiB
 // payloads: the scanner must not stall on it.
 func TestLargeMessageBeyondBatchBytes(t *testing.T) {
 	t.Parallel()
-	srv, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
-		MaxPayload: 4 << 20,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	b := &testBundle{t: t, srv: srv}
+	opts := natstest.Options(t.TempDir())
+	opts.MaxPayload = 4 << 20
+	b := &testBundle{t: t, srv: natstest.Start(t, opts)}
 	b.connect()
 	b.startDelayd("100ms")
 	c := b.collect("large.x")

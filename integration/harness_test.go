@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -35,19 +36,9 @@ type testBundle struct {
 // its store in storeDir, and registers its shutdown.
 func startServer(t *testing.T, storeDir string, port int) *server.Server {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: storeDir,
-		NoSigs: true, NoLog: true, ServerName: "test",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv
+	opts := natstest.Options(storeDir)
+	opts.Port, opts.ServerName = port, "test"
+	return natstest.Start(t, opts)
 }
 
 // setup starts a server and a client; delayd is started with startDelayd.

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -22,24 +23,15 @@ import (
 func TestPermissionDeniedTarget(t *testing.T) {
 	t.Parallel()
 	all := &server.SubjectPermission{Allow: []string{">"}}
-	srv, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
-		Users: []*server.User{
-			{Username: "delayd", Password: "d", Permissions: &server.Permissions{
-				Publish:   &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"forbidden.>"}},
-				Subscribe: all,
-			}},
-			{Username: "client", Password: "c", Permissions: &server.Permissions{Publish: all, Subscribe: all}},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
+	opts := natstest.Options(t.TempDir())
+	opts.Users = []*server.User{
+		{Username: "delayd", Password: "d", Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"forbidden.>"}},
+			Subscribe: all,
+		}},
+		{Username: "client", Password: "c", Permissions: &server.Permissions{Publish: all, Subscribe: all}},
 	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	srv := natstest.Start(t, opts)
 
 	var svcRef atomic.Pointer[deliver.Service]
 	dnc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("delayd", "d"), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
