@@ -29,8 +29,8 @@ type batchReader struct {
 
 func newBatchReader(nc *nats.Conn, maxBatch int) (*batchReader, error) {
 	inbox := nc.NewInbox()
-	// Room for a request being collected, one read ahead, and a late reply.
-	ch := make(chan *nats.Msg, 3*maxBatch+16)
+	// One request is in flight at a time; room for it and a late one.
+	ch := make(chan *nats.Msg, 2*maxBatch+16)
 	sub, err := nc.ChanSubscribe(inbox+".*", ch)
 	if err != nil {
 		return nil, fmt.Errorf("subscribe direct-get inbox: %w", err)
@@ -45,16 +45,6 @@ func (r *batchReader) close() { _ = r.sub.Unsubscribe() }
 // stream holds nothing at or after from. Each returned message keeps
 // JetStream's Nats-Sequence, Nats-Subject and Nats-Time-Stamp headers.
 func (r *batchReader) read(ctx context.Context, stream string, dst []*nats.Msg, from uint64, n, maxBytes int) ([]*nats.Msg, error) {
-	reply, err := r.send(stream, from, n, maxBytes)
-	if err != nil {
-		return dst, err
-	}
-	return r.collect(ctx, reply, dst)
-}
-
-// send starts a read and returns its reply subject, for collect. A read
-// that is never collected is harmless: its replies are skipped later.
-func (r *batchReader) send(stream string, from uint64, n, maxBytes int) (string, error) {
 	id := r.reqID.Add(1)
 	reply := r.inbox + "." + strconv.FormatUint(id, 10)
 	var req [96]byte
@@ -66,13 +56,8 @@ func (r *batchReader) send(stream string, from uint64, n, maxBytes int) (string,
 	b = strconv.AppendInt(b, int64(maxBytes), 10)
 	b = append(b, '}')
 	if err := r.nc.PublishMsg(&nats.Msg{Subject: "$JS.API.DIRECT.GET." + stream, Reply: reply, Data: b}); err != nil {
-		return "", fmt.Errorf("direct get: %w", err)
+		return dst, fmt.Errorf("direct get: %w", err)
 	}
-	return reply, nil
-}
-
-// collect appends the replies of the read sent with reply to dst.
-func (r *batchReader) collect(ctx context.Context, reply string, dst []*nats.Msg) ([]*nats.Msg, error) {
 	for {
 		var m *nats.Msg
 		select {

@@ -142,7 +142,6 @@ type Router struct {
 
 	ingressID string         // unique to the ingress stream's life: its creation time
 	writers   []*levelWriter // by level index, 0 = immediate
-	byStream  map[string]*levelWriter
 
 	inflight chan *routing
 	pending  sync.WaitGroup
@@ -229,12 +228,11 @@ func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, byStream: make(map[string]*levelWriter), kick: make(chan struct{}, 1)}
+	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, kick: make(chan struct{}, 1)}
 	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
 	for _, l := range all {
 		w := &levelWriter{level: l, stream: l.Stream(), subject: levelSubjects + l.Name() + "."}
 		r.writers = append(r.writers, w)
-		r.byStream[w.stream] = w
 	}
 	return r, nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -185,7 +184,6 @@ type Scanner struct {
 	next           uint64 // next sequence to read
 	buf            []*nats.Msg
 	inflight       []delivery
-	coreUnconf     bool
 	attempts       map[uint64]int
 	graceFrom      atomic.Int64           // unix ns: core deliveries due before it wait the start grace
 	seenReconnects uint64                 // the connection's reconnect count at the last look
@@ -230,7 +228,6 @@ type delivery struct {
 	seq    uint64
 	target string
 	fut    jetstream.PubAckFuture // nil for a core subject
-	due    time.Time
 
 	confirmed bool  // nothing to wait for: dead-lettered, or confirmed earlier
 	hop       bool  // a cascading message moved on, not a delivery
@@ -520,9 +517,6 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.head, s.headMeta = m, meta
 		s.observeClock(meta.stored, false)
 	}
-	if s.cfg.Now().Sub(s.boundAt) > clockRefresh {
-		s.refreshClock(ctx)
-	}
 	m, seq := s.head, s.headMeta.streamSeq
 	if _, ok := s.done[seq]; ok {
 		// Confirmed before an earlier delivery failed: not sent again.
@@ -534,6 +528,10 @@ func (s *Scanner) step(ctx context.Context) error {
 	}
 	target, due := s.parse(m, s.headMeta.stored)
 	now := s.cfg.Now()
+	if now.Sub(s.boundAt) > clockRefresh {
+		s.refreshClock(ctx)
+		now = s.cfg.Now()
+	}
 	if hopDue, ok := s.hopDue(m); ok {
 		// A cascading message: at the end of this level's wait it moves on.
 		if wait := hopDue.Add(s.bound).Sub(now); wait > 0 {
@@ -550,7 +548,8 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.afterPublish(ctx)
 		return nil
 	}
-	if !due.Add(s.bound).After(now) && !s.cfg.Targets.bound(target) {
+	bound := s.cfg.Targets.bound(target) // stream-bound: confirmed by PubAck, never held
+	if !due.Add(s.bound).After(now) && !bound {
 		// A core delivery is due. Not while disconnected: nats.go would
 		// buffer it and send it the instant the connection is back, before
 		// core subscribers have reconnected. And a reconnect since the last
@@ -574,7 +573,7 @@ func (s *Scanner) step(ctx context.Context) error {
 		}
 	}
 	if from := time.Unix(0, s.graceFrom.Load()); s.cfg.StartGrace > 0 && due.Before(from) {
-		if until := from.Add(s.cfg.StartGrace); now.Before(until) && !s.cfg.Targets.bound(target) {
+		if until := from.Add(s.cfg.StartGrace); now.Before(until) && !bound {
 			due = until
 		}
 	}
@@ -596,7 +595,7 @@ func (s *Scanner) step(ctx context.Context) error {
 	if s.cfg.OnDelivery != nil {
 		s.cfg.OnDelivery(lateness)
 	}
-	if err := s.publish(ctx, m, seq, target, due); err != nil {
+	if err := s.publish(ctx, m, seq, target, bound); err != nil {
 		return err
 	}
 	s.afterPublish(ctx)
@@ -665,7 +664,7 @@ func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time)
 		return fmt.Errorf("forward to %q: %w", m.Subject, err)
 	}
 	s.forwarded.Add(1)
-	s.inflight = append(s.inflight, delivery{seq: seq, target: m.Subject, fut: fut, due: due, hop: true})
+	s.inflight = append(s.inflight, delivery{seq: seq, target: m.Subject, fut: fut, hop: true})
 	return nil
 }
 
@@ -698,8 +697,9 @@ func (s *Scanner) parse(m *nats.Msg, stored time.Time) (string, time.Time) {
 	return target, due
 }
 
-// publish hands one message to its target.
-func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target string, due time.Time) error {
+// publish hands one message to its target: a JetStream publish if bound to
+// a stream, else a core publish.
+func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target string, bound bool) error {
 	h := m.Header
 	id := h.Get(hdrMsgID)
 	if id == "" {
@@ -717,13 +717,12 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 		h[HeaderHops] = []string{hops}
 	}
 	m.Subject, m.Reply, m.Sub = target, "", nil
-	d := delivery{seq: seq, target: target, due: due}
+	d := delivery{seq: seq, target: target}
 	var err error
-	if s.cfg.Targets.bound(target) {
+	if bound {
 		d.fut, err = s.js.PublishMsgAsync(m)
 	} else {
 		err = s.nc.PublishMsg(m)
-		s.coreUnconf = true
 	}
 	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
@@ -847,7 +846,6 @@ func (s *Scanner) settleFirst(ctx context.Context, n int) {
 	rest := copy(s.inflight, s.inflight[n:])
 	clear(s.inflight[rest:])
 	s.inflight = s.inflight[:rest]
-	s.coreUnconf = slices.ContainsFunc(s.inflight, func(d delivery) bool { return d.fut == nil && !d.confirmed })
 	s.commit(ctx)
 	if failedErr == nil {
 		s.probing = false

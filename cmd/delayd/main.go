@@ -234,7 +234,11 @@ func serveHTTP(addr string, svc *deliver.Service, m *metrics.Metrics, logger *sl
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !svc.Ready() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			msg := "not ready"
+			if stalled := svc.Stalled(); len(stalled) > 0 {
+				msg += ": stalled levels " + strings.Join(stalled, " ")
+			}
+			http.Error(w, msg, http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ready\n"))
