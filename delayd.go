@@ -43,7 +43,56 @@ const (
 	HeaderSubject = deliver.HeaderSubject
 	// HeaderMsgID is set on dead letters that carried a publisher Nats-Msg-Id.
 	HeaderMsgID = deliver.HeaderMsgID
+	// HeaderMergeKey coalesces pending messages with the same key and target.
+	HeaderMergeKey = deliver.HeaderMergeKey
+	// HeaderAttempt is set by retry ladders: which retry a delivery is (1, 2, ...).
+	HeaderAttempt = deliver.HeaderAttempt
 )
+
+// CancelSubject is delayd's cancel API (NATS request/reply): the request's
+// payload is a message id, the reply one of the [CancelResult] texts.
+const CancelSubject = deliver.CancelSubject
+
+// CancelResult is the reply of delayd's cancel API.
+type CancelResult string
+
+// The three replies of the cancel API.
+const (
+	// Cancelled: the message was pending and will never be delivered.
+	Cancelled CancelResult = "cancelled"
+	// NotFound: no pending or recently delivered message has that id.
+	NotFound CancelResult = "not found"
+	// AlreadyDelivered: the message was handed to its target before the
+	// cancel was decided.
+	AlreadyDelivered CancelResult = "already delivered"
+)
+
+// ErrCancelReply is returned by [Cancel] when the reply is none of the three
+// [CancelResult] texts (for example a service error text).
+var ErrCancelReply = errors.New("delayd: unexpected cancel reply")
+
+// Cancel asks delayd to cancel the delayed message with the given id (as
+// returned by [Publish]: the publisher's Nats-Msg-Id, or the ingress
+// sequence as decimal text) and returns delayd's answer. A Cancelled answer
+// guarantees the message is never delivered.
+//
+// Errors: nats.ErrNoResponders when no delayd is running on nc's server,
+// context errors, [ErrCancelReply].
+func Cancel(ctx context.Context, nc *nats.Conn, id string) (CancelResult, error) {
+	if strings.TrimSpace(id) == "" {
+		return "", errors.New("delayd: cancel: empty id")
+	}
+	reply, err := nc.RequestWithContext(ctx, CancelSubject, []byte(id))
+	if err != nil {
+		return "", fmt.Errorf("delayd: cancel %q: %w", id, err)
+	}
+	switch r := CancelResult(reply.Data); r {
+	case Cancelled, NotFound, AlreadyDelivered:
+		return r, nil
+	default:
+		return "", fmt.Errorf("%w: %q", ErrCancelReply, reply.Data)
+	}
+}
 
 // PrefixDefault is delayd's default ingress subject prefix (DELAYD_PREFIX).
 const PrefixDefault = "delay"
@@ -68,6 +117,7 @@ type publishOpts struct {
 	delayKey string
 	nDelays  int
 	msgID    string
+	mergeKey string
 	prefix   string
 	header   nats.Header
 }
@@ -117,6 +167,19 @@ func WithMsgID(id string) PublishOpt {
 	}
 }
 
+// WithMergeKey sets Delay-Merge-Key: while a message with this key and the
+// same target is pending, this one is merged into it (delivered once, at the
+// first one's due time, with the first one's payload).
+func WithMergeKey(key string) PublishOpt {
+	return func(o *publishOpts) error {
+		if strings.TrimSpace(key) == "" {
+			return errors.New("delayd: empty merge key")
+		}
+		o.mergeKey = key
+		return nil
+	}
+}
+
 // WithPrefix sets delayd's ingress prefix when DELAYD_PREFIX is not "delay".
 func WithPrefix(prefix string) PublishOpt {
 	return func(o *publishOpts) error {
@@ -162,7 +225,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 	m := nats.NewMsg(o.prefix + "." + subject)
 	m.Data = data
 	for k, v := range o.header {
-		if strings.EqualFold(k, HeaderLevel) || strings.EqualFold(k, HeaderDuration) || strings.EqualFold(k, HeaderDeliverAt) {
+		if strings.EqualFold(k, HeaderLevel) || strings.EqualFold(k, HeaderDuration) || strings.EqualFold(k, HeaderDeliverAt) || (o.mergeKey != "" && strings.EqualFold(k, HeaderMergeKey)) {
 			continue // the delay is the options'; a second one would be invalid
 		}
 		m.Header[k] = append([]string(nil), v...)
@@ -171,6 +234,9 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 		m.Header.Set(HeaderLevel, strconv.Itoa(o.level))
 	} else {
 		m.Header.Set(o.delayKey, o.delay)
+	}
+	if o.mergeKey != "" {
+		m.Header.Set(HeaderMergeKey, o.mergeKey)
 	}
 	var popts []jetstream.PublishOpt
 	if o.msgID != "" {

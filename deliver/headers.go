@@ -46,6 +46,15 @@ const (
 	// publisher's id is kept here.
 	HeaderMsgID = "Delay-Msg-Id"
 
+	// HeaderMergeKey coalesces: while a message with this key and target is
+	// pending, later ones with the same key and target are merged into it
+	// (their payloads dropped and counted). "Delay-Merge-Key: user-42".
+	HeaderMergeKey = "Delay-Merge-Key"
+
+	// HeaderAttempt is set by retry ladders: the attempt this delivery is,
+	// 1 for the first retry.
+	HeaderAttempt = "Delay-Attempt"
+
 	// HeaderNatsMsgID is JetStream's de-duplication header. delayd keeps the
 	// publisher's value on delivery, or derives one from the ingress sequence.
 	HeaderNatsMsgID = "Nats-Msg-Id"
@@ -89,6 +98,7 @@ func isControlHeader(key string) bool {
 	return strings.EqualFold(key, HeaderLevel) ||
 		strings.EqualFold(key, HeaderDuration) ||
 		strings.EqualFold(key, HeaderDeliverAt) ||
+		strings.EqualFold(key, HeaderMergeKey) ||
 		strings.EqualFold(key, HeaderEnqueuedAt) ||
 		strings.EqualFold(key, HeaderDueAt)
 }

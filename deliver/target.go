@@ -12,6 +12,9 @@ const (
 	InternalPrefix = "delayd"
 	levelSubjects  = "delayd.level."
 	dlqSubjects    = "delayd.dlq."
+	// CancelSubject is the cancel API: a request whose payload is a message
+	// id, answered "cancelled", "not found" or "already delivered".
+	CancelSubject = "delayd.api.cancel"
 )
 
 // Sentinel errors for invalid input. Each dead letter's Delay-Error starts
