@@ -45,11 +45,21 @@ func (r *batchReader) close() { _ = r.sub.Unsubscribe() }
 // stream holds nothing at or after from. Each returned message keeps
 // JetStream's Nats-Sequence, Nats-Subject and Nats-Time-Stamp headers.
 func (r *batchReader) read(ctx context.Context, stream string, dst []*nats.Msg, from uint64, n, maxBytes int) ([]*nats.Msg, error) {
+	return r.readSubject(ctx, stream, "", dst, from, n, maxBytes)
+}
+
+// readSubject is read restricted to messages on subject (a literal subject
+// or "" for all), with JetStream's next_by_subj.
+func (r *batchReader) readSubject(ctx context.Context, stream, subject string, dst []*nats.Msg, from uint64, n, maxBytes int) ([]*nats.Msg, error) {
 	id := r.reqID.Add(1)
 	reply := r.inbox + "." + strconv.FormatUint(id, 10)
-	var req [96]byte
+	var req [160]byte
 	b := append(req[:0], `{"seq":`...)
 	b = strconv.AppendUint(b, from, 10)
+	if subject != "" {
+		b = append(b, `,"next_by_subj":`...)
+		b = strconv.AppendQuote(b, subject)
+	}
 	b = append(b, `,"batch":`...)
 	b = strconv.AppendInt(b, int64(n), 10)
 	b = append(b, `,"max_bytes":`...)

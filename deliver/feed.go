@@ -73,12 +73,13 @@ func (f *feed) reset(ctx context.Context, from uint64) error {
 	return nil
 }
 
-// next returns the next message and its stream sequence and store time. With
+// next returns the next message and its stream sequence and store time. A
+// receive on wake returns errWoken. With
 // block unset it returns a nil message at once when none is buffered; with a
 // positive timeout it returns a nil message once that long has passed.
-func (f *feed) next(ctx context.Context, block bool, timeout time.Duration) (*nats.Msg, ackMeta, error) {
+func (f *feed) next(ctx context.Context, wake <-chan struct{}, block bool, timeout time.Duration) (*nats.Msg, ackMeta, error) {
 	for {
-		m, err := f.pull.next(ctx, nil, block, timeout)
+		m, err := f.pull.next(ctx, wake, block, timeout)
 		if err != nil || m == nil {
 			return nil, ackMeta{}, err
 		}

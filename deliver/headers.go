@@ -69,6 +69,7 @@ const (
 	hdrOrigin         = "Delayd-Origin"  // a cascading message's first derived id: its delivery id
 	hdrHops           = "Delayd-Hops"    // hops so far, decimal
 	hdrHopDue         = "Delayd-Hop-Due" // when this level's wait ends, if before Delay-Due-At
+	hdrMerge          = "Delayd-Merge"   // the message's merge key, so a hop keeps it
 )
 
 // Headers JetStream adds to direct-get replies that the scanner reads.

@@ -74,6 +74,11 @@ type RouterConfig struct {
 
 	reasons *reasonCounts // dead letters by reason, shared with the scanners (set by Service)
 
+	// pending reports whether the level message at (stream, seq) has not
+	// been handed to its target yet and is not cancelled; hop and due are
+	// from its index record. Set by Service for merging; nil merges nothing.
+	pending func(rec indexRecord) bool
+
 	// OnRouted is called after a level-stream write is confirmed, with the
 	// level stream's name and the sequence the write got, for observers such
 	// as metrics. (Scanners need no nudge: their pending pull request
@@ -121,6 +126,8 @@ type RouterStats struct {
 	DeadLettered uint64 // invalid messages written to DELAYD_DLQ
 	Clamped      uint64 // Delay-Level above the table, clamped to the highest level
 	Skipped      uint64 // redeliveries already present in their level stream
+	Merged       uint64 // messages merged into a pending one with the same merge key and target
+	IndexErrors  uint64 // id index writes that failed (those messages cannot be cancelled)
 }
 
 // Router consumes DELAYD_INGRESS and writes each message to its level
@@ -153,7 +160,10 @@ type Router struct {
 	failingSince atomic.Int64 // unix ns since level writes or sessions keep failing; 0 when healthy
 	tails        *batchReader
 
-	routed, deadLettered, clamped, skipped atomic.Uint64
+	mergeMu       sync.Mutex
+	mergeInflight map[string]indexRecord // merge records written but not yet confirmed
+
+	routed, deadLettered, clamped, skipped, merged, indexErrors atomic.Uint64
 }
 
 // levelWriter is the router's view of one level stream.
@@ -176,6 +186,11 @@ type routing struct {
 	fut    jetstream.PubAckFuture
 	err    error
 	reason error // why it is a dead letter
+
+	merge   string                    // Delay-Merge-Key, "" if none
+	index   [2]indexRecord            // the placement's records: by id, and by merge key if any
+	nIndex  int                       //
+	idxFuts [2]jetstream.PubAckFuture // their writes
 
 	// Headers levelMsg removed from msg, to restore them on a dead letter.
 	shaped   bool // levelMsg ran on msg's header map
@@ -228,7 +243,7 @@ func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, kick: make(chan struct{}, 1)}
+	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, kick: make(chan struct{}, 1), mergeInflight: make(map[string]indexRecord)}
 	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
 	for _, l := range all {
 		w := &levelWriter{level: l, stream: l.Stream(), subject: levelSubjects + l.Name() + "."}
@@ -246,7 +261,10 @@ func (r *Router) Healthy() bool {
 
 // Stats returns the router's counters.
 func (r *Router) Stats() RouterStats {
-	return RouterStats{Routed: r.routed.Load(), DeadLettered: r.deadLettered.Load(), Clamped: r.clamped.Load(), Skipped: r.skipped.Load()}
+	return RouterStats{
+		Routed: r.routed.Load(), DeadLettered: r.deadLettered.Load(), Clamped: r.clamped.Load(), Skipped: r.skipped.Load(),
+		Merged: r.merged.Load(), IndexErrors: r.indexErrors.Load(),
+	}
 }
 
 // Run routes until ctx is done, then lets in-flight writes finish (or
@@ -402,6 +420,9 @@ func (r *Router) route(m *nats.Msg) {
 	}
 	rt := &routing{msg: m, seq: meta.streamSeq}
 	lvl, target, due, err := r.classify(m, meta.stored)
+	if err == nil {
+		rt.merge, err = mergeKeyOf(m.Header)
+	}
 	if err != nil {
 		r.deadLetter(rt, err)
 		return
@@ -415,9 +436,57 @@ func (r *Router) route(m *nats.Msg) {
 	if rt.seq <= w.lastSubmitted {
 		return // a redelivery of a write still in flight; its PubAck acks it
 	}
+	if rt.merge != "" && m.Header.Get(hdrOrigin) == "" && r.mergeInto(target, rt.merge) {
+		// Merged into the pending first message with this key and target:
+		// its payload is dropped, the first is delivered at its due time.
+		r.merged.Add(1)
+		rt.ack()
+		return
+	}
 	rt.w = w
 	r.levelMsg(rt, target, meta.stored, due)
 	r.submit(rt)
+}
+
+// mergeKeyOf returns a message's Delay-Merge-Key, "" if it has none. An
+// empty or repeated value is invalid input.
+func mergeKeyOf(h nats.Header) (string, error) {
+	for k, v := range h {
+		if !strings.EqualFold(k, HeaderMergeKey) {
+			continue
+		}
+		if len(v) != 1 || strings.TrimSpace(v[0]) == "" {
+			return "", fmt.Errorf("%w: %s needs exactly one non-empty value", levels.ErrInvalidLevel, HeaderMergeKey)
+		}
+		return strings.TrimSpace(v[0]), nil
+	}
+	return "", nil
+}
+
+// mergeInto reports whether a message with merge key key for target has a
+// pending first message to be merged into: one written in this session and
+// not yet confirmed, or one the index places in a level stream that has not
+// handed it to its target yet. A lookup that fails merges nothing: the
+// message is then delivered on its own, never lost.
+func (r *Router) mergeInto(target, key string) bool {
+	if r.cfg.pending == nil {
+		return false
+	}
+	k := mergeKey(target, key)
+	r.mergeMu.Lock()
+	rec, ok := r.mergeInflight[k]
+	r.mergeMu.Unlock()
+	if !ok {
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		var err error
+		rec, ok, err = lookupIndex(ctx, r.tails, k)
+		cancel()
+		if err != nil {
+			r.logger.Warn("merge lookup failed; delivering the message on its own", slog.Any("error", err))
+			return false
+		}
+	}
+	return ok && rec.stream != "" && r.cfg.pending(rec)
 }
 
 // classify finds the level, target and due time of an ingress message
@@ -540,6 +609,7 @@ func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
 	var userID, enqueued, hops string
 	if hop {
 		userID, enqueued, hops = h.Get(hdrMsgID), h.Get(HeaderEnqueuedAt), h.Get(hdrHops)
+		rt.merge = h.Get(hdrMerge)
 	}
 	for k, v := range h {
 		if isControlHeader(k) || hasPrefixFold(k, "Nats-") || hasPrefixFold(k, hdrInternalPrefix) {
@@ -573,7 +643,27 @@ func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
 		h[hdrOrigin] = []string{origin}
 		h[hdrHops] = []string{hops}
 	}
+	if rt.merge != "" {
+		h[hdrMerge] = []string{rt.merge}
+	}
 	rt.out = &nats.Msg{Subject: w.subject + target, Header: h, Data: m.Data}
+
+	// The index records of this placement: by id (the publisher's, else
+	// the first ingress sequence) and by merge key.
+	id := userID
+	if id == "" {
+		id = strconv.FormatUint(rt.seq, 10)
+		if _, first, ok := parseIngressRef(origin); ok {
+			id = strconv.FormatUint(first, 10)
+		}
+	}
+	_, isHop := h[hdrHopDue]
+	rt.index[0] = indexRecord{key: idKey(id), stream: w.stream, hop: isHop, due: due}
+	rt.nIndex = 1
+	if rt.merge != "" {
+		rt.index[1] = indexRecord{key: mergeKey(target, rt.merge), stream: w.stream, hop: isHop, due: due}
+		rt.nIndex = 2
+	}
 }
 
 // submit starts the level write of rt.
@@ -594,8 +684,52 @@ func (r *Router) submit(rt *routing) {
 	w.expected++
 	w.lastSubmitted = rt.seq
 	rt.fut = fut
+	r.writeIndex(rt, w.stream, w.expected)
 	r.pending.Add(1)
 	r.inflight <- rt
+}
+
+// writeIndex starts the index writes of rt's placement at (stream, seq).
+// They are confirmed before the ingress message is acked.
+func (r *Router) writeIndex(rt *routing, stream string, seq uint64) {
+	for i := range rt.nIndex {
+		rec := &rt.index[i]
+		rec.stream, rec.seq = stream, seq
+		if rec.key[0] == 'm' && stream != "" {
+			r.mergeMu.Lock()
+			r.mergeInflight[rec.key] = *rec
+			r.mergeMu.Unlock()
+		}
+		fut, err := r.js.PublishMsgAsync(rec.msg())
+		if err != nil {
+			r.indexErrors.Add(1)
+			r.logger.Warn("id index write failed; the message cannot be cancelled", slog.Any("error", err))
+			fut = nil
+		}
+		rt.idxFuts[i] = fut
+	}
+}
+
+// settleIndex waits for rt's index writes.
+func (r *Router) settleIndex(rt *routing) {
+	for i := range rt.nIndex {
+		if fut := rt.idxFuts[i]; fut != nil {
+			select {
+			case <-fut.Ok():
+			case err := <-fut.Err():
+				r.indexErrors.Add(1)
+				r.logger.Warn("id index write failed; the message cannot be cancelled", slog.Any("error", err))
+			}
+			rt.idxFuts[i] = nil
+		}
+		if rec := rt.index[i]; rec.key[0] == 'm' {
+			r.mergeMu.Lock()
+			if cur, ok := r.mergeInflight[rec.key]; ok && cur.seq == rec.seq && cur.stream == rec.stream {
+				delete(r.mergeInflight, rec.key)
+			}
+			r.mergeMu.Unlock()
+		}
+	}
 }
 
 // deadLetter starts the write of an ingress message to DELAYD_DLQ.
@@ -621,6 +755,7 @@ func (r *Router) acker(in <-chan *routing, done chan<- struct{}) {
 	for rt := range in {
 		select {
 		case ack := <-rt.fut.Ok():
+			r.settleIndex(rt)
 			rt.ack()
 			if rt.w == nil {
 				r.deadLettered.Add(1)
@@ -632,6 +767,7 @@ func (r *Router) acker(in <-chan *routing, done chan<- struct{}) {
 			}
 		case err := <-rt.fut.Err():
 			rt.err = err
+			r.settleIndex(rt) // superseded by the records of the retried write
 			r.fail(rt)
 		}
 		r.pending.Done()
@@ -725,6 +861,12 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 	}
 	if err := publishDeadLetter(ctx, r.js, rt.out); err != nil {
 		return err
+	}
+	if rt.w != nil && rt.nIndex > 0 {
+		// Its placement records point at a sequence another message will
+		// take: supersede them with "left delayd".
+		r.writeIndex(rt, "", 0)
+		r.settleIndex(rt)
 	}
 	r.deadLettered.Add(1)
 	r.cfg.reasons.add(reasonOf(reason))

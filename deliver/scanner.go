@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -143,6 +144,7 @@ type ScannerStats struct {
 	DeadLettered uint64        // deliveries refused permanently, sent to DELAYD_DLQ
 	Retries      uint64        // failed deliveries retried
 	Forwarded    uint64        // cascading messages moved on to their next level
+	Cancelled    uint64        // messages cancelled through the cancel API since start
 	Pending      uint64        // messages written to the level stream past the committed offset
 	CommitLag    uint64        // confirmed deliveries whose offset write is not acknowledged yet
 	OldestDueAge time.Duration // how long the due head has waited undelivered; 0 if none is due
@@ -218,6 +220,15 @@ type Scanner struct {
 	headDue      atomic.Int64  // unix ns of a due head not yet delivered; 0 if none
 	lastProgress atomic.Int64  // unix ns of the last offset move or idle wait
 
+	cancels    chan cancelReq // cancel requests, decided on the scanner's goroutine
+	wake       chan struct{}  // wakes the scanner from a wait to decide them
+	cancelMu   sync.Mutex     // guards cancelled (the router reads it to merge)
+	cancelled  map[uint64]tombstone
+	tombstones jetstream.Stream // CancelStream
+	cancelledN atomic.Uint64
+	passed     atomic.Uint64 // highest sequence handed off (delivered, forwarded, skipped)
+	headStored atomic.Int64  // unix ns store time of the head waited for; 0 when idle
+
 	delivered, deadLettered, retries, forwarded atomic.Uint64
 	lastLateness                                atomic.Int64
 	committedA                                  atomic.Uint64
@@ -248,12 +259,15 @@ func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scan
 	name := strings.TrimPrefix(cfg.Stream, levels.StreamPrefix)
 	sc := &Scanner{
 		nc: nc, js: js, cfg: cfg,
-		logger:   cfg.Logger.With(slog.String("stream", cfg.Stream)),
-		subject:  levelSubjects + name + ".",
-		attempts: make(map[uint64]int),
-		done:     make(map[uint64]struct{}),
-		backoff:  newBackoff(100*time.Millisecond, 5*time.Second),
-		delay:    delay,
+		logger:    cfg.Logger.With(slog.String("stream", cfg.Stream)),
+		subject:   levelSubjects + name + ".",
+		attempts:  make(map[uint64]int),
+		cancels:   make(chan cancelReq, 64),
+		wake:      make(chan struct{}, 1),
+		cancelled: make(map[uint64]tombstone),
+		done:      make(map[uint64]struct{}),
+		backoff:   newBackoff(100*time.Millisecond, 5*time.Second),
+		delay:     delay,
 	}
 	if !cfg.StartedAt.IsZero() {
 		sc.graceFrom.Store(cfg.StartedAt.UnixNano())
@@ -342,6 +356,7 @@ func (s *Scanner) Stats() ScannerStats {
 	return ScannerStats{
 		Stream: s.cfg.Stream, Offset: s.committedA.Load(), Delivered: s.delivered.Load(),
 		DeadLettered: s.deadLettered.Load(), Retries: s.retries.Load(), Forwarded: s.forwarded.Load(),
+		Cancelled:    s.cancelledN.Load(),
 		Pending:      sat(s.lastSeq.Load(), s.committedA.Load()),
 		CommitLag:    sat(s.committedA.Load(), s.ackedOffset.Load()),
 		OldestDueAge: s.oldestDueAge(),
@@ -452,6 +467,10 @@ func (s *Scanner) start(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := s.loadTombstones(ctx, off); err != nil {
+		return err
+	}
+	s.passed.Store(off)
 	s.offset, s.committed, s.purgedTo = off, off, first
 	s.committedA.Store(off)
 	s.ackedOffset.Store(off)
@@ -466,6 +485,7 @@ func (s *Scanner) start(ctx context.Context) error {
 
 // step delivers the head if it is due, or waits for it.
 func (s *Scanner) step(ctx context.Context) error {
+	s.serveCancels(ctx)
 	if s.resetFeed {
 		if !s.sameStream(ctx) {
 			return nil
@@ -476,7 +496,7 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.resetFeed, s.head, s.feedFresh = false, nil, true
 	}
 	if s.head == nil {
-		m, meta, err := s.feed.next(ctx, false, 0)
+		m, meta, err := s.feed.next(ctx, nil, false, 0)
 		if err == nil && m == nil {
 			// Nothing buffered: confirm and commit before blocking.
 			if !s.quiesce(ctx) {
@@ -484,14 +504,18 @@ func (s *Scanner) step(ctx context.Context) error {
 			}
 			if s.committed > s.purgedTo {
 				// A purge is due once the level has been quiet a moment.
-				if m, meta, err = s.feed.next(ctx, true, s.cfg.PurgeEvery); err == nil && m == nil {
+				if m, meta, err = s.feed.next(ctx, s.wake, true, s.cfg.PurgeEvery); err == nil && m == nil {
 					s.checkCommit(false) // acknowledged by now: the commit lag reads 0 while idle
 					s.purge(ctx, true)
 				}
 			}
 			if err == nil && m == nil {
-				m, meta, err = s.feed.next(ctx, true, 0)
+				s.headStored.Store(0)
+				m, meta, err = s.feed.next(ctx, s.wake, true, 0)
 			}
+		}
+		if errors.Is(err, errWoken) {
+			return nil // a cancel request: decided at the top of the next step
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -515,6 +539,7 @@ func (s *Scanner) step(ctx context.Context) error {
 			return nil
 		}
 		s.head, s.headMeta = m, meta
+		s.headStored.Store(meta.stored.UnixNano())
 		s.observeClock(meta.stored, false)
 	}
 	m, seq := s.head, s.headMeta.streamSeq
@@ -524,6 +549,10 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.head = nil
 		s.next = seq + 1
 		s.inflight = append(s.inflight, delivery{seq: seq, confirmed: true})
+		return nil
+	}
+	if s.skipCancelled(m, seq) {
+		s.afterPublish(ctx)
 		return nil
 	}
 	target, due := s.parse(m, s.headMeta.stored)
@@ -538,10 +567,11 @@ func (s *Scanner) step(ctx context.Context) error {
 			if !s.quiesce(ctx) {
 				return nil
 			}
-			return sleepCtx(ctx, min(wait, clockRefresh))
+			return s.sleep(ctx, min(wait, clockRefresh))
 		}
 		s.head = nil
 		s.next = seq + 1
+		s.passed.Store(seq)
 		if err := s.forward(m, seq, target, due); err != nil {
 			return err
 		}
@@ -559,7 +589,7 @@ func (s *Scanner) step(ctx context.Context) error {
 			if !s.quiesce(ctx) {
 				return nil
 			}
-			return sleepCtx(ctx, 50*time.Millisecond)
+			return s.sleep(ctx, 50*time.Millisecond)
 		}
 		// A reconnect this scanner saw happen, or one that happened while it
 		// slept (the reconnect count, looked at no more than every 50 ms).
@@ -583,13 +613,14 @@ func (s *Scanner) step(ctx context.Context) error {
 		}
 		// Wake at least every clockRefresh to re-measure the clock bound,
 		// so a clock stepped during a long wait is noticed.
-		return sleepCtx(ctx, min(wait, clockRefresh))
+		return s.sleep(ctx, min(wait, clockRefresh))
 	}
 	if s.headDue.Load() == 0 {
 		s.headDue.Store(due.UnixNano())
 	}
 	s.head = nil
 	s.next = seq + 1
+	s.passed.Store(seq)
 	lateness := now.Sub(due) - s.bound
 	s.lastLateness.Store(int64(lateness))
 	if s.cfg.OnDelivery != nil {
@@ -949,6 +980,7 @@ func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reaso
 	s.deadLettered.Add(1)
 	s.cfg.reasons.add(reasonOf(reason))
 	s.next = max(s.next, seq+1)
+	s.passed.Store(max(s.passed.Load(), seq))
 	s.inflight = append(s.inflight, delivery{seq: seq, confirmed: true})
 	s.settle(ctx)
 }
@@ -982,7 +1014,7 @@ func (s *Scanner) checkCommit(wait bool) {
 	if wait {
 		select {
 		case <-s.commitFut.Ok():
-			s.ackedOffset.Store(s.commitSeq)
+			s.acked(s.commitSeq)
 		case err := <-s.commitFut.Err():
 			s.logger.Warn("offset commit failed", slog.Uint64("offset", s.committed), slog.Any("error", err))
 		case <-time.After(opTimeout):
@@ -993,13 +1025,41 @@ func (s *Scanner) checkCommit(wait bool) {
 	}
 	select {
 	case <-s.commitFut.Ok():
-		s.ackedOffset.Store(s.commitSeq)
+		s.acked(s.commitSeq)
 		s.commitFut = nil
 	case err := <-s.commitFut.Err():
 		s.logger.Warn("offset commit failed; the next one supersedes it", slog.Uint64("offset", s.committed), slog.Any("error", err))
 		s.commitFut = nil
 	default:
 	}
+}
+
+// acked records an offset write the KV bucket acknowledged. Tombstones of
+// cancelled messages it passed are no longer needed.
+func (s *Scanner) acked(offset uint64) {
+	s.ackedOffset.Store(offset)
+	s.cancelMu.Lock()
+	n := len(s.cancelled)
+	s.cancelMu.Unlock()
+	if n > 0 {
+		s.dropTombstones(context.Background(), offset)
+	}
+}
+
+// sleep waits d, or until ctx is done or a cancel request wakes the scanner.
+func (s *Scanner) sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	case <-s.wake:
+	}
+	return nil
 }
 
 // purge removes the delivered prefix, keeping the last committed message.

@@ -91,6 +91,8 @@ type Service struct {
 	router   *Router
 	scanners map[string]*Scanner
 	ready    atomic.Bool
+
+	cancelCancelled, cancelNotFound, cancelDelivered atomic.Uint64
 }
 
 // New returns a service on nc. Nothing touches the server until Run.
@@ -248,12 +250,17 @@ func (s *Service) Run(ctx context.Context) error {
 			sc.Written(seq)
 		}
 	}
+	rc.pending = func(rec indexRecord) bool {
+		sc := scanners[rec.stream]
+		return sc != nil && sc.pendingAt(rec)
+	}
 	rc.Logger = s.logger.With(slog.String("component", "router"))
 	inflight := rc.MaxInFlight
 	if inflight == 0 {
 		inflight = RouterMaxInFlightDefault
 	}
-	router, err := NewRouter(mustJS(s.nc, inflight+16), rc)
+	// Every level write is followed by one or two index writes.
+	router, err := NewRouter(mustJS(s.nc, 3*inflight+16), rc)
 	if err != nil {
 		return err
 	}
@@ -262,7 +269,7 @@ func (s *Service) Run(ctx context.Context) error {
 	s.mu.Unlock()
 
 	var wg sync.WaitGroup
-	errs := make(chan error, len(scanners)+2)
+	errs := make(chan error, len(scanners)+4)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wg.Go(func() { errs <- targets.Run(runCtx) })
@@ -270,6 +277,8 @@ func (s *Service) Run(ctx context.Context) error {
 		wg.Go(func() { errs <- sc.Run(runCtx) })
 	}
 	wg.Go(func() { errs <- router.Run(runCtx) })
+	wg.Go(func() { errs <- s.serveCancel(runCtx, mustJS(s.nc, 0)) })
+	wg.Go(func() { errs <- s.trimIndex(runCtx) })
 	s.ready.Store(true)
 	s.logger.Info("delayd scheduling", slog.String("ingress", s.cfg.Prefix+".>"), slog.Int("level_streams", len(streams)))
 
@@ -284,6 +293,34 @@ func (s *Service) Run(ctx context.Context) error {
 	s.ready.Store(false)
 	return first
 }
+
+// trimIndex purges id index records older than every level's head, less
+// IndexKeep, every indexTrimEvery until ctx is done.
+func (s *Service) trimIndex(ctx context.Context) error {
+	js := mustJS(s.nc, 0)
+	t := time.NewTicker(indexTrimEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		cutoff := time.Now()
+		s.mu.Lock()
+		for _, sc := range s.scanners {
+			if at := sc.oldestStored(); !at.IsZero() && at.Before(cutoff) {
+				cutoff = at
+			}
+		}
+		s.mu.Unlock()
+		if err := trimIndex(ctx, js, cutoff.Add(-IndexKeep)); err != nil && ctx.Err() == nil {
+			s.logger.Warn("id index trim failed", slog.Any("error", err))
+		}
+	}
+}
+
+const indexTrimEvery = 10 * time.Second
 
 // setup creates or updates every stream and the offsets bucket, and returns
 // the level streams to scan: the table's, the immediate level's, and any
@@ -314,6 +351,9 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, error) {
 		Duplicates:  DuplicateWindowDefault,
 	}); err != nil {
 		return nil, nil, fmt.Errorf("stream %s: %w", DLQStream, err)
+	}
+	if err := ensureIndexStreams(ctx, js, r); err != nil {
+		return nil, nil, err
 	}
 	want := append([]levels.Level{{}}, s.cfg.Levels.Levels()...)
 	var streams []string

@@ -1,0 +1,412 @@
+package deliver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Replies of the cancel API ([CancelSubject]).
+const (
+	CancelReplyCancelled = "cancelled"
+	CancelReplyNotFound  = "not found"
+	CancelReplyDelivered = "already delivered"
+)
+
+// How long a cancel waits for the router to place a message published
+// before it (or a cascading message between two levels) before answering.
+const cancelWaitRouted = 5 * time.Second
+
+// cancelAnswer is a scanner's decision on a cancel.
+type cancelAnswer int
+
+const (
+	answerCancelled cancelAnswer = iota // pending: now never delivered
+	answerDelivered                     // handed to its target already
+	answerForwarded                     // moved on to its next level: look again
+	answerGone                          // no such message at that sequence
+)
+
+type cancelReq struct {
+	rec   indexRecord
+	reply chan cancelResult
+}
+
+type cancelResult struct {
+	answer cancelAnswer
+	err    error
+}
+
+// tombstone is a cancelled level message's record in [CancelStream].
+type tombstone struct {
+	key string // the message's index key, checked when the scanner reaches it
+	at  uint64 // the tombstone's sequence in CancelStream
+}
+
+// requestCancel asks the scanner's goroutine to cancel the message rec
+// places in its stream. The decision is made there, between deliveries, so
+// a message is either handed to its target or cancelled, never both.
+func (s *Scanner) requestCancel(ctx context.Context, rec indexRecord) (cancelAnswer, error) {
+	req := cancelReq{rec: rec, reply: make(chan cancelResult, 1)}
+	select {
+	case s.cancels <- req:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	s.nudge()
+	select {
+	case res := <-req.reply:
+		return res.answer, res.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// nudge wakes the scanner from a wait.
+func (s *Scanner) nudge() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// serveCancels decides the queued cancel requests.
+func (s *Scanner) serveCancels(ctx context.Context) {
+	for {
+		select {
+		case req := <-s.cancels:
+			a, err := s.decideCancel(ctx, req.rec)
+			req.reply <- cancelResult{a, err}
+		default:
+			return
+		}
+	}
+}
+
+// decideCancel runs on the scanner's goroutine. A sequence below next has
+// been handed off (delivered, or forwarded to its next level); at or above
+// it, the message is pending and a durable tombstone makes the scanner skip
+// it when it gets there, also after a restart.
+func (s *Scanner) decideCancel(ctx context.Context, rec indexRecord) (cancelAnswer, error) {
+	seq := rec.seq
+	s.cancelMu.Lock()
+	_, done := s.cancelled[seq]
+	s.cancelMu.Unlock()
+	if done {
+		return answerCancelled, nil
+	}
+	if _, confirmed := s.done[seq]; seq < s.next || confirmed {
+		if rec.hop {
+			return answerForwarded, nil
+		}
+		return answerDelivered, nil
+	}
+	// Pending. The record names a sequence the router predicted: check the
+	// message there is the one asked for.
+	rctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	buf, err := s.reader.read(rctx, s.cfg.Stream, nil, seq, 1, 1)
+	if err != nil {
+		return 0, err
+	}
+	if len(buf) == 0 || buf[0].Header.Get(hdrJSSequence) != strconv.FormatUint(seq, 10) || messageKey(buf[0].Header) != rec.key {
+		return answerGone, nil
+	}
+	ack, err := s.js.PublishMsg(rctx, &nats.Msg{
+		Subject: cancelSubjects + s.cfg.Stream,
+		Data:    []byte(strconv.FormatUint(seq, 10) + "\n" + rec.key),
+	})
+	if err != nil {
+		return 0, fmt.Errorf("cancel tombstone: %w", err)
+	}
+	s.cancelMu.Lock()
+	s.cancelled[seq] = tombstone{key: rec.key, at: ack.Sequence}
+	s.cancelMu.Unlock()
+	s.cancelledN.Add(1)
+	s.logger.Debug("message cancelled", slog.Uint64("seq", seq), slog.String("key", rec.key[1:]))
+	return answerCancelled, nil
+}
+
+// messageKey is the index key of a level message: its publisher's id, else
+// its first ingress sequence. It mirrors the router's levelMsg.
+func messageKey(h nats.Header) string {
+	if id := h.Get(hdrMsgID); id != "" {
+		return idKey(id)
+	}
+	ref := h.Get(hdrOrigin)
+	if ref == "" {
+		ref = h.Get(hdrIngress)
+	}
+	if _, seq, ok := parseIngressRef(ref); ok {
+		return idKey(strconv.FormatUint(seq, 10))
+	}
+	return ""
+}
+
+// skipCancelled reports whether the head at seq is cancelled, and if so
+// passes it without delivering it.
+func (s *Scanner) skipCancelled(m *nats.Msg, seq uint64) bool {
+	s.cancelMu.Lock()
+	t, ok := s.cancelled[seq]
+	s.cancelMu.Unlock()
+	if !ok {
+		return false
+	}
+	if t.key != messageKey(m.Header) {
+		// Not the message the tombstone was written for (a stream deleted
+		// and recreated under it): deliver, and drop the tombstone.
+		s.logger.Warn("cancel tombstone does not match the message at its sequence; delivering", slog.Uint64("seq", seq))
+		return false
+	}
+	s.head = nil
+	s.next = seq + 1
+	s.passed.Store(seq)
+	s.inflight = append(s.inflight, delivery{seq: seq, confirmed: true})
+	return true
+}
+
+// loadTombstones reads the level's tombstones at start: those the offset
+// has passed are deleted, the rest are skipped when reached.
+func (s *Scanner) loadTombstones(ctx context.Context, offset uint64) error {
+	s.cancelMu.Lock()
+	clear(s.cancelled)
+	s.cancelMu.Unlock()
+	stream, err := s.js.Stream(ctx, CancelStream)
+	if err != nil {
+		return fmt.Errorf("cancel tombstones: %w", err)
+	}
+	s.tombstones = stream
+	var buf []*nats.Msg
+	for from := uint64(1); ; {
+		var err error
+		buf, err = s.reader.readSubject(ctx, CancelStream, cancelSubjects+s.cfg.Stream, buf[:0], from, s.cfg.Batch, 1<<20)
+		if err != nil {
+			return fmt.Errorf("cancel tombstones: %w", err)
+		}
+		for _, m := range buf {
+			at, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
+			from = max(from, at+1)
+			seqText, key, _ := strings.Cut(string(m.Data), "\n")
+			seq, err := strconv.ParseUint(seqText, 10, 64)
+			if err != nil || seq <= offset {
+				s.deleteTombstone(ctx, at)
+				continue
+			}
+			s.cancelMu.Lock()
+			s.cancelled[seq] = tombstone{key: key, at: at}
+			s.cancelMu.Unlock()
+		}
+		if len(buf) < s.cfg.Batch {
+			return nil
+		}
+	}
+}
+
+// dropTombstones deletes the tombstones of cancelled messages the
+// acknowledged offset has passed: from then on they cost nothing.
+func (s *Scanner) dropTombstones(ctx context.Context, acked uint64) {
+	s.cancelMu.Lock()
+	var drop []uint64
+	for seq, t := range s.cancelled {
+		if seq <= acked {
+			drop = append(drop, t.at)
+			delete(s.cancelled, seq)
+		}
+	}
+	s.cancelMu.Unlock()
+	for _, at := range drop {
+		s.deleteTombstone(ctx, at)
+	}
+}
+
+func (s *Scanner) deleteTombstone(ctx context.Context, at uint64) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	defer cancel()
+	if s.tombstones == nil {
+		return
+	}
+	if err := s.tombstones.DeleteMsg(dctx, at); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		s.logger.Warn("cancel tombstone delete failed", slog.Uint64("tombstone_seq", at), slog.Any("error", err))
+	}
+}
+
+// pendingAt reports whether the message rec places in this level has not
+// been handed to its target and is not cancelled; a cascading message
+// forwarded to its next level counts as pending until its due time. The
+// router calls it to merge; the answer may be overtaken by the scanner at
+// once, which is the merge's semantics: the later message arrived while the
+// first was pending.
+func (s *Scanner) pendingAt(rec indexRecord) bool {
+	s.cancelMu.Lock()
+	_, cancelled := s.cancelled[rec.seq]
+	s.cancelMu.Unlock()
+	switch {
+	case cancelled:
+		return false
+	case rec.seq > s.passed.Load():
+		return true
+	default:
+		return rec.hop && rec.due.After(time.Now())
+	}
+}
+
+// oldestStored returns the store time of the message the scanner waits
+// for, or zero when the level holds nothing undelivered.
+func (s *Scanner) oldestStored() time.Time {
+	if ns := s.headStored.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// CancelStats counts the cancel API's answers.
+type CancelStats struct {
+	Cancelled, NotFound, AlreadyDelivered uint64
+}
+
+// serveCancel answers cancel requests on [CancelSubject] until ctx is done.
+// Requests are decided one at a time; each costs an ingress stream info, an
+// index lookup (one slot's records), a direct get and a tombstone write.
+func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream) error {
+	ch := make(chan *nats.Msg, 1024)
+	sub, err := s.nc.ChanQueueSubscribe(CancelSubject, "delayd", ch)
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", CancelSubject, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	reader, err := newBatchReader(s.nc, indexBatch)
+	if err != nil {
+		return err
+	}
+	defer reader.close()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-ch:
+			reply, err := s.cancel(ctx, js, reader, string(m.Data))
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				s.logger.Warn("cancel failed", slog.String("id", string(m.Data)), slog.Any("error", err))
+				reply = "error: " + err.Error()
+			}
+			_ = m.Respond([]byte(reply))
+		}
+	}
+}
+
+// cancel decides one cancel request.
+func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *batchReader, id string) (string, error) {
+	id = strings.TrimSpace(id)
+	if id == "" {
+		s.cancelNotFound.Add(1)
+		return CancelReplyNotFound, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*cancelWaitRouted)
+	defer cancel()
+	// A message published before this request is in the ingress stream at
+	// or below its last sequence; once the router has acked everything up
+	// to there, its index record is readable.
+	if err := waitRouted(ctx, js, id); err != nil {
+		return "", err
+	}
+	key := idKey(id)
+	var seen uint64
+	deadline := time.Now().Add(cancelWaitRouted)
+	for {
+		rec, ok, err := lookupIndex(ctx, reader, key)
+		if err != nil {
+			return "", err
+		}
+		if ok && rec.gone {
+			s.cancelCancelled.Add(1)
+			return CancelReplyCancelled, nil // cancelled before
+		}
+		if !ok || rec.stream == "" {
+			s.cancelNotFound.Add(1)
+			return CancelReplyNotFound, nil
+		}
+		if rec.at <= seen {
+			// Between two levels: wait for the router to place it.
+			if time.Now().After(deadline) {
+				s.cancelNotFound.Add(1)
+				return CancelReplyNotFound, nil
+			}
+			if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+				return "", err
+			}
+			continue
+		}
+		s.mu.Lock()
+		sc := s.scanners[rec.stream]
+		s.mu.Unlock()
+		if sc == nil {
+			s.cancelNotFound.Add(1)
+			return CancelReplyNotFound, nil
+		}
+		answer, err := sc.requestCancel(ctx, rec)
+		if err != nil {
+			return "", err
+		}
+		switch answer {
+		case answerCancelled:
+			// Later cancels of this id answer from the index: the scanner
+			// forgets a cancelled message once its offset passed it.
+			if _, err := js.PublishMsg(ctx, indexRecord{key: key, gone: true, due: rec.due}.msg()); err != nil {
+				s.logger.Warn("id index write failed", slog.Any("error", err))
+			}
+			s.cancelCancelled.Add(1)
+			return CancelReplyCancelled, nil
+		case answerDelivered:
+			s.cancelDelivered.Add(1)
+			return CancelReplyDelivered, nil
+		case answerGone:
+			s.cancelNotFound.Add(1)
+			return CancelReplyNotFound, nil
+		case answerForwarded:
+			seen = rec.at
+		}
+	}
+}
+
+// waitRouted waits until the router has acked every ingress message up to
+// the ingress stream's last sequence now (or up to id, when id is a
+// sequence below it). It gives up quietly after cancelWaitRouted: the
+// lookup then answers from what is placed.
+func waitRouted(ctx context.Context, js jetstream.JetStream, id string) error {
+	stream, err := js.Stream(ctx, IngressStream)
+	if err != nil {
+		return fmt.Errorf("ingress stream: %w", err)
+	}
+	upTo := stream.CachedInfo().State.LastSeq
+	if n, err := strconv.ParseUint(id, 10, 64); err == nil && n < upTo {
+		upTo = n
+	}
+	deadline := time.Now().Add(cancelWaitRouted)
+	for {
+		st := stream.CachedInfo().State
+		if st.Msgs == 0 || st.FirstSeq > upTo || time.Now().After(deadline) {
+			return nil
+		}
+		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
+			return err
+		}
+		if _, err := stream.Info(ctx); err != nil {
+			return fmt.Errorf("ingress stream: %w", err)
+		}
+	}
+}
+
+// CancelStats returns the cancel API's answers since start.
+func (s *Service) CancelStats() CancelStats {
+	return CancelStats{Cancelled: s.cancelCancelled.Load(), NotFound: s.cancelNotFound.Load(), AlreadyDelivered: s.cancelDelivered.Load()}
+}

@@ -1,0 +1,212 @@
+package deliver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The id index: where each pending message is, by id and by merge key.
+//
+// Cancel and merge need "where is the message with this id (or merge key)
+// now" without per-message memory in delayd or in the server. The router
+// writes one small record per level-stream placement to DELAYD_INDEX, on
+// one of [IndexSlots] subjects chosen by a hash of the key, so the server
+// tracks a bounded set of subjects whatever the backlog (a subject per id
+// would cost about 200 bytes of server memory per pending message). A
+// lookup reads only its slot's records; the latest record for a key is the
+// message's current placement (a cascading message gets a new record at
+// every hop). Records are written before the ingress message is acked, so
+// once the router has passed an ingress sequence, its record is readable.
+// The service purges records older than every level's head (less
+// [IndexKeep]), so the index holds about the longest level's wait of
+// records, on disk.
+const (
+	// IndexStream holds the id index.
+	IndexStream = "DELAYD_INDEX"
+	// IndexSlots is how many subjects the index spreads its records over.
+	IndexSlots = 8192
+	// IndexKeep is how long records of messages that left their level stay:
+	// a cancel that late still answers "already delivered".
+	IndexKeep = time.Minute
+
+	// CancelStream holds cancel tombstones: one message per cancelled,
+	// still pending level message, on "delayd.cancels.<level stream>",
+	// deleted once the level's offset has passed it.
+	CancelStream = "DELAYD_CANCELS"
+
+	indexSubjects  = "delayd.idx."
+	cancelSubjects = "delayd.cancels."
+	indexBatch     = 256
+)
+
+// indexRecord is one placement of a message in a level stream.
+type indexRecord struct {
+	key    string    // "i<id>" or "m<target>\x00<merge key>"
+	stream string    // level stream; "" means the message left delayd (dead-lettered or cancelled)
+	seq    uint64    // sequence in stream
+	hop    bool      // the placement ends in a hop, not a delivery
+	gone   bool      // cancelled: later cancels answer "cancelled"
+	due    time.Time // the message's final due time
+	at     uint64    // the record's own sequence in IndexStream (read side)
+}
+
+// idKey is the index key of a message id: the publisher's Nats-Msg-Id, or
+// the first ingress sequence as decimal text.
+func idKey(id string) string { return "i" + id }
+
+// mergeKey is the index key of a merge key for a target.
+func mergeKey(target, key string) string { return "m" + target + "\x00" + key }
+
+// indexSubject is the slot subject of key.
+func indexSubject(key string) string {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(key))
+	return indexSubjects + strconv.FormatUint(h.Sum64()%IndexSlots, 10)
+}
+
+// encode: "<stream> <seq> <h|c|-> <due unix ns>\n<key>".
+func (r indexRecord) encode() []byte {
+	b := make([]byte, 0, 48+len(r.key))
+	b = append(b, r.stream...)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, r.seq, 10)
+	switch {
+	case r.hop:
+		b = append(b, " h "...)
+	case r.gone:
+		b = append(b, " c "...)
+	default:
+		b = append(b, " - "...)
+	}
+	b = strconv.AppendInt(b, r.due.UnixNano(), 10)
+	b = append(b, '\n')
+	return append(b, r.key...)
+}
+
+func decodeIndexRecord(data []byte) (indexRecord, bool) {
+	head, key, ok := strings.Cut(string(data), "\n")
+	if !ok {
+		return indexRecord{}, false
+	}
+	f := strings.Split(head, " ")
+	if len(f) != 4 {
+		return indexRecord{}, false
+	}
+	seq, err1 := strconv.ParseUint(f[1], 10, 64)
+	due, err2 := strconv.ParseInt(f[3], 10, 64)
+	if err1 != nil || err2 != nil {
+		return indexRecord{}, false
+	}
+	return indexRecord{key: key, stream: f[0], seq: seq, hop: f[2] == "h", gone: f[2] == "c", due: time.Unix(0, due)}, true
+}
+
+// indexMsg is the record's index-stream message.
+func (r indexRecord) msg() *nats.Msg {
+	return &nats.Msg{Subject: indexSubject(r.key), Data: r.encode()}
+}
+
+// lookupIndex returns the latest record for key. ok is false when there is
+// none.
+func lookupIndex(ctx context.Context, reader *batchReader, key string) (rec indexRecord, ok bool, err error) {
+	subject := indexSubject(key)
+	var buf []*nats.Msg
+	for from := uint64(1); ; {
+		buf, err = reader.readSubject(ctx, IndexStream, subject, buf[:0], from, indexBatch, 1<<20)
+		if err != nil {
+			return rec, false, fmt.Errorf("index lookup: %w", err)
+		}
+		if len(buf) == 0 {
+			return rec, ok, nil
+		}
+		for _, m := range buf {
+			at, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
+			from = max(from, at+1)
+			if r, good := decodeIndexRecord(m.Data); good && r.key == key && at >= rec.at {
+				r.at = at
+				rec, ok = r, true
+			}
+		}
+		if len(buf) < indexBatch {
+			return rec, ok, nil
+		}
+	}
+}
+
+// ensureIndexStreams creates the index and tombstone streams.
+func ensureIndexStreams(ctx context.Context, js jetstream.JetStream, replicas int) error {
+	for _, cfg := range []jetstream.StreamConfig{{
+		Name:        IndexStream,
+		Description: "delayd id index: where each pending message is, for cancel and merge",
+		Subjects:    []string{indexSubjects + ">"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+		AllowDirect: true,
+		Duplicates:  100 * time.Millisecond,
+	}, {
+		Name:        CancelStream,
+		Description: "delayd cancel tombstones: cancelled messages not yet passed by their level",
+		Subjects:    []string{cancelSubjects + ">"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+		AllowDirect: true,
+		Duplicates:  100 * time.Millisecond,
+	}} {
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("stream %s: %w", cfg.Name, err)
+		}
+	}
+	return nil
+}
+
+// trimIndex purges index records stored before cutoff.
+func trimIndex(ctx context.Context, js jetstream.JetStream, cutoff time.Time) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	stream, err := js.Stream(ctx, IndexStream)
+	if err != nil {
+		return err
+	}
+	// The first record at or after cutoff: everything below it goes.
+	first, err := firstAtOrAfter(ctx, js, cutoff)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		// Nothing that new: every record is older than cutoff.
+		info, err := stream.Info(ctx)
+		if err != nil {
+			return err
+		}
+		first = info.State.LastSeq + 1
+	} else if err != nil {
+		return err
+	}
+	if first <= 1 {
+		return nil
+	}
+	return stream.Purge(ctx, jetstream.WithPurgeSequence(first))
+}
+
+// firstAtOrAfter returns the sequence of the index's first record stored at
+// or after t.
+func firstAtOrAfter(ctx context.Context, js jetstream.JetStream, t time.Time) (uint64, error) {
+	req := fmt.Sprintf(`{"start_time":%q}`, t.UTC().Format(time.RFC3339Nano))
+	resp, err := js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET."+IndexStream, []byte(req))
+	if err != nil {
+		return 0, err
+	}
+	if seq := resp.Header.Get(hdrJSSequence); seq != "" {
+		return strconv.ParseUint(seq, 10, 64)
+	}
+	if resp.Header.Get("Status") == "404" {
+		return 0, jetstream.ErrMsgNotFound
+	}
+	return 0, fmt.Errorf("index time lookup: status %q %s", resp.Header.Get("Status"), resp.Header.Get("Description"))
+}

@@ -1,0 +1,220 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd"
+	"github.com/delayd/delayd/deliver"
+)
+
+func (b *testBundle) cancel(id string) delayd.CancelResult {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	r, err := delayd.Cancel(ctx, b.nc, id)
+	if err != nil {
+		b.t.Fatalf("cancel %q: %v", id, err)
+	}
+	return r
+}
+
+// TestCancel: of 100 pending messages, the 50 cancelled are never
+// delivered and the other 50 are; ids are ingress sequences and publisher
+// Nats-Msg-Ids; unknown ids are not found; a delivered one says so; and
+// cancelled messages cost nothing once passed (their tombstones go).
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("1s 2s")
+	c := b.collect("cancel.x")
+
+	ids := make([]string, 100)
+	for i := range ids {
+		hdr := level(2)
+		if i%2 == 1 {
+			ids[i] = fmt.Sprintf("order-%d", i)
+			hdr.Set("Nats-Msg-Id", ids[i])
+			b.publish("delay.cancel.x", []byte(strconv.Itoa(i)), hdr)
+		} else {
+			ids[i] = strconv.FormatUint(b.publish("delay.cancel.x", []byte(strconv.Itoa(i)), hdr), 10)
+		}
+	}
+	cancelled := map[string]bool{}
+	for i := 0; i < len(ids); i += 4 { // 25 sequence ids
+		if r := b.cancel(ids[i]); r != delayd.Cancelled {
+			t.Fatalf("cancel %s: %q, want cancelled", ids[i], r)
+		}
+		cancelled[strconv.Itoa(i)] = true
+	}
+	for i := 1; i < len(ids); i += 4 { // 25 publisher ids
+		if r := b.cancel(ids[i]); r != delayd.Cancelled {
+			t.Fatalf("cancel %s: %q, want cancelled", ids[i], r)
+		}
+		cancelled[strconv.Itoa(i)] = true
+	}
+	if r := b.cancel(ids[1]); r != delayd.Cancelled {
+		t.Errorf("cancelling twice: %q, want cancelled again", r)
+	}
+	for _, unknown := range []string{"no-such-id", "999999"} {
+		if r := b.cancel(unknown); r != delayd.NotFound {
+			t.Errorf("cancel %q: %q, want not found", unknown, r)
+		}
+	}
+	if m, err := b.nc.Request(delayd.CancelSubject, []byte(" "), 5*time.Second); err != nil || string(m.Data) != "not found" {
+		t.Errorf("cancel with an empty id: %v %v, want not found", m, err)
+	}
+
+	got := c.wait(t, 50, 15*time.Second)
+	time.Sleep(500 * time.Millisecond) // nothing else may follow
+	got = c.snapshot()
+	if len(got) != 50 {
+		t.Fatalf("delivered %d, want exactly 50", len(got))
+	}
+	for _, r := range got {
+		if cancelled[string(r.msg.Data)] {
+			t.Errorf("cancelled message %s was delivered", r.msg.Data)
+		}
+	}
+	if r := b.cancel(ids[2]); r != delayd.AlreadyDelivered {
+		t.Errorf("cancel of a delivered message: %q, want already delivered", r)
+	}
+	if r := b.cancel(ids[3]); r != delayd.AlreadyDelivered {
+		t.Errorf("cancel of a delivered message by publisher id: %q, want already delivered", r)
+	}
+	var n uint64
+	_, ss := b.svc.Stats()
+	for _, s := range ss {
+		n += s.Cancelled
+	}
+	if n != 50 {
+		t.Errorf("scanners counted %d cancelled, want 50", n)
+	}
+	waitFor(t, 10*time.Second, "tombstones deleted once passed", func() bool { return b.streamCount(deliver.CancelStream) == 0 })
+}
+
+// TestCancelCascade cancels a Delay-Duration message after it moved on to
+// a later level, and checks a cancelled message stays cancelled across a
+// restart of delayd.
+func TestCancelCascade(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("200ms 500ms")
+	c := b.collect("cascade.cancel")
+	hdr := nats.Header{deliver.HeaderDuration: []string{"1500ms"}}
+	hop := strconv.FormatUint(b.publish("delay.cascade.cancel", []byte("hop"), hdr), 10)
+	hdr = nats.Header{deliver.HeaderDuration: []string{"1500ms"}, "Nats-Msg-Id": []string{"restart-1"}}
+	b.publish("delay.cascade.cancel", []byte("restart"), hdr)
+	keep := b.publish("delay.cascade.cancel", []byte("keep"), nats.Header{deliver.HeaderDuration: []string{"1500ms"}})
+	time.Sleep(700 * time.Millisecond) // past the first hop
+	if r := b.cancel(hop); r != delayd.Cancelled {
+		t.Fatalf("cancel after a hop: %q", r)
+	}
+	if r := b.cancel("restart-1"); r != delayd.Cancelled {
+		t.Fatalf("cancel: %q", r)
+	}
+	b.stopDelayd()
+	b.startDelayd("200ms 500ms")
+	got := c.wait(t, 1, 10*time.Second)
+	time.Sleep(time.Second)
+	got = c.snapshot()
+	if len(got) != 1 || string(got[0].msg.Data) != "keep" {
+		var data []string
+		for _, r := range got {
+			data = append(data, string(r.msg.Data))
+		}
+		t.Fatalf("delivered %q, want only keep (seq %d)", data, keep)
+	}
+}
+
+// TestCancelRace sends each cancel at its message's due instant: every
+// message is delivered or cancelled, never both and never neither, and the
+// reply says which.
+func TestCancelRace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("100ms")
+	c := b.collect("race.x")
+	const n = 200
+	replies := map[string]delayd.CancelResult{}
+	for i := range n {
+		seq := b.publish("delay.race.x", []byte(strconv.Itoa(i)), level(1))
+		// Around the due instant: 100 ms after the store, give or take.
+		time.Sleep(time.Duration(90+i%20) * time.Millisecond)
+		replies[strconv.Itoa(i)] = b.cancel(strconv.FormatUint(seq, 10))
+	}
+	time.Sleep(500 * time.Millisecond)
+	delivered := map[string]int{}
+	for _, r := range c.snapshot() {
+		delivered[string(r.msg.Data)]++
+	}
+	var nCancelled, nDelivered int
+	for i := range n {
+		id := strconv.Itoa(i)
+		switch replies[id] {
+		case delayd.Cancelled:
+			nCancelled++
+			if delivered[id] != 0 {
+				t.Errorf("message %s: reply cancelled, but delivered", id)
+			}
+		case delayd.AlreadyDelivered:
+			nDelivered++
+			if delivered[id] != 1 {
+				t.Errorf("message %s: reply already delivered, delivered %d times", id, delivered[id])
+			}
+		default:
+			t.Errorf("message %s: reply %q", id, replies[id])
+		}
+	}
+	t.Logf("%d tries at the due instant: %d cancelled, %d already delivered", n, nCancelled, nDelivered)
+}
+
+// TestMerge: 1,000 messages with 10 merge keys, published inside the
+// first's wait, are delivered as 10 messages, each the first of its key at
+// its due time; after that the key is free again.
+func TestMerge(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createStream("MERGE", "merge.>")
+	b.startDelayd("3s")
+	start := time.Now()
+	for i := range 1000 {
+		hdr := level(1)
+		hdr.Set(deliver.HeaderMergeKey, "user-"+strconv.Itoa(i%10))
+		b.publish("delay.merge.x", []byte(strconv.Itoa(i)), hdr)
+	}
+	t.Logf("published 1,000 in %s", time.Since(start))
+	waitFor(t, 10*time.Second, "10 deliveries", func() bool { return b.streamCount("MERGE") >= 10 })
+	time.Sleep(500 * time.Millisecond)
+	msgs := b.streamMsgs("MERGE")
+	if len(msgs) != 10 {
+		t.Fatalf("delivered %d, want 10", len(msgs))
+	}
+	for _, m := range msgs {
+		i, _ := strconv.Atoi(string(m.Data))
+		if i >= 10 {
+			t.Errorf("delivered message %d: want the first of its key (0..9)", i)
+		}
+		enq, due := parseTime(t, m.Header, deliver.HeaderEnqueuedAt), parseTime(t, m.Header, deliver.HeaderDueAt)
+		if due.Sub(enq) != 3*time.Second || m.Time.Before(due) {
+			t.Errorf("message %d: enqueued %v due %v delivered %v", i, enq, due, m.Time)
+		}
+		if m.Header.Get(deliver.HeaderMergeKey) != "" {
+			t.Errorf("message %d: Delay-Merge-Key delivered", i)
+		}
+	}
+	rs, _ := b.svc.Stats()
+	if rs.Merged != 990 {
+		t.Errorf("merged %d, want 990", rs.Merged)
+	}
+	// The key is free again: a new message is delivered on its own.
+	hdr := level(1)
+	hdr.Set(deliver.HeaderMergeKey, "user-0")
+	b.publish("delay.merge.x", []byte("again"), hdr)
+	waitFor(t, 10*time.Second, "the key free again", func() bool { return b.streamCount("MERGE") == 11 })
+}
