@@ -148,7 +148,8 @@ type RetryResult struct {
 	// was written to the dead-letter stream instead of retried.
 	DeadLettered bool
 	// Attempt is the retry's Delay-Attempt (1 for the first retry). When
-	// dead-lettered it is the number of retries made, the ladder's length.
+	// dead-lettered it is the delivered message's Delay-Attempt: the
+	// retries made, the ladder's length unless the ladder was shortened.
 	Attempt int
 	// Delay is the rung the retry waits; 0 when dead-lettered.
 	Delay time.Duration

@@ -272,3 +272,36 @@ func TestRetryInvalid(t *testing.T) {
 		t.Errorf("Retry(nil msg): %v, want ErrInvalidRetry", err)
 	}
 }
+
+// TestRetryFallbackID retries a message published straight to a stream
+// without a Nats-Msg-Id: the retry's id comes from its stream and sequence.
+func TestRetryFallbackID(t *testing.T) {
+	t.Parallel()
+	b := setupRetry(t)
+	ctx := context.Background()
+	work, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: "WORK", Subjects: []string{"work.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.js.Publish(ctx, "work.x", []byte("w")); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := work.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := delayd.Retry(ctx, b.js, msg, delayd.Ladder{time.Second}, errors.New("no"))
+	if err != nil || res.MsgID != "WORK-1-retry1" || res.Subject != "delay.work.x" {
+		t.Errorf("Retry: %+v, %v; want MsgID WORK-1-retry1 to delay.work.x", res, err)
+	}
+
+	// A core message without an id: retried, not deduped.
+	res, err = delayd.RetryMsg(ctx, b.js, &nats.Msg{Subject: "work.y", Data: []byte("y")}, delayd.Ladder{time.Second}, nil)
+	if err != nil || res.MsgID != "" || res.Attempt != 1 {
+		t.Errorf("RetryMsg without an id: %+v, %v; want attempt 1 without a MsgID", res, err)
+	}
+}
