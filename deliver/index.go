@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,14 +18,17 @@ import (
 //
 // Cancel and merge need "where is the message with this id (or merge key)
 // now" without per-message memory in delayd or in the server. The router
-// writes one small record per level-stream placement to DELAYD_INDEX, on
-// one of [IndexSlots] subjects chosen by a hash of the key, so the server
+// keeps one small record per level-stream placement in DELAYD_INDEX, on one
+// of [IndexSlots] subjects chosen by a hash of the key, so the server
 // tracks a bounded set of subjects whatever the backlog (a subject per id
-// would cost about 200 bytes of server memory per pending message). A
-// lookup reads only its slot's records; the latest record for a key is the
-// message's current placement (a cascading message gets a new record at
-// every hop). Records are written before the ingress message is acked, so
-// once the router has passed an ingress sequence, its record is readable.
+// would cost about 200 bytes of server memory per pending message). The
+// router packs the records of up to indexGroupMax placements into one
+// message per slot (an index write per message cost a third of the ingest
+// rate). A lookup reads only its slot's messages; the latest record for a
+// key is the message's current placement (a cascading message gets a new
+// record at every hop). Records are stored before the ingress message is
+// acked, so once the router has passed an ingress sequence, its record is
+// readable.
 // The service purges records older than every level's head (less
 // [IndexKeep]), so the index holds about the longest level's wait of
 // records, on disk.
@@ -32,7 +36,7 @@ const (
 	// IndexStream holds the id index.
 	IndexStream = "DELAYD_INDEX"
 	// IndexSlots is how many subjects the index spreads its records over.
-	IndexSlots = 8192
+	IndexSlots = 256
 	// IndexKeep is how long records of messages that left their level stay:
 	// a cancel that late still answers "already delivered".
 	IndexKeep = time.Minute
@@ -45,6 +49,7 @@ const (
 	indexSubjects  = "delayd.idx."
 	cancelSubjects = "delayd.cancels."
 	indexBatch     = 256
+	indexGroupMax  = 1024 // placements whose records are packed together at most
 )
 
 // indexRecord is one placement of a message in a level stream.
@@ -72,9 +77,9 @@ func indexSubject(key string) string {
 	return indexSubjects + strconv.FormatUint(h.Sum64()%IndexSlots, 10)
 }
 
-// encode: "<stream> <seq> <h|c|-> <due unix ns>\n<key>".
-func (r indexRecord) encode() []byte {
-	b := make([]byte, 0, 48+len(r.key))
+// appendTo appends the record's encoding to b:
+// "<stream> <seq> <h|c|-> <due unix ns> <key length>\n<key>".
+func (r indexRecord) appendTo(b []byte) []byte {
 	b = append(b, r.stream...)
 	b = append(b, ' ')
 	b = strconv.AppendUint(b, r.seq, 10)
@@ -87,30 +92,91 @@ func (r indexRecord) encode() []byte {
 		b = append(b, " - "...)
 	}
 	b = strconv.AppendInt(b, r.due.UnixNano(), 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(len(r.key)), 10)
 	b = append(b, '\n')
 	return append(b, r.key...)
 }
 
-func decodeIndexRecord(data []byte) (indexRecord, bool) {
-	head, key, ok := strings.Cut(string(data), "\n")
-	if !ok {
-		return indexRecord{}, false
+// decodeIndexRecords calls fn for each record packed in data, in order. It
+// stops at the first malformed one.
+func decodeIndexRecords(data []byte, fn func(indexRecord)) {
+	for len(data) > 0 {
+		nl := strings.IndexByte(string(data), '\n')
+		if nl < 0 {
+			return
+		}
+		f := strings.Split(string(data[:nl]), " ")
+		if len(f) != 5 {
+			return
+		}
+		seq, err1 := strconv.ParseUint(f[1], 10, 64)
+		due, err2 := strconv.ParseInt(f[3], 10, 64)
+		n, err3 := strconv.Atoi(f[4])
+		if err1 != nil || err2 != nil || err3 != nil || n < 0 || n > len(data)-nl-1 {
+			return
+		}
+		key := string(data[nl+1 : nl+1+n])
+		data = data[nl+1+n:]
+		fn(indexRecord{key: key, stream: f[0], seq: seq, hop: f[2] == "h", gone: f[2] == "c", due: time.Unix(0, due)})
 	}
-	f := strings.Split(head, " ")
-	if len(f) != 4 {
-		return indexRecord{}, false
-	}
-	seq, err1 := strconv.ParseUint(f[1], 10, 64)
-	due, err2 := strconv.ParseInt(f[3], 10, 64)
-	if err1 != nil || err2 != nil {
-		return indexRecord{}, false
-	}
-	return indexRecord{key: key, stream: f[0], seq: seq, hop: f[2] == "h", gone: f[2] == "c", due: time.Unix(0, due)}, true
 }
 
-// indexMsg is the record's index-stream message.
+// msg is an index-stream message holding just this record.
 func (r indexRecord) msg() *nats.Msg {
-	return &nats.Msg{Subject: indexSubject(r.key), Data: r.encode()}
+	return &nats.Msg{Subject: indexSubject(r.key), Data: r.appendTo(nil)}
+}
+
+// indexGroup packs the records of consecutive placements, one message per
+// slot, and tells the acker when they are stored.
+type indexGroup struct {
+	slots   map[string][]byte // slot subject -> packed records
+	n       int               // placements in the group
+	futs    []jetstream.PubAckFuture
+	err     error
+	flushed chan struct{} // closed once the writes are started
+	wait    sync.Once
+}
+
+func newIndexGroup() *indexGroup {
+	return &indexGroup{slots: make(map[string][]byte), flushed: make(chan struct{})}
+}
+
+func (g *indexGroup) add(rec indexRecord) {
+	subj := indexSubject(rec.key)
+	g.slots[subj] = rec.appendTo(g.slots[subj])
+}
+
+// flush starts the group's writes.
+func (g *indexGroup) flush(js jetstream.JetStream) {
+	for subj, data := range g.slots {
+		fut, err := js.PublishMsgAsync(&nats.Msg{Subject: subj, Data: data})
+		if err != nil {
+			g.err = err
+			continue
+		}
+		g.futs = append(g.futs, fut)
+	}
+	g.slots = nil
+	close(g.flushed)
+}
+
+// stored waits for the group's writes; it returns the first failure.
+func (g *indexGroup) stored() error {
+	<-g.flushed
+	g.wait.Do(func() {
+		for _, fut := range g.futs {
+			select {
+			case <-fut.Ok():
+			case err := <-fut.Err():
+				if g.err == nil {
+					g.err = err
+				}
+			}
+		}
+		g.futs = nil
+	})
+	return g.err
 }
 
 // lookupIndex returns the latest record for key. ok is false when there is
@@ -129,10 +195,12 @@ func lookupIndex(ctx context.Context, reader *batchReader, key string) (rec inde
 		for _, m := range buf {
 			at, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
 			from = max(from, at+1)
-			if r, good := decodeIndexRecord(m.Data); good && r.key == key && at >= rec.at {
-				r.at = at
-				rec, ok = r, true
-			}
+			decodeIndexRecords(m.Data, func(r indexRecord) {
+				if r.key == key && at >= rec.at {
+					r.at = at // later records in one message are later placements
+					rec, ok = r, true
+				}
+			})
 		}
 		if len(buf) < indexBatch {
 			return rec, ok, nil

@@ -160,6 +160,7 @@ type Router struct {
 	failingSince atomic.Int64 // unix ns since level writes or sessions keep failing; 0 when healthy
 	tails        *batchReader
 
+	group         *indexGroup // index records not yet written (router goroutine)
 	mergeMu       sync.Mutex
 	mergeInflight map[string]indexRecord // merge records written but not yet confirmed
 
@@ -187,10 +188,10 @@ type routing struct {
 	err    error
 	reason error // why it is a dead letter
 
-	merge   string                    // Delay-Merge-Key, "" if none
-	index   [2]indexRecord            // the placement's records: by id, and by merge key if any
-	nIndex  int                       //
-	idxFuts [2]jetstream.PubAckFuture // their writes
+	merge  string         // Delay-Merge-Key, "" if none
+	index  [2]indexRecord // the placement's records: by id, and by merge key if any
+	nIndex int
+	group  *indexGroup // the index write holding them
 
 	// Headers levelMsg removed from msg, to restore them on a dead letter.
 	shaped   bool // levelMsg ran on msg's header map
@@ -336,6 +337,7 @@ func (r *Router) session(ctx context.Context) error {
 	ackerDone := make(chan struct{})
 	go r.acker(r.inflight, ackerDone)
 	defer func() {
+		r.flushIndex()
 		close(r.inflight)
 		<-ackerDone
 	}()
@@ -346,7 +348,12 @@ func (r *Router) session(ctx context.Context) error {
 				return err
 			}
 		}
-		m, err := pull.next(ctx, r.kick, true, 0)
+		m, err := pull.next(ctx, r.kick, false, 0)
+		if m == nil && err == nil {
+			// Nothing waiting: store the index records routed so far.
+			r.flushIndex()
+			m, err = pull.next(ctx, r.kick, true, 0)
+		}
 		if errors.Is(err, errWoken) {
 			continue // a write failed: recover before the next message
 		}
@@ -689,9 +696,14 @@ func (r *Router) submit(rt *routing) {
 	r.inflight <- rt
 }
 
-// writeIndex starts the index writes of rt's placement at (stream, seq).
-// They are confirmed before the ingress message is acked.
+// writeIndex adds the index records of rt's placement at (stream, seq) to
+// the current index group. They are stored before the ingress message is
+// acked: the group is written when it is full, when no ingress message is
+// waiting, and before a recovery or the end of a session.
 func (r *Router) writeIndex(rt *routing, stream string, seq uint64) {
+	if r.group == nil {
+		r.group = newIndexGroup()
+	}
 	for i := range rt.nIndex {
 		rec := &rt.index[i]
 		rec.stream, rec.seq = stream, seq
@@ -700,28 +712,35 @@ func (r *Router) writeIndex(rt *routing, stream string, seq uint64) {
 			r.mergeInflight[rec.key] = *rec
 			r.mergeMu.Unlock()
 		}
-		fut, err := r.js.PublishMsgAsync(rec.msg())
-		if err != nil {
-			r.indexErrors.Add(1)
-			r.logger.Warn("id index write failed; the message cannot be cancelled", slog.Any("error", err))
-			fut = nil
-		}
-		rt.idxFuts[i] = fut
+		r.group.add(*rec)
+	}
+	rt.group = r.group
+	r.group.n++
+	// Fewer than MaxInFlight placements wait for a group, so the acker
+	// never waits for a group the router cannot write.
+	if r.group.n >= max(1, min(indexGroupMax, r.cfg.MaxInFlight/2)) {
+		r.flushIndex()
 	}
 }
 
-// settleIndex waits for rt's index writes.
+// flushIndex starts the writes of the current index group.
+func (r *Router) flushIndex() {
+	if r.group != nil {
+		r.group.flush(r.js)
+		r.group = nil
+	}
+}
+
+// settleIndex waits until rt's index records are stored.
 func (r *Router) settleIndex(rt *routing) {
-	for i := range rt.nIndex {
-		if fut := rt.idxFuts[i]; fut != nil {
-			select {
-			case <-fut.Ok():
-			case err := <-fut.Err():
-				r.indexErrors.Add(1)
-				r.logger.Warn("id index write failed; the message cannot be cancelled", slog.Any("error", err))
-			}
-			rt.idxFuts[i] = nil
+	if rt.group != nil {
+		if err := rt.group.stored(); err != nil {
+			r.indexErrors.Add(1)
+			r.logger.Warn("id index write failed; the message cannot be cancelled", slog.Any("error", err))
 		}
+		rt.group = nil
+	}
+	for i := range rt.nIndex {
 		if rec := rt.index[i]; rec.key[0] == 'm' {
 			r.mergeMu.Lock()
 			if cur, ok := r.mergeInflight[rec.key]; ok && cur.seq == rec.seq && cur.stream == rec.stream {
@@ -797,6 +816,7 @@ func (r *Router) recover(ctx context.Context) error {
 		if round > 0 {
 			r.failingSince.CompareAndSwap(0, time.Now().UnixNano())
 		}
+		r.flushIndex()
 		r.pending.Wait()
 		r.mu.Lock()
 		failed := r.failed
@@ -866,6 +886,7 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 		// Its placement records point at a sequence another message will
 		// take: supersede them with "left delayd".
 		r.writeIndex(rt, "", 0)
+		r.flushIndex()
 		r.settleIndex(rt)
 	}
 	r.deadLettered.Add(1)
