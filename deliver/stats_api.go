@@ -91,3 +91,14 @@ func (s *Service) StartStatsAPI() (stop func() error, err error) {
 	}
 	return sub.Unsubscribe, nil
 }
+
+// LevelDue returns when a scanner acts on a level-stream message with
+// headers h: the end of its wait at this level if it cascades on
+// (Delayd-Hop-Due), else its Delay-Due-At. ok is false if neither parses.
+func LevelDue(h nats.Header) (due time.Time, ok bool) {
+	if t, err := time.Parse(time.RFC3339Nano, h.Get(hdrHopDue)); err == nil {
+		return t, true
+	}
+	t, err := time.Parse(time.RFC3339Nano, h.Get(HeaderDueAt))
+	return t, err == nil
+}
