@@ -344,6 +344,8 @@ func TestDelayctlDLQReplay(t *testing.T) {
 		t.Errorf("letters 5, 6 = %+v, %+v", letters[4], letters[5])
 	}
 	delayctl(t, url, "dlq", "ls", "--limit", "2").want(t, 0, "2 shown; DELAYD_DLQ holds 6 dead letters")
+	delayctl(t, url, "dlq", "ls", "--reason", "undeliverable").want(t, 0, "blocked.b", "1 shown; DELAYD_DLQ holds 6 dead letters")
+	delayctl(t, url, "dlq", "ls", "--reason", "size").want(t, 0, "0 shown; DELAYD_DLQ holds 6 dead letters")
 
 	// The fix: delayd without the deny policy.
 	b.stopDelayd()

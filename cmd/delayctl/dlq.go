@@ -73,7 +73,7 @@ func (a *app) readLetters(ctx context.Context, filter string, last uint64, fn fu
 		return fmt.Errorf("read %s: %w", deliver.DLQStream, err)
 	}
 	for {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(a.timeout))
+		batch, err := cons.FetchNoWait(256)
 		if err != nil {
 			return fmt.Errorf("read %s: %w", deliver.DLQStream, err)
 		}
