@@ -118,7 +118,7 @@ func secMustConnect(t *testing.T, env map[string]string) *nats.Conn {
 }
 
 // secRunDelayd runs a delayd service with levels "1s" on nc and waits until it is ready.
-func secRunDelayd(t *testing.T, nc *nats.Conn, policy deliver.TargetPolicy) {
+func secRunDelayd(t *testing.T, nc *nats.Conn, policy deliver.TargetPolicy) *deliver.Service {
 	t.Helper()
 	svc, err := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("1s"), Targets: policy, Logger: testLogger(t)})
 	if err != nil {
@@ -139,6 +139,7 @@ func secRunDelayd(t *testing.T, nc *nats.Conn, policy deliver.TargetPolicy) {
 		}
 	})
 	waitFor(t, 20*time.Second, "delayd ready", svc.Ready)
+	return svc
 }
 
 // secExpectDelivery publishes through JetStream on pub to delay.<target> at level 1 and waits until sub receives
@@ -550,7 +551,16 @@ func TestAuthREADMEPermissions(t *testing.T) {
 		asyncErrs = append(asyncErrs, err)
 		mu.Unlock()
 	})
-	secRunDelayd(t, delayd, deliver.TargetPolicy{Allow: []string{"orders.>", "billing.>"}})
+	svc := secRunDelayd(t, delayd, deliver.TargetPolicy{Allow: []string{"orders.>", "billing.>"}})
+	stopStats, err := svc.StartStatsAPI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = stopStats() }()
+	// The stats API answers under these permissions (asked here by the delayd user itself).
+	if m, err := delayd.Request(deliver.StatsSubject, nil, 5*time.Second); err != nil || !strings.Contains(string(m.Data), `"levels"`) {
+		t.Errorf("stats API under the README's permissions: %v", err)
+	}
 
 	orders := secMustConnect(t, map[string]string{
 		"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": "orders", "DELAYD_NATS_PASSWORD": ordersPassword,

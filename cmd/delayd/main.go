@@ -155,6 +155,12 @@ func run() int {
 	svcRef.Store(svc)
 	logger.Info("level table", slog.String("levels", cfg.Levels.String()), slog.String("publish_to", cfg.Prefix+".<subject>"), slog.String("header", deliver.HeaderLevel+": 0.."+fmt.Sprint(cfg.Levels.Len())))
 
+	if stopStats, err := svc.StartStatsAPI(); err != nil {
+		logger.Warn("stats API not served", slog.Any("error", err))
+	} else {
+		defer func() { _ = stopStats() }()
+	}
+
 	if cfg.HTTPAddr != "" {
 		hs, err := serveHTTP(cfg.HTTPAddr, svc, m, logger)
 		if err != nil {

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/delayd/delayd/levels"
+)
+
+// levelSubjects are the subjects of every level stream.
+const levelSubjects = "delayd.level.>"
+
+// levelRow is one level stream: a level of the table (index 0 is the immediate level), or a stream left from an
+// earlier table.
+type levelRow struct {
+	Index   *int          `json:"index"` // nil: not in the table
+	Delay   time.Duration `json:"-"`
+	Stream  string        `json:"stream"`
+	Exists  bool          `json:"exists"`
+	InTable bool          `json:"in_table"`
+	info    *jetstream.StreamInfo
+}
+
+// levelRows returns the table's levels (0 first) and then, sorted by delay, the level streams on the server that
+// are not in the table: one stream-list request.
+func (a *app) levelRows(ctx context.Context) ([]levelRow, time.Time, error) {
+	rctx, cancel := a.reqCtx(ctx)
+	defer cancel()
+	infos := map[string]*jetstream.StreamInfo{}
+	var serverNow time.Time
+	list := a.js.ListStreams(rctx, jetstream.WithStreamListSubject(levelSubjects))
+	for info := range list.Info() {
+		infos[info.Config.Name] = info
+		if serverNow.IsZero() && !info.TimeStamp.IsZero() {
+			serverNow = info.TimeStamp
+		}
+	}
+	if err := list.Err(); err != nil {
+		return nil, time.Time{}, fmt.Errorf("list level streams: %w", err)
+	}
+	if serverNow.IsZero() {
+		serverNow = time.Now()
+	}
+	var rows []levelRow
+	seen := map[string]bool{}
+	for _, l := range append([]levels.Level{{}}, a.cfg.Levels.Levels()...) {
+		idx := l.Index
+		info := infos[l.Stream()]
+		rows = append(rows, levelRow{Index: &idx, Delay: l.Delay, Stream: l.Stream(), Exists: info != nil, InTable: true, info: info})
+		seen[l.Stream()] = true
+	}
+	var extra []levelRow
+	for name, info := range infos {
+		if d, ok := levels.ParseStreamName(name); ok && !seen[name] {
+			extra = append(extra, levelRow{Delay: d, Stream: name, Exists: true, info: info})
+		}
+	}
+	slices.SortFunc(extra, func(x, y levelRow) int { return int(x.Delay - y.Delay) })
+	return append(rows, extra...), serverNow, nil
+}
+
+func (r levelRow) indexText() string {
+	if r.Index == nil {
+		return "-"
+	}
+	return fmt.Sprint(*r.Index)
+}
+
+func (r levelRow) delayText() string {
+	if r.Index != nil && *r.Index == 0 {
+		return "0s (at once)"
+	}
+	return levels.FormatDuration(r.Delay)
+}
+
+func (a *app) levelsCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "levels",
+		Short: "The level table: index, delay, stream, whether it exists; and level streams left from an earlier table",
+		Long: `levels prints the level table (DELAYD_LEVELS or --levels; set it as delayd has it): each level's
+index (the Delay-Level header's value; 0 delivers at once), delay, level stream and whether that stream
+exists on the server. Level streams on the server that are not in the table (left from an earlier table,
+drained by delayd) follow, with index "-".`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := a.requireIngress(cmd.Context()); err != nil {
+				return err
+			}
+			rows, _, err := a.levelRows(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				type out struct {
+					levelRow
+					Delay    string `json:"delay"`
+					Messages uint64 `json:"messages"`
+				}
+				var outs []out
+				for _, r := range rows {
+					o := out{levelRow: r, Delay: levels.FormatDuration(r.Delay)}
+					if r.info != nil {
+						o.Messages = r.info.State.Msgs
+					}
+					outs = append(outs, o)
+				}
+				return writeJSON(a.stdout, outs)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "LEVEL\tDELAY\tSTREAM\tEXISTS\tMESSAGES\tNOTE")
+			for _, r := range rows {
+				exists, msgs, note := "no", "-", ""
+				if r.Exists {
+					exists, msgs = "yes", fmt.Sprint(r.info.State.Msgs)
+				}
+				if !r.InTable {
+					note = "not in the table: left from an earlier table, drained by delayd"
+				} else if !r.Exists {
+					note = "missing: delayd creates it at start (is delayd's DELAYD_LEVELS this table?)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.indexText(), r.delayText(), r.Stream, exists, msgs, note)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// noArgs is cobra.NoArgs with a usage exit code.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return withCode(exitUsage, "%s takes no arguments, got %q", cmd.CommandPath(), strings.Join(args, " "))
+	}
+	return nil
+}
+
+func writeJSON(w interface{ Write([]byte) (int, error) }, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

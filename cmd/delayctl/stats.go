@@ -1,0 +1,362 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/levels"
+	"github.com/delayd/delayd/offsets"
+)
+
+// levelStats is one row of stats.
+type levelStats struct {
+	Index   *int   `json:"index"` // null: a level stream not in the table
+	Delay   string `json:"delay"`
+	Stream  string `json:"stream"`
+	Exists  bool   `json:"exists"`
+	InTable bool   `json:"in_table"`
+	// Pending counts the level stream's sequences past the committed offset.
+	Pending uint64 `json:"pending"`
+	// DueNow counts the pending messages whose level wait is over (store time + the level's delay <= now).
+	DueNow uint64 `json:"due_now"`
+	// OldestDue is when the oldest pending message is due at this level; omitted when nothing is pending.
+	OldestDue *time.Time `json:"oldest_due,omitempty"`
+	// BehindSeconds is now - OldestDue: how long the oldest pending message has waited past its due time;
+	// negative while it is not due yet. Omitted when nothing is pending.
+	BehindSeconds *float64 `json:"behind_seconds,omitempty"`
+	// LastOffset is the committed offset: the last delivered sequence.
+	LastOffset uint64 `json:"last_offset"`
+	// OffsetCommitted is false when DELAYD_OFFSETS holds no offset for the stream yet.
+	OffsetCommitted bool `json:"offset_committed"`
+	// Delivered and DeadLettered are the delayd process's counters since it started; null when unknown.
+	Delivered    *uint64 `json:"delivered"`
+	DeadLettered *uint64 `json:"dead_lettered"`
+}
+
+// statsReport is the output of stats.
+type statsReport struct {
+	// Time is "now" for due_now and behind_seconds: the server's time, when it says.
+	Time   time.Time    `json:"time"`
+	Levels []levelStats `json:"levels"`
+	// DLQMessages is how many dead letters DELAYD_DLQ holds.
+	DLQMessages uint64 `json:"dlq_messages"`
+	// Counters is the delayd process's reply on delayd.api.stats; null when no delayd answered.
+	Counters *deliver.StatsReply `json:"counters"`
+	// CountersUnknown says why Counters is null.
+	CountersUnknown string `json:"counters_unknown,omitempty"`
+}
+
+func (a *app) statsCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Per-level stats: pending, due now, oldest due, offset, delivered, dead-lettered",
+		Long: `stats prints one row per level stream:
+
+  PENDING     level-stream messages past the committed offset
+  DUE NOW     of those, the ones whose wait at this level is over (store time + the level's delay <= now)
+  OLDEST DUE  when the oldest pending message is due here, and how far behind now it is ("in 4s": not yet due)
+  OFFSET      the committed offset (DELAYD_OFFSETS): the last delivered sequence; "-" if none was committed yet
+  DELIVERED, DEAD-LETTERED
+              the delayd process's counters since it started, from its stats API (delayd.api.stats);
+              "?" when no delayd answers
+
+It costs O(levels) requests, whatever the backlog: one stream list, one offset read and at most two direct
+gets per level, one request to the stats API. "Now" is the server's time.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := a.requireIngress(cmd.Context()); err != nil {
+				return err
+			}
+			rep, err := a.collectStats(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, rep)
+			}
+			return printStats(a.stdout, rep)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// collectStats reads every level's stats: O(levels) requests, never a scan of messages.
+func (a *app) collectStats(ctx context.Context) (*statsReport, error) {
+	rows, now, err := a.levelRows(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep := &statsReport{Time: now.UTC()}
+	counters, why := a.requestStats(ctx)
+	rep.Counters, rep.CountersUnknown = counters, why
+	byStream := map[string]deliver.LevelStats{}
+	if counters != nil {
+		for _, l := range counters.Levels {
+			byStream[l.Stream] = l
+		}
+	}
+
+	var kv jetstream.KeyValue
+	if len(rows) > 0 {
+		rctx, cancel := a.reqCtx(ctx)
+		kv, err = a.js.KeyValue(rctx, offsets.Bucket)
+		cancel()
+		if err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, fmt.Errorf("offsets bucket %s: %w", offsets.Bucket, err)
+		}
+	}
+	for _, r := range rows {
+		s := levelStats{Index: r.Index, Delay: levels.FormatDuration(r.Delay), Stream: r.Stream, Exists: r.Exists, InTable: r.InTable}
+		if c, ok := byStream[r.Stream]; ok {
+			s.Delivered, s.DeadLettered = &c.Delivered, &c.DeadLettered
+		} else if counters != nil && r.Exists {
+			var zero uint64 // the process does not scan it (yet): nothing delivered by it
+			s.Delivered, s.DeadLettered = &zero, &zero
+		}
+		if r.Exists {
+			if err := a.fillLevel(ctx, kv, r, now, &s); err != nil {
+				return nil, err
+			}
+		}
+		rep.Levels = append(rep.Levels, s)
+	}
+	if _, info, err := a.stream(ctx, deliver.DLQStream); err == nil {
+		rep.DLQMessages = info.State.Msgs
+	}
+	return rep, nil
+}
+
+// fillLevel reads one level's offset and, if anything is pending, its head's due time and the first message not
+// due yet: one KV get and at most two direct gets.
+func (a *app) fillLevel(ctx context.Context, kv jetstream.KeyValue, r levelRow, now time.Time, s *levelStats) error {
+	st := r.info.State
+	// The scanner's own reading of a missing or impossible offset: the stream's first sequence - 1.
+	base := st.FirstSeq - min(st.FirstSeq, 1)
+	if kv != nil {
+		rctx, cancel := a.reqCtx(ctx)
+		e, err := kv.Get(rctx, r.Stream)
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return fmt.Errorf("offset of %s: %w", r.Stream, err)
+		default:
+			if off, perr := strconv.ParseUint(string(e.Value()), 10, 64); perr == nil {
+				s.LastOffset, s.OffsetCommitted = off, true
+				if off >= base && off <= st.LastSeq {
+					base = off
+				}
+			}
+		}
+	}
+	if st.Msgs == 0 || st.LastSeq <= base {
+		return nil
+	}
+	s.Pending = st.LastSeq - base
+
+	head, err := a.directGet(ctx, r.Stream, fmt.Sprintf(`{"seq":%d,"batch":1}`, base+1))
+	if err != nil {
+		return err
+	}
+	if head != nil {
+		if due, ok := deliver.LevelDue(head.Header); ok {
+			behind := now.Sub(due).Seconds()
+			s.OldestDue, s.BehindSeconds = &due, &behind
+		}
+	}
+	// The first message stored after now - delay is the first whose wait is not over.
+	since, _ := json.Marshal(now.Add(-r.Delay))
+	first, err := a.directGet(ctx, r.Stream, fmt.Sprintf(`{"start_time":%s,"batch":1}`, since))
+	if err != nil {
+		return err
+	}
+	s.DueNow = s.Pending
+	if first != nil {
+		if seq, err := strconv.ParseUint(first.Header.Get(jetstream.SequenceHeader), 10, 64); err == nil {
+			s.DueNow = min(s.Pending, max(seq, base+1)-(base+1))
+		}
+	}
+	return nil
+}
+
+// directGet sends one direct-get request to stream and returns the message, or nil when the stream holds none
+// that matches. A stored message is told from a status by its Nats-Sequence header, never by a Status header,
+// which a publisher could set.
+func (a *app) directGet(ctx context.Context, stream, req string) (*nats.Msg, error) {
+	rctx, cancel := a.reqCtx(ctx)
+	defer cancel()
+	m, err := a.nc.RequestWithContext(rctx, "$JS.API.DIRECT.GET."+stream, []byte(req))
+	if err != nil {
+		return nil, fmt.Errorf("direct get from %s: %w", stream, err)
+	}
+	if m.Header.Get(jetstream.SequenceHeader) != "" {
+		return m, nil
+	}
+	if m.Header.Get("Status") == "404" {
+		return nil, nil
+	}
+	return nil, fmt.Errorf("direct get from %s: status %s %s", stream, m.Header.Get("Status"), m.Header.Get("Description"))
+}
+
+// requestStats asks a delayd process for its counters. It returns nil and the reason when none answers.
+func (a *app) requestStats(ctx context.Context) (*deliver.StatsReply, string) {
+	rctx, cancel := context.WithTimeout(ctx, min(a.timeout, 2*time.Second))
+	defer cancel()
+	m, err := a.nc.RequestWithContext(rctx, deliver.StatsSubject, nil)
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return nil, "no delayd answered on " + deliver.StatsSubject + " (not running, or a delayd without the stats API)"
+	case err != nil:
+		return nil, fmt.Sprintf("no answer on %s: %v", deliver.StatsSubject, err)
+	}
+	var r deliver.StatsReply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return nil, fmt.Sprintf("bad reply on %s: %v", deliver.StatsSubject, err)
+	}
+	return &r, ""
+}
+
+// printStats prints rep as a table.
+func printStats(w io.Writer, rep *statsReport) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "LEVEL\tDELAY\tSTREAM\tPENDING\tDUE NOW\tOLDEST DUE\tBEHIND\tOFFSET\tDELIVERED\tDEAD-LETTERED")
+	for _, s := range rep.Levels {
+		idx := "-"
+		if s.Index != nil {
+			idx = strconv.Itoa(*s.Index)
+		}
+		if !s.Exists {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t(stream missing)\t\t\t\t\t\t\n", idx, s.Delay, s.Stream)
+			continue
+		}
+		oldest, behind := "-", "-"
+		if s.OldestDue != nil {
+			oldest = s.OldestDue.UTC().Format(time.RFC3339)
+			behind = behindText(time.Duration(*s.BehindSeconds * float64(time.Second)))
+		}
+		offset := "-"
+		if s.OffsetCommitted {
+			offset = strconv.FormatUint(s.LastOffset, 10)
+		}
+		delay := s.Delay
+		if s.Index != nil && *s.Index == 0 {
+			delay += " (at once)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", idx, delay, s.Stream, s.Pending, s.DueNow,
+			oldest, behind, offset, counter(s.Delivered), counter(s.DeadLettered))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "DELAYD_DLQ holds %d dead letters.\n", rep.DLQMessages)
+	if c := rep.Counters; c != nil {
+		fmt.Fprintf(w, "delayd (pid %d, up %s, ready %t): routed %d, clamped %d, dead letters by reason: level %d, target %d, size %d, undeliverable %d.\n",
+			c.PID, rep.Time.Sub(c.Started).Round(time.Second), c.Ready, c.Routed, c.Clamped,
+			c.DeadLetters[deliver.ReasonLevel], c.DeadLetters[deliver.ReasonTarget], c.DeadLetters[deliver.ReasonSize], c.DeadLetters[deliver.ReasonUndeliverable])
+	} else {
+		fmt.Fprintf(w, "DELIVERED and DEAD-LETTERED unknown (?): %s.\n", rep.CountersUnknown)
+	}
+	return nil
+}
+
+// behindText formats how far behind now a due time is: "1.5s", or "in 4m0s" when it is not due yet.
+func behindText(d time.Duration) string {
+	prefix := ""
+	if d < 0 {
+		prefix, d = "in ", -d
+	}
+	if d >= time.Minute {
+		return prefix + d.Round(time.Second).String()
+	}
+	return prefix + d.Round(time.Millisecond).String()
+}
+
+func counter(p *uint64) string {
+	if p == nil {
+		return "?"
+	}
+	return strconv.FormatUint(*p, 10)
+}
+
+func (a *app) watchCmd() *cobra.Command {
+	var (
+		interval time.Duration
+		count    int
+	)
+	cmd := &cobra.Command{
+		Use:   "watch",
+		Short: "Live per-level stats, refreshed every --interval",
+		Long: `watch prints the stats table (see 'delayctl stats --help') every --interval. On a terminal it
+redraws in place; otherwise (a pipe, a file) it prints each table after a time line. --count N stops
+after N tables (0: until interrupted). A failed refresh prints its error and watch carries on.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if interval <= 0 {
+				return withCode(exitUsage, "--interval %s: must be positive", interval)
+			}
+			if count < 0 {
+				return withCode(exitUsage, "--count %d: must be >= 0", count)
+			}
+			ctx := cmd.Context()
+			if _, err := a.requireIngress(ctx); err != nil {
+				return err
+			}
+			tty := isTerminal(a.stdout)
+			tick := time.NewTicker(interval)
+			defer tick.Stop()
+			for n := 1; ; n++ {
+				rep, err := a.collectStats(ctx)
+				if ctx.Err() != nil {
+					return nil // interrupted: a clean exit
+				}
+				if tty {
+					fmt.Fprint(a.stdout, "\x1b[H\x1b[2J")
+				}
+				fmt.Fprintf(a.stdout, "delayd stats at %s (every %s, Ctrl-C to stop)\n", time.Now().UTC().Format(time.RFC3339), interval)
+				if err != nil {
+					fmt.Fprintf(a.stdout, "error: %v\n", err)
+				} else if err := printStats(a.stdout, rep); err != nil {
+					return err
+				}
+				if !tty {
+					fmt.Fprintln(a.stdout)
+				}
+				if count > 0 && n >= count {
+					return nil
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-tick.C:
+				}
+			}
+		},
+	}
+	cmd.Flags().DurationVar(&interval, "interval", time.Second, "refresh interval")
+	cmd.Flags().IntVar(&count, "count", 0, "stop after this many refreshes (0: until interrupted)")
+	return cmd
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w any) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

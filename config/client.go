@@ -1,0 +1,109 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kelseyhightower/envconfig"
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/levels"
+)
+
+// ClientURLDefault is the server a client of delayd (delayctl) connects to when DELAYD_NATS_URL is empty: the
+// embedded server's default listen address, [ListenDefault].
+const ClientURLDefault = "nats://" + ListenDefault
+
+// Client is the part of [Config] that a client of a running delayd needs, such as the delayctl operator CLI: where
+// the NATS server is, how to authenticate to it, and delayd's ingress prefix and level table. [LoadClient] reads it
+// from the same DELAYD_* variables delayd reads, and only those, so a client never fails on a delayd-only variable
+// (DELAYD_LISTEN, DELAYD_STORE_DIR, ...).
+type Client struct {
+	// NATSURL is the server list, as [Config].NATSURL.
+	// Optional. Default [ClientURLDefault] (delayd's embedded server; unlike delayd, a client never embeds one).
+	NATSURL string `envconfig:"DELAYD_NATS_URL"`
+
+	// Levels is delayd's level table, as [Config].Levels. Optional. Default [levels.DefaultTable].
+	Levels levels.Table `envconfig:"DELAYD_LEVELS" default:"1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"`
+
+	// Prefix is delayd's ingress subject prefix, as [Config].Prefix. Optional. Default [PrefixDefault].
+	Prefix string `envconfig:"DELAYD_PREFIX" default:"delay"`
+
+	// The authentication and TLS settings, as the [Config] fields of the same names. Optional. Default: none.
+	NATSUser     string `envconfig:"DELAYD_NATS_USER"`
+	NATSPassword Secret `envconfig:"DELAYD_NATS_PASSWORD"`
+	NATSToken    Secret `envconfig:"DELAYD_NATS_TOKEN"`
+	NATSNKeySeed string `envconfig:"DELAYD_NATS_NKEY_SEED"`
+	NATSCreds    string `envconfig:"DELAYD_NATS_CREDS"`
+	NATSTLSCA    string `envconfig:"DELAYD_NATS_TLS_CA"`
+	NATSTLSCert  string `envconfig:"DELAYD_NATS_TLS_CERT"`
+	NATSTLSKey   string `envconfig:"DELAYD_NATS_TLS_KEY"`
+}
+
+// LoadClient reads the [Client] variables from the environment, applies each override in order (a CLI's flags,
+// which win over the environment), fills the defaults and validates the result with [Client.Validate]. Like [Load],
+// it looks variables up by their full DELAYD_* names only.
+func LoadClient(overrides ...func(*Client)) (Client, error) {
+	var c Client
+	if err := envconfig.Process("", &c); err != nil {
+		var pe *envconfig.ParseError
+		if errors.As(err, &pe) {
+			return Client{}, &VarError{Var: pe.KeyName, Value: pe.Value, Reason: parseReason(pe), Err: pe.Err}
+		}
+		return Client{}, fmt.Errorf("config: %w", err)
+	}
+	for _, o := range overrides {
+		o(&c)
+	}
+	if c.NATSURL == "" {
+		c.NATSURL = ClientURLDefault
+	}
+	if c.Prefix == "" {
+		c.Prefix = PrefixDefault
+	}
+	if c.Levels.Len() == 0 {
+		c.Levels = levels.Default()
+	}
+	if err := c.Validate(); err != nil {
+		return Client{}, err
+	}
+	return c, nil
+}
+
+// Validate checks the server list, the prefix, the level table and the authentication and TLS settings as
+// [Config.Validate] does, and returns nil or the errors joined, each a [*VarError] naming the variable. An empty
+// NATSURL is an error here: [LoadClient] fills [ClientURLDefault] in.
+func (c Client) Validate() error {
+	var errs []error
+	if c.NATSURL == "" {
+		errs = append(errs, &VarError{Var: "DELAYD_NATS_URL", Reason: "must not be empty for a client (want nats://host:port)"})
+	} else if err := validateNATSURL(c.NATSURL); err != nil {
+		errs = append(errs, &VarError{Var: "DELAYD_NATS_URL", Value: RedactURLs(c.NATSURL), Reason: err.Error()})
+	}
+	if reason := prefixReason(c.Prefix); reason != "" {
+		errs = append(errs, &VarError{Var: "DELAYD_PREFIX", Value: c.Prefix, Reason: reason})
+	}
+	if c.Levels.Len() == 0 {
+		errs = append(errs, &VarError{Var: "DELAYD_LEVELS", Reason: "must hold at least one level", Err: levels.ErrEmptyTable})
+	}
+	if c.NATSURL != "" {
+		errs = append(errs, c.config().validateSecurity()...)
+	}
+	return errors.Join(errs...)
+}
+
+// NATSOptions returns the nats.go options for the authentication and TLS settings, as [Config.NATSOptions] does.
+// Call it after [Client.Validate].
+func (c Client) NATSOptions() ([]nats.Option, error) { return c.config().NATSOptions() }
+
+// AuthMethod names the authentication method, as [Config.AuthMethod] does.
+func (c Client) AuthMethod() string { return c.config().AuthMethod() }
+
+// config returns c as a Config, for the checks and options the two share.
+func (c Client) config() Config {
+	return Config{
+		NATSURL: c.NATSURL, Levels: c.Levels, Prefix: c.Prefix,
+		NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, NATSToken: c.NATSToken, NATSNKeySeed: c.NATSNKeySeed,
+		NATSCreds: c.NATSCreds, NATSTLSCA: c.NATSTLSCA, NATSTLSCert: c.NATSTLSCert, NATSTLSKey: c.NATSTLSKey,
+	}
+}

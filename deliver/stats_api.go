@@ -1,0 +1,104 @@
+package deliver
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// StatsSubject is the stats API (NATS request/reply): any request is
+// answered with a [StatsReply] as JSON. delayctl's stats and watch commands
+// read the process counters here; the rest of their columns come from the
+// streams themselves.
+const StatsSubject = "delayd.api.stats"
+
+// StatsReply is the stats API's reply: this delayd process's counters since
+// it started. Counters are per process; they start at 0 on every start.
+type StatsReply struct {
+	// Started is when the process started serving the API, RFC 3339 UTC.
+	Started time.Time `json:"started"`
+	// PID is the process id, to tell delayd processes apart.
+	PID int `json:"pid"`
+	// Ready is [Service.Ready].
+	Ready bool `json:"ready"`
+	// Routed, Clamped and DeadLettered are the router's [RouterStats].
+	Routed       uint64 `json:"routed"`
+	Clamped      uint64 `json:"clamped"`
+	DeadLettered uint64 `json:"dead_lettered"`
+	// DeadLetters counts every dead letter written since start by reason
+	// ([Reasons]), the router's and the scanners' together.
+	DeadLetters map[string]uint64 `json:"dead_letters"`
+	// Levels holds one entry per level stream this process scans, by stream
+	// name; empty until the service runs.
+	Levels []LevelStats `json:"levels"`
+}
+
+// LevelStats is one scanner's counters in a [StatsReply] ([ScannerStats]).
+type LevelStats struct {
+	Stream              string  `json:"stream"`
+	Offset              uint64  `json:"offset"`
+	Delivered           uint64  `json:"delivered"`
+	DeadLettered        uint64  `json:"dead_lettered"`
+	Retries             uint64  `json:"retries"`
+	Forwarded           uint64  `json:"forwarded"`
+	Pending             uint64  `json:"pending"`
+	OldestDueAgeSeconds float64 `json:"oldest_due_age_seconds"`
+}
+
+// StartStatsAPI subscribes to [StatsSubject] on the service's connection and
+// answers every request with the service's [StatsReply]. A reply costs
+// O(levels) and reads atomic counters only. It may be called before Run (the
+// reply then has no levels). stop unsubscribes.
+//
+// With several delayd processes on one server, each answers; a plain
+// request gets the first answer, that is one process's counters.
+func (s *Service) StartStatsAPI() (stop func() error, err error) {
+	started := time.Now().UTC()
+	pid := os.Getpid()
+	sub, err := s.nc.Subscribe(StatsSubject, func(m *nats.Msg) {
+		if m.Reply == "" {
+			return
+		}
+		rs, ss := s.Stats()
+		reply := StatsReply{
+			Started: started, PID: pid, Ready: s.Ready(),
+			Routed: rs.Routed, Clamped: rs.Clamped, DeadLettered: rs.DeadLettered,
+			DeadLetters: s.DeadLetters(),
+			Levels:      make([]LevelStats, 0, len(ss)),
+		}
+		for _, sc := range ss {
+			reply.Levels = append(reply.Levels, LevelStats{
+				Stream: sc.Stream, Offset: sc.Offset, Delivered: sc.Delivered, DeadLettered: sc.DeadLettered,
+				Retries: sc.Retries, Forwarded: sc.Forwarded, Pending: sc.Pending,
+				OldestDueAgeSeconds: sc.OldestDueAge.Seconds(),
+			})
+		}
+		b, err := json.Marshal(reply)
+		if err != nil { // cannot happen: plain numbers and strings
+			s.logger.Error("stats API: encode reply", slog.Any("error", err))
+			return
+		}
+		if err := m.Respond(b); err != nil {
+			s.logger.Warn("stats API: reply failed", slog.Any("error", err))
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("deliver: stats API: subscribe %s: %w", StatsSubject, err)
+	}
+	return sub.Unsubscribe, nil
+}
+
+// LevelDue returns when a scanner acts on a level-stream message with
+// headers h: the end of its wait at this level if it cascades on
+// (Delayd-Hop-Due), else its Delay-Due-At. ok is false if neither parses.
+func LevelDue(h nats.Header) (due time.Time, ok bool) {
+	if t, err := time.Parse(time.RFC3339Nano, h.Get(hdrHopDue)); err == nil {
+		return t, true
+	}
+	t, err := time.Parse(time.RFC3339Nano, h.Get(HeaderDueAt))
+	return t, err == nil
+}
