@@ -37,8 +37,20 @@ func TestMetrics(t *testing.T) {
 	for i := range 5 {
 		b.publish("delay.met.x", []byte(strconv.Itoa(i)), level(1))
 	}
+	var later []uint64
 	for range 3 {
-		b.publish("delay.met.later", []byte("x"), level(2)) // pending for an hour
+		later = append(later, b.publish("delay.met.later", []byte("x"), level(2))) // pending for an hour
+	}
+	for range 3 { // one routed, two merged into it
+		hdr := level(2)
+		hdr.Set(deliver.HeaderMergeKey, "k")
+		b.publish("delay.met.merge", []byte("m"), hdr)
+	}
+	if r := b.cancel(strconv.FormatUint(later[0], 10)); r != "cancelled" {
+		t.Fatalf("cancel: %q", r)
+	}
+	if r := b.cancel("nope"); r != "not found" {
+		t.Fatalf("cancel nope: %q", r)
 	}
 	b.publish("delay.met.bad", nil, level(-1))
 	b.publish("delay.met.bad", nil, nil)
@@ -93,12 +105,21 @@ func TestMetrics(t *testing.T) {
 			value("delayd_level_pending_messages", map[string]string{"stream": "DELAYD_1H"}) == 3
 	})
 	for name, want := range map[string]float64{
-		"delayd_routed_total": 8,
+		"delayd_routed_total": 9,
+		"delayd_merged_total": 2,
 		"delayd_ready":        1,
 	} {
 		if got := value(name, nil); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
+	}
+	for result, want := range map[string]float64{"cancelled": 1, "not_found": 1, "already_delivered": 0} {
+		if got := value("delayd_cancel_requests_total", map[string]string{"result": result}); got != want {
+			t.Errorf("delayd_cancel_requests_total{result=%q} = %v, want %v", result, got, want)
+		}
+	}
+	if got := value("delayd_cancelled_total", map[string]string{"stream": "DELAYD_1H"}); got != 1 {
+		t.Errorf("delayd_cancelled_total{stream=DELAYD_1H} = %v, want 1", got)
 	}
 	for reason, want := range map[string]float64{"level": 2, "target": 1, "size": 0, "undeliverable": 0} {
 		if got := value("delayd_dead_lettered_total", map[string]string{"reason": reason}); got != want {

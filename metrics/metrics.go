@@ -36,6 +36,7 @@ type Metrics struct {
 
 	pending, oldestDue, delivered, retries, commitLag *prometheus.Desc
 	routed, clamped, deadLettered, reconnects, ready  *prometheus.Desc
+	cancelled, cancels, merged, indexErrors           *prometheus.Desc
 }
 
 // New returns the collector for svc, whose connection is nc.
@@ -58,6 +59,10 @@ func New(svc *deliver.Service, nc *nats.Conn) *Metrics {
 		deadLettered: prometheus.NewDesc("delayd_dead_lettered_total", "Messages written to DELAYD_DLQ, by reason.", []string{"reason"}, nil),
 		reconnects:   prometheus.NewDesc("delayd_nats_reconnects_total", "Reconnections of delayd's NATS connection.", nil, nil),
 		ready:        prometheus.NewDesc("delayd_ready", "1 when /readyz would answer 200.", nil, nil),
+		cancelled:    prometheus.NewDesc("delayd_cancelled_total", "Pending messages cancelled through delayd.api.cancel, by the level that held them.", lv, nil),
+		cancels:      prometheus.NewDesc("delayd_cancel_requests_total", "Answers of the cancel API, by result: cancelled, not_found, already_delivered.", []string{"result"}, nil),
+		merged:       prometheus.NewDesc("delayd_merged_total", "Messages merged into a pending message with the same Delay-Merge-Key and target (their payloads dropped).", nil, nil),
+		indexErrors:  prometheus.NewDesc("delayd_index_errors_total", "Id index writes that failed: those messages answer \"not found\" to a cancel.", nil, nil),
 	}
 }
 
@@ -74,7 +79,10 @@ func (m *Metrics) ObserveDelivery(stream string, lateness time.Duration) {
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.lateness.Describe(ch)
-	for _, d := range []*prometheus.Desc{m.pending, m.oldestDue, m.delivered, m.retries, m.commitLag, m.routed, m.clamped, m.deadLettered, m.reconnects, m.ready} {
+	for _, d := range []*prometheus.Desc{
+		m.pending, m.oldestDue, m.delivered, m.retries, m.commitLag, m.routed, m.clamped, m.deadLettered, m.reconnects, m.ready,
+		m.cancelled, m.cancels, m.merged, m.indexErrors,
+	} {
 		ch <- d
 	}
 }
@@ -90,7 +98,14 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.delivered, prometheus.CounterValue, float64(s.Delivered), l...)
 		ch <- prometheus.MustNewConstMetric(m.retries, prometheus.CounterValue, float64(s.Retries), l...)
 		ch <- prometheus.MustNewConstMetric(m.commitLag, prometheus.GaugeValue, float64(s.CommitLag), l...)
+		ch <- prometheus.MustNewConstMetric(m.cancelled, prometheus.CounterValue, float64(s.Cancelled), l...)
 	}
+	cs := m.svc.CancelStats()
+	ch <- prometheus.MustNewConstMetric(m.cancels, prometheus.CounterValue, float64(cs.Cancelled), "cancelled")
+	ch <- prometheus.MustNewConstMetric(m.cancels, prometheus.CounterValue, float64(cs.NotFound), "not_found")
+	ch <- prometheus.MustNewConstMetric(m.cancels, prometheus.CounterValue, float64(cs.AlreadyDelivered), "already_delivered")
+	ch <- prometheus.MustNewConstMetric(m.merged, prometheus.CounterValue, float64(rs.Merged))
+	ch <- prometheus.MustNewConstMetric(m.indexErrors, prometheus.CounterValue, float64(rs.IndexErrors))
 	ch <- prometheus.MustNewConstMetric(m.routed, prometheus.CounterValue, float64(rs.Routed))
 	ch <- prometheus.MustNewConstMetric(m.clamped, prometheus.CounterValue, float64(rs.Clamped))
 	for reason, n := range m.svc.DeadLetters() {
