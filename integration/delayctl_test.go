@@ -409,3 +409,31 @@ func fmtSeconds(p *float64) string {
 	}
 	return fmt.Sprintf("%.3f s", *p)
 }
+
+// TestDelayctlCancel runs pub and cancel against a running delayd: a
+// pending message is cancelled (twice, same answer) and never delivered, a
+// delivered one answers already delivered, an unknown id not found, each
+// with its documented exit code.
+func TestDelayctlCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("200ms 1h")
+	url := b.srv.ClientURL()
+	c := b.collect("ctl.cancel.>")
+
+	pub := delayctl(t, url, "pub", "ctl.cancel.later", "later", "--level", "2")
+	pub.want(t, 0)
+	id := strings.TrimSpace(pub.stdout)
+	delayctl(t, url, "cancel", id).want(t, 0, "cancelled")
+	delayctl(t, url, "cancel", id).want(t, 0, "cancelled")
+
+	delayctl(t, url, "pub", "ctl.cancel.soon", "soon", "--level", "1", "--id", "soon-1").want(t, 0, "soon-1")
+	c.wait(t, 1, 10*time.Second)
+	delayctl(t, url, "cancel", "soon-1").want(t, 6, "already delivered")
+	delayctl(t, url, "cancel", "no-such-id").want(t, 5, "not found")
+	for _, r := range c.snapshot() {
+		if string(r.msg.Data) != "soon" {
+			t.Errorf("delivered %q", r.msg.Data)
+		}
+	}
+}
