@@ -130,6 +130,11 @@ func (s *Scanner) decideCancel(ctx context.Context, rec indexRecord) (cancelAnsw
 	s.cancelled[seq] = tombstone{key: rec.key, at: ack.Sequence}
 	s.cancelMu.Unlock()
 	s.cancelledN.Add(1)
+	// Later cancels of this id answer from the index, also once the
+	// tombstone is gone. (A crash before this write is repaired at start.)
+	if _, err := s.js.PublishMsg(rctx, indexRecord{key: rec.key, gone: true, due: rec.due}.msg()); err != nil {
+		s.logger.Warn("id index write failed", slog.Any("error", err))
+	}
 	s.logger.Debug("message cancelled", slog.Uint64("seq", seq), slog.String("key", rec.key[1:]))
 	return answerCancelled, nil
 }
@@ -195,6 +200,13 @@ func (s *Scanner) loadTombstones(ctx context.Context, offset uint64) error {
 			from = max(from, at+1)
 			seqText, key, _ := strings.Cut(string(m.Data), "\n")
 			seq, err := strconv.ParseUint(seqText, 10, 64)
+			if err == nil && key != "" {
+				// Its "cancelled" index record may not have been written
+				// before a crash: write it again, before the tombstone goes.
+				if _, err := s.js.PublishMsg(ctx, indexRecord{key: key, gone: true}.msg()); err != nil {
+					return fmt.Errorf("cancel tombstones: index: %w", err)
+				}
+			}
 			if err != nil || seq <= offset {
 				s.deleteTombstone(ctx, at)
 				continue
@@ -359,11 +371,6 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 		}
 		switch answer {
 		case answerCancelled:
-			// Later cancels of this id answer from the index: the scanner
-			// forgets a cancelled message once its offset passed it.
-			if _, err := js.PublishMsg(ctx, indexRecord{key: key, gone: true, due: rec.due}.msg()); err != nil {
-				s.logger.Warn("id index write failed", slog.Any("error", err))
-			}
 			s.cancelCancelled.Add(1)
 			return CancelReplyCancelled, nil
 		case answerDelivered:

@@ -192,3 +192,109 @@ func TestKill9(t *testing.T) {
 		t.Errorf("ingress still holds %d messages", n)
 	}
 }
+
+// TestKill9Cancel cancels half of 3,000 pending messages (levels and
+// cascading durations) while delayd is killed with SIGKILL and restarted
+// every second or so. A message answered "cancelled" must never be
+// delivered, one answered "already delivered" must have been, and every
+// message not cancelled is delivered exactly once to a stream-bound target.
+func TestKill9Cancel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long fault test: skipped when testing.Short()")
+	}
+	b := setup(t)
+	const total = 3000
+	env := []string{"DELAYD_LEVELS=3s 10s"}
+	b.createStream("KILLCANCEL", "killc.>")
+	p := b.startProcess(env...)
+
+	ids := make([]string, total)
+	for i := range total {
+		hdr := level(1 + i%2)
+		switch i % 3 {
+		case 0:
+			hdr = nats.Header{deliver.HeaderDuration: []string{"16500ms"}} // cascades 10s, 3s, 3s, then the rest
+		case 1:
+			hdr.Set("Nats-Msg-Id", fmt.Sprintf("kc-%d", i))
+		}
+		seq := b.publish("delay.killc.x", []byte(fmt.Sprint(i)), hdr)
+		ids[i] = fmt.Sprint(seq)
+		if i%3 == 1 {
+			ids[i] = fmt.Sprintf("kc-%d", i)
+		}
+	}
+
+	replies := make(map[int]string)
+	var killer sync.WaitGroup
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	killer.Go(func() {
+		rng := rand.New(rand.NewPCG(3, 4))
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(300+rng.IntN(900)) * time.Millisecond):
+			}
+			mu.Lock()
+			_ = p.cmd.Process.Signal(syscall.SIGKILL)
+			_ = p.cmd.Wait()
+			p = b.startProcess(env...)
+			mu.Unlock()
+		}
+	})
+	began := time.Now()
+	for i := 0; i < total; i += 2 {
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			m, err := b.nc.RequestWithContext(ctx, deliver.CancelSubject, []byte(ids[i]))
+			cancel()
+			if err == nil && (string(m.Data) == "cancelled" || string(m.Data) == "not found" || string(m.Data) == "already delivered") {
+				replies[i] = string(m.Data)
+				break
+			}
+			time.Sleep(20 * time.Millisecond) // delayd is down or restarting
+		}
+	}
+	cancelling := time.Since(began)
+	close(stop)
+	killer.Wait()
+
+	counts := map[string]int{}
+	for _, r := range replies {
+		counts[r]++
+	}
+	wantDelivered := total - counts["cancelled"]
+	deadline := time.Now().Add(2 * time.Minute)
+	for b.streamCount("KILLCANCEL") < uint64(wantDelivered) {
+		if time.Now().After(deadline) {
+			t.Errorf("after 2 min: %d delivered, want %d (replies %v); ingress holds %d\n%s", b.streamCount("KILLCANCEL"), wantDelivered, counts, b.streamCount(deliver.IngressStream), p.out.String())
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second) // a cancelled message delivered late would show now
+	delivered := map[int]int{}
+	for _, m := range b.streamMsgs("KILLCANCEL") {
+		var i int
+		fmt.Sscan(string(m.Data), &i)
+		delivered[i]++
+	}
+	t.Logf("cancel replies under kill -9: %v (cancelling took %s); delivered %d distinct of %d", counts, cancelling.Round(time.Millisecond), len(delivered), total)
+	for i := range total {
+		switch r, asked := replies[i]; {
+		case asked && r == "cancelled" && delivered[i] != 0:
+			t.Errorf("message %d (id %s): answered cancelled, delivered %d times", i, ids[i], delivered[i])
+		case asked && r == "cancelled":
+		case delivered[i] != 1:
+			t.Errorf("message %d (id %s, reply %q): delivered %d times, want once", i, ids[i], r, delivered[i])
+		}
+	}
+	if counts["not found"] > 0 {
+		t.Logf("%d cancels answered not found (an index record lost in a crash: documented)", counts["not found"])
+	}
+	mu.Lock()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Wait()
+	mu.Unlock()
+}
