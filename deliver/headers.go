@@ -93,13 +93,15 @@ func hasPrefixFold(s, prefix string) bool {
 }
 
 // isControlHeader reports whether key is one of delayd's control headers,
-// which are consumed at ingress and never delivered: the level header and
-// the two headers delayd sets itself (a publisher's own values are replaced).
+// which are consumed at ingress and never delivered: the delay headers, the
+// merge key, and the headers delayd sets itself (Delay-Enqueued-At,
+// Delay-Due-At, Delay-Hops: a publisher's own values are replaced).
 func isControlHeader(key string) bool {
 	return strings.EqualFold(key, HeaderLevel) ||
 		strings.EqualFold(key, HeaderDuration) ||
 		strings.EqualFold(key, HeaderDeliverAt) ||
 		strings.EqualFold(key, HeaderMergeKey) ||
+		strings.EqualFold(key, HeaderHops) ||
 		strings.EqualFold(key, HeaderEnqueuedAt) ||
 		strings.EqualFold(key, HeaderDueAt)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/internal/natstest"
 )
@@ -435,5 +436,41 @@ func TestDelayctlCancel(t *testing.T) {
 		if string(r.msg.Data) != "soon" {
 			t.Errorf("delivered %q", r.msg.Data)
 		}
+	}
+}
+
+// TestDelayctlReplayRetries replays a dead letter of a retry ladder: it has
+// no delay header, so it is delivered at once (not dead-lettered again),
+// without the last delivery's Delay-Hops and due times.
+func TestDelayctlReplayRetries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("100ms 1h")
+	url := b.srv.ClientURL()
+	ctx := context.Background()
+	c := b.collect("rtr.x")
+	b.publish("delay.rtr.x", []byte("job"), nats.Header{deliver.HeaderDuration: []string{"250ms"}}) // cascades: Delay-Hops 1
+	ladder := delayd.MustParseLadder("100ms")
+	for attempt := 1; attempt <= 2; attempt++ {
+		m := c.wait(t, attempt, 10*time.Second)[attempt-1].msg
+		res, err := delayd.RetryMsg(ctx, b.js, m, ladder, fmt.Errorf("failure %d", attempt))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.DeadLettered != (attempt == 2) {
+			t.Fatalf("attempt %d: %+v", attempt, res)
+		}
+	}
+	waitFor(t, 10*time.Second, "the retries dead letter", func() bool { return b.streamCount(deliver.DLQStream) == 1 })
+	delayctl(t, url, "dlq", "replay", "--all").want(t, 0, "replayed 1, not found 0")
+	got := c.wait(t, 3, 10*time.Second)[2].msg
+	if got.Header.Get(deliver.HeaderError) != "" || got.Header.Get(deliver.HeaderHops) != "" || got.Header.Get(delayd.HeaderAttempt) != "1" {
+		t.Errorf("replayed delivery headers: %v", got.Header)
+	}
+	if enq, due := parseTime(t, got.Header, deliver.HeaderEnqueuedAt), parseTime(t, got.Header, deliver.HeaderDueAt); !enq.Equal(due) {
+		t.Errorf("replayed at level 0: enqueued %v, due %v", enq, due)
+	}
+	if n := b.streamCount(deliver.DLQStream); n != 0 {
+		t.Errorf("DELAYD_DLQ holds %d letters after the replay, want 0", n)
 	}
 }

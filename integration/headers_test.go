@@ -111,6 +111,7 @@ func TestHeadersPreserved(t *testing.T) {
 		h := cloneHeader(user)
 		h["Delay-Level"] = []string{"1"}
 		h[deliver.HeaderNatsMsgID] = []string{"user-msg-id-1"}
+		h[deliver.HeaderHops] = []string{"7"} // delayd's to set: a publisher's value is dropped
 		before := time.Now()
 		b.publish("delay.hdr.one", allBytes(), h)
 		after := time.Now()

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/deliver"
 )
 
@@ -356,7 +357,9 @@ func (r *replayer) message(l letter) (*nats.Msg, string, string) {
 	for k, v := range l.Header {
 		switch {
 		case strings.EqualFold(k, deliver.HeaderError), strings.EqualFold(k, deliver.HeaderSubject),
-			strings.EqualFold(k, deliver.HeaderMsgID), hasPrefixFold(k, "Nats-"), hasPrefixFold(k, "Delayd-"):
+			strings.EqualFold(k, deliver.HeaderMsgID), hasPrefixFold(k, "Nats-"), hasPrefixFold(k, "Delayd-"),
+			// A delivery's own headers (a retries dead letter carries them): delayd sets them anew.
+			strings.EqualFold(k, deliver.HeaderEnqueuedAt), strings.EqualFold(k, deliver.HeaderDueAt), strings.EqualFold(k, deliver.HeaderHops):
 		default:
 			h[k] = append([]string(nil), v...)
 		}
@@ -377,11 +380,21 @@ func (r *replayer) message(l letter) (*nats.Msg, string, string) {
 			r.setLevel(h, zero)
 		}
 	}
+	if r.level == nil && !hasDelay(h) {
+		// No delay header (a retries dead letter, or a publisher that
+		// forgot it): replayed as-is it would only be dead-lettered again.
+		r.setLevel(h, 0)
+	}
 	if r.level != nil {
 		r.setLevel(h, *r.level)
 	}
 	id := "delayd-replay-" + strconv.FormatInt(r.created.UnixNano(), 10) + "-" + strconv.FormatUint(l.Seq, 10)
-	if l.MsgID != "" {
+	switch {
+	case l.MsgID != "" && l.Reason == delayd.ReasonRetries:
+		// The last retry's id: ingress has seen it, and the target's
+		// stream too. The replay is a delivery of its own.
+		id = l.MsgID + "-replay"
+	case l.MsgID != "":
 		if age := r.now.Sub(l.Time); age < r.window+time.Second {
 			return nil, "", fmt.Sprintf("its publisher's Nats-Msg-Id %q may still be in the ingress duplicate window (%s); replay it after %s",
 				l.MsgID, r.window, l.Time.Add(r.window+time.Second).Format(time.RFC3339))
@@ -400,6 +413,16 @@ func (r *replayer) setLevel(h nats.Header, n int) {
 		}
 	}
 	h.Set(deliver.HeaderLevel, strconv.Itoa(n))
+}
+
+// hasDelay reports whether h carries one of the delay headers.
+func hasDelay(h nats.Header) bool {
+	for k := range h {
+		if strings.EqualFold(k, deliver.HeaderLevel) || strings.EqualFold(k, deliver.HeaderDuration) || strings.EqualFold(k, deliver.HeaderDeliverAt) {
+			return true
+		}
+	}
+	return false
 }
 
 func hasPrefixFold(s, prefix string) bool {

@@ -130,7 +130,7 @@ func run() int {
 		}
 	}()
 	if !nc.IsConnected() { // once connected, the ConnectHandler logs it
-		logger.Warn("NATS not reachable yet; retrying for ever", slog.String("auth", cfg.AuthMethod()), slog.Any("error", nc.LastError()))
+		logger.Warn("NATS not reachable yet; retrying for ever", slog.String("url", config.RedactURLs(cfg.NATSURL)), slog.String("auth", cfg.AuthMethod()), slog.Any("error", nc.LastError()))
 	}
 
 	var m *metrics.Metrics // set before Run; the hook runs only on Run's scanners
