@@ -246,6 +246,7 @@ func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
 	}
 	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, kick: make(chan struct{}, 1), mergeInflight: make(map[string]indexRecord)}
 	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
+	all = append(all, cfg.Levels.PrecisionLevels()...)
 	for _, l := range all {
 		w := &levelWriter{level: l, stream: l.Stream(), subject: levelSubjects + l.Name() + "."}
 		r.writers = append(r.writers, w)
@@ -580,15 +581,16 @@ func (r *Router) requestedDue(key, value string, stored time.Time) (time.Time, e
 }
 
 // cascadeLevel picks the level for a remaining delay: the longest level not
-// longer than it, so the message never waits past its due time; or, when
-// even the shortest level is longer, the shortest, where the scanner waits
-// for the due time itself. Nothing remaining: level 0.
+// longer than it, so the message never waits past its due time. Below the
+// table's shortest level, the longest precision level not longer than it
+// (levels.Table.PrecisionLevels); below 1 ms, or nothing remaining, level 0,
+// whose scanner waits for the due time itself.
 func (r *Router) cascadeLevel(remaining time.Duration) levels.Level {
-	if remaining <= 0 {
-		return levels.Level{}
-	}
 	all := r.cfg.Levels.Levels()
-	pick := all[0]
+	if remaining < all[0].Delay {
+		all = r.cfg.Levels.PrecisionLevels()
+	}
+	var pick levels.Level
 	for _, l := range all {
 		if l.Delay <= remaining {
 			pick = l
@@ -637,7 +639,7 @@ func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
 	case due.Before(stored) && !hop: // a Delay-Deliver-At in the past: now
 		due = stored
 	case due.Before(stored): // a hop that arrives overdue (delayd was down): at once, due unchanged
-	case levelDue.Before(due): // more to wait after this level: it moves on
+	case levelDue.Before(due) && w.level.Delay > 0: // more to wait after this level: it moves on
 		h[hdrHopDue] = []string{FormatTime(levelDue)}
 	}
 	h[HeaderEnqueuedAt] = []string{enqueued}

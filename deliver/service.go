@@ -356,6 +356,7 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, error) {
 		return nil, nil, err
 	}
 	want := append([]levels.Level{{}}, s.cfg.Levels.Levels()...)
+	want = append(want, s.cfg.Levels.PrecisionLevels()...)
 	var streams []string
 	for _, l := range want {
 		if err := ensureLevelStream(ctx, js, l.Delay, r); err != nil {

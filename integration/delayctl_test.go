@@ -344,9 +344,9 @@ func TestDelayctlDLQReplay(t *testing.T) {
 	if letters[4].MsgID != "pub-1" || letters[5].Reason != deliver.ReasonUndeliverable || letters[5].Subject != "blocked.b" || letters[5].Size != 4 {
 		t.Errorf("letters 5, 6 = %+v, %+v", letters[4], letters[5])
 	}
-	delayctl(t, url, "dlq", "ls", "--limit", "2").want(t, 0, "2 shown; DELAYD_DLQ holds 6 dead letters")
-	delayctl(t, url, "dlq", "ls", "--reason", "undeliverable").want(t, 0, "blocked.b", "1 shown; DELAYD_DLQ holds 6 dead letters")
-	delayctl(t, url, "dlq", "ls", "--reason", "size").want(t, 0, "0 shown; DELAYD_DLQ holds 6 dead letters")
+	delayctl(t, url, "dlq", "ls", "--limit", "2").want(t, 0, "2 shown; DELAYD_DLQ holds 6 dead letter(s)")
+	delayctl(t, url, "dlq", "ls", "--reason", "undeliverable").want(t, 0, "blocked.b", "1 shown; DELAYD_DLQ holds 6 dead letter(s)")
+	delayctl(t, url, "dlq", "ls", "--reason", "size").want(t, 0, "0 shown; DELAYD_DLQ holds 6 dead letter(s)")
 
 	// The fix: delayd without the deny policy.
 	b.stopDelayd()

@@ -56,6 +56,30 @@ func (l Level) Name() string { return DurationName(l.Delay) }
 // Stream returns the name of the level's JetStream stream, [StreamName] of its delay: "DELAYD_5S".
 func (l Level) Stream() string { return StreamName(l.Delay) }
 
+// PrecisionMin is the shortest precision level: 1 ms.
+const PrecisionMin = time.Millisecond
+
+// PrecisionLevels returns the precision levels below the table's shortest
+// level: 1 ms, 2 ms, 4 ms, ... up to the last power of two shorter than the
+// shortest level (1 ms to 512 ms below the default 1 s), with Index
+// [Table.Len]+1 onwards. They are not in the table and no publisher names
+// them. A cascading message's last stretch, shorter than every level of the
+// table, moves through them, longest first (a binary decomposition of what
+// remains), so that it waits in FIFO levels of one delay each, as every
+// level does, instead of behind messages due later in the shortest level.
+// This is what makes any delay late by milliseconds, not by up to the
+// shortest level.
+func (t Table) PrecisionLevels() []Level {
+	if len(t.delays) == 0 {
+		return nil
+	}
+	var out []Level
+	for d := PrecisionMin; d < t.delays[0]; d *= 2 {
+		out = append(out, Level{Index: len(t.delays) + 1 + len(out), Delay: d})
+	}
+	return out
+}
+
 // Table is an immutable, strictly increasing list of level delays; level i (1-based) has the i-th delay. The zero value
 // is an empty table, which [Parse] never returns.
 type Table struct {

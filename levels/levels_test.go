@@ -463,3 +463,33 @@ func FuzzPick(f *testing.F) {
 		}
 	})
 }
+
+func TestPrecisionLevels(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		table string
+		want  []time.Duration
+	}{
+		{"1s 5s", []time.Duration{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}},
+		{"100ms 1s", []time.Duration{1, 2, 4, 8, 16, 32, 64}},
+		{"2ms 1s", []time.Duration{1}},
+		{"1ms 1s", nil},
+	} {
+		tab, err := Parse(tc.table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := tab.PrecisionLevels()
+		if len(got) != len(tc.want) {
+			t.Fatalf("%q: %d precision levels %v, want %d", tc.table, len(got), got, len(tc.want))
+		}
+		for i, l := range got {
+			if l.Delay != tc.want[i]*time.Millisecond || l.Index != tab.Len()+1+i {
+				t.Errorf("%q: precision level %d = %+v, want delay %s index %d", tc.table, i, l, tc.want[i]*time.Millisecond, tab.Len()+1+i)
+			}
+			if _, ok := ParseStreamName(l.Stream()); !ok {
+				t.Errorf("%q: stream name %q does not parse", tc.table, l.Stream())
+			}
+		}
+	}
+}

@@ -154,7 +154,7 @@ Delay-Subject it was published or to be delivered to, the payload size and Delay
 			if err := tw.Flush(); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stderr, "%d shown; %s holds %d dead letters.\n", len(letters), deliver.DLQStream, info.State.Msgs)
+			fmt.Fprintf(a.stderr, "%d shown; %s holds %d dead letter(s).\n", len(letters), deliver.DLQStream, info.State.Msgs)
 			return nil
 		},
 	}
@@ -260,7 +260,7 @@ Exit code 1 if a letter was skipped or failed (it stays in DELAYD_DLQ); "not fou
 			case err != nil:
 				return err
 			case r.skipped+r.failed > 0:
-				return fmt.Errorf("%d dead letters not replayed (kept in %s)", r.skipped+r.failed, deliver.DLQStream)
+				return fmt.Errorf("%d dead letter(s) not replayed (kept in %s)", r.skipped+r.failed, deliver.DLQStream)
 			}
 			return nil
 		},

@@ -26,7 +26,10 @@ type levelRow struct {
 	Stream  string        `json:"stream"`
 	Exists  bool          `json:"exists"`
 	InTable bool          `json:"in_table"`
-	info    *jetstream.StreamInfo
+	// Precision: a precision level below the table's shortest level (1 ms, 2 ms, 4 ms, ...), through which
+	// Delay-Duration and Delay-Deliver-At messages pass their last stretch.
+	Precision bool `json:"precision,omitempty"`
+	info      *jetstream.StreamInfo
 }
 
 // levelRows returns the table's levels (0 first) and then, sorted by delay, the level streams on the server that
@@ -55,6 +58,11 @@ func (a *app) levelRows(ctx context.Context) ([]levelRow, time.Time, error) {
 		idx := l.Index
 		info := infos[l.Stream()]
 		rows = append(rows, levelRow{Index: &idx, Delay: l.Delay, Stream: l.Stream(), Exists: info != nil, InTable: true, info: info})
+		seen[l.Stream()] = true
+	}
+	for _, l := range a.cfg.Levels.PrecisionLevels() {
+		info := infos[l.Stream()]
+		rows = append(rows, levelRow{Delay: l.Delay, Stream: l.Stream(), Exists: info != nil, Precision: true, info: info})
 		seen[l.Stream()] = true
 	}
 	var extra []levelRow
@@ -122,7 +130,9 @@ drained by delayd) follow, with index "-".`,
 				if r.Exists {
 					exists, msgs = "yes", fmt.Sprint(r.info.State.Msgs)
 				}
-				if !r.InTable {
+				if r.Precision {
+					note = "precision level: the last stretch of Delay-Duration and Delay-Deliver-At messages"
+				} else if !r.InTable {
 					note = "not in the table: left from an earlier table, drained by delayd"
 				} else if !r.Exists {
 					note = "missing: delayd creates it at start (is delayd's DELAYD_LEVELS this table?)"

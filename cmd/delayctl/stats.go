@@ -27,6 +27,8 @@ type levelStats struct {
 	Stream  string `json:"stream"`
 	Exists  bool   `json:"exists"`
 	InTable bool   `json:"in_table"`
+	// Precision: a precision level (see delayctl levels).
+	Precision bool `json:"precision,omitempty"`
 	// Pending counts the level stream's sequences past the committed offset.
 	Pending uint64 `json:"pending"`
 	// DueNow counts the pending messages whose level wait is over (store time + the level's delay <= now).
@@ -120,7 +122,7 @@ func (a *app) collectStats(ctx context.Context) (*statsReport, error) {
 		}
 	}
 	for _, r := range rows {
-		s := levelStats{Index: r.Index, Delay: levels.FormatDuration(r.Delay), Stream: r.Stream, Exists: r.Exists, InTable: r.InTable}
+		s := levelStats{Index: r.Index, Delay: levels.FormatDuration(r.Delay), Stream: r.Stream, Exists: r.Exists, InTable: r.InTable, Precision: r.Precision}
 		if c, ok := byStream[r.Stream]; ok {
 			s.Delivered, s.DeadLettered = &c.Delivered, &c.DeadLettered
 		} else if counters != nil && r.Exists {
@@ -234,10 +236,17 @@ func (a *app) requestStats(ctx context.Context) (*deliver.StatsReply, string) {
 func printStats(w io.Writer, rep *statsReport) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "LEVEL\tDELAY\tSTREAM\tPENDING\tDUE NOW\tOLDEST DUE\tBEHIND\tOFFSET\tDELIVERED\tDEAD-LETTERED")
+	quiet := 0 // precision levels holding nothing: not shown in the table
 	for _, s := range rep.Levels {
+		if s.Precision && s.Pending == 0 {
+			quiet++
+			continue
+		}
 		idx := "-"
 		if s.Index != nil {
 			idx = strconv.Itoa(*s.Index)
+		} else if s.Precision {
+			idx = "p"
 		}
 		if !s.Exists {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t(stream missing)\t\t\t\t\t\t\n", idx, s.Delay, s.Stream)
@@ -262,7 +271,10 @@ func printStats(w io.Writer, rep *statsReport) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "DELAYD_DLQ holds %d dead letters.\n", rep.DLQMessages)
+	if quiet > 0 {
+		fmt.Fprintf(w, "%d empty precision levels not shown (--json lists them).\n", quiet)
+	}
+	fmt.Fprintf(w, "DELAYD_DLQ holds %d dead letter(s).\n", rep.DLQMessages)
 	if c := rep.Counters; c != nil {
 		fmt.Fprintf(w, "delayd (pid %d, up %s, ready %t): routed %d, clamped %d, dead letters by reason: level %d, target %d, size %d, undeliverable %d.\n",
 			c.PID, rep.Time.Sub(c.Started).Round(time.Second), c.Ready, c.Routed, c.Clamped,
