@@ -4,16 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/deliver"
-	"github.com/delayd/delayd/levels"
 )
 
 // ExampleRetry runs a consumer that fails every delivery and hands each one
@@ -21,24 +17,9 @@ import (
 // the message is in the dead-letter stream with its history. Against an
 // embedded nats-server and a delayd service.
 func ExampleRetry() {
-	dir, _ := os.MkdirTemp("", "delayd-example-")
-	defer os.RemoveAll(dir)
-	srv, _ := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true})
-	go srv.Start()
-	srv.ReadyForConnections(10 * time.Second)
-	defer srv.Shutdown()
-	nc, _ := nats.Connect(srv.ClientURL())
-	defer nc.Close()
-
-	// delayd itself, as cmd/delayd runs it.
-	svc, _ := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("100ms 1s")})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	for !svc.Ready() {
-		time.Sleep(10 * time.Millisecond)
-	}
+	nc, stop := runDelayd("100ms 1s") // an embedded nats-server and delayd
+	defer stop()
+	ctx := context.Background()
 
 	// The worker: a durable pull consumer on the target's stream.
 	js, _ := jetstream.New(nc)

@@ -3,40 +3,20 @@ package delayd_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd"
-	"github.com/delayd/delayd/deliver"
-	"github.com/delayd/delayd/levels"
 )
 
 // Example publishes a message for delivery after level 1 (100 ms in this
 // table) and receives it on the target subject, against an embedded
 // nats-server and a delayd service.
 func Example() {
-	dir, _ := os.MkdirTemp("", "delayd-example-")
-	defer os.RemoveAll(dir)
-	srv, _ := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true})
-	go srv.Start()
-	srv.ReadyForConnections(10 * time.Second)
-	defer srv.Shutdown()
-	nc, _ := nats.Connect(srv.ClientURL())
-	defer nc.Close()
-
-	// delayd itself, as cmd/delayd runs it.
-	svc, _ := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("100ms 1s")})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	for !svc.Ready() {
-		time.Sleep(10 * time.Millisecond)
-	}
+	nc, stop := runDelayd("100ms 1s") // an embedded nats-server and delayd
+	defer stop()
+	ctx := context.Background()
 
 	sub, _ := nc.SubscribeSync("orders.close")
 	js, _ := jetstream.New(nc)
