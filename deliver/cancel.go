@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,9 +21,10 @@ const (
 	CancelReplyDelivered = "already delivered"
 )
 
-// How long a cancel waits for the router to place a message published
-// before it (or a cascading message between two levels) before answering.
-const cancelWaitRouted = 5 * time.Second
+// How long a cancel waits for the router to place the messages published
+// before it (or a cascading message between two levels) before it gives up
+// with [ErrRouterBehind].
+const cancelWaitRouted = 25 * time.Second
 
 // cancelAnswer is a scanner's decision on a cancel.
 type cancelAnswer int
@@ -116,7 +118,7 @@ func (s *Scanner) decideCancel(ctx context.Context, rec indexRecord) (cancelAnsw
 	if err != nil {
 		return 0, err
 	}
-	if len(buf) == 0 || buf[0].Header.Get(hdrJSSequence) != strconv.FormatUint(seq, 10) || messageKey(buf[0].Header) != rec.key {
+	if len(buf) == 0 || buf[0].Header.Get(hdrJSSequence) != strconv.FormatUint(seq, 10) || levelKey(buf[0].Header) != rec.key {
 		return answerGone, nil
 	}
 	ack, err := s.js.PublishMsg(rctx, &nats.Msg{
@@ -139,22 +141,6 @@ func (s *Scanner) decideCancel(ctx context.Context, rec indexRecord) (cancelAnsw
 	return answerCancelled, nil
 }
 
-// messageKey is the index key of a level message: its publisher's id, else
-// its first ingress sequence. It mirrors the router's levelMsg.
-func messageKey(h nats.Header) string {
-	if id := h.Get(hdrMsgID); id != "" {
-		return idKey(id)
-	}
-	ref := h.Get(hdrOrigin)
-	if ref == "" {
-		ref = h.Get(hdrIngress)
-	}
-	if _, seq, ok := parseIngressRef(ref); ok {
-		return idKey(strconv.FormatUint(seq, 10))
-	}
-	return ""
-}
-
 // skipCancelled reports whether the head at seq is cancelled, and if so
 // passes it without delivering it.
 func (s *Scanner) skipCancelled(m *nats.Msg, seq uint64) bool {
@@ -164,7 +150,7 @@ func (s *Scanner) skipCancelled(m *nats.Msg, seq uint64) bool {
 	if !ok {
 		return false
 	}
-	if t.key != messageKey(m.Header) {
+	if t.key != levelKey(m.Header) {
 		// Not the message the tombstone was written for (a stream deleted
 		// and recreated under it): deliver, and drop the tombstone.
 		s.logger.Warn("cancel tombstone does not match the message at its sequence; delivering", slog.Uint64("seq", seq))
@@ -283,9 +269,11 @@ type CancelStats struct {
 	Cancelled, NotFound, AlreadyDelivered uint64
 }
 
-// serveCancel answers cancel requests on [CancelSubject] until ctx is done.
-// Requests are decided one at a time; each costs an ingress stream info, an
-// index lookup (one slot's records), a direct get and a tombstone write.
+// serveCancel answers cancel requests on [CancelSubject] until ctx is done,
+// cancelWorkers at a time (one request waiting for the router does not hold
+// up the others; each decision is still made by the owning scanner). Each
+// costs an ingress stream info, an index lookup (one slot's records), a
+// direct get and a tombstone write.
 func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream) error {
 	ch := make(chan *nats.Msg, 1024)
 	sub, err := s.nc.ChanQueueSubscribe(CancelSubject, "delayd", ch)
@@ -293,33 +281,71 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream) error
 		return fmt.Errorf("subscribe %s: %w", CancelSubject, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	reader, err := newBatchReader(s.nc, indexBatch)
-	if err != nil {
-		return err
-	}
-	defer reader.close()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case m := <-ch:
-			reply, err := s.cancel(ctx, js, reader, string(m.Data))
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				s.logger.Warn("cancel failed", slog.String("id", string(m.Data)), slog.Any("error", err))
-				reply = "error: " + err.Error()
-			}
-			_ = m.Respond([]byte(reply))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for range cancelWorkers {
+		reader, err := newBatchReader(s.nc, indexBatch)
+		if err != nil {
+			return err
 		}
+		wg.Go(func() {
+			defer reader.close()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case m := <-ch:
+					reply, err := s.cancel(ctx, js, reader, string(m.Data))
+					if err != nil {
+						if ctx.Err() != nil {
+							return
+						}
+						s.logger.Warn("cancel failed", slog.String("id", string(m.Data)), slog.Any("error", err))
+						reply = "error: " + err.Error()
+					}
+					_ = m.Respond([]byte(reply))
+				}
+			}
+		})
 	}
+	<-ctx.Done()
+	return nil
 }
 
-// cancel decides one cancel request.
+const cancelWorkers = 4
+
+// ErrRouterBehind is a cancel's error when the router has not placed the
+// messages published before it within cancelWaitRouted: the answer is not
+// known yet. The request may be sent again.
+var ErrRouterBehind = errors.New("the router has not yet placed every message published before this cancel; try again")
+
+// ErrAmbiguousID is a cancel's error for a decimal id that is both a
+// publisher's Nats-Msg-Id and an ingress sequence delayd knows: "seq:N" or
+// "id:N" says which.
+var ErrAmbiguousID = errors.New("ambiguous id")
+
+// cancel decides one cancel request. The id is a publisher's Nats-Msg-Id
+// or an ingress sequence: a decimal id is whichever of the two delayd
+// knows ([ErrAmbiguousID] if both). "seq:N" names ingress sequence N only,
+// "id:X" the publisher's id X only.
 func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *batchReader, id string) (string, error) {
 	id = strings.TrimSpace(id)
-	if id == "" {
+	var keys []string
+	if rest, ok := strings.CutPrefix(id, "seq:"); ok {
+		if n, err := strconv.ParseUint(rest, 10, 64); err == nil {
+			keys = []string{seqKey(n)}
+		}
+	} else if rest, ok := strings.CutPrefix(id, "id:"); ok {
+		if rest != "" {
+			keys = []string{userKey(rest)}
+		}
+	} else if id != "" {
+		keys = []string{userKey(id)}
+		if n, err := strconv.ParseUint(id, 10, 64); err == nil {
+			keys = append(keys, seqKey(n))
+		}
+	}
+	if len(keys) == 0 {
 		s.cancelNotFound.Add(1)
 		return CancelReplyNotFound, nil
 	}
@@ -328,17 +354,32 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 	// A message published before this request is in the ingress stream at
 	// or below its last sequence; once the router has acked everything up
 	// to there, its index record is readable.
-	if err := waitRouted(ctx, js, id); err != nil {
+	caughtUp, err := waitRouted(ctx, js)
+	if err != nil {
 		return "", err
 	}
-	key := idKey(id)
-	var seen uint64
-	deadline := time.Now().Add(cancelWaitRouted)
-	for {
-		rec, ok, err := lookupIndex(ctx, reader, key)
+	var (
+		rec  indexRecord
+		ok   bool
+		seen uint64
+	)
+	for _, key := range keys {
+		r, found, err := lookupIndex(ctx, reader, key)
 		if err != nil {
 			return "", err
 		}
+		if found && ok {
+			return "", fmt.Errorf("%w %q: both a publisher's Nats-Msg-Id and an ingress sequence; send seq:%s or id:%s", ErrAmbiguousID, id, id, id)
+		}
+		if found {
+			rec, ok = r, true
+		}
+	}
+	if !ok && !caughtUp {
+		return "", ErrRouterBehind
+	}
+	deadline := time.Now().Add(cancelWaitRouted)
+	for {
 		if ok && rec.gone {
 			s.cancelCancelled.Add(1)
 			return CancelReplyCancelled, nil // cancelled before
@@ -347,68 +388,68 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 			s.cancelNotFound.Add(1)
 			return CancelReplyNotFound, nil
 		}
-		if rec.at <= seen {
-			// Between two levels: wait for the router to place it.
-			if time.Now().After(deadline) {
+		if rec.at > seen {
+			s.mu.Lock()
+			sc := s.scanners[rec.stream]
+			s.mu.Unlock()
+			if sc == nil {
 				s.cancelNotFound.Add(1)
 				return CancelReplyNotFound, nil
 			}
-			if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+			answer, err := sc.requestCancel(ctx, rec)
+			if err != nil {
 				return "", err
 			}
-			continue
+			switch answer {
+			case answerCancelled:
+				s.cancelCancelled.Add(1)
+				return CancelReplyCancelled, nil
+			case answerDelivered:
+				s.cancelDelivered.Add(1)
+				return CancelReplyDelivered, nil
+			case answerGone:
+				s.cancelNotFound.Add(1)
+				return CancelReplyNotFound, nil
+			case answerForwarded:
+				seen = rec.at
+			}
 		}
-		s.mu.Lock()
-		sc := s.scanners[rec.stream]
-		s.mu.Unlock()
-		if sc == nil {
-			s.cancelNotFound.Add(1)
-			return CancelReplyNotFound, nil
+		// Between two levels: wait for the router to place it.
+		if time.Now().After(deadline) {
+			return "", ErrRouterBehind
 		}
-		answer, err := sc.requestCancel(ctx, rec)
-		if err != nil {
+		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
 			return "", err
 		}
-		switch answer {
-		case answerCancelled:
-			s.cancelCancelled.Add(1)
-			return CancelReplyCancelled, nil
-		case answerDelivered:
-			s.cancelDelivered.Add(1)
-			return CancelReplyDelivered, nil
-		case answerGone:
-			s.cancelNotFound.Add(1)
-			return CancelReplyNotFound, nil
-		case answerForwarded:
-			seen = rec.at
+		if rec, ok, err = lookupIndex(ctx, reader, rec.key); err != nil {
+			return "", err
 		}
 	}
 }
 
 // waitRouted waits until the router has acked every ingress message up to
-// the ingress stream's last sequence now (or up to id, when id is a
-// sequence below it). It gives up quietly after cancelWaitRouted: the
-// lookup then answers from what is placed.
-func waitRouted(ctx context.Context, js jetstream.JetStream, id string) error {
+// the ingress stream's last sequence now, for at most cancelWaitRouted. It
+// reports whether it got there.
+func waitRouted(ctx context.Context, js jetstream.JetStream) (bool, error) {
 	stream, err := js.Stream(ctx, IngressStream)
 	if err != nil {
-		return fmt.Errorf("ingress stream: %w", err)
+		return false, fmt.Errorf("ingress stream: %w", err)
 	}
 	upTo := stream.CachedInfo().State.LastSeq
-	if n, err := strconv.ParseUint(id, 10, 64); err == nil && n < upTo {
-		upTo = n
-	}
 	deadline := time.Now().Add(cancelWaitRouted)
 	for {
 		st := stream.CachedInfo().State
-		if st.Msgs == 0 || st.FirstSeq > upTo || time.Now().After(deadline) {
-			return nil
+		if st.Msgs == 0 || st.FirstSeq > upTo {
+			return true, nil
+		}
+		if time.Now().After(deadline) {
+			return false, nil
 		}
 		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
-			return err
+			return false, err
 		}
 		if _, err := stream.Info(ctx); err != nil {
-			return fmt.Errorf("ingress stream: %w", err)
+			return false, fmt.Errorf("ingress stream: %w", err)
 		}
 	}
 }

@@ -50,6 +50,10 @@ const (
 	cancelSubjects = "delayd.cancels."
 	indexBatch     = 256
 	indexGroupMax  = 1024 // placements whose records are packed together at most
+
+	// mergeCacheMax bounds the router's cache of the latest placement of
+	// each merge key it placed (about 100 bytes an entry).
+	mergeCacheMax = 1 << 16
 )
 
 // indexRecord is one placement of a message in a level stream.
@@ -63,9 +67,29 @@ type indexRecord struct {
 	at     uint64    // the record's own sequence in IndexStream (read side)
 }
 
-// idKey is the index key of a message id: the publisher's Nats-Msg-Id, or
-// the first ingress sequence as decimal text.
-func idKey(id string) string { return "i" + id }
+// userKey is the index key of a publisher's Nats-Msg-Id, and seqKey the
+// key of a message without one: its first ingress sequence. They differ, so
+// a publisher's id "7" never names the message at ingress sequence 7.
+func userKey(id string) string { return "u" + id }
+
+func seqKey(seq uint64) string { return "s" + strconv.FormatUint(seq, 10) }
+
+// levelKey is the index key of a level message: its publisher's id, else
+// its first ingress sequence (Delayd-Origin of a cascading message, else
+// Delayd-Ingress). "" if it has neither.
+func levelKey(h nats.Header) string {
+	if id := h.Get(hdrMsgID); id != "" {
+		return userKey(id)
+	}
+	ref := h.Get(hdrOrigin)
+	if ref == "" {
+		ref = h.Get(hdrIngress)
+	}
+	if _, seq, ok := parseIngressRef(ref); ok {
+		return seqKey(seq)
+	}
+	return ""
+}
 
 // mergeKey is the index key of a merge key for a target.
 func mergeKey(target, key string) string { return "m" + target + "\x00" + key }

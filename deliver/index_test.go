@@ -10,11 +10,11 @@ func TestIndexRecordsRoundTrip(t *testing.T) {
 	t.Parallel()
 	due := time.Unix(0, 1795990500277234903)
 	recs := []indexRecord{
-		{key: idKey("42"), stream: "DELAYD_5S", seq: 7, due: due},
-		{key: idKey("order 42\nwith a newline, ünïcode and spaces "), stream: "DELAYD_1M30S", seq: 1 << 40, hop: true, due: due},
+		{key: seqKey(42), stream: "DELAYD_5S", seq: 7, due: due},
+		{key: userKey("order 42\nwith a newline, ünïcode and spaces "), stream: "DELAYD_1M30S", seq: 1 << 40, hop: true, due: due},
 		{key: mergeKey("orders.close", "user-42"), stream: "DELAYD_2H", seq: 1, due: due},
-		{key: idKey("cancelled"), gone: true, due: due},
-		{key: idKey(""), stream: "DELAYD_0S", seq: 0, due: time.Unix(0, 0)},
+		{key: userKey("cancelled"), gone: true, due: due},
+		{key: userKey(""), stream: "DELAYD_0S", seq: 0, due: time.Unix(0, 0)},
 	}
 	var packed []byte
 	for _, r := range recs {
@@ -37,7 +37,7 @@ func TestIndexSubjectBounded(t *testing.T) {
 	t.Parallel()
 	seen := map[string]bool{}
 	for i := range 100000 {
-		s := indexSubject(idKey(strings.Repeat("x", i%7) + string(rune('a'+i%26)) + string(rune(i))))
+		s := indexSubject(userKey(strings.Repeat("x", i%7) + string(rune('a'+i%26)) + string(rune(i))))
 		if !strings.HasPrefix(s, indexSubjects) {
 			t.Fatalf("subject %q outside %s", s, indexSubjects)
 		}
@@ -54,7 +54,7 @@ func TestIndexSubjectBounded(t *testing.T) {
 // FuzzIndexRecords: decoding arbitrary bytes never panics, and records
 // that decode re-encode to the same bytes.
 func FuzzIndexRecords(f *testing.F) {
-	f.Add(indexRecord{key: idKey("42"), stream: "DELAYD_5S", seq: 7, due: time.Unix(0, 5)}.appendTo(nil))
+	f.Add(indexRecord{key: seqKey(42), stream: "DELAYD_5S", seq: 7, due: time.Unix(0, 5)}.appendTo(nil))
 	f.Add([]byte("DELAYD_5S 7 - 5 999\nab"))
 	f.Add([]byte("DELAYD_5S 7 - 5 -1\nab"))
 	f.Add([]byte(" 0 c 0 2\nix"))

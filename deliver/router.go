@@ -79,6 +79,10 @@ type RouterConfig struct {
 	// from its index record. Set by Service for merging; nil merges nothing.
 	pending func(rec indexRecord) bool
 
+	// committed returns a level stream's committed offset, for re-indexing
+	// at start. Set by Service; nil re-indexes every candidate.
+	committed func(stream string) uint64
+
 	// OnRouted is called after a level-stream write is confirmed, with the
 	// level stream's name and the sequence the write got, for observers such
 	// as metrics. (Scanners need no nudge: their pending pull request
@@ -160,9 +164,11 @@ type Router struct {
 	failingSince atomic.Int64 // unix ns since level writes or sessions keep failing; 0 when healthy
 	tails        *batchReader
 
-	group         *indexGroup // index records not yet written (router goroutine)
-	mergeMu       sync.Mutex
-	mergeInflight map[string]indexRecord // merge records written but not yet confirmed
+	group       *indexGroup // index records not yet written (router goroutine)
+	mergeMu     sync.Mutex
+	index       *batchReader           // index lookups (router goroutine)
+	mergeRecent map[string]indexRecord // the latest placement of merge keys placed by this process
+	mergeOrder  []string               // mergeRecent's keys, oldest first, for eviction
 
 	routed, deadLettered, clamped, skipped, merged, indexErrors atomic.Uint64
 }
@@ -244,7 +250,7 @@ func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, kick: make(chan struct{}, 1), mergeInflight: make(map[string]indexRecord)}
+	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, kick: make(chan struct{}, 1), mergeRecent: make(map[string]indexRecord)}
 	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
 	all = append(all, cfg.Levels.PrecisionLevels()...)
 	for _, l := range all {
@@ -280,6 +286,12 @@ func (r *Router) Run(ctx context.Context) error {
 	}
 	defer tails.close()
 	r.tails = tails
+	index, err := newBatchReader(r.js.Conn(), indexBatch)
+	if err != nil {
+		return err
+	}
+	defer index.close()
+	r.index = index
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
 		began := time.Now()
@@ -306,6 +318,9 @@ func (r *Router) session(ctx context.Context) error {
 	}
 	r.ingressID = strconv.FormatInt(info.CachedInfo().Created.UnixNano(), 10)
 	if err := r.syncTails(ctx); err != nil {
+		return err
+	}
+	if err := r.reindex(ctx, info.CachedInfo().State); err != nil {
 		return err
 	}
 	// A fresh consumer redelivers every unacked ingress message at once,
@@ -418,6 +433,74 @@ func (r *Router) syncTail(ctx context.Context, w *levelWriter) error {
 	return nil
 }
 
+// reindex writes the index records of level messages whose ingress message
+// is not acked yet. Their records may have been lost: a crash between the
+// level write and the index write. Only ingress messages not acked can be
+// such, and only the last MaxAckPending of each level stream can hold them;
+// messages the level's committed offset has passed are left alone (a
+// cancelled one's "cancelled" record must stay the latest).
+func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) error {
+	if ingress.Msgs == 0 {
+		return nil
+	}
+	window := uint64(r.cfg.MaxInFlight + 2*r.cfg.Batch)
+	g := newIndexGroup()
+	n := 0
+	var buf []*nats.Msg
+	for _, w := range r.writers {
+		if w.expected == 0 || w.lastRouted.Load() < ingress.FirstSeq {
+			continue // the level's last message was acked at ingress
+		}
+		from := uint64(1)
+		if w.expected > window {
+			from = w.expected - window + 1
+		}
+		if r.cfg.committed != nil {
+			from = max(from, r.cfg.committed(w.stream)+1)
+		}
+		for from <= w.expected {
+			rctx, cancel := context.WithTimeout(ctx, opTimeout)
+			var err error
+			buf, err = r.index.read(rctx, w.stream, buf[:0], from, indexBatch, 1<<20)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("re-index %s: %w", w.stream, err)
+			}
+			if len(buf) == 0 {
+				break
+			}
+			for _, m := range buf {
+				seq, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
+				from = max(from, seq+1)
+				_, ing, ok := parseIngressRef(m.Header.Get(hdrIngress))
+				if !ok || ing < ingress.FirstSeq || seq > w.expected {
+					continue
+				}
+				due, _ := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderDueAt))
+				_, hop := m.Header[hdrHopDue]
+				if key := levelKey(m.Header); key != "" {
+					g.add(indexRecord{key: key, stream: w.stream, seq: seq, hop: hop, due: due})
+				}
+				if mk := m.Header.Get(hdrMerge); mk != "" {
+					rec := indexRecord{key: mergeKey(strings.TrimPrefix(m.Header.Get(hdrJSSubject), w.subject), mk), stream: w.stream, seq: seq, hop: hop, due: due}
+					g.add(rec)
+					r.rememberMerge(rec)
+				}
+				n++
+			}
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	g.flush(r.js)
+	if err := g.stored(); err != nil {
+		return fmt.Errorf("re-index: %w", err)
+	}
+	r.logger.Info("re-indexed level messages whose ingress message was not acked", slog.Int("messages", n))
+	return nil
+}
+
 // route classifies one ingress message and starts its write.
 func (r *Router) route(m *nats.Msg) {
 	meta, ok := parseAck(m.Reply)
@@ -482,12 +565,12 @@ func (r *Router) mergeInto(target, key string) bool {
 	}
 	k := mergeKey(target, key)
 	r.mergeMu.Lock()
-	rec, ok := r.mergeInflight[k]
+	rec, ok := r.mergeRecent[k]
 	r.mergeMu.Unlock()
 	if !ok {
 		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 		var err error
-		rec, ok, err = lookupIndex(ctx, r.tails, k)
+		rec, ok, err = lookupIndex(ctx, r.index, k)
 		cancel()
 		if err != nil {
 			r.logger.Warn("merge lookup failed; delivering the message on its own", slog.Any("error", err))
@@ -659,15 +742,14 @@ func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
 
 	// The index records of this placement: by id (the publisher's, else
 	// the first ingress sequence) and by merge key.
-	id := userID
-	if id == "" {
-		id = strconv.FormatUint(rt.seq, 10)
-		if _, first, ok := parseIngressRef(origin); ok {
-			id = strconv.FormatUint(first, 10)
-		}
+	key := seqKey(rt.seq)
+	if userID != "" {
+		key = userKey(userID)
+	} else if _, first, ok := parseIngressRef(origin); ok {
+		key = seqKey(first)
 	}
 	_, isHop := h[hdrHopDue]
-	rt.index[0] = indexRecord{key: idKey(id), stream: w.stream, hop: isHop, due: due}
+	rt.index[0] = indexRecord{key: key, stream: w.stream, hop: isHop, due: due}
 	rt.nIndex = 1
 	if rt.merge != "" {
 		rt.index[1] = indexRecord{key: mergeKey(target, rt.merge), stream: w.stream, hop: isHop, due: due}
@@ -709,10 +791,8 @@ func (r *Router) writeIndex(rt *routing, stream string, seq uint64) {
 	for i := range rt.nIndex {
 		rec := &rt.index[i]
 		rec.stream, rec.seq = stream, seq
-		if rec.key[0] == 'm' && stream != "" {
-			r.mergeMu.Lock()
-			r.mergeInflight[rec.key] = *rec
-			r.mergeMu.Unlock()
+		if rec.key[0] == 'm' {
+			r.rememberMerge(*rec)
 		}
 		r.group.add(*rec)
 	}
@@ -742,15 +822,23 @@ func (r *Router) settleIndex(rt *routing) {
 		}
 		rt.group = nil
 	}
-	for i := range rt.nIndex {
-		if rec := rt.index[i]; rec.key[0] == 'm' {
-			r.mergeMu.Lock()
-			if cur, ok := r.mergeInflight[rec.key]; ok && cur.seq == rec.seq && cur.stream == rec.stream {
-				delete(r.mergeInflight, rec.key)
-			}
-			r.mergeMu.Unlock()
+}
+
+// rememberMerge caches the latest placement of a merge key, so the next
+// message with the key is merged without an index lookup. The router is
+// the only writer of placements, so a key it placed is current in the cache
+// until evicted (oldest first, beyond mergeCacheMax keys).
+func (r *Router) rememberMerge(rec indexRecord) {
+	r.mergeMu.Lock()
+	defer r.mergeMu.Unlock()
+	if _, ok := r.mergeRecent[rec.key]; !ok {
+		if len(r.mergeOrder) >= mergeCacheMax {
+			delete(r.mergeRecent, r.mergeOrder[0])
+			r.mergeOrder = r.mergeOrder[1:]
 		}
+		r.mergeOrder = append(r.mergeOrder, rec.key)
 	}
+	r.mergeRecent[rec.key] = rec
 }
 
 // deadLetter starts the write of an ingress message to DELAYD_DLQ.

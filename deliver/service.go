@@ -250,6 +250,15 @@ func (s *Service) Run(ctx context.Context) error {
 			sc.Written(seq)
 		}
 	}
+	rc.committed = func(stream string) uint64 {
+		ctx, cancel := context.WithTimeout(ctx, opTimeout)
+		defer cancel()
+		off, err := store.Load(ctx, stream)
+		if err != nil {
+			return 0
+		}
+		return off
+	}
 	rc.pending = func(rec indexRecord) bool {
 		sc := scanners[rec.stream]
 		return sc != nil && sc.pendingAt(rec)

@@ -3,7 +3,9 @@ package integration
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -217,4 +219,71 @@ func TestMerge(t *testing.T) {
 	hdr.Set(deliver.HeaderMergeKey, "user-0")
 	b.publish("delay.merge.x", []byte("again"), hdr)
 	waitFor(t, 10*time.Second, "the key free again", func() bool { return b.streamCount("MERGE") == 11 })
+}
+
+// TestCancelNumericIDs: a publisher's Nats-Msg-Id that is also an ingress
+// sequence is ambiguous and cancels nothing; seq:N and id:N say which.
+func TestCancelNumericIDs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("2s")
+	c := b.collect("num.x")
+	for i := range 3 {
+		if seq := b.publish("delay.num.x", []byte(fmt.Sprint("seq-", i)), level(1)); seq != uint64(i+1) {
+			t.Fatalf("ingress sequence %d, want %d", seq, i+1)
+		}
+	}
+	for _, id := range []string{"2", "3", "77"} {
+		hdr := level(1)
+		hdr.Set("Nats-Msg-Id", id)
+		b.publish("delay.num.x", []byte("id-"+id), hdr)
+	}
+	m, err := b.nc.Request(delayd.CancelSubject, []byte("2"), 10*time.Second)
+	if err != nil || !strings.HasPrefix(string(m.Data), "error: ambiguous id") {
+		t.Fatalf("cancel 2 (sequence 2 and a publisher's id 2): %v %v, want an ambiguous id error", m, err)
+	}
+	for id, want := range map[string]delayd.CancelResult{"seq:2": delayd.Cancelled, "id:3": delayd.Cancelled, "77": delayd.Cancelled, "seq:77": delayd.NotFound, "id:1": delayd.NotFound} {
+		if r := b.cancel(id); r != want {
+			t.Errorf("cancel %s: %q, want %q", id, r, want)
+		}
+	}
+	c.wait(t, 3, 10*time.Second)
+	time.Sleep(300 * time.Millisecond)
+	var got []string
+	for _, r := range c.snapshot() {
+		got = append(got, string(r.msg.Data))
+	}
+	slices.Sort(got)
+	if strings.Join(got, " ") != "id-2 seq-0 seq-2" {
+		t.Errorf("delivered %q, want id-2 seq-0 seq-2", got)
+	}
+}
+
+// TestMergeAfterRestart merges through the id index (not the router's
+// cache, empty after a restart) when the index holds tens of records per
+// subject.
+func TestMergeAfterRestart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("1s 1h")
+	for i := range 20000 {
+		if _, err := b.js.PublishMsgAsync(&nats.Msg{Subject: "delay.bulk.x", Header: level(2)}); err != nil {
+			t.Fatal(err)
+		}
+		if i%1000 == 0 {
+			<-b.js.PublishAsyncComplete()
+		}
+	}
+	<-b.js.PublishAsyncComplete()
+	hdr := level(2)
+	hdr.Set(deliver.HeaderMergeKey, "k")
+	b.publish("delay.mr.x", []byte("first"), hdr)
+	waitFor(t, 30*time.Second, "routing", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
+	b.stopDelayd()
+	b.startDelayd("1s 1h")
+	b.publish("delay.mr.x", []byte("second"), hdr)
+	waitFor(t, 10*time.Second, "routing", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
+	if rs, _ := b.svc.Stats(); rs.Merged != 1 || rs.Routed != 0 {
+		t.Errorf("after a restart: merged %d, routed %d; want the second merged into the first", rs.Merged, rs.Routed)
+	}
 }

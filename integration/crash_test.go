@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -297,4 +298,83 @@ func TestKill9Cancel(t *testing.T) {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	_ = p.cmd.Wait()
 	mu.Unlock()
+}
+
+// TestKill9Index publishes 20,000 messages to a one-hour level while delayd
+// is killed with SIGKILL six times, then cancels every tenth by its ingress
+// sequence: each must be found and cancelled. (Index records lost between a
+// level write and the index write are written again at the next start.)
+func TestKill9Index(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long fault test: skipped when testing.Short()")
+	}
+	b := setup(t)
+	env := []string{"DELAYD_LEVELS=1s 1h"}
+	p := b.startProcess(env...)
+	const total = 20000
+	var (
+		mu   sync.Mutex
+		seqs []uint64
+	)
+	pubDone := make(chan struct{})
+	go func() {
+		defer close(pubDone)
+		for i := range total {
+			for {
+				f, err := b.js.PublishMsgAsync(&nats.Msg{Subject: "delay.ki.x", Data: []byte(fmt.Sprint(i)), Header: level(2)})
+				if err == nil {
+					go func() {
+						if a, ok := <-f.Ok(); ok {
+							mu.Lock()
+							seqs = append(seqs, a.Sequence)
+							mu.Unlock()
+						}
+					}()
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if i%1000 == 0 {
+				<-b.js.PublishAsyncComplete()
+			}
+		}
+		<-b.js.PublishAsyncComplete()
+	}()
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 6 {
+		time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond)
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		_ = p.cmd.Wait()
+		p = b.startProcess(env...)
+	}
+	<-pubDone
+	waitFor(t, time.Minute, "ingress routed", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
+	mu.Lock()
+	all := slices.Clone(seqs)
+	mu.Unlock()
+	slices.Sort(all)
+	counts := map[string]int{}
+	var bad []uint64
+	for i := 0; i < len(all); i += 10 {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		m, err := b.nc.RequestWithContext(ctx, deliver.CancelSubject, []byte(fmt.Sprint(all[i])))
+		cancel()
+		r := "error"
+		if err == nil {
+			r = string(m.Data)
+		}
+		counts[r]++
+		if r != "cancelled" && len(bad) < 10 {
+			bad = append(bad, all[i])
+		}
+	}
+	t.Logf("%d messages, 6 kills; cancels of every tenth: %v", len(all), counts)
+	if len(bad) > 0 {
+		t.Errorf("pending messages not cancelled after kill -9, e.g. sequences %v\n%s", bad, p.out.String())
+	}
+	if n := b.streamCount("DELAYD_1H"); n != total {
+		t.Errorf("DELAYD_1H holds %d, want %d", n, total)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Wait()
 }

@@ -338,7 +338,14 @@ func (r *replayer) replay(ctx context.Context, l letter) {
 	rctx, cancel = r.a.reqCtx(ctx)
 	err = r.dlq.DeleteMsg(rctx, l.Seq)
 	cancel()
-	if err != nil && !strings.Contains(err.Error(), "not found") {
+	if errors.Is(err, jetstream.ErrMsgNotFound) || (err != nil && strings.Contains(err.Error(), "no message found")) {
+		// Deleted meanwhile: another replay of the same letter ran at once,
+		// and its publish was this one's duplicate at ingress (or the reverse).
+		r.notFound++
+		r.printf("%d: replayed concurrently by another run (ingress deduped it)", l.Seq)
+		return
+	}
+	if err != nil {
 		r.failed++
 		r.printf("%d: published to %s as %s, but not deleted from %s: %v (replaying it again within %s is deduped)", l.Seq, m.Subject, id, deliver.DLQStream, err, r.window)
 		return
