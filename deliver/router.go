@@ -79,6 +79,8 @@ type RouterConfig struct {
 	// from its index record. Set by Service for merging; nil merges nothing.
 	pending func(rec indexRecord) bool
 
+	hopKey hopKey // authenticates cascading messages moving on (set by Service)
+
 	// committed returns a level stream's committed offset, for re-indexing
 	// at start. Set by Service; nil re-indexes every candidate.
 	committed func(stream string) uint64
@@ -527,7 +529,7 @@ func (r *Router) route(m *nats.Msg) {
 	if rt.seq <= w.lastSubmitted {
 		return // a redelivery of a write still in flight; its PubAck acks it
 	}
-	if rt.merge != "" && m.Header.Get(hdrOrigin) == "" && r.mergeInto(target, rt.merge) {
+	if rt.merge != "" && !(m.Header.Get(hdrOrigin) != "" && r.cfg.hopKey.valid(m.Subject, m.Header)) && r.mergeInto(target, rt.merge) {
 		// Merged into the pending first message with this key and target:
 		// its payload is dropped, the first is delivered at its due time.
 		r.merged.Add(1)
@@ -698,6 +700,11 @@ func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
 	// ingress id, its first enqueue time and its publisher's id.
 	origin := h.Get(hdrOrigin)
 	hop := origin != ""
+	if hop && !r.cfg.hopKey.valid(m.Subject, h) {
+		// Not moved on by delayd: a publisher's own Delayd-* headers.
+		r.logger.Warn("message with delayd's hop headers but no valid hop MAC; routed as a new message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq))
+		hop, origin = false, ""
+	}
 	var userID, enqueued, hops string
 	if hop {
 		userID, enqueued, hops = h.Get(hdrMsgID), h.Get(HeaderEnqueuedAt), h.Get(hdrHops)

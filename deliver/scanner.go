@@ -85,6 +85,7 @@ type ScannerConfig struct {
 	OnDelivery func(lateness time.Duration)
 
 	reasons *reasonCounts // dead letters by reason (set by Service)
+	hopKey  hopKey        // signs cascading messages moving on (set by Service)
 
 	// Batch, BatchBytes, Window, PurgeEvery and MaxAttempts are optional;
 	// defaults are the Scanner*Default constants.
@@ -669,7 +670,7 @@ func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time)
 	}
 	hops, _ := strconv.Atoi(h.Get(hdrHops))
 	hops++
-	userID, enqueued := h.Get(hdrMsgID), h.Get(HeaderEnqueuedAt)
+	userID, enqueued, merge := h.Get(hdrMsgID), h.Get(HeaderEnqueuedAt), h.Get(hdrMerge)
 	stripInternal(h)
 	delete(h, HeaderDueAt)
 	h[HeaderDeliverAt] = []string{FormatTime(due)}
@@ -679,8 +680,12 @@ func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time)
 	if userID != "" {
 		h[hdrMsgID] = []string{userID}
 	}
+	if merge != "" {
+		h[hdrMerge] = []string{merge}
+	}
 	h[HeaderNatsMsgID] = []string{origin + "-hop" + strconv.Itoa(hops)}
 	m.Subject, m.Reply, m.Sub = s.cfg.Prefix+"."+target, "", nil
+	s.cfg.hopKey.sign(m.Subject, h)
 	fut, err := s.js.PublishMsgAsync(m)
 	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {

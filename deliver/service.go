@@ -93,6 +93,8 @@ type Service struct {
 	ready    atomic.Bool
 
 	cancelCancelled, cancelNotFound, cancelDelivered atomic.Uint64
+
+	hopKey hopKey // set by setup
 }
 
 // New returns a service on nc. Nothing touches the server until Run.
@@ -220,7 +222,7 @@ func (s *Service) Run(ctx context.Context) error {
 	scanners := make(map[string]*Scanner, len(streams))
 	for _, name := range streams {
 		sc := s.cfg.Scanner
-		sc.Stream, sc.Offsets, sc.Targets, sc.reasons, sc.Prefix = name, store, targets, &s.reasons, s.cfg.Prefix
+		sc.Stream, sc.Offsets, sc.Targets, sc.reasons, sc.Prefix, sc.hopKey = name, store, targets, &s.reasons, s.cfg.Prefix, s.hopKey
 		if s.cfg.OnDelivery != nil {
 			stream := name
 			sc.OnDelivery = func(l time.Duration) { s.cfg.OnDelivery(stream, l) }
@@ -250,6 +252,7 @@ func (s *Service) Run(ctx context.Context) error {
 			sc.Written(seq)
 		}
 	}
+	rc.hopKey = s.hopKey
 	rc.committed = func(stream string) uint64 {
 		ctx, cancel := context.WithTimeout(ctx, opTimeout)
 		defer cancel()
@@ -385,6 +388,9 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, error) {
 	}
 	store, err := offsets.New(ctx, js, offsets.Config{Replicas: r, Logger: s.logger.With(slog.String("component", "offsets"))})
 	if err != nil {
+		return nil, nil, err
+	}
+	if s.hopKey, err = loadHopKey(ctx, js); err != nil {
 		return nil, nil, err
 	}
 	return streams, store, nil

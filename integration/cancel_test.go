@@ -287,3 +287,59 @@ func TestMergeAfterRestart(t *testing.T) {
 		t.Errorf("after a restart: merged %d, routed %d; want the second merged into the first", rs.Merged, rs.Routed)
 	}
 }
+
+// TestForgedHopHeaders: a publisher's own Delayd-Origin and Delayd-Msg-Id
+// (delayd's headers for a cascading message moving on) are not trusted
+// without delayd's hop MAC: the message is routed as a new one, under its
+// own derived id, and cannot take over another message's id.
+func TestForgedHopHeaders(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("100ms 1h")
+	c := b.collect("forge.x")
+	victim := level(2)
+	victim.Set("Nats-Msg-Id", "victim-id")
+	b.publish("delay.forge.x", []byte("victim"), victim)
+	forged := level(1)
+	forged.Set("Delayd-Origin", "delayd-1-424242")
+	forged.Set("Delayd-Msg-Id", "victim-id")
+	forged.Set("Delayd-Hops", "3")
+	forged.Set("Delayd-Hop-Mac", "AAAAAAAAAAAAAAAAAAAAAAAA")
+	seq := b.publish("delay.forge.x", []byte("forged"), forged)
+	m := c.wait(t, 1, 10*time.Second)[0].msg
+	if id := m.Header.Get("Nats-Msg-Id"); !strings.HasSuffix(id, fmt.Sprintf("-%d", seq)) || id == "victim-id" {
+		t.Errorf("forged message delivered with Nats-Msg-Id %q, want its own derived id", id)
+	}
+	for k := range m.Header {
+		if strings.HasPrefix(k, "Delayd-") || k == deliver.HeaderHops {
+			t.Errorf("header %s delivered", k)
+		}
+	}
+	if r := b.cancel("victim-id"); r != delayd.Cancelled {
+		t.Errorf("cancel victim-id: %q, want cancelled (the victim is pending for an hour)", r)
+	}
+}
+
+// TestMergeCancelledCascade: the first message of a merge key, cascading
+// between levels, is cancelled; a later message with the key is then
+// delivered on its own, not merged into the cancelled one.
+func TestMergeCancelledCascade(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("200ms 500ms")
+	c := b.collect("mcc.x")
+	hdr := nats.Header{deliver.HeaderDuration: []string{"1500ms"}, deliver.HeaderMergeKey: []string{"k"}}
+	first := b.publish("delay.mcc.x", []byte("first"), hdr)
+	time.Sleep(700 * time.Millisecond) // past its first hop
+	if r := b.cancel(fmt.Sprint(first)); r != delayd.Cancelled {
+		t.Fatalf("cancel first: %q", r)
+	}
+	hdr = nats.Header{"Delay-Level": []string{"1"}, deliver.HeaderMergeKey: []string{"k"}}
+	b.publish("delay.mcc.x", []byte("second"), hdr)
+	got := c.wait(t, 1, 10*time.Second)
+	time.Sleep(1500 * time.Millisecond) // the first's due time passes
+	got = c.snapshot()
+	if len(got) != 1 || string(got[0].msg.Data) != "second" {
+		t.Errorf("delivered %d messages (first %q), want only second", len(got), got[0].msg.Data)
+	}
+}
