@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +35,7 @@ const (
 	answerDelivered                     // handed to its target already
 	answerForwarded                     // moved on to its next level: look again
 	answerGone                          // no such message at that sequence
+	answerRetry                         // not stored yet: look again
 )
 
 type cancelReq struct {
@@ -46,10 +48,35 @@ type cancelResult struct {
 	err    error
 }
 
-// tombstone is a cancelled level message's record in [CancelStream].
+// tombstone is a cancelled level message's record in [CancelStream]:
+// "<level seq>\n<index key>\n<merge index key>".
 type tombstone struct {
-	key string // the message's index key, checked when the scanner reaches it
-	at  uint64 // the tombstone's sequence in CancelStream
+	seq      uint64
+	key      string // the message's index key, checked when the scanner reaches it
+	mergeKey string // its merge key's index key, "" if none
+	at       uint64 // the tombstone's sequence in CancelStream
+	indexed  bool   // its "cancelled" index records are written
+	dropping bool   // handed to the janitor
+}
+
+func (t *tombstone) encode() []byte {
+	return []byte(strconv.FormatUint(t.seq, 10) + "\n" + t.key + "\n" + t.mergeKey)
+}
+
+func decodeTombstone(data []byte, at uint64) (*tombstone, bool) {
+	f := strings.SplitN(string(data), "\n", 3)
+	if len(f) < 2 {
+		return nil, false
+	}
+	seq, err := strconv.ParseUint(f[0], 10, 64)
+	if err != nil || f[1] == "" {
+		return nil, false
+	}
+	t := &tombstone{seq: seq, key: f[1], at: at}
+	if len(f) == 3 {
+		t.mergeKey = f[2]
+	}
+	return t, true
 }
 
 // requestCancel asks the scanner's goroutine to cancel the message rec
@@ -93,9 +120,12 @@ func (s *Scanner) serveCancels(ctx context.Context) {
 }
 
 // decideCancel runs on the scanner's goroutine. A sequence below next has
-// been handed off (delivered, or forwarded to its next level); at or above
-// it, the message is pending and a durable tombstone makes the scanner skip
-// it when it gets there, also after a restart.
+// been handed off (delivered, or forwarded to its next level); so may have
+// one retried after an ambiguous failure, or one that was due before a
+// restart (delivered before a crash, its offset not committed): those
+// answer as handed off and are delivered (again) as usual. Any other is
+// pending: a durable tombstone makes the scanner skip it when it gets
+// there, also after a restart.
 func (s *Scanner) decideCancel(ctx context.Context, rec indexRecord) (cancelAnswer, error) {
 	seq := rec.seq
 	s.cancelMu.Lock()
@@ -104,41 +134,80 @@ func (s *Scanner) decideCancel(ctx context.Context, rec indexRecord) (cancelAnsw
 	if done {
 		return answerCancelled, nil
 	}
-	if _, confirmed := s.done[seq]; seq < s.next || confirmed {
+	handedOff := func() cancelAnswer {
 		if rec.hop {
-			return answerForwarded, nil
+			return answerForwarded
 		}
-		return answerDelivered, nil
+		return answerDelivered
 	}
-	// Pending. The record names a sequence the router predicted: check the
-	// message there is the one asked for.
+	if _, confirmed := s.done[seq]; seq < s.next || confirmed || s.attempts[seq] > 0 {
+		return handedOff(), nil
+	}
+	// The record names a sequence the router predicted: check the message
+	// there is the one asked for.
 	rctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	buf, err := s.reader.read(rctx, s.cfg.Stream, nil, seq, 1, 1)
-	if err != nil {
+	switch {
+	case err != nil:
 		return 0, err
-	}
-	if len(buf) == 0 || buf[0].Header.Get(hdrJSSequence) != strconv.FormatUint(seq, 10) || levelKey(buf[0].Header) != rec.key {
+	case len(buf) == 0:
+		return answerRetry, nil // the level write is not stored yet
+	case buf[0].Header.Get(hdrJSSequence) != strconv.FormatUint(seq, 10) || levelKey(buf[0].Header) != rec.key:
 		return answerGone, nil
 	}
-	ack, err := s.js.PublishMsg(rctx, &nats.Msg{
-		Subject: cancelSubjects + s.cfg.Stream,
-		Data:    []byte(strconv.FormatUint(seq, 10) + "\n" + rec.key),
-	})
+	m := buf[0]
+	if seq <= s.startTail && !s.actDue(m).After(s.startedAt.Add(time.Second)) {
+		return handedOff(), nil // perhaps delivered before a crash
+	}
+	t := &tombstone{seq: seq, key: rec.key}
+	if mk := m.Header.Get(hdrMerge); mk != "" {
+		t.mergeKey = mergeKey(strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject), mk)
+	}
+	ack, err := s.js.PublishMsg(rctx, &nats.Msg{Subject: cancelSubjects + s.cfg.Stream, Data: t.encode()})
 	if err != nil {
 		return 0, fmt.Errorf("cancel tombstone: %w", err)
 	}
+	t.at = ack.Sequence
 	s.cancelMu.Lock()
-	s.cancelled[seq] = tombstone{key: rec.key, at: ack.Sequence}
+	s.cancelled[seq] = t
+	s.tombMin = min(s.tombMin, seq)
 	s.cancelMu.Unlock()
 	s.cancelledN.Add(1)
 	// Later cancels of this id answer from the index, also once the
-	// tombstone is gone. (A crash before this write is repaired at start.)
-	if _, err := s.js.PublishMsg(rctx, indexRecord{key: rec.key, gone: true, due: rec.due}.msg()); err != nil {
-		s.logger.Warn("id index write failed", slog.Any("error", err))
-	}
+	// tombstone is gone, and its merge key is free. (If this fails, the
+	// janitor writes them before it deletes the tombstone.)
+	t.indexed = s.writeGone(rctx, t) == nil
 	s.logger.Debug("message cancelled", slog.Uint64("seq", seq), slog.String("key", rec.key[1:]))
 	return answerCancelled, nil
+}
+
+// actDue is when the scanner acts on a level message: its hop due for a
+// cascading message moving on, else its Delay-Due-At.
+func (s *Scanner) actDue(m *nats.Msg) time.Time {
+	if t, ok := s.hopDue(m); ok {
+		return t
+	}
+	t, _ := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderDueAt))
+	return t
+}
+
+// writeGone writes the "cancelled" index records of t, and tells the router
+// its merge key is free.
+func (s *Scanner) writeGone(ctx context.Context, t *tombstone) error {
+	for _, key := range []string{t.key, t.mergeKey} {
+		if key == "" {
+			continue
+		}
+		if _, err := s.js.PublishMsg(ctx, indexRecord{key: key, gone: true}.msg()); err != nil {
+			s.logger.Warn("id index write failed", slog.Any("error", err))
+			return err
+		}
+	}
+	if t.mergeKey != "" && s.cfg.mergeGone != nil {
+		s.cfg.mergeGone(indexRecord{key: t.mergeKey, gone: true})
+	}
+	return nil
 }
 
 // skipCancelled reports whether the head at seq is cancelled, and if so
@@ -152,7 +221,7 @@ func (s *Scanner) skipCancelled(m *nats.Msg, seq uint64) bool {
 	}
 	if t.key != levelKey(m.Header) {
 		// Not the message the tombstone was written for (a stream deleted
-		// and recreated under it): deliver, and drop the tombstone.
+		// and recreated under it): it is delivered.
 		s.logger.Warn("cancel tombstone does not match the message at its sequence; delivering", slog.Uint64("seq", seq))
 		return false
 	}
@@ -163,81 +232,129 @@ func (s *Scanner) skipCancelled(m *nats.Msg, seq uint64) bool {
 	return true
 }
 
-// loadTombstones reads the level's tombstones at start: those the offset
-// has passed are deleted, the rest are skipped when reached.
+// loadTombstones reads the level's tombstones at start. Those the offset
+// has passed go to the janitor; the rest are skipped when reached.
 func (s *Scanner) loadTombstones(ctx context.Context, offset uint64) error {
 	s.cancelMu.Lock()
 	clear(s.cancelled)
+	s.tombMin = math.MaxUint64
 	s.cancelMu.Unlock()
-	stream, err := s.js.Stream(ctx, CancelStream)
-	if err != nil {
-		return fmt.Errorf("cancel tombstones: %w", err)
-	}
-	s.tombstones = stream
 	var buf []*nats.Msg
 	for from := uint64(1); ; {
+		rctx, cancel := context.WithTimeout(ctx, opTimeout)
 		var err error
-		buf, err = s.reader.readSubject(ctx, CancelStream, cancelSubjects+s.cfg.Stream, buf[:0], from, s.cfg.Batch, 1<<20)
+		buf, err = s.reader.readSubject(rctx, CancelStream, cancelSubjects+s.cfg.Stream, buf[:0], from, s.cfg.Batch, 1<<20)
+		cancel()
 		if err != nil {
 			return fmt.Errorf("cancel tombstones: %w", err)
 		}
+		s.cancelMu.Lock()
 		for _, m := range buf {
 			at, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
 			from = max(from, at+1)
-			seqText, key, _ := strings.Cut(string(m.Data), "\n")
-			seq, err := strconv.ParseUint(seqText, 10, 64)
-			if err == nil && key != "" {
-				// Its "cancelled" index record may not have been written
-				// before a crash: write it again, before the tombstone goes.
-				if _, err := s.js.PublishMsg(ctx, indexRecord{key: key, gone: true}.msg()); err != nil {
-					return fmt.Errorf("cancel tombstones: index: %w", err)
-				}
+			if t, ok := decodeTombstone(m.Data, at); ok {
+				s.cancelled[t.seq] = t // indexed unknown: the janitor checks
+				s.tombMin = min(s.tombMin, t.seq)
 			}
-			if err != nil || seq <= offset {
-				s.deleteTombstone(ctx, at)
-				continue
-			}
-			s.cancelMu.Lock()
-			s.cancelled[seq] = tombstone{key: key, at: at}
-			s.cancelMu.Unlock()
 		}
+		s.cancelMu.Unlock()
 		if len(buf) < s.cfg.Batch {
-			return nil
+			break
 		}
 	}
+	s.dropTombstones(offset)
+	return nil
 }
 
-// dropTombstones deletes the tombstones of cancelled messages the
-// acknowledged offset has passed: from then on they cost nothing.
-func (s *Scanner) dropTombstones(ctx context.Context, acked uint64) {
+// dropTombstones hands the tombstones the acknowledged offset has passed
+// to the janitor, which deletes them: from then on they cost nothing.
+func (s *Scanner) dropTombstones(acked uint64) {
 	s.cancelMu.Lock()
-	var drop []uint64
-	for seq, t := range s.cancelled {
-		if seq <= acked {
-			drop = append(drop, t.at)
-			delete(s.cancelled, seq)
-		}
-	}
-	s.cancelMu.Unlock()
-	for _, at := range drop {
-		s.deleteTombstone(ctx, at)
-	}
-}
-
-func (s *Scanner) deleteTombstone(ctx context.Context, at uint64) {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-	defer cancel()
-	if s.tombstones == nil {
+	defer s.cancelMu.Unlock()
+	if acked < s.tombMin {
 		return
 	}
-	if err := s.tombstones.DeleteMsg(dctx, at); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		s.logger.Warn("cancel tombstone delete failed", slog.Uint64("tombstone_seq", at), slog.Any("error", err))
+	s.tombMin = math.MaxUint64
+	for seq, t := range s.cancelled {
+		if seq <= acked && !t.dropping {
+			select {
+			case s.janitor <- t:
+				t.dropping = true
+				continue
+			default: // the janitor is behind: next time
+			}
+		}
+		if !t.dropping {
+			s.tombMin = min(s.tombMin, seq)
+		}
 	}
+}
+
+// runJanitor deletes the tombstones dropTombstones hands it, off the
+// scanner's goroutine. Before a tombstone goes, its message's "cancelled"
+// index records must be written (unless a later placement of the same id
+// is the latest record by now), so a later cancel still answers cancelled.
+func (s *Scanner) runJanitor(ctx context.Context) {
+	reader, err := newBatchReader(s.nc, indexBatch)
+	if err != nil {
+		s.logger.Error("cancel tombstone janitor", slog.Any("error", err))
+		return
+	}
+	defer reader.close()
+	for {
+		var t *tombstone
+		select {
+		case <-ctx.Done():
+			return
+		case t = <-s.janitor:
+		}
+		jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		err := s.retire(jctx, reader, t)
+		cancel()
+		s.cancelMu.Lock()
+		if err == nil {
+			delete(s.cancelled, t.seq)
+		} else {
+			t.dropping = false
+			s.tombMin = min(s.tombMin, t.seq)
+			s.logger.Warn("cancel tombstone not deleted; retrying later", slog.Uint64("seq", t.seq), slog.Any("error", err))
+		}
+		s.cancelMu.Unlock()
+	}
+}
+
+// retire writes t's missing index records and deletes the tombstone.
+func (s *Scanner) retire(ctx context.Context, reader *batchReader, t *tombstone) error {
+	if !t.indexed {
+		for _, key := range []string{t.key, t.mergeKey} {
+			if key == "" {
+				continue
+			}
+			latest, ok, err := lookupIndex(ctx, reader, key)
+			if err != nil {
+				return err
+			}
+			if ok && !latest.gone && (latest.stream != s.cfg.Stream || latest.seq != t.seq) {
+				continue // the id or key was placed again since: that placement is not cancelled
+			}
+			if !ok || !latest.gone {
+				if _, err := s.js.PublishMsg(ctx, indexRecord{key: key, gone: true}.msg()); err != nil {
+					return err
+				}
+			}
+		}
+		t.indexed = true
+	}
+	if err := s.tombstones.DeleteMsg(ctx, t.at); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return err
+	}
+	return nil
 }
 
 // pendingAt reports whether the message rec places in this level has not
 // been handed to its target and is not cancelled; a cascading message
-// forwarded to its next level counts as pending until its due time. The
+// forwarded to its next level counts as pending until its due time (a
+// cancel of it on its next level writes a newer "cancelled" record). The
 // router calls it to merge; the answer may be overtaken by the scanner at
 // once, which is the merge's semantics: the later message arrived while the
 // first was pending.
@@ -412,6 +529,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 				return CancelReplyNotFound, nil
 			case answerForwarded:
 				seen = rec.at
+			case answerRetry: // the level write is not stored yet: ask again
 			}
 		}
 		// Between two levels: wait for the router to place it.

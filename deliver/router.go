@@ -81,6 +81,10 @@ type RouterConfig struct {
 
 	hopKey hopKey // authenticates cascading messages moving on (set by Service)
 
+	// passed returns the highest sequence a level's scanner handed off.
+	// Set by Service.
+	passed func(stream string) uint64
+
 	// committed returns a level stream's committed offset, for re-indexing
 	// at start. Set by Service; nil re-indexes every candidate.
 	committed func(stream string) uint64
@@ -169,7 +173,8 @@ type Router struct {
 	group       *indexGroup // index records not yet written (router goroutine)
 	mergeMu     sync.Mutex
 	index       *batchReader           // index lookups (router goroutine)
-	mergeRecent map[string]indexRecord // the latest placement of merge keys placed by this process
+	mergeFlight map[string]indexRecord // merge keys' placements whose level write is not confirmed yet
+	mergeRecent map[string]indexRecord // the latest confirmed placement of merge keys placed by this process
 	mergeOrder  []string               // mergeRecent's keys, oldest first, for eviction
 
 	routed, deadLettered, clamped, skipped, merged, indexErrors atomic.Uint64
@@ -252,7 +257,7 @@ func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, kick: make(chan struct{}, 1), mergeRecent: make(map[string]indexRecord)}
+	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, kick: make(chan struct{}, 1), mergeRecent: make(map[string]indexRecord), mergeFlight: make(map[string]indexRecord)}
 	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
 	all = append(all, cfg.Levels.PrecisionLevels()...)
 	for _, l := range all {
@@ -567,19 +572,45 @@ func (r *Router) mergeInto(target, key string) bool {
 	}
 	k := mergeKey(target, key)
 	r.mergeMu.Lock()
-	rec, ok := r.mergeRecent[k]
+	rec, ok := r.mergeFlight[k]
+	if !ok {
+		rec, ok = r.mergeRecent[k]
+	}
 	r.mergeMu.Unlock()
 	if !ok {
 		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		defer cancel()
 		var err error
 		rec, ok, err = lookupIndex(ctx, r.index, k)
-		cancel()
+		if err == nil && ok && rec.stream != "" && !rec.gone {
+			ok, err = r.placed(ctx, rec, target, key)
+		}
 		if err != nil {
 			r.logger.Warn("merge lookup failed; delivering the message on its own", slog.Any("error", err))
 			return false
 		}
 	}
-	return ok && rec.stream != "" && r.cfg.pending(rec)
+	return ok && rec.stream != "" && !rec.gone && r.cfg.pending(rec)
+}
+
+// placed reports whether an index record of merge key key for target names
+// a stored placement: the message at its sequence has that key and target.
+// A record can outlive a level write that failed (it was written in the
+// same group as other records, then delayd crashed): its sequence is then
+// empty, or holds another message. A cascading message already moved on
+// (purged from the level) counts as placed: its record is the latest, so it
+// has not been placed again yet.
+func (r *Router) placed(ctx context.Context, rec indexRecord, target, key string) (bool, error) {
+	msgs, err := r.index.read(ctx, rec.stream, nil, rec.seq, 1, 1)
+	if err != nil {
+		return false, err
+	}
+	if len(msgs) == 0 || msgs[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.seq, 10) {
+		return rec.hop && r.cfg.passed != nil && rec.seq <= r.cfg.passed(rec.stream), nil
+	}
+	prefix := levelSubjects + strings.TrimPrefix(rec.stream, levels.StreamPrefix) + "."
+	subject := msgs[0].Header.Get(hdrJSSubject)
+	return msgs[0].Header.Get(hdrMerge) == key && strings.HasPrefix(subject, prefix) && subject[len(prefix):] == target, nil
 }
 
 // classify finds the level, target and due time of an ingress message
@@ -784,7 +815,7 @@ func (r *Router) submit(rt *routing) {
 	rt.fut = fut
 	r.writeIndex(rt, w.stream, w.expected)
 	r.pending.Add(1)
-	r.inflight <- rt
+	r.enqueue(rt)
 }
 
 // writeIndex adds the index records of rt's placement at (stream, seq) to
@@ -799,7 +830,9 @@ func (r *Router) writeIndex(rt *routing, stream string, seq uint64) {
 		rec := &rt.index[i]
 		rec.stream, rec.seq = stream, seq
 		if rec.key[0] == 'm' {
-			r.rememberMerge(*rec)
+			r.mergeMu.Lock()
+			r.mergeFlight[rec.key] = *rec
+			r.mergeMu.Unlock()
 		}
 		r.group.add(*rec)
 	}
@@ -820,6 +853,18 @@ func (r *Router) flushIndex() {
 	}
 }
 
+// enqueue hands rt to the acker. When the acker's queue is full, the
+// current index group is written first: the acker may be waiting for it
+// (a long run of dead letters adds no placements to fill the group).
+func (r *Router) enqueue(rt *routing) {
+	select {
+	case r.inflight <- rt:
+	default:
+		r.flushIndex()
+		r.inflight <- rt
+	}
+}
+
 // settleIndex waits until rt's index records are stored.
 func (r *Router) settleIndex(rt *routing) {
 	if rt.group != nil {
@@ -831,10 +876,40 @@ func (r *Router) settleIndex(rt *routing) {
 	}
 }
 
-// rememberMerge caches the latest placement of a merge key, so the next
-// message with the key is merged without an index lookup. The router is
-// the only writer of placements, so a key it placed is current in the cache
-// until evicted (oldest first, beyond mergeCacheMax keys).
+// confirmMerge moves rt's merge placement from in flight to the cache once
+// its level write is confirmed; dropMerge forgets it when the write failed
+// (it is routed again, and must not merge into its own failed placement).
+func (r *Router) confirmMerge(rt *routing, ok bool) {
+	for i := range rt.nIndex {
+		rec := rt.index[i]
+		if rec.key[0] != 'm' {
+			continue
+		}
+		r.mergeMu.Lock()
+		cur, inFlight := r.mergeFlight[rec.key]
+		if inFlight && cur.stream == rec.stream && cur.seq == rec.seq {
+			delete(r.mergeFlight, rec.key)
+		}
+		r.mergeMu.Unlock()
+		if ok && inFlight && cur.stream == rec.stream && cur.seq == rec.seq {
+			r.rememberMerge(rec)
+		}
+	}
+}
+
+// forgetMerge records that a merge key's message was cancelled: the key is
+// free (rec is its "cancelled" record).
+func (r *Router) forgetMerge(rec indexRecord) {
+	r.mergeMu.Lock()
+	delete(r.mergeFlight, rec.key)
+	r.mergeMu.Unlock()
+	r.rememberMerge(rec)
+}
+
+// rememberMerge caches the latest confirmed placement of a merge key, so
+// the next message with the key is merged without an index lookup. The
+// router is the only writer of placements, so a key it placed is current in
+// the cache until evicted (oldest first, beyond mergeCacheMax keys).
 func (r *Router) rememberMerge(rec indexRecord) {
 	r.mergeMu.Lock()
 	defer r.mergeMu.Unlock()
@@ -862,7 +937,7 @@ func (r *Router) deadLetter(rt *routing, reason error) {
 	}
 	rt.fut = fut
 	r.pending.Add(1)
-	r.inflight <- rt
+	r.enqueue(rt)
 }
 
 // acker confirms writes in order and acks their ingress messages.
@@ -872,6 +947,7 @@ func (r *Router) acker(in <-chan *routing, done chan<- struct{}) {
 		select {
 		case ack := <-rt.fut.Ok():
 			r.settleIndex(rt)
+			r.confirmMerge(rt, true)
 			rt.ack()
 			if rt.w == nil {
 				r.deadLettered.Add(1)
@@ -884,6 +960,7 @@ func (r *Router) acker(in <-chan *routing, done chan<- struct{}) {
 		case err := <-rt.fut.Err():
 			rt.err = err
 			r.settleIndex(rt) // superseded by the records of the retried write
+			r.confirmMerge(rt, false)
 			r.fail(rt)
 		}
 		r.pending.Done()
@@ -985,6 +1062,7 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 		r.writeIndex(rt, "", 0)
 		r.flushIndex()
 		r.settleIndex(rt)
+		r.confirmMerge(rt, true)
 	}
 	r.deadLettered.Add(1)
 	r.cfg.reasons.add(reasonOf(reason))

@@ -87,6 +87,10 @@ type ScannerConfig struct {
 	reasons *reasonCounts // dead letters by reason (set by Service)
 	hopKey  hopKey        // signs cascading messages moving on (set by Service)
 
+	// mergeGone tells the router a merge key's message was cancelled, so
+	// the key is free (set by Service).
+	mergeGone func(indexRecord)
+
 	// Batch, BatchBytes, Window, PurgeEvery and MaxAttempts are optional;
 	// defaults are the Scanner*Default constants.
 	Batch       int
@@ -224,8 +228,12 @@ type Scanner struct {
 	cancels    chan cancelReq // cancel requests, decided on the scanner's goroutine
 	wake       chan struct{}  // wakes the scanner from a wait to decide them
 	cancelMu   sync.Mutex     // guards cancelled (the router reads it to merge)
-	cancelled  map[uint64]tombstone
+	cancelled  map[uint64]*tombstone
+	tombMin    uint64           // no tombstone below it waits for the janitor
+	janitor    chan *tombstone  // tombstones to delete (runJanitor)
 	tombstones jetstream.Stream // CancelStream
+	startTail  uint64           // the level stream's last sequence at start
+	startedAt  time.Time        // when the scanner (re)started
 	cancelledN atomic.Uint64
 	passed     atomic.Uint64 // highest sequence handed off (delivered, forwarded, skipped)
 	headStored atomic.Int64  // unix ns store time of the head waited for; 0 when idle
@@ -265,7 +273,8 @@ func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scan
 		attempts:  make(map[uint64]int),
 		cancels:   make(chan cancelReq, 64),
 		wake:      make(chan struct{}, 1),
-		cancelled: make(map[uint64]tombstone),
+		cancelled: make(map[uint64]*tombstone),
+		janitor:   make(chan *tombstone, 1024),
 		done:      make(map[uint64]struct{}),
 		backoff:   newBackoff(100*time.Millisecond, 5*time.Second),
 		delay:     delay,
@@ -378,6 +387,10 @@ func (s *Scanner) Run(ctx context.Context) error {
 	defer reader.close()
 	s.feed = newFeed(s.nc, s.js, s.cfg.Stream, s.cfg.Batch, s.cfg.BatchBytes)
 	defer s.feed.close()
+	jctx, stopJanitor := context.WithCancel(ctx)
+	janitorDone := make(chan struct{})
+	go func() { defer close(janitorDone); s.runJanitor(jctx) }()
+	defer func() { stopJanitor(); <-janitorDone }()
 	defer s.shutdown()
 
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
@@ -416,8 +429,8 @@ func (s *Scanner) Run(ctx context.Context) error {
 
 // start loads the offset and checks it against the stream's state,
 // correcting one that makes no sense.
-func (s *Scanner) start(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+func (s *Scanner) start(outer context.Context) error {
+	ctx, cancel := context.WithTimeout(outer, opTimeout)
 	defer cancel()
 	stream, err := s.js.Stream(ctx, s.cfg.Stream)
 	if err != nil {
@@ -468,10 +481,8 @@ func (s *Scanner) start(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := s.loadTombstones(ctx, off); err != nil {
-		return err
-	}
 	s.passed.Store(off)
+	s.startTail, s.startedAt = st.LastSeq, s.cfg.Now()
 	s.offset, s.committed, s.purgedTo = off, off, first
 	s.committedA.Store(off)
 	s.ackedOffset.Store(off)
@@ -481,7 +492,11 @@ func (s *Scanner) start(ctx context.Context) error {
 	s.seenReconnects = s.nc.Stats().Reconnects
 	s.progress()
 	s.logger.Debug("scanner started", slog.Uint64("offset", off), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("pending", st.LastSeq-off))
-	return nil
+	if s.tombstones, err = s.js.Stream(ctx, CancelStream); err != nil {
+		return fmt.Errorf("cancel tombstones: %w", err)
+	}
+	// Not within start's timeout: a level may hold many cancelled messages.
+	return s.loadTombstones(outer, off)
 }
 
 // step delivers the head if it is due, or waits for it.
@@ -1043,12 +1058,7 @@ func (s *Scanner) checkCommit(wait bool) {
 // cancelled messages it passed are no longer needed.
 func (s *Scanner) acked(offset uint64) {
 	s.ackedOffset.Store(offset)
-	s.cancelMu.Lock()
-	n := len(s.cancelled)
-	s.cancelMu.Unlock()
-	if n > 0 {
-		s.dropTombstones(context.Background(), offset)
-	}
+	s.dropTombstones(offset)
 }
 
 // sleep waits d, or until ctx is done or a cancel request wakes the scanner.

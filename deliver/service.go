@@ -219,10 +219,16 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 
 	start := time.Now()
+	var routerRef atomic.Pointer[Router] // for the scanners' mergeGone, set below
 	scanners := make(map[string]*Scanner, len(streams))
 	for _, name := range streams {
 		sc := s.cfg.Scanner
 		sc.Stream, sc.Offsets, sc.Targets, sc.reasons, sc.Prefix, sc.hopKey = name, store, targets, &s.reasons, s.cfg.Prefix, s.hopKey
+		sc.mergeGone = func(rec indexRecord) {
+			if r := routerRef.Load(); r != nil {
+				r.forgetMerge(rec)
+			}
+		}
 		if s.cfg.OnDelivery != nil {
 			stream := name
 			sc.OnDelivery = func(l time.Duration) { s.cfg.OnDelivery(stream, l) }
@@ -262,6 +268,12 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		return off
 	}
+	rc.passed = func(stream string) uint64 {
+		if sc := scanners[stream]; sc != nil {
+			return sc.passed.Load()
+		}
+		return 0
+	}
 	rc.pending = func(rec indexRecord) bool {
 		sc := scanners[rec.stream]
 		return sc != nil && sc.pendingAt(rec)
@@ -276,6 +288,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	routerRef.Store(router)
 	s.mu.Lock()
 	s.router, s.scanners = router, scanners
 	s.mu.Unlock()

@@ -343,3 +343,33 @@ func TestMergeCancelledCascade(t *testing.T) {
 		t.Errorf("delivered %d messages (first %q), want only second", len(got), got[0].msg.Data)
 	}
 }
+
+// TestMergeIntoCancelledHopAfterCommit: as TestMergeCancelledCascade, but
+// with traffic in the levels after the cancel, so the level's offset passes
+// the cancelled message and its tombstone is deleted before the later
+// message with the key arrives.
+func TestMergeIntoCancelledHopAfterCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("200ms 500ms")
+	c := b.collect("mch.x")
+	hdr := nats.Header{deliver.HeaderDuration: []string{"6s"}, deliver.HeaderMergeKey: []string{"k"}}
+	first := b.publish("delay.mch.x", []byte("first"), hdr)
+	time.Sleep(700 * time.Millisecond)
+	if r := b.cancel(fmt.Sprint(first)); r != delayd.Cancelled {
+		t.Fatalf("cancel first: %q", r)
+	}
+	for i := range 4 { // traffic in the level, so its offset commits are acknowledged
+		b.publish("delay.other.x", []byte(fmt.Sprint(i)), level(2))
+		time.Sleep(600 * time.Millisecond)
+	}
+	waitFor(t, 10*time.Second, "the tombstone deleted", func() bool { return b.streamCount(deliver.CancelStream) == 0 })
+	b.publish("delay.mch.x", []byte("second"), nats.Header{"Delay-Level": []string{"1"}, deliver.HeaderMergeKey: []string{"k"}})
+	got := c.wait(t, 1, 10*time.Second)
+	if string(got[0].msg.Data) != "second" {
+		t.Errorf("delivered %q, want second", got[0].msg.Data)
+	}
+	if rs, _ := b.svc.Stats(); rs.Merged != 0 {
+		t.Errorf("merged %d into a cancelled message", rs.Merged)
+	}
+}

@@ -376,3 +376,22 @@ func TestDeadLetterUndeliverableLastInLevel(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadLetterRunAfterPlacement: one placement, then more invalid
+// messages than the router's in-flight window, back to back. The router
+// must not wait for an index group it never writes.
+func TestDeadLetterRunAfterPlacement(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("1s")
+	b.stopDelayd()
+	b.publish("delay.dlrun.x", []byte("valid"), level(1))
+	for range 50 {
+		b.publish("delay.dlrun.x", []byte("invalid"), nil)
+	}
+	b.startDelayd("1s", func(c *deliver.Config) { c.Router.MaxInFlight = 4 })
+	waitFor(t, 20*time.Second, "ingress drained", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
+	if n := b.streamCount(deliver.DLQStream); n != 50 {
+		t.Errorf("DELAYD_DLQ holds %d, want 50", n)
+	}
+}
