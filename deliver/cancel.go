@@ -372,13 +372,18 @@ func (s *Scanner) pendingAt(rec indexRecord) bool {
 	}
 }
 
-// oldestStored returns the store time of the message the scanner waits
-// for, or zero when the level holds nothing undelivered.
-func (s *Scanner) oldestStored() time.Time {
-	if ns := s.headStored.Load(); ns != 0 {
-		return time.Unix(0, ns)
+// oldestStored returns the store time (server clock) of the message the
+// scanner waits for, or zero when the level holds nothing undelivered.
+// known is false while the scanner is (re)starting and has not looked.
+func (s *Scanner) oldestStored() (at time.Time, known bool) {
+	switch ns := s.headStored.Load(); ns {
+	case -1:
+		return time.Time{}, false
+	case 0:
+		return time.Time{}, true
+	default:
+		return time.Unix(0, ns), true
 	}
-	return time.Time{}
 }
 
 // CancelStats counts the cancel API's answers.
@@ -398,13 +403,20 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream) error
 		return fmt.Errorf("subscribe %s: %w", CancelSubject, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	var readers []*batchReader
 	for range cancelWorkers {
 		reader, err := newBatchReader(s.nc, indexBatch)
 		if err != nil {
+			for _, r := range readers {
+				r.close()
+			}
 			return err
 		}
+		readers = append(readers, reader)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, reader := range readers {
 		wg.Go(func() {
 			defer reader.close()
 			for {
@@ -496,6 +508,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 		return "", ErrRouterBehind
 	}
 	deadline := time.Now().Add(cancelWaitRouted)
+	pause := 2 * time.Millisecond
 	for {
 		if ok && rec.gone {
 			s.cancelCancelled.Add(1)
@@ -536,9 +549,10 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 		if time.Now().After(deadline) {
 			return "", ErrRouterBehind
 		}
-		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+		if err := sleepCtx(ctx, pause); err != nil {
 			return "", err
 		}
+		pause = min(2*pause, 100*time.Millisecond)
 		if rec, ok, err = lookupIndex(ctx, reader, rec.key); err != nil {
 			return "", err
 		}
@@ -555,7 +569,7 @@ func waitRouted(ctx context.Context, js jetstream.JetStream) (bool, error) {
 	}
 	upTo := stream.CachedInfo().State.LastSeq
 	deadline := time.Now().Add(cancelWaitRouted)
-	for {
+	for wait := 2 * time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
 		st := stream.CachedInfo().State
 		if st.Msgs == 0 || st.FirstSeq > upTo {
 			return true, nil
@@ -563,7 +577,7 @@ func waitRouted(ctx context.Context, js jetstream.JetStream) (bool, error) {
 		if time.Now().After(deadline) {
 			return false, nil
 		}
-		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
+		if err := sleepCtx(ctx, wait); err != nil {
 			return false, err
 		}
 		if _, err := stream.Info(ctx); err != nil {

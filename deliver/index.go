@@ -260,14 +260,22 @@ func ensureIndexStreams(ctx context.Context, js jetstream.JetStream, replicas in
 	return nil
 }
 
-// trimIndex purges index records stored before cutoff.
-func trimIndex(ctx context.Context, js jetstream.JetStream, cutoff time.Time) error {
+// trimIndex purges index records stored more than keep before cutoff, a
+// server time; a zero cutoff is the server's time now.
+func trimIndex(ctx context.Context, js jetstream.JetStream, cutoff time.Time, keep time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	stream, err := js.Stream(ctx, IndexStream)
 	if err != nil {
 		return err
 	}
+	if cutoff.IsZero() {
+		cutoff = stream.CachedInfo().TimeStamp // the server's clock, not delayd's
+		if cutoff.IsZero() {
+			return nil
+		}
+	}
+	cutoff = cutoff.Add(-keep)
 	// The first record at or after cutoff: everything below it goes.
 	first, err := firstAtOrAfter(ctx, js, cutoff)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {

@@ -1,9 +1,15 @@
 package deliver
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delayd/delayd/internal/natstest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestIndexRecordsRoundTrip(t *testing.T) {
@@ -67,4 +73,61 @@ func FuzzIndexRecords(f *testing.F) {
 			t.Fatalf("re-encoding is not stable: %q then %q", again, twice)
 		}
 	})
+}
+
+// TestTrimIndex purges the records stored more than keep before the
+// cutoff, and everything with a zero cutoff (the server's now) and no keep;
+// lookups still find what is left.
+func TestTrimIndex(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	if err := ensureIndexStreams(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	var times []time.Time
+	for i := range 6 {
+		ack, err := js.PublishMsg(ctx, indexRecord{key: userKey(fmt.Sprint("k", i)), stream: "DELAYD_1S", seq: uint64(i + 1)}.msg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := js.Conn().Request("$JS.API.DIRECT.GET."+IndexStream, []byte(fmt.Sprintf(`{"seq":%d}`, ack.Sequence)), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts, _ := time.Parse(time.RFC3339Nano, m.Header.Get(hdrJSTimeStamp))
+		times = append(times, ts)
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Keep 10 ms before the fourth record: the first three are older.
+	if err := trimIndex(ctx, js, times[3], 10*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := newBatchReader(nc, indexBatch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.close()
+	for i := range 6 {
+		_, ok, err := lookupIndex(ctx, reader, userKey(fmt.Sprint("k", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok != (i >= 3) {
+			t.Errorf("record %d: found %v after the trim, want %v", i, ok, i >= 3)
+		}
+	}
+	if err := trimIndex(ctx, js, time.Time{}, 0); err != nil {
+		t.Fatal(err)
+	}
+	info, _ := js.Stream(ctx, IndexStream)
+	if n := info.CachedInfo().State.Msgs; n != 0 {
+		t.Errorf("%d records left after trimming at the server's now", n)
+	}
 }

@@ -780,14 +780,8 @@ func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
 
 	// The index records of this placement: by id (the publisher's, else
 	// the first ingress sequence) and by merge key.
-	key := seqKey(rt.seq)
-	if userID != "" {
-		key = userKey(userID)
-	} else if _, first, ok := parseIngressRef(origin); ok {
-		key = seqKey(first)
-	}
 	_, isHop := h[hdrHopDue]
-	rt.index[0] = indexRecord{key: key, stream: w.stream, hop: isHop, due: due}
+	rt.index[0] = indexRecord{key: levelKey(h), stream: w.stream, hop: isHop, due: due}
 	rt.nIndex = 1
 	if rt.merge != "" {
 		rt.index[1] = indexRecord{key: mergeKey(target, rt.merge), stream: w.stream, hop: isHop, due: due}

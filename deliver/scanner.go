@@ -236,7 +236,7 @@ type Scanner struct {
 	startedAt  time.Time        // when the scanner (re)started
 	cancelledN atomic.Uint64
 	passed     atomic.Uint64 // highest sequence handed off (delivered, forwarded, skipped)
-	headStored atomic.Int64  // unix ns store time of the head waited for; 0 when idle
+	headStored atomic.Int64  // unix ns store time of the head waited for; 0 when idle, -1 before the first read
 
 	delivered, deadLettered, retries, forwarded atomic.Uint64
 	lastLateness                                atomic.Int64
@@ -279,6 +279,7 @@ func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scan
 		backoff:   newBackoff(100*time.Millisecond, 5*time.Second),
 		delay:     delay,
 	}
+	sc.headStored.Store(-1) // unknown until the feed is read
 	if !cfg.StartedAt.IsZero() {
 		sc.graceFrom.Store(cfg.StartedAt.UnixNano())
 	}
@@ -483,6 +484,7 @@ func (s *Scanner) start(outer context.Context) error {
 	}
 	s.passed.Store(off)
 	s.startTail, s.startedAt = st.LastSeq, s.cfg.Now()
+	s.headStored.Store(-1) // unknown until the feed is read
 	s.offset, s.committed, s.purgedTo = off, off, first
 	s.committedA.Store(off)
 	s.ackedOffset.Store(off)
@@ -1062,20 +1064,7 @@ func (s *Scanner) acked(offset uint64) {
 }
 
 // sleep waits d, or until ctx is done or a cancel request wakes the scanner.
-func (s *Scanner) sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-	case <-s.wake:
-	}
-	return nil
-}
+func (s *Scanner) sleep(ctx context.Context, d time.Duration) error { return sleepWake(ctx, s.wake, d) }
 
 // purge removes the delivered prefix, keeping the last committed message.
 func (s *Scanner) purge(ctx context.Context, idle bool) {
@@ -1128,7 +1117,11 @@ func (s *Scanner) shutdown() {
 	s.logger.Debug("scanner stopped", slog.Uint64("offset", s.committed))
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
+func sleepCtx(ctx context.Context, d time.Duration) error { return sleepWake(ctx, nil, d) }
+
+// sleepWake waits d, or until ctx is done (its error) or wake receives
+// (nil; a nil wake never does).
+func sleepWake(ctx context.Context, wake <-chan struct{}, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
@@ -1138,6 +1131,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-t.C:
-		return nil
+	case <-wake:
 	}
+	return nil
 }

@@ -331,15 +331,25 @@ func (s *Service) trimIndex(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		cutoff := time.Now()
+		// The oldest head (by the server's store times); zero if every
+		// level is idle. A scanner not reading yet (starting) stops the trim.
+		var (
+			cutoff  time.Time
+			unknown bool
+		)
 		s.mu.Lock()
 		for _, sc := range s.scanners {
-			if at := sc.oldestStored(); !at.IsZero() && at.Before(cutoff) {
+			at, known := sc.oldestStored()
+			unknown = unknown || !known
+			if !at.IsZero() && (cutoff.IsZero() || at.Before(cutoff)) {
 				cutoff = at
 			}
 		}
 		s.mu.Unlock()
-		if err := trimIndex(ctx, js, cutoff.Add(-IndexKeep)); err != nil && ctx.Err() == nil {
+		if unknown {
+			continue
+		}
+		if err := trimIndex(ctx, js, cutoff, IndexKeep); err != nil && ctx.Err() == nil {
 			s.logger.Warn("id index trim failed", slog.Any("error", err))
 		}
 	}

@@ -169,14 +169,16 @@ If no delayd answers, it exits 1.`,
 			if err := a.connect(); err != nil {
 				return err
 			}
-			ctx, cancel := a.reqCtx(cmd.Context())
+			// delayd may wait up to 25 s for its router to catch up, and
+			// answers "error: ..." then: give it that long at least.
+			ctx, cancel := context.WithTimeout(cmd.Context(), max(a.timeout, cancelTimeout))
 			defer cancel()
 			res, err := delayd.Cancel(ctx, a.nc, args[0])
 			switch {
 			case errors.Is(err, nats.ErrNoResponders):
 				return fmt.Errorf("no delayd answered on %s: is delayd running (a version with cancel)?", delayd.CancelSubject)
 			case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
-				return fmt.Errorf("no answer on %s within %s: is delayd overloaded or stuck?", delayd.CancelSubject, a.timeout)
+				return fmt.Errorf("no answer on %s within %s: is delayd overloaded or stuck?", delayd.CancelSubject, max(a.timeout, cancelTimeout))
 			case err != nil:
 				return err
 			}
@@ -218,3 +220,6 @@ func shellQuote(s string) string {
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
+
+// cancelTimeout is the least time delayctl cancel waits for delayd's answer.
+const cancelTimeout = 30 * time.Second
