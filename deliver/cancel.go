@@ -157,7 +157,7 @@ func (s *Scanner) decideCancel(ctx context.Context, rec indexRecord) (cancelAnsw
 		return answerGone, nil
 	}
 	m := buf[0]
-	if seq <= s.startTail && !s.actDue(m).After(s.startedAt.Add(time.Second)) {
+	if due, _ := LevelDue(m.Header); seq <= s.startTail && !due.After(s.startedAt.Add(time.Second)) {
 		return handedOff(), nil // perhaps delivered before a crash
 	}
 	t := &tombstone{seq: seq, key: rec.key}
@@ -180,16 +180,6 @@ func (s *Scanner) decideCancel(ctx context.Context, rec indexRecord) (cancelAnsw
 	t.indexed = s.writeGone(rctx, t) == nil
 	s.logger.Debug("message cancelled", slog.Uint64("seq", seq), slog.String("key", rec.key[1:]))
 	return answerCancelled, nil
-}
-
-// actDue is when the scanner acts on a level message: its hop due for a
-// cascading message moving on, else its Delay-Due-At.
-func (s *Scanner) actDue(m *nats.Msg) time.Time {
-	if t, ok := s.hopDue(m); ok {
-		return t
-	}
-	t, _ := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderDueAt))
-	return t
 }
 
 // writeGone writes the "cancelled" index records of t, and tells the router
