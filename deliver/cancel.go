@@ -445,22 +445,23 @@ var ErrAmbiguousID = errors.New("ambiguous id")
 
 // cancel decides one cancel request. The id is a publisher's Nats-Msg-Id
 // or an ingress sequence: a decimal id is whichever of the two delayd
-// knows ([ErrAmbiguousID] if both). "seq:N" names ingress sequence N only,
-// "id:X" the publisher's id X only.
+// knows. "seq:N" names ingress sequence N, "id:X" the publisher's id X —
+// unless a publisher's id is that text itself. An id with two readings
+// that both name a message is refused with [ErrAmbiguousID].
 func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *batchReader, id string) (string, error) {
 	id = strings.TrimSpace(id)
 	var keys []string
-	if rest, ok := strings.CutPrefix(id, "seq:"); ok {
-		if n, err := strconv.ParseUint(rest, 10, 64); err == nil {
-			keys = []string{seqKey(n)}
-		}
-	} else if rest, ok := strings.CutPrefix(id, "id:"); ok {
-		if rest != "" {
-			keys = []string{userKey(rest)}
-		}
-	} else if id != "" {
+	if id != "" {
+		// Every reading of the id: as a publisher's id, and as what its
+		// form says (a sequence, or "seq:"/"id:" with the rest).
 		keys = []string{userKey(id)}
-		if n, err := strconv.ParseUint(id, 10, 64); err == nil {
+		if rest, ok := strings.CutPrefix(id, "seq:"); ok {
+			if n, err := strconv.ParseUint(rest, 10, 64); err == nil {
+				keys = append(keys, seqKey(n))
+			}
+		} else if rest, ok := strings.CutPrefix(id, "id:"); ok && rest != "" {
+			keys = append(keys, userKey(rest))
+		} else if n, err := strconv.ParseUint(id, 10, 64); err == nil {
 			keys = append(keys, seqKey(n))
 		}
 	}
@@ -488,7 +489,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 			return "", err
 		}
 		if found && ok {
-			return "", fmt.Errorf("%w %q: both a publisher's Nats-Msg-Id and an ingress sequence; send seq:%s or id:%s", ErrAmbiguousID, id, id, id)
+			return "", fmt.Errorf("%w %q: it names two messages (a publisher's Nats-Msg-Id, and an ingress sequence or a prefixed id); send seq:N for ingress sequence N, id:X for the publisher's id X", ErrAmbiguousID, id)
 		}
 		if found {
 			rec, ok = r, true

@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -73,6 +74,16 @@ func (k hopKey) mac(subject string, h nats.Header) string {
 // sign sets the MAC of a hop message about to be published to subject.
 func (k hopKey) sign(subject string, h nats.Header) {
 	h[hdrHopMac] = []string{k.mac(subject, h)}
+}
+
+// hopID is the Nats-Msg-Id of a cascading message's hops-th move: the
+// ingress stream drops a repeat of it after a crash. It is derived with the
+// secret, so no publisher can take it first and have the real hop dropped
+// as its duplicate.
+func (k hopKey) hopID(origin string, hops int) string {
+	m := hmac.New(sha256.New, k)
+	m.Write([]byte("hop-id\x00" + origin + "\x00" + strconv.Itoa(hops)))
+	return "delayd-hop-" + base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:18])
 }
 
 // valid reports whether a message on subject carries a valid hop MAC.

@@ -676,9 +676,10 @@ func (s *Scanner) hopDue(m *nats.Msg) (time.Time, bool) {
 // forward moves a cascading message on: it is published to the ingress
 // stream again with Delay-Deliver-At set to its due time, so the router
 // places it at the level for what remains. The write is confirmed by its
-// PubAck like a delivery to a stream; its Nats-Msg-Id (first id and hop
-// number) makes the ingress stream drop a repeat after a crash. The message
-// keeps its first id, enqueue time and publisher id.
+// PubAck like a delivery to a stream; its Nats-Msg-Id (hopKey.hopID: first
+// id and hop number, keyed by delayd's secret) makes the ingress stream drop
+// a repeat after a crash. The message keeps its first id, enqueue time and
+// publisher id.
 func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time) error {
 	h := m.Header
 	origin := h.Get(hdrOrigin)
@@ -700,7 +701,7 @@ func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time)
 	if merge != "" {
 		h[hdrMerge] = []string{merge}
 	}
-	h[HeaderNatsMsgID] = []string{origin + "-hop" + strconv.Itoa(hops)}
+	h[HeaderNatsMsgID] = []string{s.cfg.hopKey.hopID(origin, hops)}
 	m.Subject, m.Reply, m.Sub = s.cfg.Prefix+"."+target, "", nil
 	s.cfg.hopKey.sign(m.Subject, h)
 	fut, err := s.js.PublishMsgAsync(m)

@@ -233,16 +233,18 @@ func TestCancelNumericIDs(t *testing.T) {
 			t.Fatalf("ingress sequence %d, want %d", seq, i+1)
 		}
 	}
-	for _, id := range []string{"2", "3", "77"} {
+	for _, id := range []string{"2", "3", "77", "seq:1"} {
 		hdr := level(1)
 		hdr.Set("Nats-Msg-Id", id)
 		b.publish("delay.num.x", []byte("id-"+id), hdr)
 	}
-	m, err := b.nc.Request(delayd.CancelSubject, []byte("2"), 10*time.Second)
-	if err != nil || !strings.HasPrefix(string(m.Data), "error: ambiguous id") {
-		t.Fatalf("cancel 2 (sequence 2 and a publisher's id 2): %v %v, want an ambiguous id error", m, err)
+	for _, id := range []string{"2", "seq:1"} { // each names two messages
+		m, err := b.nc.Request(delayd.CancelSubject, []byte(id), 10*time.Second)
+		if err != nil || !strings.HasPrefix(string(m.Data), "error: ambiguous id") {
+			t.Fatalf("cancel %s: %v %v, want an ambiguous id error", id, m, err)
+		}
 	}
-	for id, want := range map[string]delayd.CancelResult{"seq:2": delayd.Cancelled, "id:3": delayd.Cancelled, "77": delayd.Cancelled, "seq:77": delayd.NotFound, "id:1": delayd.NotFound} {
+	for id, want := range map[string]delayd.CancelResult{"seq:2": delayd.Cancelled, "id:3": delayd.Cancelled, "77": delayd.Cancelled, "seq:77": delayd.NotFound, "id:1": delayd.NotFound, "id:seq:1": delayd.Cancelled} {
 		if r := b.cancel(id); r != want {
 			t.Errorf("cancel %s: %q, want %q", id, r, want)
 		}
@@ -372,4 +374,34 @@ func TestMergeIntoCancelledHopAfterCommit(t *testing.T) {
 	if rs, _ := b.svc.Stats(); rs.Merged != 0 {
 		t.Errorf("merged %d into a cancelled message", rs.Merged)
 	}
+}
+
+// TestHopIDNotGuessable: a publisher that sends a message with the
+// Nats-Msg-Id a cascading message's next hop would have under a guessable
+// scheme (first id + hop number) cannot make the hop be dropped as its
+// duplicate at ingress.
+func TestHopIDNotGuessable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("1s")
+	c := b.collect("squat.>")
+	info, err := b.js.Stream(context.Background(), deliver.IngressStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	created := info.CachedInfo().Created.UnixNano()
+	seq := b.publish("delay.squat.victim", []byte("victim"), nats.Header{deliver.HeaderDuration: []string{"1500ms"}})
+	for _, id := range []string{fmt.Sprintf("delayd-%d-%d-hop1", created, seq), fmt.Sprintf("delayd-%d-%d", created, seq)} {
+		hdr := level(0)
+		hdr.Set("Nats-Msg-Id", id)
+		b.publish("delay.squat.attacker", []byte(id), hdr)
+	}
+	waitFor(t, 10*time.Second, "the victim delivered", func() bool {
+		for _, r := range c.snapshot() {
+			if string(r.msg.Data) == "victim" {
+				return true
+			}
+		}
+		return false
+	})
 }
