@@ -140,7 +140,9 @@ func (s *Scanner) decideCancel(ctx context.Context, rec indexRecord) (cancelAnsw
 		}
 		return answerDelivered
 	}
-	if _, confirmed := s.done[seq]; seq < s.next || confirmed || s.attempts[seq] > 0 {
+	_, confirmed := s.done[seq]
+	_, unsure := s.unsure[seq]
+	if seq < s.next || confirmed || unsure || s.attempts[seq] > 0 {
 		return handedOff(), nil
 	}
 	// The record names a sequence the router predicted: check the message
@@ -359,20 +361,6 @@ func (s *Scanner) pendingAt(rec indexRecord) bool {
 		return true
 	default:
 		return rec.hop && rec.due.After(time.Now())
-	}
-}
-
-// oldestStored returns the store time (server clock) of the message the
-// scanner waits for, or zero when the level holds nothing undelivered.
-// known is false while the scanner is (re)starting and has not looked.
-func (s *Scanner) oldestStored() (at time.Time, known bool) {
-	switch ns := s.headStored.Load(); ns {
-	case -1:
-		return time.Time{}, false
-	case 0:
-		return time.Time{}, true
-	default:
-		return time.Unix(0, ns), true
 	}
 }
 

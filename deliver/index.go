@@ -29,16 +29,18 @@ import (
 // record at every hop). Records are stored before the ingress message is
 // acked, so once the router has passed an ingress sequence, its record is
 // readable.
-// The service purges records older than every level's head (less
-// [IndexKeep]), so the index holds about the longest level's wait of
-// records, on disk.
+// The service purges records older than the oldest head any level had
+// [IndexKeep] ago, so the index holds about the longest level's wait of
+// records, on disk, and a message's records outlive its leaving its level
+// by at least IndexKeep.
 const (
 	// IndexStream holds the id index.
 	IndexStream = "DELAYD_INDEX"
 	// IndexSlots is how many subjects the index spreads its records over.
 	IndexSlots = 256
-	// IndexKeep is how long records of messages that left their level stay:
-	// a cancel that late still answers "already delivered".
+	// IndexKeep is how long, at least, records of messages that left their
+	// level stay (Config.IndexKeep): a cancel that late still answers
+	// "already delivered" or "cancelled".
 	IndexKeep = time.Minute
 
 	// CancelStream holds cancel tombstones: one message per cancelled,
@@ -258,6 +260,18 @@ func ensureIndexStreams(ctx context.Context, js jetstream.JetStream, replicas in
 		}
 	}
 	return nil
+}
+
+// serverNow is the server's clock, from the index stream's info; zero if
+// the server does not answer.
+func serverNow(ctx context.Context, js jetstream.JetStream) time.Time {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	stream, err := js.Stream(ctx, IndexStream)
+	if err != nil {
+		return time.Time{}
+	}
+	return stream.CachedInfo().TimeStamp
 }
 
 // trimIndex purges index records stored more than keep before cutoff, a

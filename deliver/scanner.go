@@ -208,6 +208,7 @@ type Scanner struct {
 	headMeta       ackMeta
 	probing        bool                // after a failure: one delivery at a time
 	done           map[uint64]struct{} // confirmed after an earlier failure; skipped on re-read
+	unsure         map[uint64]struct{} // failed behind an earlier failure, maybe stored at the target; sent again
 	backoff        *backoff
 	delay          time.Duration
 
@@ -236,7 +237,6 @@ type Scanner struct {
 	startedAt  time.Time        // when the scanner (re)started
 	cancelledN atomic.Uint64
 	passed     atomic.Uint64 // highest sequence handed off (delivered, forwarded, skipped)
-	headStored atomic.Int64  // unix ns store time of the head waited for; 0 when idle, -1 before the first read
 
 	delivered, deadLettered, retries, forwarded atomic.Uint64
 	lastLateness                                atomic.Int64
@@ -276,10 +276,10 @@ func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scan
 		cancelled: make(map[uint64]*tombstone),
 		janitor:   make(chan *tombstone, 1024),
 		done:      make(map[uint64]struct{}),
+		unsure:    make(map[uint64]struct{}),
 		backoff:   newBackoff(100*time.Millisecond, 5*time.Second),
 		delay:     delay,
 	}
-	sc.headStored.Store(-1) // unknown until the feed is read
 	if !cfg.StartedAt.IsZero() {
 		sc.graceFrom.Store(cfg.StartedAt.UnixNano())
 	}
@@ -441,6 +441,7 @@ func (s *Scanner) start(outer context.Context) error {
 	s.head, s.inflight, s.probing = nil, s.inflight[:0], false
 	clear(s.done)
 	clear(s.attempts)
+	clear(s.unsure)
 	s.observeClock(stream.CachedInfo().TimeStamp, true)
 	st := stream.CachedInfo().State
 	first := st.FirstSeq // with no messages, FirstSeq is LastSeq+1
@@ -484,7 +485,6 @@ func (s *Scanner) start(outer context.Context) error {
 	}
 	s.passed.Store(off)
 	s.startTail, s.startedAt = st.LastSeq, s.cfg.Now()
-	s.headStored.Store(-1) // unknown until the feed is read
 	s.offset, s.committed, s.purgedTo = off, off, first
 	s.committedA.Store(off)
 	s.ackedOffset.Store(off)
@@ -528,7 +528,6 @@ func (s *Scanner) step(ctx context.Context) error {
 				}
 			}
 			if err == nil && m == nil {
-				s.headStored.Store(0)
 				m, meta, err = s.feed.next(ctx, s.wake, true, 0)
 			}
 		}
@@ -557,7 +556,6 @@ func (s *Scanner) step(ctx context.Context) error {
 			return nil
 		}
 		s.head, s.headMeta = m, meta
-		s.headStored.Store(meta.stored.UnixNano())
 		s.observeClock(meta.stored, false)
 	}
 	m, seq := s.head, s.headMeta.streamSeq
@@ -880,6 +878,9 @@ func (s *Scanner) settleFirst(ctx context.Context, n int) {
 			n = len(s.inflight)
 		case err != nil:
 			// Also failed: it is behind the first failure and is sent again.
+			// The failure may be ambiguous (a PubAck timeout of a stored
+			// write): a cancel must not count it as pending meanwhile.
+			s.unsure[d.seq] = struct{}{}
 		case failedErr == nil:
 			s.offset = d.seq
 			s.headDue.Store(0)
@@ -889,6 +890,7 @@ func (s *Scanner) settleFirst(ctx context.Context, n int) {
 					s.delivered.Add(1)
 				}
 				delete(s.attempts, d.seq)
+				delete(s.unsure, d.seq)
 			}
 		case !d.confirmed:
 			s.done[d.seq] = struct{}{}

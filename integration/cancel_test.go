@@ -405,3 +405,49 @@ func TestHopIDNotGuessable(t *testing.T) {
 		return false
 	})
 }
+
+// TestCancelAnswersAfterLeaving: a message that waited longer than the
+// index keeps records (IndexKeep, 2 s here) still answers truly for
+// IndexKeep after it left its level, while a shorter level churns: a
+// delivered one "already delivered", a cancelled one "cancelled".
+func TestCancelAnswersAfterLeaving(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("200ms 5s", func(c *deliver.Config) { c.IndexKeep = 2 * time.Second })
+	c := b.collect("leave.x")
+	for _, id := range []string{"leave-a", "leave-m"} {
+		hdr := level(2)
+		hdr.Set("Nats-Msg-Id", id)
+		b.publish("delay.leave.x", []byte(id), hdr)
+	}
+	if r := b.cancel("leave-m"); r != delayd.Cancelled {
+		t.Fatalf("cancel leave-m: %q", r)
+	}
+	stop := make(chan struct{})
+	churned := make(chan struct{})
+	go func() { // heads of the short level keep moving
+		defer close(churned)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+				b.publish("delay.churn.x", nil, level(1))
+			}
+		}
+	}()
+	defer func() { close(stop); <-churned }()
+	c.wait(t, 1, 15*time.Second)
+	left := time.Now()
+	for time.Since(left) < 1500*time.Millisecond {
+		if r := b.cancel("leave-a"); r != delayd.AlreadyDelivered {
+			t.Fatalf("%s after leave-a was delivered: %q, want already delivered", time.Since(left).Round(time.Millisecond), r)
+		}
+		if r := b.cancel("leave-m"); r != delayd.Cancelled {
+			t.Fatalf("%s after leave-m left: %q, want cancelled", time.Since(left).Round(time.Millisecond), r)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Long after: the records are gone, the index does not grow.
+	waitFor(t, 20*time.Second, "leave-a forgotten", func() bool { return b.cancel("leave-a") == delayd.NotFound })
+}
