@@ -374,12 +374,7 @@ type CancelStats struct {
 // up the others; each decision is still made by the owning scanner). Each
 // costs an ingress stream info, an index lookup (one slot's records), a
 // direct get and a tombstone write.
-func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream) error {
-	ch := make(chan *nats.Msg, 1024)
-	sub, err := s.nc.ChanQueueSubscribe(CancelSubject, "delayd", ch)
-	if err != nil {
-		return fmt.Errorf("subscribe %s: %w", CancelSubject, err)
-	}
+func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, sub *nats.Subscription, ch <-chan *nats.Msg) error {
 	defer func() { _ = sub.Unsubscribe() }()
 	var readers []*batchReader
 	for range cancelWorkers {
@@ -420,6 +415,24 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream) error
 }
 
 const cancelWorkers = 4
+
+// subscribeCancel subscribes to [CancelSubject] (queue group "delayd") and
+// waits until the server has the subscription, so a request sent once the
+// service is ready finds a responder.
+func (s *Service) subscribeCancel(ctx context.Context) (*nats.Subscription, chan *nats.Msg, error) {
+	ch := make(chan *nats.Msg, 1024)
+	sub, err := s.nc.ChanQueueSubscribe(CancelSubject, "delayd", ch)
+	if err != nil {
+		return nil, nil, fmt.Errorf("subscribe %s: %w", CancelSubject, err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if err := s.nc.FlushWithContext(fctx); err != nil {
+		// Disconnected: the client subscribes again when it reconnects.
+		s.logger.Warn("cancel API subscription not confirmed yet", slog.Any("error", err))
+	}
+	return sub, ch, nil
+}
 
 // ErrRouterBehind is a cancel's error when the router has not placed the
 // messages published before it within cancelWaitRouted: the answer is not
