@@ -189,7 +189,6 @@ type Scanner struct {
 	purgedTo       uint64
 	lastPurge      time.Time
 	next           uint64 // next sequence to read
-	buf            []*nats.Msg
 	inflight       []delivery
 	attempts       map[uint64]int
 	graceFrom      atomic.Int64           // unix ns: core deliveries due before it wait the start grace

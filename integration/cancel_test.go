@@ -72,9 +72,9 @@ func TestCancel(t *testing.T) {
 		t.Errorf("cancel with an empty id: %v %v, want not found", m, err)
 	}
 
-	got := c.wait(t, 50, 15*time.Second)
+	c.wait(t, 50, 15*time.Second)
 	time.Sleep(500 * time.Millisecond) // nothing else may follow
-	got = c.snapshot()
+	got := c.snapshot()
 	if len(got) != 50 {
 		t.Fatalf("delivered %d, want exactly 50", len(got))
 	}
@@ -122,9 +122,9 @@ func TestCancelCascade(t *testing.T) {
 	}
 	b.stopDelayd()
 	b.startDelayd("200ms 500ms")
-	got := c.wait(t, 1, 10*time.Second)
+	c.wait(t, 1, 10*time.Second)
 	time.Sleep(time.Second)
-	got = c.snapshot()
+	got := c.snapshot()
 	if len(got) != 1 || string(got[0].msg.Data) != "keep" {
 		var data []string
 		for _, r := range got {
@@ -338,9 +338,9 @@ func TestMergeCancelledCascade(t *testing.T) {
 	}
 	hdr = nats.Header{"Delay-Level": []string{"1"}, deliver.HeaderMergeKey: []string{"k"}}
 	b.publish("delay.mcc.x", []byte("second"), hdr)
-	got := c.wait(t, 1, 10*time.Second)
+	c.wait(t, 1, 10*time.Second)
 	time.Sleep(1500 * time.Millisecond) // the first's due time passes
-	got = c.snapshot()
+	got := c.snapshot()
 	if len(got) != 1 || string(got[0].msg.Data) != "second" {
 		t.Errorf("delivered %d messages (first %q), want only second", len(got), got[0].msg.Data)
 	}

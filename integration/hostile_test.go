@@ -428,12 +428,12 @@ func TestHostileOddLevels(t *testing.T) {
 			nLive++
 		}
 	}
-	got := c.wait(t, nLive+1, 15*time.Second)
+	c.wait(t, nLive+1, 15*time.Second)
 	waitFor(t, 15*time.Second, fmt.Sprintf("%d dead letters", nDead), func() bool {
 		return b.streamCount(deliver.DLQStream) >= uint64(nDead)
 	})
 	time.Sleep(1500 * time.Millisecond) // nothing else shows up, on either side
-	got = c.snapshot()
+	got := c.snapshot()
 	dlq := b.streamMsgs(deliver.DLQStream)
 	if len(dlq) != nDead {
 		t.Errorf("DELAYD_DLQ holds %d messages, want %d", len(dlq), nDead)

@@ -96,7 +96,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		// cobra failed before a command ran: an unknown command or flag, or bad arguments.
 		code = exitUsage
 	}
-	if !errors.Is(err, silent) {
+	if !errors.Is(err, errSilent) {
 		fmt.Fprintf(stderr, "delayctl: %v\n", err)
 	}
 	if code == exitUsage && !app.running {

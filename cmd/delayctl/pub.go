@@ -185,17 +185,17 @@ If no delayd answers, it exits 1.`,
 			fmt.Fprintln(a.stdout, res)
 			switch res {
 			case delayd.NotFound:
-				return &codeError{code: exitNotFound, err: silent}
+				return &codeError{code: exitNotFound, err: errSilent}
 			case delayd.AlreadyDelivered:
-				return &codeError{code: exitAlreadyDelivered, err: silent}
+				return &codeError{code: exitAlreadyDelivered, err: errSilent}
 			}
 			return nil
 		},
 	}
 }
 
-// silent is an error whose message was already printed (an answer with its own exit code).
-var silent = errors.New("")
+// errSilent is an error whose message was already printed (an answer with its own exit code).
+var errSilent = errors.New("")
 
 // checkID rejects a message id that cannot be one: empty, or with white space or control characters at its ends
 // or control characters anywhere.

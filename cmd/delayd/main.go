@@ -196,7 +196,7 @@ func newLogger(cfg config.Config) *slog.Logger {
 		}
 	}
 	if format == "text" {
-		return slog.New(tint.NewHandler(os.Stderr, &tint.Options{Level: level, TimeFormat: "15:04:05.000"}))
+		return slog.New(tint.NewTextHandler(os.Stderr, &tint.Options{Level: level, TimeFormat: "15:04:05.000"}))
 	}
 	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
