@@ -86,6 +86,20 @@ func (k hopKey) hopID(origin string, hops int) string {
 	return "delayd-hop-" + base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:18])
 }
 
+// deliveryID is the Nats-Msg-Id a message without a publisher id is
+// delivered with: its derived id "delayd-<ingress created>-<seq>" (unique
+// to the ingress stream's life) and a MAC of it, so no publisher can
+// predict it and have a stream-bound target drop the delivery as a
+// duplicate of a message it sent first under that id.
+func (k hopKey) deliveryID(ref string) string {
+	if len(k) == 0 {
+		return ref
+	}
+	m := hmac.New(sha256.New, k)
+	m.Write([]byte("delivery-id\x00" + ref))
+	return ref + "-" + base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:9])
+}
+
 // valid reports whether a message on subject carries a valid hop MAC.
 func (k hopKey) valid(subject string, h nats.Header) bool {
 	got := h.Get(hdrHopMac)

@@ -798,6 +798,9 @@ func (r *Router) submit(rt *routing) {
 		rt.err = err
 		if errors.Is(err, nats.ErrMaxPayload) {
 			// Refused before it was sent: nothing to resync, order is kept.
+			// A cascading message's earlier placement is still its latest
+			// index record: record that it left delayd.
+			r.writeIndex(rt, "", 0)
 			r.deadLetter(rt, fmt.Errorf("%w: %d payload bytes plus delayd's headers exceed the server's max payload", ErrTooLarge, len(rt.out.Data)))
 			return
 		}

@@ -759,6 +759,9 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 	if id == "" {
 		id = h.Get(hdrIngress)
 	}
+	if id != "" && h.Get(hdrMsgID) == "" {
+		id = s.cfg.hopKey.deliveryID(id) // derived: made unguessable
+	}
 	hops := h.Get(hdrHops)
 	stripInternal(h)
 	if id != "" {
@@ -985,6 +988,9 @@ func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reaso
 	if subject == "" {
 		subject = m.Subject
 	}
+	_, hopping := m.Header[hdrHopDue]
+	hopping = hopping || m.Header.Get(HeaderDeliverAt) != "" // prepared to move on (forward)
+	key, merge := levelKey(m.Header), m.Header.Get(hdrMerge)
 	dl := deadLetterMsg(subject, m.Header, m.Data, reason, id)
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
@@ -999,6 +1005,11 @@ func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reaso
 			s.next, s.head, s.resetFeed = min(s.next, seq), nil, true
 			return
 		}
+	}
+	if hopping {
+		// Its index record still says it moves on: say it left delayd, so a
+		// cancel answers "not found" and its merge key is free.
+		s.leftDelayd(ctx, key, merge, strings.TrimPrefix(subject, s.cfg.Prefix+"."))
 	}
 	s.logger.Warn("dead-lettered undeliverable message", slog.String("target", subject), slog.Uint64("seq", seq), slog.String("error", reason.Error()))
 	s.deadLettered.Add(1)
@@ -1136,4 +1147,27 @@ func sleepWake(ctx context.Context, wake <-chan struct{}, d time.Duration) error
 	case <-wake:
 	}
 	return nil
+}
+
+// leftDelayd writes "left delayd" index records (no placement) for a
+// message's id key and merge key, and frees the merge key in the router.
+func (s *Scanner) leftDelayd(ctx context.Context, key, merge, target string) {
+	recs := []indexRecord{{key: key}}
+	if merge != "" {
+		recs = append(recs, indexRecord{key: mergeKey(target, merge)})
+	}
+	for _, rec := range recs {
+		if rec.key == "" {
+			continue
+		}
+		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		_, err := s.js.PublishMsg(ictx, rec.msg())
+		cancel()
+		if err != nil {
+			s.logger.Warn("id index write failed", slog.Any("error", err))
+		}
+		if rec.key[0] == 'm' && s.cfg.mergeGone != nil {
+			s.cfg.mergeGone(rec)
+		}
+	}
 }

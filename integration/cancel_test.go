@@ -309,7 +309,7 @@ func TestForgedHopHeaders(t *testing.T) {
 	forged.Set("Delayd-Hop-Mac", "AAAAAAAAAAAAAAAAAAAAAAAA")
 	seq := b.publish("delay.forge.x", []byte("forged"), forged)
 	m := c.wait(t, 1, 10*time.Second)[0].msg
-	if id := m.Header.Get("Nats-Msg-Id"); !strings.HasSuffix(id, fmt.Sprintf("-%d", seq)) || id == "victim-id" {
+	if id := m.Header.Get("Nats-Msg-Id"); !strings.Contains(id, fmt.Sprintf("-%d-", seq)) || id == "victim-id" {
 		t.Errorf("forged message delivered with Nats-Msg-Id %q, want its own derived id", id)
 	}
 	for k := range m.Header {

@@ -1,0 +1,103 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd"
+	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/internal/natstest"
+)
+
+// TestDeliveryIDNotGuessable: a publisher that learns the ingress stream's
+// creation time (it is in derived ids) and predicts another message's
+// ingress sequence sends its own message first under that message's
+// derived id; a stream-bound target must still store both.
+func TestDeliveryIDNotGuessable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("200ms 1s")
+	b.createStream("TGT", "tgt.>")
+	info, err := b.js.Stream(context.Background(), deliver.IngressStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	created := info.CachedInfo().Created.UnixNano()
+	next := b.publish("delay.probe.x", nil, level(1)) + 2 // the victim's sequence, after the attacker's
+	hdr := level(1)
+	hdr.Set("Nats-Msg-Id", fmt.Sprintf("delayd-%d-%d", created, next))
+	b.publish("delay.tgt.x", []byte("attacker"), hdr)
+	if seq := b.publish("delay.tgt.x", []byte("victim"), level(2)); seq != next {
+		t.Fatalf("victim at ingress sequence %d, want %d", seq, next)
+	}
+	waitFor(t, 10*time.Second, "both stored at the target", func() bool { return b.streamCount("TGT") == 2 })
+}
+
+// bigBundle runs delayd on a server whose max payload is 8 KiB, so that a
+// message can fit its first level but not its next hop (delayd adds
+// headers as it moves on).
+func bigBundle(t *testing.T) *testBundle {
+	dir := t.TempDir()
+	opts := natstest.Options(dir)
+	opts.MaxPayload = 8192
+	b := &testBundle{t: t, storeDir: dir, srv: natstest.Start(t, opts)}
+	b.connect()
+	b.startDelayd("200ms 1s")
+	return b
+}
+
+// TestCancelDeadLetteredHop: cascading messages dead-lettered as too large
+// on the way (by the scanner moving them on, or by the router placing the
+// hop) answer "not found" to a cancel at once, and free their merge key: a
+// later message with the key is delivered.
+func TestCancelDeadLetteredHop(t *testing.T) {
+	t.Parallel()
+	b := bigBundle(t)
+	c := b.collect("big.>")
+	var ids []string
+	for k := 160; k <= 232; k += 8 { // sizes around the limit of a hop
+		id := fmt.Sprintf("big-%d", k)
+		hdr := nats.Header{deliver.HeaderDuration: []string{"1500ms"}, "Nats-Msg-Id": []string{id}, deliver.HeaderMergeKey: []string{id}}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: "delay.big." + id, Data: bytes.Repeat([]byte("a"), 8192-120-k), Header: hdr})
+		cancel()
+		if err == nil {
+			ids = append(ids, id)
+		}
+	}
+	waitFor(t, 20*time.Second, "every message delivered or dead-lettered", func() bool {
+		return uint64(len(c.snapshot()))+b.streamCount(deliver.DLQStream) == uint64(len(ids))
+	})
+	var dead []string
+	for _, m := range b.streamMsgs(deliver.DLQStream) {
+		dead = append(dead, strings.TrimPrefix(m.Header.Get(deliver.HeaderSubject), "delay.big."))
+	}
+	if len(dead) == 0 {
+		t.Fatal("no hop was too large: the sizes no longer straddle the limit")
+	}
+	for _, id := range dead {
+		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+		began := time.Now()
+		r, err := delayd.Cancel(ctx, b.nc, id)
+		cancel()
+		if err != nil || r != delayd.NotFound {
+			t.Errorf("cancel of dead-lettered %s: %q %v after %s, want not found", id, r, err, time.Since(began).Round(time.Millisecond))
+		}
+		b.publish("delay.big."+id, []byte("second"), nats.Header{deliver.HeaderDuration: []string{"100ms"}, deliver.HeaderMergeKey: []string{id}})
+	}
+	waitFor(t, 10*time.Second, "the later messages with their keys delivered", func() bool {
+		n := 0
+		for _, r := range c.snapshot() {
+			if string(r.msg.Data) == "second" {
+				n++
+			}
+		}
+		return n == len(dead)
+	})
+}
