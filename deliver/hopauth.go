@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"hash"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
@@ -92,12 +93,35 @@ func (k hopKey) hopID(origin string, hops int) string {
 // predict it and have a stream-bound target drop the delivery as a
 // duplicate of a message it sent first under that id.
 func (k hopKey) deliveryID(ref string) string {
+	return k.newIDMAC().deliveryID(ref)
+}
+
+// idMAC computes delivery ids with one reused HMAC state: a scanner
+// derives an id per delivery, so it keeps its own (not safe for
+// concurrent use).
+type idMAC struct {
+	h   hash.Hash // nil without a key
+	sum []byte
+}
+
+func (k hopKey) newIDMAC() *idMAC {
 	if len(k) == 0 {
+		return &idMAC{}
+	}
+	return &idMAC{h: hmac.New(sha256.New, k)}
+}
+
+func (m *idMAC) deliveryID(ref string) string {
+	if m.h == nil {
 		return ref
 	}
-	m := hmac.New(sha256.New, k)
-	m.Write([]byte("delivery-id\x00" + ref))
-	return ref + "-" + base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:9])
+	m.h.Reset()
+	m.h.Write([]byte("delivery-id\x00"))
+	m.h.Write([]byte(ref))
+	m.sum = m.h.Sum(m.sum[:0])
+	var enc [12]byte
+	base64.RawURLEncoding.Encode(enc[:], m.sum[:9])
+	return ref + "-" + string(enc[:])
 }
 
 // valid reports whether a message on subject carries a valid hop MAC.

@@ -233,6 +233,7 @@ type Scanner struct {
 	janitor    chan *tombstone  // tombstones to delete (runJanitor)
 	tombstones jetstream.Stream // CancelStream
 	startTail  uint64           // the level stream's last sequence at start
+	idMAC      *idMAC           // derives delivery ids (scanner goroutine)
 	startedAt  time.Time        // when the scanner (re)started
 	cancelledN atomic.Uint64
 	passed     atomic.Uint64 // highest sequence handed off (delivered, forwarded, skipped)
@@ -760,7 +761,10 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 		id = h.Get(hdrIngress)
 	}
 	if id != "" && h.Get(hdrMsgID) == "" {
-		id = s.cfg.hopKey.deliveryID(id) // derived: made unguessable
+		if s.idMAC == nil {
+			s.idMAC = s.cfg.hopKey.newIDMAC()
+		}
+		id = s.idMAC.deliveryID(id) // derived: made unguessable
 	}
 	hops := h.Get(hdrHops)
 	stripInternal(h)
