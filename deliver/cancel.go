@@ -231,28 +231,16 @@ func (s *Scanner) loadTombstones(ctx context.Context, offset uint64) error {
 	clear(s.cancelled)
 	s.tombMin = math.MaxUint64
 	s.cancelMu.Unlock()
-	var buf []*nats.Msg
-	for from := uint64(1); ; {
-		rctx, cancel := context.WithTimeout(ctx, opTimeout)
-		var err error
-		buf, err = s.reader.readSubject(rctx, CancelStream, cancelSubjects+s.cfg.Stream, buf[:0], from, s.cfg.Batch, 1<<20)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("cancel tombstones: %w", err)
+	err := s.reader.eachOnSubject(ctx, CancelStream, cancelSubjects+s.cfg.Stream, s.cfg.Batch, func(m *nats.Msg, at uint64) {
+		if t, ok := decodeTombstone(m.Data, at); ok {
+			s.cancelMu.Lock()
+			s.cancelled[t.seq] = t // indexed unknown: the janitor checks
+			s.tombMin = min(s.tombMin, t.seq)
+			s.cancelMu.Unlock()
 		}
-		s.cancelMu.Lock()
-		for _, m := range buf {
-			at, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
-			from = max(from, at+1)
-			if t, ok := decodeTombstone(m.Data, at); ok {
-				s.cancelled[t.seq] = t // indexed unknown: the janitor checks
-				s.tombMin = min(s.tombMin, t.seq)
-			}
-		}
-		s.cancelMu.Unlock()
-		if len(buf) < s.cfg.Batch {
-			break
-		}
+	})
+	if err != nil {
+		return fmt.Errorf("cancel tombstones: %w", err)
 	}
 	s.dropTombstones(offset)
 	return nil

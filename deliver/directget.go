@@ -48,6 +48,29 @@ func (r *batchReader) read(ctx context.Context, stream string, dst []*nats.Msg, 
 	return r.readSubject(ctx, stream, "", dst, from, n, maxBytes)
 }
 
+// eachOnSubject calls fn with every message of stream on subject, in
+// sequence order, reading n at a time, each read within opTimeout.
+func (r *batchReader) eachOnSubject(ctx context.Context, stream, subject string, n int, fn func(m *nats.Msg, seq uint64)) error {
+	var buf []*nats.Msg
+	for from := uint64(1); ; {
+		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		var err error
+		buf, err = r.readSubject(rctx, stream, subject, buf[:0], from, n, 1<<20)
+		cancel()
+		if err != nil {
+			return err
+		}
+		for _, m := range buf {
+			seq, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
+			from = max(from, seq+1)
+			fn(m, seq)
+		}
+		if len(buf) < n {
+			return nil
+		}
+	}
+}
+
 // readSubject is read restricted to messages on subject (a literal subject
 // or "" for all), with JetStream's next_by_subj.
 func (r *batchReader) readSubject(ctx context.Context, stream, subject string, dst []*nats.Msg, from uint64, n, maxBytes int) ([]*nats.Msg, error) {

@@ -208,30 +208,18 @@ func (g *indexGroup) stored() error {
 // lookupIndex returns the latest record for key. ok is false when there is
 // none.
 func lookupIndex(ctx context.Context, reader *batchReader, key string) (rec indexRecord, ok bool, err error) {
-	subject := indexSubject(key)
-	var buf []*nats.Msg
-	for from := uint64(1); ; {
-		buf, err = reader.readSubject(ctx, IndexStream, subject, buf[:0], from, indexBatch, 1<<20)
-		if err != nil {
-			return rec, false, fmt.Errorf("index lookup: %w", err)
-		}
-		if len(buf) == 0 {
-			return rec, ok, nil
-		}
-		for _, m := range buf {
-			at, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
-			from = max(from, at+1)
-			decodeIndexRecords(m.Data, func(r indexRecord) {
-				if r.key == key && at >= rec.at {
-					r.at = at // later records in one message are later placements
-					rec, ok = r, true
-				}
-			})
-		}
-		if len(buf) < indexBatch {
-			return rec, ok, nil
-		}
+	err = reader.eachOnSubject(ctx, IndexStream, indexSubject(key), indexBatch, func(m *nats.Msg, at uint64) {
+		decodeIndexRecords(m.Data, func(r indexRecord) {
+			if r.key == key && at >= rec.at {
+				r.at = at // later records in one message are later placements
+				rec, ok = r, true
+			}
+		})
+	})
+	if err != nil {
+		return indexRecord{}, false, fmt.Errorf("index lookup: %w", err)
 	}
+	return rec, ok, nil
 }
 
 // ensureIndexStreams creates the index and tombstone streams.

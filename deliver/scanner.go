@@ -896,7 +896,9 @@ func (s *Scanner) settleFirst(ctx context.Context, n int) {
 					s.delivered.Add(1)
 				}
 				delete(s.attempts, d.seq)
-				delete(s.unsure, d.seq)
+				if len(s.unsure) > 0 {
+					delete(s.unsure, d.seq)
+				}
 			}
 		case !d.confirmed:
 			s.done[d.seq] = struct{}{}
