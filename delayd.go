@@ -225,7 +225,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 	m := nats.NewMsg(o.prefix + "." + subject)
 	m.Data = data
 	for k, v := range o.header {
-		if strings.EqualFold(k, HeaderLevel) || strings.EqualFold(k, HeaderDuration) || strings.EqualFold(k, HeaderDeliverAt) || (o.mergeKey != "" && strings.EqualFold(k, HeaderMergeKey)) {
+		if deliver.IsDelayHeader(k) || (o.mergeKey != "" && strings.EqualFold(k, HeaderMergeKey)) {
 			continue // the delay is the options'; a second one would be invalid
 		}
 		m.Header[k] = append([]string(nil), v...)

@@ -262,7 +262,7 @@ func retry(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, ladder La
 	}
 
 	if attempt >= len(ladder) {
-		h := copyHeader(msg.Header, func(k string) bool { return hasPrefixFold(k, "Nats-") || hasPrefixFold(k, "Delayd-") })
+		h := copyHeader(msg.Header, deliver.IsInternalHeader)
 		h[deliver.HeaderError] = []string{fmt.Sprintf("%s after %d attempts (ladder %s): %s", ErrRetriesExhausted, attempt, ladder, causeText)}
 		h[deliver.HeaderSubject] = []string{ingress}
 		if delivered != "" {
@@ -284,7 +284,10 @@ func retry(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, ladder La
 
 	res := RetryResult{Attempt: attempt + 1, Delay: ladder[attempt], Subject: ingress}
 	h := copyHeader(msg.Header, func(k string) bool {
-		return hasPrefixFold(k, "Nats-") || hasPrefixFold(k, "Delayd-") || isRetryControl(k)
+		// delayd's control headers (a second delay header would make the
+		// retry ambiguous; the delivery headers are set again) and the
+		// attempt counter, set below. The history is kept.
+		return deliver.IsInternalHeader(k) || deliver.IsControlHeader(k) || strings.EqualFold(k, deliver.HeaderAttempt)
 	})
 	h[deliver.HeaderDuration] = []string{res.Delay.String()}
 	h[deliver.HeaderAttempt] = []string{strconv.Itoa(res.Attempt)}
@@ -302,21 +305,6 @@ func retry(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, ladder La
 	}
 	res.Sequence, res.Duplicate = ack.Sequence, ack.Duplicate
 	return res, nil
-}
-
-// isRetryControl reports whether a retry drops the header key: delayd's
-// control headers (a second delay header would make the retry ambiguous) and
-// the delivery headers delayd sets again. The history is kept.
-func isRetryControl(k string) bool {
-	for _, c := range [...]string{
-		deliver.HeaderLevel, deliver.HeaderDuration, deliver.HeaderDeliverAt, deliver.HeaderMergeKey,
-		deliver.HeaderEnqueuedAt, deliver.HeaderDueAt, deliver.HeaderHops, deliver.HeaderAttempt,
-	} {
-		if strings.EqualFold(k, c) {
-			return true
-		}
-	}
-	return false
 }
 
 // attemptOf reads Delay-Attempt, matched in any case: absent is 0.
@@ -429,10 +417,6 @@ func headerFold(h nats.Header, key string) string {
 		}
 	}
 	return ""
-}
-
-func hasPrefixFold(s, prefix string) bool {
-	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }
 
 // oneLine makes s safe as a header value and cheap to quote: control

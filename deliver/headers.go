@@ -87,19 +87,33 @@ const TimeLayout = "2006-01-02T15:04:05.000000000Z07:00"
 // FormatTime formats t in [TimeLayout], in UTC.
 func FormatTime(t time.Time) string { return t.UTC().Format(TimeLayout) }
 
+// IsInternalHeader reports whether key is a JetStream header (Nats-*) or
+// one reserved for delayd (Delayd-*), in any case: none of them is the
+// publisher's to carry across a re-publish.
+func IsInternalHeader(key string) bool {
+	return hasPrefixFold(key, "Nats-") || hasPrefixFold(key, hdrInternalPrefix)
+}
+
 // hasPrefixFold reports whether s starts with prefix, ignoring ASCII case.
 func hasPrefixFold(s, prefix string) bool {
 	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }
 
-// isControlHeader reports whether key is one of delayd's control headers,
-// which are consumed at ingress and never delivered: the delay headers, the
-// merge key, and the headers delayd sets itself (Delay-Enqueued-At,
-// Delay-Due-At, Delay-Hops: a publisher's own values are replaced).
-func isControlHeader(key string) bool {
+// IsDelayHeader reports whether key is one of the three delay headers,
+// Delay-Level, Delay-Duration or Delay-Deliver-At, in any case.
+func IsDelayHeader(key string) bool {
 	return strings.EqualFold(key, HeaderLevel) ||
 		strings.EqualFold(key, HeaderDuration) ||
-		strings.EqualFold(key, HeaderDeliverAt) ||
+		strings.EqualFold(key, HeaderDeliverAt)
+}
+
+// IsControlHeader reports whether key (in any case) is one of delayd's
+// control headers, which are consumed at ingress and never delivered: the
+// delay headers, the merge key, and the headers delayd sets itself
+// (Delay-Enqueued-At, Delay-Due-At, Delay-Hops: a publisher's own values
+// are replaced).
+func IsControlHeader(key string) bool {
+	return IsDelayHeader(key) ||
 		strings.EqualFold(key, HeaderMergeKey) ||
 		strings.EqualFold(key, HeaderHops) ||
 		strings.EqualFold(key, HeaderEnqueuedAt) ||

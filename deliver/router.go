@@ -742,7 +742,7 @@ func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
 		rt.merge = h.Get(hdrMerge)
 	}
 	for k, v := range h {
-		if isControlHeader(k) || hasPrefixFold(k, "Nats-") || hasPrefixFold(k, hdrInternalPrefix) {
+		if IsControlHeader(k) || IsInternalHeader(k) {
 			if !hop && strings.EqualFold(k, HeaderNatsMsgID) && len(v) > 0 {
 				userID = v[0]
 			}

@@ -755,16 +755,18 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 	h := m.Header
 	id := h.Get(hdrMsgID)
 	if id == "" {
-		id = h.Get(hdrOrigin)
-	}
-	if id == "" {
-		id = h.Get(hdrIngress)
-	}
-	if id != "" && h.Get(hdrMsgID) == "" {
-		if s.idMAC == nil {
-			s.idMAC = s.cfg.hopKey.newIDMAC()
+		// No publisher id: derived from the first ingress reference, made
+		// unguessable.
+		ref := h.Get(hdrOrigin)
+		if ref == "" {
+			ref = h.Get(hdrIngress)
 		}
-		id = s.idMAC.deliveryID(id) // derived: made unguessable
+		if ref != "" {
+			if s.idMAC == nil {
+				s.idMAC = s.cfg.hopKey.newIDMAC()
+			}
+			id = s.idMAC.deliveryID(ref)
+		}
 	}
 	hops := h.Get(hdrHops)
 	stripInternal(h)
@@ -975,7 +977,7 @@ func permanent(err error) bool { return tooLarge(err) || errors.Is(err, ErrPermi
 // reach a target except the Nats-Msg-Id the caller sets.
 func stripInternal(h nats.Header) {
 	for k := range h {
-		if hasPrefixFold(k, "Nats-") || hasPrefixFold(k, hdrInternalPrefix) {
+		if IsInternalHeader(k) {
 			delete(h, k)
 		}
 	}

@@ -390,7 +390,7 @@ const indexTrimEvery = 10 * time.Second
 // indexStoreSkew is how much earlier than its level message an index
 // record may be stored: the router publishes the level write first, but the
 // server stores writes to different streams on their own goroutines
-// (measured: 60 µs earlier on an idle server). Trims keep this much more.
+// (seen even on an idle server). Trims keep this much more.
 const indexStoreSkew = 5 * time.Second
 
 // oldestPending returns the store time of the oldest message any level

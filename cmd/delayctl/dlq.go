@@ -364,7 +364,7 @@ func (r *replayer) message(l letter) (*nats.Msg, string, string) {
 	for k, v := range l.Header {
 		switch {
 		case strings.EqualFold(k, deliver.HeaderError), strings.EqualFold(k, deliver.HeaderSubject),
-			strings.EqualFold(k, deliver.HeaderMsgID), hasPrefixFold(k, "Nats-"), hasPrefixFold(k, "Delayd-"),
+			strings.EqualFold(k, deliver.HeaderMsgID), deliver.IsInternalHeader(k),
 			// A delivery's own headers (a retries dead letter carries them): delayd sets them anew.
 			strings.EqualFold(k, deliver.HeaderEnqueuedAt), strings.EqualFold(k, deliver.HeaderDueAt), strings.EqualFold(k, deliver.HeaderHops):
 		default:
@@ -415,7 +415,7 @@ func (r *replayer) message(l letter) (*nats.Msg, string, string) {
 // setLevel replaces h's delay headers with Delay-Level: n.
 func (r *replayer) setLevel(h nats.Header, n int) {
 	for k := range h {
-		if strings.EqualFold(k, deliver.HeaderLevel) || strings.EqualFold(k, deliver.HeaderDuration) || strings.EqualFold(k, deliver.HeaderDeliverAt) {
+		if deliver.IsDelayHeader(k) {
 			delete(h, k)
 		}
 	}
@@ -425,13 +425,9 @@ func (r *replayer) setLevel(h nats.Header, n int) {
 // hasDelay reports whether h carries one of the delay headers.
 func hasDelay(h nats.Header) bool {
 	for k := range h {
-		if strings.EqualFold(k, deliver.HeaderLevel) || strings.EqualFold(k, deliver.HeaderDuration) || strings.EqualFold(k, deliver.HeaderDeliverAt) {
+		if deliver.IsDelayHeader(k) {
 			return true
 		}
 	}
 	return false
-}
-
-func hasPrefixFold(s, prefix string) bool {
-	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }
