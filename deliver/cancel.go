@@ -348,7 +348,7 @@ func (s *Scanner) pendingAt(rec indexRecord) bool {
 	case rec.seq > s.passed.Load():
 		return true
 	default:
-		return rec.hop && rec.due.After(time.Now())
+		return rec.hop && rec.due.After(s.srv.now()) // by the server's clock
 	}
 }
 
