@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/deliver"
 )
 
@@ -24,7 +25,7 @@ func (c *wallClock) Now() time.Time {
 
 func (c *wallClock) Mono() time.Duration { return deliver.SystemClock.Mono() }
 
-// TestClockStep steps delayd's wall clock by +10 min and by -10 min while
+// TestClockStep steps delayd's wall clock by +10 min, +30 s and -10 min while
 // two levels hold messages, some published before the step and some after,
 // to a stream target and to a core subject. By the server's clock (the
 // target stream's store times; the embedded server shares this process's
@@ -34,7 +35,7 @@ func (c *wallClock) Mono() time.Duration { return deliver.SystemClock.Mono() }
 // small).
 func TestClockStep(t *testing.T) {
 	t.Parallel()
-	for _, step := range []time.Duration{10 * time.Minute, -10 * time.Minute} {
+	for _, step := range []time.Duration{10 * time.Minute, 30 * time.Second, -10 * time.Minute} {
 		t.Run(fmt.Sprint(step), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
@@ -91,5 +92,37 @@ func TestClockStep(t *testing.T) {
 				t.Errorf("scanners looped %d times for %d messages (limit %d): a busy loop", steps, 4*n, limit)
 			}
 		})
+	}
+}
+
+// TestCancelAfterRestartClockAhead restarts delayd with its wall clock
+// 10 min ahead while a level holds a message due in 15 s: a cancel of it
+// is decided by the server's clock, so it answers "cancelled" (not
+// "already delivered", as a comparison with the local clock would), and
+// the message is never delivered.
+func TestCancelAfterRestartClockAhead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.collect("stepcancel.>")
+	b.startDelayd("1s 15s")
+	id := fmt.Sprint(b.publish("delay.stepcancel.x", []byte("x"), level(2)))
+	due := time.Now().Add(15 * time.Second)
+	waitFor(t, 10*time.Second, "message routed", func() bool {
+		rs, _ := b.svc.Stats()
+		return rs.Routed >= 1
+	})
+	b.stopDelayd()
+	clock := &wallClock{}
+	clock.step(10 * time.Minute)
+	b.startDelayd("1s 15s", func(c *deliver.Config) { c.Clock = clock })
+	if time.Now().After(due) {
+		t.Fatalf("restart took longer than the level's delay: the cancel cannot be tested")
+	}
+	if r := b.cancel(id); r != delayd.Cancelled {
+		t.Fatalf("cancel %s after a restart with the wall clock 10 min ahead: %q, want %q", id, r, delayd.Cancelled)
+	}
+	waitFor(t, 30*time.Second, "the message's due passed", func() bool { return time.Now().After(due.Add(2 * time.Second)) })
+	if got := c.snapshot(); len(got) != 0 {
+		t.Errorf("a cancelled message was delivered: %q", got[0].msg.Data)
 	}
 }
