@@ -111,6 +111,20 @@ func (c *serverClock) postpone() {
 	c.fresh = m
 }
 
+// upper returns the estimate with the allowed drift added instead of
+// taken off: for decisions where erring late is the unsafe side (a
+// message counted as pending after its due).
+func (c *serverClock) upper() time.Time {
+	m := c.clock.Mono()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ok {
+		return c.clock.Now()
+	}
+	el := m - c.mono
+	return c.at.Add(el + el/(1_000_000/clockDriftPPM))
+}
+
 // stale reports whether the estimate is due a fresh restart.
 func (c *serverClock) stale() bool {
 	m := c.clock.Mono()

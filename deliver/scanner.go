@@ -354,7 +354,8 @@ func (s *Scanner) observeClock(ctx context.Context, seq uint64, stored time.Time
 		return
 	}
 	if seq > s.obsSeq && stored.Before(s.obsStored) {
-		s.logger.Warn("the server's clock stepped back; re-reading it", slog.Uint64("seq", seq), slog.Time("stored", stored), slog.Time("before", s.obsStored))
+		// (In a cluster, also a new stream leader whose clock is behind.)
+		s.logger.Info("the server's clock stepped back; re-reading it", slog.Uint64("seq", seq), slog.Duration("step", stored.Sub(s.obsStored)))
 		s.obsSeq, s.obsStored = seq, stored
 		s.refreshClock(ctx)
 		return
