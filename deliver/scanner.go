@@ -41,10 +41,6 @@ const (
 	ScannerStallAfterDefault = 30 * time.Second
 
 	opTimeout = 10 * time.Second
-
-	// clockRefresh is how often the clock bound restarts from a fresh
-	// observation, so that a local clock stepped forward is noticed.
-	clockRefresh = time.Minute
 )
 
 // ScannerConfig configures a [Scanner].
@@ -61,17 +57,21 @@ type ScannerConfig struct {
 	// Logger is optional. Default discards.
 	Logger *slog.Logger
 
-	// Now is the scanner's clock. Optional. Default time.Now. Due times come
-	// from the server's store time; tests inject a skewed clock here.
-	Now func() time.Time
+	// Clock is the scanner's local clock. Optional. Default [SystemClock].
+	// Due times are server times (store time + delay); the scanner decides
+	// due-ness by its estimate of the server's clock (server timestamps plus
+	// monotonic time elapsed since), never by Clock.Now. Tests inject a
+	// clock whose wall reading is skewed or steps.
+	Clock Clock
 
 	// StartedAt and StartGrace: deliveries to core subjects that were
 	// already due at StartedAt (overdue after downtime) are held until
-	// StartedAt+StartGrace, so that core subscribers disconnected by an
-	// embedded-server restart can reconnect first. [Scanner.Reconnected]
-	// moves StartedAt to a reconnect. Messages that fall due later, and
-	// stream-bound targets, are not held. Optional; a zero StartedAt holds
-	// nothing until a reconnect.
+	// StartGrace has passed since StartedAt, so that core subscribers
+	// disconnected by an embedded-server restart can reconnect first.
+	// [Scanner.Reconnected] moves StartedAt to a reconnect. Messages that
+	// fall due later, and stream-bound targets, are not held. StartedAt is
+	// a local time.Now() reading: only the monotonic time elapsed since it
+	// counts. Optional; a zero StartedAt holds nothing until a reconnect.
 	StartedAt  time.Time
 	StartGrace time.Duration
 
@@ -104,8 +104,8 @@ func (c *ScannerConfig) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.Now == nil {
-		c.Now = time.Now
+	if c.Clock == nil {
+		c.Clock = SystemClock
 	}
 	if c.Prefix == "" {
 		c.Prefix = "delay"
@@ -152,9 +152,10 @@ type ScannerStats struct {
 	Cancelled    uint64        // messages cancelled through the cancel API since start
 	Pending      uint64        // messages written to the level stream past the committed offset
 	CommitLag    uint64        // confirmed deliveries whose offset write is not acknowledged yet
-	OldestDueAge time.Duration // how long the due head has waited undelivered; 0 if none is due
+	OldestDueAge time.Duration // how long the due head has waited undelivered, by the server's clock; 0 if none is due
 	LastLateness time.Duration // lateness of the last delivery: delivered - due, by the server's clock
-	ClockBound   time.Duration // upper bound on the local clock's lead over the server's
+	ClockBound   time.Duration // upper bound on the local wall clock's lead over the server's clock
+	Steps        uint64        // scanner loop iterations since start (reads, deliveries, waits): a busy loop shows here
 }
 
 // Scanner delivers one level stream. It reads the stream in sequence order
@@ -187,13 +188,13 @@ type Scanner struct {
 	offset         uint64 // last confirmed sequence
 	committed      uint64
 	purgedTo       uint64
-	lastPurge      time.Time
-	next           uint64 // next sequence to read
+	lastPurge      time.Duration // monotonic reading of the last purge
+	next           uint64        // next sequence to read
 	inflight       []delivery
 	attempts       map[uint64]int
-	graceFrom      atomic.Int64           // unix ns: core deliveries due before it wait the start grace
+	graceFrom      atomic.Int64           // monotonic reading + 1 of the start or reconnect; 0 if none
 	seenReconnects uint64                 // the connection's reconnect count at the last look
-	reconnLook     time.Time              // when it was looked at
+	reconnLook     time.Duration          // monotonic reading when it was looked at
 	sawDisconnect  bool                   // a core delivery found the connection down
 	restart        bool                   // start over: the stream is not the one the offset belongs to
 	replaced       bool                   // the stored offset belongs to a deleted stream
@@ -211,15 +212,21 @@ type Scanner struct {
 	backoff        *backoff
 	delay          time.Duration
 
-	// bound is an upper bound on (local clock - server clock). A message
-	// stored at server time ts and read at local time L proves the server's
-	// clock had passed ts by L, so skew <= L - ts. Delivering once local time
-	// reaches due + bound therefore is never early by the server's clock,
-	// whichever way the two clocks are off.
-	bound   time.Duration
-	boundAt time.Time
+	// srv estimates the server's clock, a lower bound: a message stored at
+	// server time ts and read at monotonic reading m proves the server's
+	// clock had passed ts by m. Delivering once the estimate reaches due
+	// therefore is never early by the server's clock, and a step of the
+	// local wall clock does not move it (README "Guarantees").
+	srv *serverClock
+	// freshSeq is the level stream's last sequence at the last fresh
+	// observation: messages up to it tell the estimate nothing new.
+	freshSeq uint64
+	// obsSeq and obsStored are the last message observed: a later sequence
+	// stored at an earlier time shows the server's clock stepped back.
+	obsSeq    uint64
+	obsStored time.Time
 
-	clockBoundA  atomic.Int64  // bound, for Stats
+	steps        atomic.Uint64
 	lastSeq      atomic.Uint64 // the level stream's last sequence, as far as known
 	ackedOffset  atomic.Uint64 // the last offset the KV bucket acknowledged
 	headDue      atomic.Int64  // unix ns of a due head not yet delivered; 0 if none
@@ -234,7 +241,7 @@ type Scanner struct {
 	tombstones jetstream.Stream // CancelStream
 	startTail  uint64           // the level stream's last sequence at start
 	idMAC      *idMAC           // derives delivery ids (scanner goroutine)
-	startedAt  time.Time        // when the scanner (re)started
+	startedAt  time.Time        // when the scanner (re)started, by the server's clock
 	cancelledN atomic.Uint64
 	passed     atomic.Uint64 // highest sequence handed off (delivered, forwarded, skipped)
 
@@ -279,9 +286,10 @@ func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scan
 		unsure:    make(map[uint64]struct{}),
 		backoff:   newBackoff(100*time.Millisecond, 5*time.Second),
 		delay:     delay,
+		srv:       &serverClock{clock: cfg.Clock},
 	}
 	if !cfg.StartedAt.IsZero() {
-		sc.graceFrom.Store(cfg.StartedAt.UnixNano())
+		sc.graceFrom.Store(int64(cfg.Clock.Mono()-max(time.Since(cfg.StartedAt), 0)) + 1)
 	}
 	return sc, nil
 }
@@ -302,7 +310,7 @@ func (s *Scanner) oldestDueAge() time.Duration {
 	if due == 0 {
 		return 0
 	}
-	return max(s.cfg.Now().Sub(time.Unix(0, due)), 0)
+	return max(s.srv.now().Sub(time.Unix(0, due)), 0)
 }
 
 func sat(a, b uint64) uint64 {
@@ -317,40 +325,73 @@ func sat(a, b uint64) uint64 {
 // that fell due while the server was away wait the start grace from now.
 func (s *Scanner) Reconnected() {
 	if s.cfg.StartGrace > 0 {
-		s.graceFrom.Store(time.Now().UnixNano())
+		s.graceFrom.Store(int64(s.cfg.Clock.Mono()) + 1)
 	}
 }
 
-// observeClock tightens the clock bound with a server timestamp seen at
-// local time now. fresh restarts the bound from this observation.
-func (s *Scanner) observeClock(serverTime time.Time, fresh bool) {
-	if serverTime.IsZero() {
+// graceHold returns how much longer a core delivery due at due waits the
+// start grace: it fell due before the start or last reconnect (by the
+// server's clock), and StartGrace has not passed since (by the monotonic
+// clock). 0 if it does not wait.
+func (s *Scanner) graceHold(due, now time.Time) time.Duration {
+	from := s.graceFrom.Load()
+	if from == 0 || s.cfg.StartGrace <= 0 {
+		return 0
+	}
+	since := s.cfg.Clock.Mono() - time.Duration(from-1)
+	if since >= s.cfg.StartGrace || !due.Before(now.Add(-since)) {
+		return 0
+	}
+	return s.cfg.StartGrace - since
+}
+
+// observeClock tightens the estimate of the server's clock with a level
+// message's sequence and store time, read just now. A later sequence stored
+// at an earlier time shows the server's clock stepped back: the estimate
+// restarts from a fresh stream info at once.
+func (s *Scanner) observeClock(ctx context.Context, seq uint64, stored time.Time) {
+	if stored.IsZero() {
 		return
 	}
-	now := s.cfg.Now()
-	b := now.Sub(serverTime)
-	if fresh || s.boundAt.IsZero() {
-		s.bound, s.boundAt = b, now
-	} else {
-		s.bound = min(s.bound, b)
+	if seq > s.obsSeq && stored.Before(s.obsStored) {
+		// (In a cluster, also a new stream leader whose clock is behind.)
+		s.logger.Info("the server's clock stepped back; re-reading it", slog.Uint64("seq", seq), slog.Duration("step", stored.Sub(s.obsStored)))
+		s.obsSeq, s.obsStored = seq, stored
+		s.refreshClock(ctx)
+		return
 	}
-	s.clockBoundA.Store(int64(s.bound))
+	s.obsSeq, s.obsStored = seq, stored
+	if seq > s.freshSeq {
+		// Stored after the last fresh observation: a lower bound even if
+		// the server's clock stepped before it.
+		s.srv.observe(stored, false)
+	}
 }
 
-// refreshClock restarts the clock bound from the server time in a fresh
-// stream info.
+// refreshClock restarts the estimate of the server's clock from a fresh
+// stream info. On failure the estimate stays (it only grows more
+// conservative) and the next refresh is tried a refresh interval later.
 func (s *Scanner) refreshClock(ctx context.Context) {
 	ictx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	info, err := s.stream.Info(ictx)
-	if err != nil {
-		s.boundAt = s.cfg.Now() // keep the old bound; try again later
+	if err != nil || info.TimeStamp.IsZero() {
+		s.srv.postpone()
 		return
 	}
-	s.observeClock(info.TimeStamp, true)
+	s.freshFrom(info)
 }
 
-func (s *Scanner) progress() { s.lastProgress.Store(s.cfg.Now().UnixNano()) }
+// freshFrom restarts the estimate from a stream info's server time.
+func (s *Scanner) freshFrom(info *jetstream.StreamInfo) {
+	if info.TimeStamp.IsZero() {
+		return
+	}
+	s.srv.observe(info.TimeStamp, true)
+	s.freshSeq = info.State.LastSeq
+}
+
+func (s *Scanner) progress() { s.lastProgress.Store(int64(s.cfg.Clock.Mono())) }
 
 // Stalled reports whether a due head has waited longer than
 // [ScannerStallAfterDefault] without the offset moving: the target keeps
@@ -359,7 +400,7 @@ func (s *Scanner) Stalled() bool {
 	if s.headDue.Load() == 0 {
 		return false
 	}
-	return s.cfg.Now().Sub(time.Unix(0, s.lastProgress.Load())) > ScannerStallAfterDefault
+	return s.cfg.Clock.Mono()-time.Duration(s.lastProgress.Load()) > ScannerStallAfterDefault
 }
 
 // Stats returns the scanner's counters.
@@ -372,7 +413,8 @@ func (s *Scanner) Stats() ScannerStats {
 		CommitLag:    sat(s.committedA.Load(), s.ackedOffset.Load()),
 		OldestDueAge: s.oldestDueAge(),
 		LastLateness: time.Duration(s.lastLateness.Load()),
-		ClockBound:   time.Duration(s.clockBoundA.Load()),
+		ClockBound:   s.srv.lead(),
+		Steps:        s.steps.Load(),
 	}
 }
 
@@ -413,6 +455,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 			s.restart = false
 			backoff.reset()
 		}
+		s.steps.Add(1)
 		err := s.step(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -442,7 +485,7 @@ func (s *Scanner) start(outer context.Context) error {
 	clear(s.done)
 	clear(s.attempts)
 	clear(s.unsure)
-	s.observeClock(stream.CachedInfo().TimeStamp, true)
+	s.freshFrom(stream.CachedInfo())
 	st := stream.CachedInfo().State
 	first := st.FirstSeq // with no messages, FirstSeq is LastSeq+1
 	if first == 0 {
@@ -484,7 +527,7 @@ func (s *Scanner) start(outer context.Context) error {
 		}
 	}
 	s.passed.Store(off)
-	s.startTail, s.startedAt = st.LastSeq, s.cfg.Now()
+	s.startTail, s.startedAt = st.LastSeq, s.srv.now()
 	s.offset, s.committed, s.purgedTo = off, off, first
 	s.committedA.Store(off)
 	s.ackedOffset.Store(off)
@@ -556,7 +599,7 @@ func (s *Scanner) step(ctx context.Context) error {
 			return nil
 		}
 		s.head, s.headMeta = m, meta
-		s.observeClock(meta.stored, false)
+		s.observeClock(ctx, meta.streamSeq, meta.stored)
 	}
 	m, seq := s.head, s.headMeta.streamSeq
 	if _, ok := s.done[seq]; ok {
@@ -572,14 +615,13 @@ func (s *Scanner) step(ctx context.Context) error {
 		return nil
 	}
 	target, due := s.parse(m, s.headMeta.stored)
-	now := s.cfg.Now()
-	if now.Sub(s.boundAt) > clockRefresh {
+	if s.srv.stale() {
 		s.refreshClock(ctx)
-		now = s.cfg.Now()
 	}
+	now := s.srv.now() // the server's clock, estimated
 	if hopDue, ok := s.hopDue(m); ok {
 		// A cascading message: at the end of this level's wait it moves on.
-		if wait := hopDue.Add(s.bound).Sub(now); wait > 0 {
+		if wait := hopDue.Sub(now); wait > 0 {
 			if !s.quiesce(ctx) {
 				return nil
 			}
@@ -595,7 +637,7 @@ func (s *Scanner) step(ctx context.Context) error {
 		return nil
 	}
 	bound := s.cfg.Targets.bound(target) // stream-bound: confirmed by PubAck, never held
-	if !due.Add(s.bound).After(now) && !bound {
+	if !due.After(now) && !bound {
 		// A core delivery is due. Not while disconnected: nats.go would
 		// buffer it and send it the instant the connection is back, before
 		// core subscribers have reconnected. And a reconnect since the last
@@ -609,26 +651,24 @@ func (s *Scanner) step(ctx context.Context) error {
 		}
 		// A reconnect this scanner saw happen, or one that happened while it
 		// slept (the reconnect count, looked at no more than every 50 ms).
-		if s.sawDisconnect || now.Sub(s.reconnLook) > 50*time.Millisecond {
-			s.reconnLook = now
+		if mono := s.cfg.Clock.Mono(); s.sawDisconnect || mono-s.reconnLook > 50*time.Millisecond {
+			s.reconnLook = mono
 			if r := s.nc.Stats().Reconnects; r != s.seenReconnects || s.sawDisconnect {
 				s.seenReconnects, s.sawDisconnect = r, false
 				s.Reconnected()
-				now = s.cfg.Now()
 			}
 		}
 	}
-	if from := time.Unix(0, s.graceFrom.Load()); s.cfg.StartGrace > 0 && due.Before(from) {
-		if until := from.Add(s.cfg.StartGrace); now.Before(until) && !bound {
-			due = until
-		}
+	wait := due.Sub(now)
+	if !bound {
+		wait = max(wait, s.graceHold(due, now))
 	}
-	if wait := due.Add(s.bound).Sub(now); wait > 0 {
+	if wait > 0 {
 		if !s.quiesce(ctx) {
 			return nil // a delivery failed and was rewound: read it again
 		}
-		// Wake at least every clockRefresh to re-measure the clock bound,
-		// so a clock stepped during a long wait is noticed.
+		// Wake at least every clockRefresh to read the server's clock
+		// again, so that a step of the server's own clock is followed.
 		return s.sleep(ctx, min(wait, clockRefresh))
 	}
 	if s.headDue.Load() == 0 {
@@ -637,7 +677,7 @@ func (s *Scanner) step(ctx context.Context) error {
 	s.head = nil
 	s.next = seq + 1
 	s.passed.Store(seq)
-	lateness := now.Sub(due) - s.bound
+	lateness := now.Sub(due)
 	s.lastLateness.Store(int64(lateness))
 	if s.cfg.OnDelivery != nil {
 		s.cfg.OnDelivery(lateness)
@@ -1089,10 +1129,11 @@ func (s *Scanner) sleep(ctx context.Context, d time.Duration) error { return sle
 
 // purge removes the delivered prefix, keeping the last committed message.
 func (s *Scanner) purge(ctx context.Context, idle bool) {
-	if ctx.Err() != nil || s.committed <= s.purgedTo || (!idle && s.cfg.Now().Sub(s.lastPurge) < s.cfg.PurgeEvery) {
+	mono := s.cfg.Clock.Mono()
+	if ctx.Err() != nil || s.committed <= s.purgedTo || (!idle && mono-s.lastPurge < s.cfg.PurgeEvery) {
 		return
 	}
-	s.lastPurge = s.cfg.Now() // a failing purge is not retried in a tight loop either
+	s.lastPurge = mono // a failing purge is not retried in a tight loop either
 	// The offset belongs to one life of the stream: purging by it a stream
 	// that was deleted and recreated would destroy undelivered messages.
 	if !s.sameStream(ctx) {

@@ -68,8 +68,10 @@ type Config struct {
 	// Logger is optional. Default discards.
 	Logger *slog.Logger
 
-	// Now is the scanners' clock. Optional. Default time.Now.
-	Now func() time.Time
+	// Clock is the scanners' local clock ([ScannerConfig].Clock). Optional.
+	// Default [SystemClock]. Due-ness is decided by an estimate of the
+	// server's clock, never by Clock.Now.
+	Clock Clock
 
 	// OnDelivery is called for every delivery with its level stream and
 	// lateness, on the scanner's goroutine (a metrics histogram). Optional.
@@ -241,8 +243,8 @@ func (s *Service) Run(ctx context.Context) error {
 			sc.OnDelivery = func(l time.Duration) { s.cfg.OnDelivery(stream, l) }
 		}
 		sc.Logger = s.logger.With(slog.String("component", "scanner"))
-		if s.cfg.Now != nil {
-			sc.Now = s.cfg.Now
+		if s.cfg.Clock != nil {
+			sc.Clock = s.cfg.Clock
 		}
 		sc.StartGrace = s.cfg.StartGrace
 		if s.cfg.GraceAtStart {

@@ -25,7 +25,9 @@ func TestClockSkew(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			b.startDelayd("100ms 500ms", func(c *deliver.Config) {
-				c.Now = func() time.Time { return time.Now().Add(skew) }
+				clock := &wallClock{}
+				clock.step(skew)
+				c.Clock = clock
 			})
 			c := b.collect("skew.>")
 			const n = 30
