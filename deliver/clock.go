@@ -47,6 +47,12 @@ const (
 	// estimate allows for: 500 ppm is the most the Linux kernel slews a
 	// clock; quartz oscillators differ by tens of ppm.
 	clockDriftPPM = 500
+
+	// clockSharpen: a head that would be due but for the drift allowance of
+	// an observation older than this is decided on a fresh one instead, so
+	// the allowance costs a long-waiting level at most this much times
+	// clockDriftPPM (50 µs), not the 5 ms of a whole clockRefresh.
+	clockSharpen = 100 * time.Millisecond
 )
 
 // serverClock estimates the server's clock as a lower bound: an
@@ -123,6 +129,21 @@ func (c *serverClock) upper() time.Time {
 	}
 	el := m - c.mono
 	return c.at.Add(el + el/(1_000_000/clockDriftPPM))
+}
+
+// uncertain reports whether the server's clock may already have reached t
+// although the estimate has not, only because of the drift allowed for since
+// an observation more than clockSharpen old: a fresh observation would
+// settle it (see [Scanner] step).
+func (c *serverClock) uncertain(t time.Time) bool {
+	m := c.clock.Mono()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ok || m-c.mono < clockSharpen {
+		return false
+	}
+	el := m - c.mono
+	return !t.After(c.at.Add(el + el/(1_000_000/clockDriftPPM)))
 }
 
 // stale reports whether the estimate is due a fresh restart.

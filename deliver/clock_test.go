@@ -62,3 +62,29 @@ func TestServerClock(t *testing.T) {
 		t.Errorf("lead %s, want %s", got, lc.wall.Sub(back))
 	}
 }
+
+// TestServerClockUncertain: a time past the estimate but within the drift
+// allowance is uncertain once the observation is older than clockSharpen,
+// so the scanner re-reads the server's clock instead of waiting out the
+// allowance; a time beyond the allowance, or a young observation, is not.
+func TestServerClockUncertain(t *testing.T) {
+	t.Parallel()
+	server := time.Date(2026, 12, 1, 2, 0, 0, 0, time.UTC)
+	lc := &manualClock{wall: server, mono: time.Hour}
+	c := &serverClock{clock: lc}
+	c.observe(server, true)
+	lc.mono += 10 * time.Second
+	allowance := 10 * time.Second / (1_000_000 / clockDriftPPM) // 5 ms
+	now := c.now()
+	if !c.uncertain(now.Add(allowance)) {
+		t.Errorf("%s past the estimate, within the allowance of a 10 s old observation: not uncertain", allowance)
+	}
+	if c.uncertain(now.Add(3 * allowance)) {
+		t.Errorf("%s past the estimate: uncertain, want certainly not reached", 3*allowance)
+	}
+	c.observe(server.Add(10*time.Second), true)
+	lc.mono += clockSharpen / 2
+	if c.uncertain(c.now().Add(time.Microsecond)) {
+		t.Error("uncertain with an observation younger than clockSharpen")
+	}
+}

@@ -1,6 +1,7 @@
 package deliver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -619,7 +620,13 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.refreshClock(ctx)
 	}
 	now := s.srv.now() // the server's clock, estimated
-	if hopDue, ok := s.hopDue(m); ok {
+	hopDue, hop := s.hopDue(m)
+	if when := cmp.Or(hopDue, due); when.After(now) && s.srv.uncertain(when) {
+		// Due but for the drift allowed since an older observation.
+		s.refreshClock(ctx)
+		now = s.srv.now()
+	}
+	if hop {
 		// A cascading message: at the end of this level's wait it moves on.
 		if wait := hopDue.Sub(now); wait > 0 {
 			if !s.quiesce(ctx) {
