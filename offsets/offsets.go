@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -31,6 +32,13 @@ var (
 	// ErrNotFound is returned by [Store.Load] when no offset was ever
 	// committed for the stream.
 	ErrNotFound = errors.New("offsets: no committed offset")
+
+	// ErrDeleted is wrapped, together with [ErrNotFound], by [Store.Load]'s
+	// error when the stream's key was deleted or purged: its last entry in
+	// the bucket is a KV delete or purge marker, so an offset was committed
+	// once and then removed by hand. The wrapping error gives the marker's
+	// revision and time.
+	ErrDeleted = errors.New("offsets: committed offset was deleted")
 
 	// ErrCorrupt is returned by [Store.Load] when the stored value is not a
 	// decimal sequence. The value is quoted in the wrapping error.
@@ -87,11 +95,22 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, error
 }
 
 // Load returns the committed offset of a level stream. It returns an error
-// wrapping [ErrNotFound] when there is none and [ErrCorrupt] when the stored
-// value is not a decimal sequence.
+// wrapping [ErrNotFound] when there is none (and also [ErrDeleted] when the
+// key was deleted or purged), and [ErrCorrupt] when the stored value is not
+// a decimal sequence.
 func (s *Store) Load(ctx context.Context, stream string) (uint64, error) {
 	e, err := s.kv.Get(ctx, stream)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		// A deleted key leaves a marker as its last (and, with History 1,
+		// only) entry; a key never written has none.
+		if h, herr := s.kv.History(ctx, stream); herr == nil && len(h) > 0 && h[len(h)-1].Operation() != jetstream.KeyValuePut {
+			m, op := h[len(h)-1], "deleted"
+			if m.Operation() == jetstream.KeyValuePurge {
+				op = "purged"
+			}
+			return 0, fmt.Errorf("%w for %s: %w (key %s at revision %d, %s)", ErrNotFound, stream, ErrDeleted,
+				op, m.Revision(), m.Created().UTC().Format(time.RFC3339))
+		}
 		return 0, fmt.Errorf("%w for %s", ErrNotFound, stream)
 	}
 	if err != nil {
