@@ -4,17 +4,25 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
 )
 
@@ -144,5 +152,132 @@ func TestOffsetKeyGoneIsLogged(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// putHopKey stores value as the hop secret before delayd's first start.
+func putHopKey(t *testing.T, b *testBundle, value []byte) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := offsets.New(ctx, b.js, offsets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := b.js.KeyValue(ctx, offsets.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "hop-key", value); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHopKeyDamagedStopsDelayd sets the hop secret to values delayd never
+// writes: delayd must refuse to run (before, it took them as a key of
+// another length, and every derived delivery id changed), with an error
+// naming the bucket and key and how to recover.
+func TestHopKeyDamagedStopsDelayd(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		value []byte
+	}{
+		{"garbage", []byte("garbage")},
+		{"wrong length", bytes.Repeat([]byte{0xfe}, 31)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			putHopKey(t, b, tc.value)
+			nc, err := nats.Connect(b.srv.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			svc, err := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("100ms"), Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- svc.Run(ctx) }()
+			select {
+			case err := <-done:
+				if !errors.Is(err, deliver.ErrHopKey) {
+					t.Fatalf("Run: %v; want ErrHopKey", err)
+				}
+				for _, want := range []string{"DELAYD_OFFSETS", `"hop-key"`, "nats kv del DELAYD_OFFSETS hop-key"} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("error %q does not say %q", err, want)
+					}
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("delayd still running 20s after start on a hop secret it never wrote (%q); ready=%v", tc.value, svc.Ready())
+			}
+		})
+	}
+}
+
+// TestHopKeyLegacyAccepted stores the hop secret as delayd stored it before
+// its integrity check (32 raw random bytes) and checks that an upgraded
+// delayd derives delivery ids with exactly that key: a stream-bound target
+// still drops the re-delivery of a message delivered before the upgrade.
+func TestHopKeyLegacyAccepted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	legacy := make([]byte, 32)
+	_, _ = rand.Read(legacy)
+	legacy[0] = 0x80
+	putHopKey(t, b, legacy)
+	c := b.collect("legacy.>")
+	b.startDelayd("100ms")
+	b.publish("delay.legacy.x", []byte("x"), level(1))
+	got := c.wait(t, 1, 10*time.Second)
+	id := got[0].msg.Header.Get("Nats-Msg-Id")
+	i := strings.LastIndexByte(id, '-')
+	if i < 0 || !strings.HasPrefix(id, "delayd-") {
+		t.Fatalf("delivered with Nats-Msg-Id %q, want delayd-<created>-<seq>-<mac>", id)
+	}
+	m := hmac.New(sha256.New, legacy)
+	m.Write([]byte("delivery-id\x00" + id[:i]))
+	if want := base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:9]); id[i+1:] != want {
+		t.Errorf("Nats-Msg-Id %q: MAC %q, want %q (derived with the legacy key as stored)", id, id[i+1:], want)
+	}
+	kv, err := b.js.KeyValue(context.Background(), offsets.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := kv.Get(context.Background(), "hop-key"); err != nil || !bytes.Equal(e.Value(), legacy) {
+		t.Errorf("legacy hop-key changed or gone after start: %v", err)
+	}
+}
+
+// TestHopKeyDamagedExit runs the delayd binary on a damaged hop secret: it
+// must exit with status 1 and log why, naming the bucket and key.
+func TestHopKeyDamagedExit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds cmd/delayd: skipped when testing.Short()")
+	}
+	t.Parallel()
+	b := setup(t)
+	putHopKey(t, b, []byte("garbage"))
+	p := b.startProcess("DELAYD_LEVELS=100ms")
+	exited := make(chan error, 1)
+	go func() { exited <- p.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Errorf("delayd exited with %v, want status 1", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("delayd still running 60s after start on a damaged hop secret; output:\n%s", p.out.String())
+	}
+	out := p.out.String()
+	t.Logf("delayd's output:\n%s", out)
+	for _, want := range []string{"hop secret in NATS is damaged", "DELAYD_OFFSETS", `\"hop-key\"`, "nats kv del DELAYD_OFFSETS hop-key"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output does not say %q", want)
+		}
 	}
 }
