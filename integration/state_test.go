@@ -281,3 +281,74 @@ func TestHopKeyDamagedExit(t *testing.T) {
 		}
 	}
 }
+
+// TestTailSyncForeignTail: after a crash, the router finds which ingress
+// messages a level stream already holds from the Delayd-Ingress header of
+// the stream's last message. Here an ingress message is already written to
+// its level stream but not acked (as a crash between the two leaves it),
+// and behind it the level stream holds a message that delayd did not write
+// (published straight to the level subject), with no or a garbled ingress
+// reference. The router must sync to its own last write and not write the
+// ingress message a second time (it would be delivered twice), and say so.
+func TestTailSyncForeignTail(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		ref  []string // the foreign message's Delayd-Ingress
+	}{
+		{"missing", nil},
+		{"garbled", []string{"delayd-not-a-sequence"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ctx := context.Background()
+			logs, withLogs := newLogRecorder(t)
+			c := b.collect("tail.>")
+			b.startDelayd("100ms 1s")
+			b.stopDelayd()
+			ingress, err := b.js.Stream(ctx, deliver.IngressStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ingressID := strconv.FormatInt(ingress.CachedInfo().Created.UnixNano(), 10)
+
+			// The crash's leftovers: the ingress message, and its level write.
+			seq := b.publish("delay.tail.m", []byte("m"), level(2))
+			due := time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
+			if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: "delayd.level.1S.tail.m", Data: []byte("m"), Header: nats.Header{
+				"Delayd-Ingress":    {"delayd-" + ingressID + "-" + strconv.FormatUint(seq, 10)},
+				"Delay-Due-At":      {due},
+				"Delay-Enqueued-At": {time.Now().UTC().Format(time.RFC3339Nano)},
+			}}); err != nil {
+				t.Fatal(err)
+			}
+			// Behind it, a message delayd did not write.
+			h := nats.Header{"Delay-Due-At": {due}}
+			if tc.ref != nil {
+				h["Delayd-Ingress"] = tc.ref
+			}
+			if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: "delayd.level.1S.tail.foreign", Data: []byte("foreign"), Header: h}); err != nil {
+				t.Fatal(err)
+			}
+
+			b.startDelayd("100ms 1s", withLogs)
+			waitFor(t, 15*time.Second, "m and the foreign message delivered, ingress empty", func() bool {
+				return len(c.snapshot()) >= 2 && b.streamCount(deliver.IngressStream) == 0
+			})
+			b.stopDelayd() // settles what the router and scanners were doing
+			n := 0
+			for _, r := range c.snapshot() {
+				if string(r.msg.Data) == "m" {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Errorf("m delivered %d times, want 1 (the router wrote it to DELAYD_1S again)", n)
+			}
+			if len(logs.records("level stream's last messages have no valid ingress reference (not written by delayd); synced to the last one that has")) == 0 {
+				t.Errorf("no warning about DELAYD_1S's foreign tail; logged:\n%s", logs.buf.String())
+			}
+		})
+	}
+}
