@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"os/exec"
@@ -350,5 +351,60 @@ func TestTailSyncForeignTail(t *testing.T) {
 				t.Errorf("no warning about DELAYD_1S's foreign tail; logged:\n%s", logs.buf.String())
 			}
 		})
+	}
+}
+
+// TestGarbledTombstoneAndIndexRecord puts messages delayd cannot read on
+// the id index slot of a pending message and among a level's cancel
+// tombstones. A cancel must still find the message (a lookup skips what it
+// cannot read), the valid tombstone must still hold after a restart, the
+// unreadable one is logged and cancels nothing, and the other message is
+// delivered.
+func TestGarbledTombstoneAndIndexRecord(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	c := b.collect("garbled.>")
+	b.startDelayd("100ms 3s")
+	for _, id := range []string{"a", "b"} {
+		h := level(2)
+		h.Set("Nats-Msg-Id", id)
+		b.publish("delay.garbled."+id, []byte(id), h)
+	}
+	// Behind a's index record, on its slot: a record that is not one.
+	slot := fnv.New64a()
+	slot.Write([]byte("ua")) // the index key of publisher id "a"
+	if _, err := b.js.Publish(ctx, "delayd.idx."+strconv.FormatUint(slot.Sum64()%deliver.IndexSlots, 10), []byte("garbage 1 - x 99\nua")); err != nil {
+		t.Fatal(err)
+	}
+	if r := b.cancel("a"); r != "cancelled" {
+		t.Fatalf("cancel a behind a garbled index record: %q, want cancelled", r)
+	}
+	b.stopDelayd()
+	if _, err := b.js.Publish(ctx, "delayd.cancels.DELAYD_3S", []byte("not a tombstone")); err != nil {
+		t.Fatal(err)
+	}
+	logs, withLogs := newLogRecorder(t)
+	b.startDelayd("100ms 3s", withLogs)
+	got := c.wait(t, 1, 15*time.Second)
+	if string(got[0].msg.Data) != "b" {
+		t.Errorf("delivered %q, want b", got[0].msg.Data)
+	}
+	waitFor(t, 15*time.Second, "DELAYD_3S passes a's sequence", func() bool {
+		_, ss := b.svc.Stats()
+		for _, s := range ss {
+			if s.Stream == "DELAYD_3S" {
+				return s.Offset >= 2
+			}
+		}
+		return false
+	})
+	for _, r := range c.snapshot() {
+		if string(r.msg.Data) == "a" {
+			t.Errorf("cancelled message a delivered")
+		}
+	}
+	if len(logs.records("cancel tombstone not readable; ignored")) != 1 {
+		t.Errorf("want one warning for the unreadable tombstone; logged:\n%s", logs.buf.String())
 	}
 }
