@@ -104,6 +104,9 @@ func loadHopKey(ctx context.Context, js jetstream.JetStream, logger *slog.Logger
 	if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, fmt.Errorf("hop key: %w", err)
 	}
+	// A delete or purge marker (the bucket keeps it) tells a rotation from a first start.
+	h, herr := kv.History(ctx, hopKeyName)
+	deleted := herr == nil && len(h) > 0
 	key := make([]byte, hopKeySize)
 	_, _ = rand.Read(key)
 	if _, err := kv.Create(ctx, hopKeyName, encodeHopKey(key)); err != nil {
@@ -115,6 +118,12 @@ func loadHopKey(ctx context.Context, js jetstream.JetStream, logger *slog.Logger
 			return nil, fmt.Errorf("hop key: %w", err)
 		}
 		return decodeStoredHopKey(e)
+	}
+	if deleted {
+		// Its earlier value was deleted or purged: this is a rotation.
+		logger.Warn("hop secret was deleted; created a new one: derived delivery ids change, so a stream target may store a re-delivery once more, and hops in the ingress stream signed with the old one are routed as new messages",
+			slog.String("bucket", offsets.Bucket), slog.String("key", hopKeyName))
+		return hopKey(key), nil
 	}
 	logger.Info("hop secret created", slog.String("bucket", offsets.Bucket), slog.String("key", hopKeyName))
 	return hopKey(key), nil

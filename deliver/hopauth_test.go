@@ -116,4 +116,17 @@ func TestLoadHopKey(t *testing.T) {
 			t.Errorf("%s: the refused value was overwritten with %q", tc.name, stored())
 		}
 	}
+
+	// Deleted (the recovery the error names): a new secret, logged as a rotation.
+	if err := kv.Delete(ctx, hopKeyName); err != nil {
+		t.Fatal(err)
+	}
+	var logged bytes.Buffer
+	rotated, err := loadHopKey(ctx, js, slog.New(slog.NewTextHandler(&logged, nil)))
+	if err != nil || len(rotated) != hopKeySize || bytes.Equal(rotated, created) {
+		t.Fatalf("after delete: %x, %v; want a new %d-byte key", rotated, err, hopKeySize)
+	}
+	if !strings.Contains(logged.String(), "level=WARN") || !strings.Contains(logged.String(), "hop secret was deleted") {
+		t.Errorf("rotation not logged as a warning: %q", logged.String())
+	}
 }
