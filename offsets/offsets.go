@@ -61,9 +61,10 @@ type Config struct {
 // Store reads and commits level offsets. It is safe for concurrent use; each
 // level stream's scanner owns its own key.
 type Store struct {
-	kv     jetstream.KeyValue
-	js     jetstream.JetStream
-	logger *slog.Logger
+	kv       jetstream.KeyValue
+	kvStream jetstream.Stream // the bucket's stream, for delete markers
+	js       jetstream.JetStream
+	logger   *slog.Logger
 
 	mu   sync.Mutex
 	last map[string]uint64 // last committed (or loaded) offset per stream
@@ -91,7 +92,11 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("offsets: create bucket %s: %w", Bucket, err)
 	}
-	return &Store{kv: kv, js: js, logger: logger, last: make(map[string]uint64)}, nil
+	kvStream, err := js.Stream(ctx, "KV_"+Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: bucket %s: %w", Bucket, err)
+	}
+	return &Store{kv: kv, kvStream: kvStream, js: js, logger: logger, last: make(map[string]uint64)}, nil
 }
 
 // Load returns the committed offset of a level stream. It returns an error
@@ -102,14 +107,14 @@ func (s *Store) Load(ctx context.Context, stream string) (uint64, error) {
 	e, err := s.kv.Get(ctx, stream)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		// A deleted key leaves a marker as its last (and, with History 1,
-		// only) entry; a key never written has none.
-		if h, herr := s.kv.History(ctx, stream); herr == nil && len(h) > 0 && h[len(h)-1].Operation() != jetstream.KeyValuePut {
-			m, op := h[len(h)-1], "deleted"
-			if m.Operation() == jetstream.KeyValuePurge {
+		// only) message; a key never written has none.
+		if m, merr := s.kvStream.GetLastMsgForSubject(ctx, "$KV."+Bucket+"."+stream); merr == nil {
+			op := "deleted"
+			if r := m.Header.Get(jetstream.MarkerReasonHeader); m.Header.Get("KV-Operation") == "PURGE" || r == "Purge" || r == "MaxAge" {
 				op = "purged"
 			}
 			return 0, fmt.Errorf("%w for %s: %w (key %s at revision %d, %s)", ErrNotFound, stream, ErrDeleted,
-				op, m.Revision(), m.Created().UTC().Format(time.RFC3339))
+				op, m.Sequence, m.Time.UTC().Format(time.RFC3339))
 		}
 		return 0, fmt.Errorf("%w for %s", ErrNotFound, stream)
 	}
