@@ -63,6 +63,14 @@ func (t *tombstone) encode() []byte {
 	return []byte(strconv.FormatUint(t.seq, 10) + "\n" + t.key + "\n" + t.mergeKey)
 }
 
+// clip quotes at most n bytes of b for a log line.
+func clip(b []byte, n int) string {
+	if len(b) > n {
+		return strconv.Quote(string(b[:n])) + "…"
+	}
+	return strconv.Quote(string(b))
+}
+
 func decodeTombstone(data []byte, at uint64) (*tombstone, bool) {
 	f := strings.SplitN(string(data), "\n", 3)
 	if len(f) < 2 {
@@ -232,12 +240,18 @@ func (s *Scanner) loadTombstones(ctx context.Context, offset uint64) error {
 	s.tombMin = math.MaxUint64
 	s.cancelMu.Unlock()
 	err := s.reader.eachOnSubject(ctx, CancelStream, cancelSubjects+s.cfg.Stream, s.cfg.Batch, func(m *nats.Msg, at uint64) {
-		if t, ok := decodeTombstone(m.Data, at); ok {
-			s.cancelMu.Lock()
-			s.cancelled[t.seq] = t // indexed unknown: the janitor checks
-			s.tombMin = min(s.tombMin, t.seq)
-			s.cancelMu.Unlock()
+		t, ok := decodeTombstone(m.Data, at)
+		if !ok {
+			// Not one delayd wrote: it cancels nothing and stays until an
+			// operator removes it (README "State in NATS").
+			s.logger.Warn("cancel tombstone not readable; ignored", slog.String("tombstones", CancelStream),
+				slog.Uint64("tombstone_seq", at), slog.String("value", clip(m.Data, 64)))
+			return
 		}
+		s.cancelMu.Lock()
+		s.cancelled[t.seq] = t // indexed unknown: the janitor checks
+		s.tombMin = min(s.tombMin, t.seq)
+		s.cancelMu.Unlock()
 	})
 	if err != nil {
 		return fmt.Errorf("cancel tombstones: %w", err)

@@ -1,6 +1,7 @@
 package deliver
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -9,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"log/slog"
+	"slices"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
@@ -33,23 +36,80 @@ const (
 // hopKey is the secret of hop MACs.
 type hopKey []byte
 
+// The hop secret is hopKeySize random bytes. delayd stores it as
+// hopKeyPrefix + base64url(key) + "." + base64url(check), check being the
+// first 12 bytes of SHA-256(hopKeyCheckLabel + key), so that a value that
+// is not one delayd wrote (set by hand, cut short, overwritten) is refused
+// at start instead of silently becoming another secret. Before this
+// format, delayd stored the hopKeySize raw bytes themselves (legacy); such
+// a value is still accepted and left as it is, so that an upgrade keeps
+// its secret and an older delayd can still read it.
+const (
+	hopKeySize       = 32
+	hopKeyPrefix     = "delayd-hop-key-v1."
+	hopKeyCheckLabel = "delayd hop-key v1\x00"
+)
+
+// ErrHopKey is wrapped by the error [Service.Run] returns when the hop
+// secret stored in the offsets bucket is not one delayd wrote: wrong
+// length, unknown format or failed integrity check. It is not retried:
+// running on with another secret would change every derived delivery id.
+var ErrHopKey = errors.New("hop secret is not one delayd wrote")
+
+// encodeHopKey returns the stored form of key.
+func encodeHopKey(key hopKey) []byte {
+	sum := sha256.Sum256(append([]byte(hopKeyCheckLabel), key...))
+	return []byte(hopKeyPrefix + base64.RawURLEncoding.EncodeToString(key) + "." + base64.RawURLEncoding.EncodeToString(sum[:12]))
+}
+
+// decodeHopKey returns the secret of a stored hop-key value: the current
+// format with a valid check, or a legacy value of hopKeySize raw bytes. A
+// legacy value made only of printable ASCII is refused: delayd wrote
+// random bytes, which are all printable with a chance of about 1e-14, so
+// it was typed by hand.
+func decodeHopKey(v []byte) (hopKey, error) {
+	if rest, ok := bytes.CutPrefix(v, []byte(hopKeyPrefix)); ok {
+		k64, _, ok := bytes.Cut(rest, []byte("."))
+		key, kerr := base64.RawURLEncoding.DecodeString(string(k64))
+		if !ok || kerr != nil || len(key) != hopKeySize {
+			return nil, fmt.Errorf("%w: %d bytes in the %s format with a malformed key", ErrHopKey, len(v), hopKeyPrefix+"<key>.<check>")
+		}
+		if !bytes.Equal(encodeHopKey(key), v) {
+			return nil, fmt.Errorf("%w: %d bytes in the %s format whose integrity check fails", ErrHopKey, len(v), hopKeyPrefix+"<key>.<check>")
+		}
+		return key, nil
+	}
+	if len(v) != hopKeySize {
+		return nil, fmt.Errorf("%w: %d bytes, want the %s format or %d raw bytes (before it)", ErrHopKey, len(v), hopKeyPrefix+"<key>.<check>", hopKeySize)
+	}
+	if !slices.ContainsFunc(v, func(b byte) bool { return b < 0x20 || b > 0x7e }) {
+		return nil, fmt.Errorf("%w: %d bytes of printable text, not the random bytes delayd wrote", ErrHopKey, len(v))
+	}
+	return hopKey(v), nil
+}
+
 // loadHopKey reads the hop secret from the offsets bucket, creating it on
-// first start.
-func loadHopKey(ctx context.Context, js jetstream.JetStream) (hopKey, error) {
+// first start. A stored value that [decodeHopKey] refuses is an error
+// wrapping [ErrHopKey] that names the bucket and key and says how to
+// recover; delayd must not start on it.
+func loadHopKey(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) (hopKey, error) {
 	kv, err := js.KeyValue(ctx, offsets.Bucket)
 	if err != nil {
 		return nil, fmt.Errorf("hop key: %w", err)
 	}
 	e, err := kv.Get(ctx, hopKeyName)
 	if err == nil {
-		return hopKey(e.Value()), nil
+		return decodeStoredHopKey(e)
 	}
 	if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, fmt.Errorf("hop key: %w", err)
 	}
-	key := make([]byte, 32)
+	// A delete or purge marker (the bucket keeps it) tells a rotation from a first start.
+	h, herr := kv.History(ctx, hopKeyName)
+	deleted := herr == nil && len(h) > 0
+	key := make([]byte, hopKeySize)
 	_, _ = rand.Read(key)
-	if _, err := kv.Create(ctx, hopKeyName, key); err != nil {
+	if _, err := kv.Create(ctx, hopKeyName, encodeHopKey(key)); err != nil {
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, fmt.Errorf("hop key: %w", err)
 		}
@@ -57,9 +117,30 @@ func loadHopKey(ctx context.Context, js jetstream.JetStream) (hopKey, error) {
 		if e, err = kv.Get(ctx, hopKeyName); err != nil {
 			return nil, fmt.Errorf("hop key: %w", err)
 		}
-		return hopKey(e.Value()), nil
+		return decodeStoredHopKey(e)
 	}
+	if deleted {
+		// Its earlier value was deleted or purged: this is a rotation.
+		logger.Warn("hop secret was deleted; created a new one: derived delivery ids change, so a stream target may store a re-delivery once more, and hops in the ingress stream signed with the old one are routed as new messages",
+			slog.String("bucket", offsets.Bucket), slog.String("key", hopKeyName))
+		return hopKey(key), nil
+	}
+	logger.Info("hop secret created", slog.String("bucket", offsets.Bucket), slog.String("key", hopKeyName))
 	return hopKey(key), nil
+}
+
+// decodeStoredHopKey decodes the hop-key entry e, wrapping a refusal with
+// where the value is and how to recover.
+func decodeStoredHopKey(e jetstream.KeyValueEntry) (hopKey, error) {
+	key, err := decodeHopKey(e.Value())
+	if err != nil {
+		return nil, fmt.Errorf("KV bucket %s, key %q (revision %d): %w; delayd will not run on it, since another secret "+
+			"changes every derived delivery id. To recover, put back the value delayd wrote (from a backup of the bucket), "+
+			"or delete the key (nats kv del %s %s) and start delayd, which creates a new secret: a stream target may then "+
+			"store a re-delivery once more, and hops waiting in the ingress stream lose their first id (README \"The hop secret\")",
+			offsets.Bucket, hopKeyName, e.Revision(), err, offsets.Bucket, hopKeyName)
+	}
+	return key, nil
 }
 
 // mac is the MAC of a hop message's trusted fields.

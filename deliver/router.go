@@ -287,7 +287,7 @@ func (r *Router) Stats() RouterStats {
 // without duplicates, on the next start) and returns nil. It survives server
 // restarts and reconnects; it returns an error only for a bad setup.
 func (r *Router) Run(ctx context.Context) error {
-	tails, err := newBatchReader(r.js.Conn(), 1)
+	tails, err := newBatchReader(r.js.Conn(), tailBatch)
 	if err != nil {
 		return err
 	}
@@ -418,26 +418,85 @@ func (r *Router) syncTail(ctx context.Context, w *levelWriter) error {
 	if err != nil {
 		return fmt.Errorf("level stream %s: %w", w.stream, err)
 	}
-	last := s.CachedInfo().State.LastSeq
+	st := s.CachedInfo().State
+	last := st.LastSeq
 	w.expected = last
 	w.lastRouted.Store(0)
 	if last > 0 {
-		rctx, cancel := context.WithTimeout(ctx, opTimeout)
-		msgs, err := r.tails.read(rctx, w.stream, nil, last, 1, 1)
-		cancel()
-		switch {
-		case err != nil:
-			return fmt.Errorf("level stream %s tail: %w", w.stream, err)
-		case len(msgs) == 0 || msgs[0].Header.Get(hdrJSSequence) != strconv.FormatUint(last, 10):
-			r.logger.Warn("level stream tail missing; redelivered ingress messages may be written twice", slog.String("stream", w.stream))
-		default:
-			if id, seq, ok := parseIngressRef(msgs[0].Header.Get(hdrIngress)); ok && id == r.ingressID {
-				w.lastRouted.Store(seq)
-			}
+		seq, err := r.lastIngressRef(ctx, w.stream, st)
+		if err != nil {
+			return err
 		}
+		w.lastRouted.Store(seq)
 	}
 	w.lastSubmitted = w.lastRouted.Load()
 	return nil
+}
+
+// Tail sync reads back at most tailWalkBack messages of a level stream,
+// tailBatch at a time, for the last one the router wrote.
+const (
+	tailBatch    = 16
+	tailWalkBack = 256
+)
+
+// lastIngressRef returns the ingress sequence of the last message of a
+// level stream (state st) that the router wrote for this ingress stream's
+// life, read from its Delayd-Ingress header; 0 when there is none. A last
+// message without a valid reference was not written by the router
+// (something else published to the level subject): the router walks back
+// over it, up to tailWalkBack messages, to its own last write, and logs
+// it. Found nowhere, ingress messages not yet acked may be written to the
+// level stream again, and that is logged too.
+func (r *Router) lastIngressRef(ctx context.Context, stream string, st jetstream.StreamState) (uint64, error) {
+	var buf []*nats.Msg
+	first := max(st.FirstSeq, 1)
+	for to := st.LastSeq; to >= first && st.LastSeq-to < tailWalkBack; {
+		from := first
+		if to-first >= tailBatch {
+			from = to - tailBatch + 1
+		}
+		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		var err error
+		buf, err = r.tails.read(rctx, stream, buf[:0], from, int(to-from+1), 1<<20)
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("level stream %s tail: %w", stream, err)
+		}
+		if to == st.LastSeq && (len(buf) == 0 || buf[len(buf)-1].Header.Get(hdrJSSequence) != strconv.FormatUint(st.LastSeq, 10)) {
+			r.logger.Warn("level stream tail missing; redelivered ingress messages may be written twice", slog.String("stream", stream))
+			return 0, nil
+		}
+		for i := len(buf) - 1; i >= 0; i-- {
+			m := buf[i]
+			seq, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
+			if seq > to {
+				continue // past this read's range (a byte-limited read returns fewer)
+			}
+			id, ingressSeq, ok := parseIngressRef(m.Header.Get(hdrIngress))
+			if ok {
+				if seq != st.LastSeq {
+					r.logger.Warn("level stream's last messages have no valid ingress reference (not written by delayd); synced to the last one that has",
+						slog.String("stream", stream), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("synced_seq", seq))
+				}
+				if id != r.ingressID {
+					return 0, nil // written for an earlier ingress stream
+				}
+				return ingressSeq, nil
+			}
+		}
+		if len(buf) == 0 {
+			break
+		}
+		lowest, _ := strconv.ParseUint(buf[0].Header.Get(hdrJSSequence), 10, 64)
+		if lowest <= first {
+			break
+		}
+		to = lowest - 1
+	}
+	r.logger.Warn("no message at the end of the level stream has a valid ingress reference; redelivered ingress messages may be written twice",
+		slog.String("stream", stream), slog.Uint64("last_seq", st.LastSeq), slog.Int("read_back", tailWalkBack))
+	return 0, nil
 }
 
 // reindex writes the index records of level messages whose ingress message

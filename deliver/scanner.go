@@ -493,9 +493,13 @@ func (s *Scanner) start(outer context.Context) error {
 		first = 1
 	}
 	off, err := s.cfg.Offsets.Load(ctx, s.cfg.Stream)
+	// Every correction is logged with what was found and what it means
+	// (README "Offsets that make no sense"): delivering from first again
+	// repeats whatever of first..last was delivered but not yet purged.
+	again := redeliveryNote(first, st.LastSeq)
 	if err == nil && s.replaced {
 		// The stored offset counts the deleted stream's sequences.
-		reason := fmt.Sprintf("offset %d belongs to a level stream deleted while delayd ran", off)
+		reason := fmt.Sprintf("offset %d belongs to a level stream deleted while delayd ran; %s", off, again)
 		off = first - 1
 		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, reason); err != nil {
 			return err
@@ -503,25 +507,44 @@ func (s *Scanner) start(outer context.Context) error {
 		s.replaced = false
 	}
 	switch {
-	case errors.Is(err, offsets.ErrNotFound):
+	case errors.Is(err, offsets.ErrDeleted):
+		// Deleted or purged by hand: it was committed once.
 		off = first - 1
+		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, err.Error()+"; "+again); err != nil {
+			return err
+		}
+	case errors.Is(err, offsets.ErrNotFound) && first > 1:
+		// No key and no trace of one, but only a scanner (after a commit)
+		// or an operator purges a level stream: it was scanned before, and
+		// the bucket lost the key (its stream purged, or the bucket
+		// deleted and recreated).
+		off = first - 1
+		reason := fmt.Sprintf("no offset stored, but the stream was purged up to sequence %d, so it was delivered from before; %s", first-1, again)
+		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, reason); err != nil {
+			return err
+		}
+	case errors.Is(err, offsets.ErrNotFound):
+		// A new level stream: never purged, so nothing was delivered from
+		// it that a stored offset or its delete marker would not show.
+		off = first - 1
+		s.logger.Debug("new level stream: no offset yet", slog.Uint64("messages", st.Msgs))
 	case errors.Is(err, offsets.ErrCorrupt):
 		off = first - 1
-		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, err.Error()); err != nil {
+		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, err.Error()+"; "+again); err != nil {
 			return err
 		}
 	case err != nil:
 		return err
 	case off > st.LastSeq:
 		// The stream was recreated, or the offset was set by hand past its end.
-		reason := fmt.Sprintf("offset %d beyond the stream's last sequence %d", off, st.LastSeq)
+		reason := fmt.Sprintf("offset %d beyond the stream's last sequence %d; %s", off, st.LastSeq, again)
 		off = first - 1
 		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, reason); err != nil {
 			return err
 		}
 	case off+1 < first:
 		// Messages up to first-1 were purged, so they were delivered.
-		reason := fmt.Sprintf("offset %d below the stream's first sequence %d", off, first)
+		reason := fmt.Sprintf("offset %d below the stream's first sequence %d: sequences up to %d were purged, so delivered; %s", off, first, first-1, again)
 		off = first - 1
 		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, reason); err != nil {
 			return err
@@ -543,6 +566,17 @@ func (s *Scanner) start(outer context.Context) error {
 	}
 	// Not within start's timeout: a level may hold many cancelled messages.
 	return s.loadTombstones(outer, off)
+}
+
+// redeliveryNote says what a correction to first-1 means for a level stream
+// holding sequences first..last: each of them that was delivered already
+// (the kept last delivered message, and what a crash left unpurged) is
+// delivered again.
+func redeliveryNote(first, last uint64) string {
+	if last < first {
+		return "the stream holds no messages: nothing is delivered again"
+	}
+	return fmt.Sprintf("delivering from sequence %d: messages %d..%d that were delivered already are delivered again", first, first, last)
 }
 
 // step delivers the head if it is due, or waits for it.

@@ -202,7 +202,9 @@ func (s *Service) Stats() (RouterStats, []ScannerStats) {
 // Run sets up the resources (retrying until the server answers), then
 // routes and delivers until ctx is done. It returns nil after a clean
 // shutdown: the router stopped taking ingress, the scanners confirmed what
-// was in flight and committed their offsets.
+// was in flight and committed their offsets. A hop secret in the offsets
+// bucket that delayd did not write stops it at once with an error wrapping
+// [ErrHopKey].
 func (s *Service) Run(ctx context.Context) error {
 	var streams []string
 	var store *offsets.Store
@@ -215,6 +217,9 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		if ctx.Err() != nil {
 			return nil
+		}
+		if errors.Is(err, ErrHopKey) {
+			return err // retrying cannot help: an operator must act
 		}
 		s.logger.Warn("setup failed; retrying", slog.Any("error", err))
 		if !backoff.sleep(ctx) {
@@ -485,7 +490,7 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if s.hopKey, err = loadHopKey(ctx, js); err != nil {
+	if s.hopKey, err = loadHopKey(ctx, js, s.logger); err != nil {
 		return nil, nil, err
 	}
 	return streams, store, nil

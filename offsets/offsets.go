@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -31,6 +32,13 @@ var (
 	// ErrNotFound is returned by [Store.Load] when no offset was ever
 	// committed for the stream.
 	ErrNotFound = errors.New("offsets: no committed offset")
+
+	// ErrDeleted is wrapped, together with [ErrNotFound], by [Store.Load]'s
+	// error when the stream's key was deleted or purged: its last entry in
+	// the bucket is a KV delete or purge marker, so an offset was committed
+	// once and then removed by hand. The wrapping error gives the marker's
+	// revision and time.
+	ErrDeleted = errors.New("offsets: committed offset was deleted")
 
 	// ErrCorrupt is returned by [Store.Load] when the stored value is not a
 	// decimal sequence. The value is quoted in the wrapping error.
@@ -53,9 +61,10 @@ type Config struct {
 // Store reads and commits level offsets. It is safe for concurrent use; each
 // level stream's scanner owns its own key.
 type Store struct {
-	kv     jetstream.KeyValue
-	js     jetstream.JetStream
-	logger *slog.Logger
+	kv       jetstream.KeyValue
+	kvStream jetstream.Stream // the bucket's stream, for delete markers
+	js       jetstream.JetStream
+	logger   *slog.Logger
 
 	mu   sync.Mutex
 	last map[string]uint64 // last committed (or loaded) offset per stream
@@ -83,15 +92,30 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("offsets: create bucket %s: %w", Bucket, err)
 	}
-	return &Store{kv: kv, js: js, logger: logger, last: make(map[string]uint64)}, nil
+	kvStream, err := js.Stream(ctx, "KV_"+Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: bucket %s: %w", Bucket, err)
+	}
+	return &Store{kv: kv, kvStream: kvStream, js: js, logger: logger, last: make(map[string]uint64)}, nil
 }
 
 // Load returns the committed offset of a level stream. It returns an error
-// wrapping [ErrNotFound] when there is none and [ErrCorrupt] when the stored
-// value is not a decimal sequence.
+// wrapping [ErrNotFound] when there is none (and also [ErrDeleted] when the
+// key was deleted or purged), and [ErrCorrupt] when the stored value is not
+// a decimal sequence.
 func (s *Store) Load(ctx context.Context, stream string) (uint64, error) {
 	e, err := s.kv.Get(ctx, stream)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		// A deleted key leaves a marker as its last (and, with History 1,
+		// only) message; a key never written has none.
+		if m, merr := s.kvStream.GetLastMsgForSubject(ctx, "$KV."+Bucket+"."+stream); merr == nil {
+			op := "deleted"
+			if r := m.Header.Get(jetstream.MarkerReasonHeader); m.Header.Get("KV-Operation") == "PURGE" || r == "Purge" || r == "MaxAge" {
+				op = "purged"
+			}
+			return 0, fmt.Errorf("%w for %s: %w (key %s at revision %d, %s)", ErrNotFound, stream, ErrDeleted,
+				op, m.Sequence, m.Time.UTC().Format(time.RFC3339))
+		}
 		return 0, fmt.Errorf("%w for %s", ErrNotFound, stream)
 	}
 	if err != nil {

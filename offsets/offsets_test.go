@@ -3,6 +3,7 @@ package offsets_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,6 +77,38 @@ func TestOffsetsLoadMissing(t *testing.T) {
 	}
 	if seq != 0 {
 		t.Fatalf("Load of a missing key = %d, want 0", seq)
+	}
+}
+
+// TestOffsetsLoadDeleted: a key that was committed and then deleted or
+// purged by hand is not found, and says so (ErrDeleted), unlike a key that
+// was never written.
+func TestOffsetsLoadDeleted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.store.Load(ctx(t), "DELAYD_5S"); errors.Is(err, offsets.ErrDeleted) {
+		t.Fatalf("never written: %v; want not ErrDeleted", err)
+	}
+	for _, tc := range []struct {
+		op     string
+		remove func(key string) error
+	}{
+		{"deleted", func(key string) error { return b.kv.Delete(ctx(t), key) }},
+		{"purged", func(key string) error { return b.kv.Purge(ctx(t), key) }},
+	} {
+		if err := b.store.Commit(ctx(t), "DELAYD_5S", 7); err != nil {
+			t.Fatal(err)
+		}
+		if err := tc.remove("DELAYD_5S"); err != nil {
+			t.Fatal(err)
+		}
+		seq, err := b.store.Load(ctx(t), "DELAYD_5S")
+		if !errors.Is(err, offsets.ErrNotFound) || !errors.Is(err, offsets.ErrDeleted) || seq != 0 {
+			t.Fatalf("%s: Load = %d, %v; want 0, ErrNotFound and ErrDeleted", tc.op, seq, err)
+		}
+		if !strings.Contains(err.Error(), "key "+tc.op) {
+			t.Errorf("%s: error %q does not say %q", tc.op, err, "key "+tc.op)
+		}
 	}
 }
 

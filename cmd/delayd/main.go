@@ -175,6 +175,11 @@ func run() int {
 	}
 
 	if err := svc.Run(ctx); err != nil {
+		if errors.Is(err, deliver.ErrHopKey) {
+			logger.Error("delayd cannot start: its hop secret in NATS is damaged", slog.Any("error", err))
+			cancel() // the connection's drain below is delayd's own, not a lost connection
+			return exitError
+		}
 		logger.Error("delayd stopped with an error", slog.Any("error", err))
 		return exitError
 	}
