@@ -49,9 +49,17 @@ const (
 	HeaderAttempt = deliver.HeaderAttempt
 )
 
-// CancelSubject is delayd's cancel API (NATS request/reply): the request's
-// payload is a message id, the reply one of the [CancelResult] texts.
+// CancelSubject is delayd's unscoped cancel API (NATS request/reply), the
+// operator's form: the request's payload is a message id of any target, the
+// reply one of the [CancelResult] texts. Publishers use the scoped form,
+// [CancelSubjectFor] (see [Cancel]).
 const CancelSubject = deliver.CancelSubject
+
+// CancelSubjectFor returns the scoped cancel API subject of a target,
+// "delayd.api.cancel.<target>": a request there cancels only a message
+// bound for target, so a server permission on "delayd.api.cancel.orders.>"
+// lets a user cancel only messages bound for orders.>.
+func CancelSubjectFor(target string) string { return deliver.CancelSubjectFor(target) }
 
 // CancelResult is the reply of delayd's cancel API.
 type CancelResult string
@@ -71,18 +79,40 @@ const (
 // [CancelResult] texts (for example a service error text).
 var ErrCancelReply = errors.New("delayd: unexpected cancel reply")
 
-// Cancel asks delayd to cancel the delayed message with the given id (as
+// Cancel asks delayd to cancel the delayed message bound for target (the
+// subject given to [Publish], e.g. "orders.close") with the given id (as
 // returned by [Publish]: the publisher's Nats-Msg-Id, or the ingress
-// sequence as decimal text) and returns delayd's answer. A Cancelled answer
+// sequence as decimal text) and returns delayd's answer. It requests on
+// [CancelSubjectFor](target): a message with that id but another target
+// answers [NotFound], exactly like an unknown id. A Cancelled answer
 // guarantees the message is never delivered.
 //
-// Errors: nats.ErrNoResponders when no delayd is running on nc's server,
-// context errors, [ErrCancelReply].
-func Cancel(ctx context.Context, nc *nats.Conn, id string) (CancelResult, error) {
+// Errors: an error wrapping deliver.ErrInvalidTarget or
+// deliver.ErrForbiddenTarget for a target no message can have (empty,
+// wildcards, '$', under "delayd."); nats.ErrNoResponders when no delayd is
+// running on nc's server; a timeout (context.DeadlineExceeded or
+// nats.ErrTimeout) when nc's user may not publish to the subject: the
+// server drops the request and reports nats.ErrPermissionViolation to nc's
+// error handler; [ErrCancelReply].
+func Cancel(ctx context.Context, nc *nats.Conn, target, id string) (CancelResult, error) {
+	if err := deliver.ValidateTarget(target, deliver.InternalPrefix); err != nil {
+		return "", fmt.Errorf("delayd: cancel: %w", err)
+	}
+	return cancel(ctx, nc, CancelSubjectFor(target), id)
+}
+
+// CancelAny is [Cancel] without a target, on the unscoped [CancelSubject]:
+// the operator's form, for a message of any target. Grant that subject only
+// to operators (README, Security).
+func CancelAny(ctx context.Context, nc *nats.Conn, id string) (CancelResult, error) {
+	return cancel(ctx, nc, CancelSubject, id)
+}
+
+func cancel(ctx context.Context, nc *nats.Conn, subject, id string) (CancelResult, error) {
 	if strings.TrimSpace(id) == "" {
 		return "", errors.New("delayd: cancel: empty id")
 	}
-	reply, err := nc.RequestWithContext(ctx, CancelSubject, []byte(id))
+	reply, err := nc.RequestWithContext(ctx, subject, []byte(id))
 	if err != nil {
 		return "", fmt.Errorf("delayd: cancel %q: %w", id, err)
 	}

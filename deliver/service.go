@@ -300,7 +300,7 @@ func (s *Service) Run(ctx context.Context) error {
 	s.router, s.scanners = router, scanners
 	s.mu.Unlock()
 
-	cancelSub, cancelCh, err := s.subscribeCancel(ctx)
+	cancelSubs, cancelCh, err := s.subscribeCancel(ctx)
 	if err != nil {
 		return err
 	}
@@ -313,7 +313,7 @@ func (s *Service) Run(ctx context.Context) error {
 		wg.Go(func() { errs <- sc.Run(runCtx) })
 	}
 	wg.Go(func() { errs <- router.Run(runCtx) })
-	wg.Go(func() { errs <- s.serveCancel(runCtx, mustJS(s.nc, 0), cancelSub, cancelCh) })
+	wg.Go(func() { errs <- s.serveCancel(runCtx, mustJS(s.nc, 0), cancelSubs, cancelCh) })
 	wg.Go(func() { errs <- s.trimIndex(runCtx) })
 	s.ready.Store(true)
 	s.logger.Info("delayd scheduling", slog.String("ingress", s.cfg.Prefix+".>"), slog.Int("level_streams", len(streams)))

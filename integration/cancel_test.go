@@ -15,11 +15,12 @@ import (
 	"github.com/delayd/delayd/deliver"
 )
 
+// cancel cancels id with the unscoped operator form (delayd.CancelAny).
 func (b *testBundle) cancel(id string) delayd.CancelResult {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	r, err := delayd.Cancel(ctx, b.nc, id)
+	r, err := delayd.CancelAny(ctx, b.nc, id)
 	if err != nil {
 		b.t.Fatalf("cancel %q: %v", id, err)
 	}

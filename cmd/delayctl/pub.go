@@ -133,7 +133,7 @@ delayd.) is refused with exit code 2.`,
 				return err
 			}
 			fmt.Fprintln(a.stdout, id)
-			fmt.Fprintf(a.stderr, "delayctl: published to %s.%s; cancel with: delayctl cancel %s\n", a.cfg.Prefix, subject, shellQuote(id))
+			fmt.Fprintf(a.stderr, "delayctl: published to %s.%s; cancel with: delayctl cancel %s %s\n", a.cfg.Prefix, subject, subject, shellQuote(id))
 			return nil
 		},
 	}
@@ -148,22 +148,33 @@ delayd.) is refused with exit code 2.`,
 }
 
 func (a *app) cancelCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "cancel ID",
-		Short: "Cancel a pending delayed message by its id",
-		Long: `cancel asks delayd (request to delayd.api.cancel) to cancel the delayed message with id ID: the id pub
-printed, the publisher's Nats-Msg-Id, or the ingress sequence. It prints delayd's answer:
+	var anyTarget bool
+	cmd := &cobra.Command{
+		Use:   "cancel TARGET ID | cancel --any ID",
+		Short: "Cancel a pending delayed message by its target and id",
+		Long: `cancel asks delayd (request to delayd.api.cancel.TARGET) to cancel the delayed message bound for the
+target subject TARGET (as given to pub, e.g. orders.close) with id ID: the id pub printed, the publisher's
+Nats-Msg-Id, or the ingress sequence. A message with that id but another target answers "not found". It prints
+delayd's answer:
 
   cancelled          exit 0: the message will never be delivered
-  not found          exit 5: no pending message has that id
+  not found          exit 5: no pending message bound for TARGET has that id
   already delivered  exit 6: it was handed to its target before the cancel
 
+--any ID uses the unscoped operator form (request to delayd.api.cancel): a message of any target.
 If no delayd answers, it exits 1.`,
 		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) != 1 {
-				return withCode(exitUsage, "cancel takes one ID, got %d arguments", len(args))
+			switch {
+			case anyTarget && len(args) != 1:
+				return withCode(exitUsage, "cancel --any takes one ID, got %d arguments", len(args))
+			case !anyTarget && len(args) != 2:
+				return withCode(exitUsage, "cancel takes TARGET and ID (or --any ID), got %d arguments", len(args))
+			case !anyTarget:
+				if err := deliver.ValidateTarget(args[0], deliver.InternalPrefix); err != nil {
+					return withCode(exitUsage, "bad target: %v", err)
+				}
 			}
-			return checkID(args[0])
+			return checkID(args[len(args)-1])
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.connect(); err != nil {
@@ -173,12 +184,22 @@ If no delayd answers, it exits 1.`,
 			// answers "error: ..." then: give it that long at least.
 			ctx, cancel := context.WithTimeout(cmd.Context(), max(a.timeout, cancelTimeout))
 			defer cancel()
-			res, err := delayd.Cancel(ctx, a.nc, args[0])
+			var (
+				res     delayd.CancelResult
+				err     error
+				subject = delayd.CancelSubject
+			)
+			if anyTarget {
+				res, err = delayd.CancelAny(ctx, a.nc, args[0])
+			} else {
+				subject = delayd.CancelSubjectFor(args[0])
+				res, err = delayd.Cancel(ctx, a.nc, args[0], args[1])
+			}
 			switch {
 			case errors.Is(err, nats.ErrNoResponders):
-				return fmt.Errorf("no delayd answered on %s: is delayd running (a version with cancel)?", delayd.CancelSubject)
+				return fmt.Errorf("no delayd answered on %s: is delayd running (a version with scoped cancel)?", subject)
 			case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
-				return fmt.Errorf("no answer on %s within %s: is delayd overloaded or stuck?", delayd.CancelSubject, max(a.timeout, cancelTimeout))
+				return fmt.Errorf("no answer on %s within %s: is delayd overloaded or stuck, or may this NATS user not publish there?", subject, max(a.timeout, cancelTimeout))
 			case err != nil:
 				return err
 			}
@@ -192,6 +213,8 @@ If no delayd answers, it exits 1.`,
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&anyTarget, "any", false, "the unscoped operator form: cancel a message of any target by ID alone")
+	return cmd
 }
 
 // errSilent is an error whose message was already printed (an answer with its own exit code).
