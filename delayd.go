@@ -149,12 +149,15 @@ type publishOpts struct {
 	msgID    string
 	mergeKey string
 	prefix   string
+	prefixed bool // WithPrefix given
+	require  bool // WithRequireInfo given
 	header   nats.Header
 }
 
 // WithLevel sets the delay level: 1..N index delayd's level table, 0
-// delivers at once, above N is clamped by delayd. Negative is an error
-// wrapping [ErrInvalidLevel].
+// delivers at once, above N is clamped to level N by delayd (RocketMQ
+// semantics), so [Publish] accepts it too. Negative is an error wrapping
+// [ErrInvalidLevel].
 func WithLevel(n int) PublishOpt {
 	return func(o *publishOpts) error {
 		if n < 0 {
@@ -211,9 +214,22 @@ func WithMergeKey(key string) PublishOpt {
 }
 
 // WithPrefix sets delayd's ingress prefix when DELAYD_PREFIX is not "delay".
+// Without it, [Publish] uses the running delayd's prefix (its [Info]), or
+// "delay" when no delayd answers. A prefix other than the running delayd's
+// is an error wrapping [ErrPrefixMismatch].
 func WithPrefix(prefix string) PublishOpt {
 	return func(o *publishOpts) error {
-		o.prefix = prefix
+		o.prefix, o.prefixed = prefix, true
+		return nil
+	}
+}
+
+// WithRequireInfo makes [Publish] fail with [ErrNoInfo] when no delayd
+// answers its info API, instead of publishing with the checks that need no
+// configuration only.
+func WithRequireInfo() PublishOpt {
+	return func(o *publishOpts) error {
+		o.require = true
 		return nil
 	}
 }
@@ -232,10 +248,29 @@ func WithHeader(h nats.Header) PublishOpt {
 // Nats-Msg-Id given with [WithMsgID], or else the ingress stream sequence
 // as decimal text.
 //
-// Errors: [ErrNoDelay], [ErrAmbiguousDelay] or [ErrInvalidLevel] for the options; errors wrapping
-// deliver.ErrInvalidTarget or deliver.ErrForbiddenTarget when delayd would
-// dead-letter the target (empty tokens, wildcards, '$' subjects, subjects
-// under the prefix or under "delayd."); JetStream's publish errors.
+// Publish checks the message the way the running delayd's router will, so
+// a message it accepts is never dead-lettered for a limit. It asks delayd
+// once per connection and [InfoTTL] for its [Info] (a request on
+// [InfoSubject], at most 2 s) and checks the target against the prefix and
+// the target policy, a duration or deliver-at time against the max delay,
+// and the size against the max payload less delayd's header reserve. A
+// level above the table is accepted: delayd clamps it to the highest level.
+// When no delayd answers (publishing while delayd is down is legitimate:
+// the ingress stream keeps the message), only the checks that need no
+// configuration are made (the delay options, the target's syntax and the
+// subjects no delayd accepts), unless [WithRequireInfo] is given. A
+// Delay-Deliver-At time is checked against this process's clock, so one
+// within the clock offset from the server of the max delay may still be
+// dead-lettered.
+//
+// Errors: [ErrNoDelay], [ErrAmbiguousDelay] or [ErrInvalidLevel] for the
+// options, and [ErrInvalidLevel] for a delay beyond delayd's max delay;
+// errors wrapping deliver.ErrInvalidTarget, deliver.ErrForbiddenTarget or
+// deliver.ErrDeniedTarget when delayd would dead-letter the target (empty
+// tokens, wildcards, '$' subjects, subjects under the prefix or under
+// "delayd.", or refused by the target policy); [ErrTooLarge];
+// [ErrPrefixMismatch]; [ErrNoInfo] with [WithRequireInfo]; JetStream's
+// publish errors.
 func Publish(ctx context.Context, js jetstream.JetStream, subject string, data []byte, opts ...PublishOpt) (string, error) {
 	o := publishOpts{prefix: PrefixDefault}
 	for _, opt := range opts {
@@ -248,6 +283,18 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 		return "", ErrNoDelay
 	case o.nDelays > 1:
 		return "", ErrAmbiguousDelay
+	}
+	info, err := connInfo(ctx, js.Conn())
+	switch {
+	case err == nil:
+		if o.prefixed && o.prefix != info.Prefix {
+			return "", fmt.Errorf("%w: %q, delayd's is %q", ErrPrefixMismatch, o.prefix, info.Prefix)
+		}
+		o.prefix = info.Prefix
+	case ctx.Err() != nil:
+		return "", err
+	case o.require:
+		return "", fmt.Errorf("%w: %w", ErrNoInfo, err)
 	}
 	if err := deliver.ValidateTarget(subject, o.prefix); err != nil {
 		return "", fmt.Errorf("delayd: %w", err)
@@ -272,6 +319,11 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 	if o.msgID != "" {
 		popts = append(popts, jetstream.WithMsgID(o.msgID))
 	}
+	if info != nil {
+		if err := checkLimits(info, subject, m, o); err != nil {
+			return "", err
+		}
+	}
 	ack, err := js.PublishMsg(ctx, m, popts...)
 	if err != nil {
 		return "", fmt.Errorf("delayd: publish: %w", err)
@@ -280,4 +332,38 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 		return o.msgID, nil
 	}
 	return strconv.FormatUint(ack.Sequence, 10), nil
+}
+
+// checkLimits checks m (before its Nats-Msg-Id is set) against the limits
+// of the running delayd's configuration, as its router would.
+func checkLimits(info *Info, target string, m *nats.Msg, o publishOpts) error {
+	policy := deliver.TargetPolicy{Allow: info.AllowTargets, Deny: info.DenyTargets}
+	if err := policy.Check(target); err != nil {
+		return fmt.Errorf("delayd: %w (DELAYD_ALLOW_TARGETS, DELAYD_DENY_TARGETS)", err)
+	}
+	maxDelay := time.Duration(info.MaxDelayNS)
+	var delay time.Duration
+	switch o.delayKey {
+	case HeaderDuration:
+		delay, _ = time.ParseDuration(o.delay)
+	case HeaderDeliverAt:
+		at, _ := time.Parse(time.RFC3339Nano, o.delay)
+		delay = time.Until(at)
+	}
+	if !o.hasLevel && maxDelay > 0 && delay > maxDelay {
+		return fmt.Errorf("%w: %s %q is beyond the longest delay %s of the running delayd (DELAYD_MAX_DELAY)", ErrInvalidLevel, o.delayKey, o.delay, info.MaxDelay)
+	}
+	size := len(m.Data) + len("NATS/1.0\r\n\r\n")
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			size += len(k) + len(": \r\n") + len(v)
+		}
+	}
+	if o.msgID != "" {
+		size += len(jetstream.MsgIDHeader) + len(": \r\n") + len(o.msgID)
+	}
+	if limit := info.MaxPayload - int64(info.HeaderReserve); info.MaxPayload > 0 && int64(size) > limit {
+		return fmt.Errorf("%w: %d bytes of headers and payload, the running delayd takes at most %d (the server's max payload %d less %d for delayd's own headers)", ErrTooLarge, size, limit, info.MaxPayload, info.HeaderReserve)
+	}
+	return nil
 }

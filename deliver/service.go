@@ -304,6 +304,14 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	infoSub, err := s.subscribeInfo(ctx)
+	if err != nil {
+		for _, sub := range cancelSubs {
+			_ = sub.Unsubscribe()
+		}
+		return err
+	}
+	defer func() { _ = infoSub.Unsubscribe() }()
 	var wg sync.WaitGroup
 	errs := make(chan error, len(scanners)+4)
 	runCtx, cancel := context.WithCancel(ctx)

@@ -38,8 +38,11 @@ its PubAck. Exactly one of:
   --at TIME     an RFC 3339 time, 2026-11-30T08:00:00Z (in the past: at once)
 
 It prints the message's id on standard output, the one to cancel it with: --id if given, else the ingress
-sequence. A target delayd would dead-letter (wildcards, '$' subjects, subjects under the prefix or under
-delayd.) is refused with exit code 2.`,
+sequence. A message delayd would dead-letter is refused with exit code 2, before anything is published:
+a bad target (wildcards, '$' subjects, subjects under the prefix or under delayd.), and, checked against the
+running delayd's configuration (its info API, delayd.api.info), a target its policy refuses, a delay beyond
+its DELAYD_MAX_DELAY, a message too large, or another DELAYD_PREFIX. When no delayd answers, only the checks
+that need no configuration are made (the ingress stream keeps the message for when delayd starts).`,
 		Example: `  delayctl pub orders.close 'close order 42' --level 2
   delayctl pub orders.close --in 47m --id order-42-close -H 'Tenant: acme' < payload.json`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -127,7 +130,9 @@ delayd.) is refused with exit code 2.`,
 			switch {
 			case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
 				return withCode(exitNoStreams, "no delayd stream captures %s.%s: is delayd running with DELAYD_PREFIX=%s? (%v)", a.cfg.Prefix, subject, a.cfg.Prefix, err)
-			case errors.Is(err, delayd.ErrInvalidLevel), errors.Is(err, deliver.ErrInvalidTarget), errors.Is(err, deliver.ErrForbiddenTarget):
+			case errors.Is(err, delayd.ErrInvalidLevel), errors.Is(err, deliver.ErrInvalidTarget), errors.Is(err, deliver.ErrForbiddenTarget),
+				errors.Is(err, deliver.ErrDeniedTarget), errors.Is(err, delayd.ErrTooLarge), errors.Is(err, delayd.ErrPrefixMismatch):
+				// Refused before publishing: the running delayd would dead-letter it.
 				return withCode(exitUsage, "%v", err)
 			case err != nil:
 				return err
