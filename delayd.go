@@ -284,6 +284,11 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 	case o.nDelays > 1:
 		return "", ErrAmbiguousDelay
 	}
+	// The checks that need no configuration first: they fail without a
+	// round trip.
+	if err := deliver.ValidateTarget(subject, o.prefix); err != nil {
+		return "", fmt.Errorf("delayd: %w", err)
+	}
 	info, err := connInfo(ctx, js.Conn())
 	switch {
 	case err == nil:
@@ -291,13 +296,13 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 			return "", fmt.Errorf("%w: %q, delayd's is %q", ErrPrefixMismatch, o.prefix, info.Prefix)
 		}
 		o.prefix = info.Prefix
+		if err := deliver.ValidateTarget(subject, o.prefix); err != nil {
+			return "", fmt.Errorf("delayd: %w", err)
+		}
 	case ctx.Err() != nil:
 		return "", err
 	case o.require:
 		return "", fmt.Errorf("%w: %w", ErrNoInfo, err)
-	}
-	if err := deliver.ValidateTarget(subject, o.prefix); err != nil {
-		return "", fmt.Errorf("delayd: %w", err)
 	}
 	m := nats.NewMsg(o.prefix + "." + subject)
 	m.Data = data
