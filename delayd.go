@@ -325,7 +325,18 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 		popts = append(popts, jetstream.WithMsgID(o.msgID))
 	}
 	if info != nil {
-		if err := checkLimits(info, subject, m, o); err != nil {
+		delay := time.Duration(-1) // a level: clamped, never too long
+		switch o.delayKey {
+		case HeaderDuration:
+			delay, _ = time.ParseDuration(o.delay)
+		case HeaderDeliverAt:
+			at, _ := time.Parse(time.RFC3339Nano, o.delay)
+			delay = time.Until(at)
+		}
+		if o.hasLevel {
+			delay = -1
+		}
+		if err := checkLimits(info, subject, m, o.msgID, delay, fmt.Sprintf("%s %q", o.delayKey, o.delay), ErrInvalidLevel); err != nil {
 			return "", err
 		}
 	}
@@ -339,24 +350,17 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 	return strconv.FormatUint(ack.Sequence, 10), nil
 }
 
-// checkLimits checks m (before its Nats-Msg-Id is set) against the limits
-// of the running delayd's configuration, as its router would.
-func checkLimits(info *Info, target string, m *nats.Msg, o publishOpts) error {
+// checkLimits checks m (before its Nats-Msg-Id msgID is set), published
+// with the given delay (negative: a Delay-Level, which delayd clamps), for
+// target against the limits of the running delayd's configuration, as its
+// router would. what names the delay in errors.
+func checkLimits(info *Info, target string, m *nats.Msg, msgID string, delay time.Duration, what string, errDelay error) error {
 	policy := deliver.TargetPolicy{Allow: info.AllowTargets, Deny: info.DenyTargets}
 	if err := policy.Check(target); err != nil {
 		return fmt.Errorf("delayd: %w (DELAYD_ALLOW_TARGETS, DELAYD_DENY_TARGETS)", err)
 	}
-	maxDelay := time.Duration(info.MaxDelayNS)
-	var delay time.Duration
-	switch o.delayKey {
-	case HeaderDuration:
-		delay, _ = time.ParseDuration(o.delay)
-	case HeaderDeliverAt:
-		at, _ := time.Parse(time.RFC3339Nano, o.delay)
-		delay = time.Until(at)
-	}
-	if !o.hasLevel && maxDelay > 0 && delay > maxDelay {
-		return fmt.Errorf("%w: %s %q is beyond the longest delay %s of the running delayd (DELAYD_MAX_DELAY)", ErrInvalidLevel, o.delayKey, o.delay, info.MaxDelay)
+	if maxDelay := time.Duration(info.MaxDelayNS); maxDelay > 0 && delay > maxDelay {
+		return fmt.Errorf("%w: %s is beyond the longest delay %s of the running delayd (DELAYD_MAX_DELAY)", errDelay, what, info.MaxDelay)
 	}
 	size := len(m.Data) + len("NATS/1.0\r\n\r\n")
 	for k, vs := range m.Header {
@@ -364,8 +368,8 @@ func checkLimits(info *Info, target string, m *nats.Msg, o publishOpts) error {
 			size += len(k) + len(": \r\n") + len(v)
 		}
 	}
-	if o.msgID != "" {
-		size += len(jetstream.MsgIDHeader) + len(": \r\n") + len(o.msgID)
+	if msgID != "" {
+		size += len(jetstream.MsgIDHeader) + len(": \r\n") + len(msgID)
 	}
 	if limit := info.MaxPayload - int64(info.HeaderReserve); info.MaxPayload > 0 && int64(size) > limit {
 		return fmt.Errorf("%w: %d bytes of headers and payload, the running delayd takes at most %d (the server's max payload %d less %d for delayd's own headers)", ErrTooLarge, size, limit, info.MaxPayload, info.HeaderReserve)

@@ -245,3 +245,38 @@ func TestDelayctlPubMaxDelay(t *testing.T) {
 		t.Errorf("%d dead letters, want none", n)
 	}
 }
+
+// TestRetryLimits: delayd.RetryMsg checks a retry against the running
+// delayd's limits like Publish: a rung beyond DELAYD_MAX_DELAY is refused
+// with ErrInvalidLadder before anything is published, instead of being
+// dead-lettered later; a rung within it is published.
+func TestRetryLimits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("1s 1h")
+	ingress, err := b.nc.SubscribeSync("delay.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = b.nc.Flush()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ladder := delayd.MustParseLadder("1m 200h")
+	msg := func(attempt string) *nats.Msg {
+		return &nats.Msg{Subject: "orders.charge", Data: []byte("x"), Header: nats.Header{
+			"Nats-Msg-Id": []string{"charge-1"}, delayd.HeaderAttempt: []string{attempt},
+		}}
+	}
+	if _, err := delayd.RetryMsg(ctx, b.js, msg("1"), ladder, errors.New("card declined")); !errors.Is(err, delayd.ErrInvalidLadder) || !strings.Contains(err.Error(), "DELAYD_MAX_DELAY") {
+		t.Errorf("rung 2 (200h) beyond the max delay: %v, want ErrInvalidLadder naming DELAYD_MAX_DELAY", err)
+	}
+	if m, err := ingress.NextMsg(300 * time.Millisecond); err == nil {
+		t.Errorf("the refused retry reached ingress: %s", m.Subject)
+	}
+	if _, err := delayd.RetryMsg(ctx, b.js, msg("0"), ladder, errors.New("card declined")); err != nil {
+		t.Errorf("rung 1 (1m): %v", err)
+	}
+	if _, err := ingress.NextMsg(5 * time.Second); err != nil {
+		t.Errorf("the retry within the max delay did not reach ingress: %v", err)
+	}
+}
