@@ -136,17 +136,21 @@ func TestPublishLimits(t *testing.T) {
 	if _, err := delayd.Publish(ctx, b.js, "orders.max", nil, delayd.WithDuration(time.Hour)); err != nil {
 		t.Fatalf("a duration of exactly the max delay: %v", err)
 	}
-	// Exactly at the client's limit: headers and payload take limit bytes.
+	// Exactly at the client's limit: headers and payload take limit bytes. A
+	// long id and merge key (delayd copies them into its own headers), and a
+	// duration that cascades through levels and precision levels (the most
+	// headers delayd adds).
 	hdr := nats.Header{"Tenant": []string{"acme"}}
+	id1, id2 := "big-1-"+strings.Repeat("i", 300), "big-2-"+strings.Repeat("i", 300)
 	fixed := len("NATS/1.0\r\n\r\n") + len("Tenant: acme\r\n") + len("Delay-Duration: 350ms\r\n") +
-		len("Delay-Merge-Key: big-1\r\n") + len("Nats-Msg-Id: big-1\r\n")
-	big := bytes.Repeat([]byte("b"), limit-fixed)
+		2*len("Delay-Merge-Key: \r\n") + 2*len(id1)
+	big := bytes.Repeat([]byte("b"), limit-fixed+len("Delay-Merge-Key")-len("Nats-Msg-Id"))
 	if _, err := delayd.Publish(ctx, b.js, "orders.big", big, delayd.WithDuration(350*time.Millisecond),
-		delayd.WithMsgID("big-1"), delayd.WithMergeKey("big-1"), delayd.WithHeader(hdr)); err != nil {
+		delayd.WithMsgID(id1), delayd.WithMergeKey(id1), delayd.WithHeader(hdr)); err != nil {
 		t.Fatalf("a message at the size limit: %v", err)
 	}
 	if _, err := delayd.Publish(ctx, b.js, "orders.big", append(big, 'x'), delayd.WithDuration(350*time.Millisecond),
-		delayd.WithMsgID("big-2"), delayd.WithMergeKey("big-2"), delayd.WithHeader(hdr)); !errors.Is(err, delayd.ErrTooLarge) {
+		delayd.WithMsgID(id2), delayd.WithMergeKey(id2), delayd.WithHeader(hdr)); !errors.Is(err, delayd.ErrTooLarge) {
 		t.Errorf("a message one byte over the size limit: %v, want ErrTooLarge", err)
 	}
 	msgs := got.wait(t, 2, 30*time.Second)
@@ -178,7 +182,7 @@ func TestPublishLimits(t *testing.T) {
 	})
 	mu.Lock()
 	for _, in := range ingress {
-		if strings.HasPrefix(in, "delay.orders.x ") || strings.HasPrefix(in, "delay.blocked.x ") || strings.HasSuffix(in, " big-2") {
+		if strings.HasPrefix(in, "delay.orders.x ") || strings.HasPrefix(in, "delay.blocked.x ") || strings.HasSuffix(in, " "+id2) {
 			t.Errorf("a refused message reached ingress: %s", in)
 		}
 	}
