@@ -49,9 +49,17 @@ const (
 	HeaderAttempt = deliver.HeaderAttempt
 )
 
-// CancelSubject is delayd's cancel API (NATS request/reply): the request's
-// payload is a message id, the reply one of the [CancelResult] texts.
+// CancelSubject is delayd's unscoped cancel API (NATS request/reply), the
+// operator's form: the request's payload is a message id of any target, the
+// reply one of the [CancelResult] texts. Publishers use the scoped form,
+// [CancelSubjectFor] (see [Cancel]).
 const CancelSubject = deliver.CancelSubject
+
+// CancelSubjectFor returns the scoped cancel API subject of a target,
+// "delayd.api.cancel.<target>": a request there cancels only a message
+// bound for target, so a server permission on "delayd.api.cancel.orders.>"
+// lets a user cancel only messages bound for orders.>.
+func CancelSubjectFor(target string) string { return deliver.CancelSubjectFor(target) }
 
 // CancelResult is the reply of delayd's cancel API.
 type CancelResult string
@@ -71,18 +79,40 @@ const (
 // [CancelResult] texts (for example a service error text).
 var ErrCancelReply = errors.New("delayd: unexpected cancel reply")
 
-// Cancel asks delayd to cancel the delayed message with the given id (as
+// Cancel asks delayd to cancel the delayed message bound for target (the
+// subject given to [Publish], e.g. "orders.close") with the given id (as
 // returned by [Publish]: the publisher's Nats-Msg-Id, or the ingress
-// sequence as decimal text) and returns delayd's answer. A Cancelled answer
+// sequence as decimal text) and returns delayd's answer. It requests on
+// [CancelSubjectFor](target): a message with that id but another target
+// answers [NotFound], exactly like an unknown id. A Cancelled answer
 // guarantees the message is never delivered.
 //
-// Errors: nats.ErrNoResponders when no delayd is running on nc's server,
-// context errors, [ErrCancelReply].
-func Cancel(ctx context.Context, nc *nats.Conn, id string) (CancelResult, error) {
+// Errors: an error wrapping deliver.ErrInvalidTarget or
+// deliver.ErrForbiddenTarget for a target no message can have (empty,
+// wildcards, '$', under "delayd."); nats.ErrNoResponders when no delayd is
+// running on nc's server; a timeout (context.DeadlineExceeded or
+// nats.ErrTimeout) when nc's user may not publish to the subject: the
+// server drops the request and reports nats.ErrPermissionViolation to nc's
+// error handler; [ErrCancelReply].
+func Cancel(ctx context.Context, nc *nats.Conn, target, id string) (CancelResult, error) {
+	if err := deliver.ValidateTarget(target, deliver.InternalPrefix); err != nil {
+		return "", fmt.Errorf("delayd: cancel: %w", err)
+	}
+	return cancel(ctx, nc, CancelSubjectFor(target), id)
+}
+
+// CancelAny is [Cancel] without a target, on the unscoped [CancelSubject]:
+// the operator's form, for a message of any target. Grant that subject only
+// to operators (README, Security).
+func CancelAny(ctx context.Context, nc *nats.Conn, id string) (CancelResult, error) {
+	return cancel(ctx, nc, CancelSubject, id)
+}
+
+func cancel(ctx context.Context, nc *nats.Conn, subject, id string) (CancelResult, error) {
 	if strings.TrimSpace(id) == "" {
 		return "", errors.New("delayd: cancel: empty id")
 	}
-	reply, err := nc.RequestWithContext(ctx, CancelSubject, []byte(id))
+	reply, err := nc.RequestWithContext(ctx, subject, []byte(id))
 	if err != nil {
 		return "", fmt.Errorf("delayd: cancel %q: %w", id, err)
 	}
@@ -119,12 +149,15 @@ type publishOpts struct {
 	msgID    string
 	mergeKey string
 	prefix   string
+	prefixed bool // WithPrefix given
+	require  bool // WithRequireInfo given
 	header   nats.Header
 }
 
 // WithLevel sets the delay level: 1..N index delayd's level table, 0
-// delivers at once, above N is clamped by delayd. Negative is an error
-// wrapping [ErrInvalidLevel].
+// delivers at once, above N is clamped to level N by delayd (RocketMQ
+// semantics), so [Publish] accepts it too. Negative is an error wrapping
+// [ErrInvalidLevel].
 func WithLevel(n int) PublishOpt {
 	return func(o *publishOpts) error {
 		if n < 0 {
@@ -181,9 +214,22 @@ func WithMergeKey(key string) PublishOpt {
 }
 
 // WithPrefix sets delayd's ingress prefix when DELAYD_PREFIX is not "delay".
+// Without it, [Publish] uses the running delayd's prefix (its [Info]), or
+// "delay" when no delayd answers. A prefix other than the running delayd's
+// is an error wrapping [ErrPrefixMismatch].
 func WithPrefix(prefix string) PublishOpt {
 	return func(o *publishOpts) error {
-		o.prefix = prefix
+		o.prefix, o.prefixed = prefix, true
+		return nil
+	}
+}
+
+// WithRequireInfo makes [Publish] fail with [ErrNoInfo] when no delayd
+// answers its info API, instead of publishing with the checks that need no
+// configuration only.
+func WithRequireInfo() PublishOpt {
+	return func(o *publishOpts) error {
+		o.require = true
 		return nil
 	}
 }
@@ -202,10 +248,29 @@ func WithHeader(h nats.Header) PublishOpt {
 // Nats-Msg-Id given with [WithMsgID], or else the ingress stream sequence
 // as decimal text.
 //
-// Errors: [ErrNoDelay], [ErrAmbiguousDelay] or [ErrInvalidLevel] for the options; errors wrapping
-// deliver.ErrInvalidTarget or deliver.ErrForbiddenTarget when delayd would
-// dead-letter the target (empty tokens, wildcards, '$' subjects, subjects
-// under the prefix or under "delayd."); JetStream's publish errors.
+// Publish checks the message the way the running delayd's router will, so
+// a message it accepts is never dead-lettered for a limit. It asks delayd
+// once per connection and [InfoTTL] for its [Info] (a request on
+// [InfoSubject], at most 2 s) and checks the target against the prefix and
+// the target policy, a duration or deliver-at time against the max delay,
+// and the size against the max payload less delayd's header reserve. A
+// level above the table is accepted: delayd clamps it to the highest level.
+// When no delayd answers (publishing while delayd is down is legitimate:
+// the ingress stream keeps the message), only the checks that need no
+// configuration are made (the delay options, the target's syntax and the
+// subjects no delayd accepts), unless [WithRequireInfo] is given. A
+// Delay-Deliver-At time is checked against this process's clock, so one
+// within the clock offset from the server of the max delay may still be
+// dead-lettered.
+//
+// Errors: [ErrNoDelay], [ErrAmbiguousDelay] or [ErrInvalidLevel] for the
+// options, and [ErrInvalidLevel] for a delay beyond delayd's max delay;
+// errors wrapping deliver.ErrInvalidTarget, deliver.ErrForbiddenTarget or
+// deliver.ErrDeniedTarget when delayd would dead-letter the target (empty
+// tokens, wildcards, '$' subjects, subjects under the prefix or under
+// "delayd.", or refused by the target policy); [ErrTooLarge];
+// [ErrPrefixMismatch]; [ErrNoInfo] with [WithRequireInfo]; JetStream's
+// publish errors.
 func Publish(ctx context.Context, js jetstream.JetStream, subject string, data []byte, opts ...PublishOpt) (string, error) {
 	o := publishOpts{prefix: PrefixDefault}
 	for _, opt := range opts {
@@ -219,8 +284,25 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 	case o.nDelays > 1:
 		return "", ErrAmbiguousDelay
 	}
+	// The checks that need no configuration first: they fail without a
+	// round trip.
 	if err := deliver.ValidateTarget(subject, o.prefix); err != nil {
 		return "", fmt.Errorf("delayd: %w", err)
+	}
+	info, err := connInfo(ctx, js.Conn())
+	switch {
+	case err == nil:
+		if o.prefixed && o.prefix != info.Prefix {
+			return "", fmt.Errorf("%w: %q, delayd's is %q", ErrPrefixMismatch, o.prefix, info.Prefix)
+		}
+		o.prefix = info.Prefix
+		if err := deliver.ValidateTarget(subject, o.prefix); err != nil {
+			return "", fmt.Errorf("delayd: %w", err)
+		}
+	case ctx.Err() != nil:
+		return "", err
+	case o.require:
+		return "", fmt.Errorf("%w: %w", ErrNoInfo, err)
 	}
 	m := nats.NewMsg(o.prefix + "." + subject)
 	m.Data = data
@@ -242,6 +324,22 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 	if o.msgID != "" {
 		popts = append(popts, jetstream.WithMsgID(o.msgID))
 	}
+	if info != nil {
+		delay := time.Duration(-1) // a level: clamped, never too long
+		switch o.delayKey {
+		case HeaderDuration:
+			delay, _ = time.ParseDuration(o.delay)
+		case HeaderDeliverAt:
+			at, _ := time.Parse(time.RFC3339Nano, o.delay)
+			delay = time.Until(at)
+		}
+		if o.hasLevel {
+			delay = -1
+		}
+		if err := checkLimits(info, subject, m, o.msgID, delay, fmt.Sprintf("%s %q", o.delayKey, o.delay), ErrInvalidLevel); err != nil {
+			return "", err
+		}
+	}
 	ack, err := js.PublishMsg(ctx, m, popts...)
 	if err != nil {
 		return "", fmt.Errorf("delayd: publish: %w", err)
@@ -250,4 +348,31 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 		return o.msgID, nil
 	}
 	return strconv.FormatUint(ack.Sequence, 10), nil
+}
+
+// checkLimits checks m (before its Nats-Msg-Id msgID is set), published
+// with the given delay (negative: a Delay-Level, which delayd clamps), for
+// target against the limits of the running delayd's configuration, as its
+// router would. what names the delay in errors.
+func checkLimits(info *Info, target string, m *nats.Msg, msgID string, delay time.Duration, what string, errDelay error) error {
+	policy := deliver.TargetPolicy{Allow: info.AllowTargets, Deny: info.DenyTargets}
+	if err := policy.Check(target); err != nil {
+		return fmt.Errorf("delayd: %w (DELAYD_ALLOW_TARGETS, DELAYD_DENY_TARGETS)", err)
+	}
+	if maxDelay := time.Duration(info.MaxDelayNS); maxDelay > 0 && delay > maxDelay {
+		return fmt.Errorf("%w: %s is beyond the longest delay %s of the running delayd (DELAYD_MAX_DELAY)", errDelay, what, info.MaxDelay)
+	}
+	size := len(m.Data) + len("NATS/1.0\r\n\r\n")
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			size += len(k) + len(": \r\n") + len(v)
+		}
+	}
+	if msgID != "" {
+		size += len(jetstream.MsgIDHeader) + len(": \r\n") + len(msgID)
+	}
+	if limit := info.MaxPayload - int64(info.HeaderReserve); info.MaxPayload > 0 && int64(size) > limit {
+		return fmt.Errorf("%w: %d bytes of headers and payload, the running delayd takes at most %d (the server's max payload %d less %d for delayd's own headers)", ErrTooLarge, size, limit, info.MaxPayload, info.HeaderReserve)
+	}
+	return nil
 }

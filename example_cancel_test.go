@@ -23,12 +23,12 @@ func ExampleCancel() {
 	paid, _ := delayd.Publish(ctx, js, "orders.timeout", []byte("order 41"), delayd.WithDuration(500*time.Millisecond), delayd.WithMsgID("order-41"))
 	unpaid, _ := delayd.Publish(ctx, js, "orders.timeout", []byte("order 42"), delayd.WithDuration(500*time.Millisecond))
 	for _, id := range []string{paid, paid, "order-99"} {
-		res, err := delayd.Cancel(ctx, nc, id)
+		res, err := delayd.Cancel(ctx, nc, "orders.timeout", id)
 		fmt.Println("cancel", id+":", res, err)
 	}
 	m, _ := sub.NextMsg(5 * time.Second)
 	fmt.Printf("delivered %q\n", m.Data)
-	if res, _ := delayd.Cancel(ctx, nc, unpaid); res == delayd.AlreadyDelivered {
+	if res, _ := delayd.Cancel(ctx, nc, "orders.timeout", unpaid); res == delayd.AlreadyDelivered {
 		fmt.Println("cancel after delivery:", res)
 	}
 	if _, err := sub.NextMsg(700 * time.Millisecond); err != nil {

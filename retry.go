@@ -214,10 +214,17 @@ func Retry(ctx context.Context, js jetstream.JetStream, msg jetstream.Msg, ladde
 // retry is a new delayed message: its delay counts from when ingress stores
 // it, not from the failed delivery.
 //
+// Like [Publish], Retry checks a retry against the running delayd's limits
+// (its [Info], cached per connection) when a delayd answers: a rung beyond
+// DELAYD_MAX_DELAY is an error wrapping [ErrInvalidLadder], a target the
+// policy denies wraps deliver.ErrDeniedTarget, a message too large
+// [ErrTooLarge], another prefix [ErrPrefixMismatch]. Nothing is published
+// then: leave the message unacked, or dead-letter it yourself.
+//
 // Errors wrap [ErrInvalidLadder], [ErrInvalidRetry], deliver.ErrInvalidTarget
-// or deliver.ErrForbiddenTarget (a subject delayd would dead-letter), or the
-// publish's error (for example jetstream.ErrNoStreamResponse when delayd's
-// streams do not exist).
+// or deliver.ErrForbiddenTarget (a subject delayd would dead-letter), the
+// limit errors above, or the publish's error (for example
+// jetstream.ErrNoStreamResponse when delayd's streams do not exist).
 func RetryMsg(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, ladder Ladder, cause error, opts ...RetryOpt) (RetryResult, error) {
 	if msg == nil {
 		return RetryResult{}, fmt.Errorf("%w: nil message", ErrInvalidRetry)
@@ -299,7 +306,19 @@ func retry(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, ladder La
 		res.MsgID = base + "-retry" + strconv.Itoa(res.Attempt)
 		popts = append(popts, jetstream.WithMsgID(res.MsgID))
 	}
-	ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: ingress, Header: h, Data: msg.Data}, popts...)
+	out := &nats.Msg{Subject: ingress, Header: h, Data: msg.Data}
+	// The running delayd's limits, as Publish checks them (README, From Go);
+	// with no delayd answering, the retry is published unchecked.
+	if info, err := connInfo(ctx, js.Conn()); err == nil {
+		if info.Prefix != o.prefix {
+			return RetryResult{}, fmt.Errorf("%w: %q, delayd's is %q", ErrPrefixMismatch, o.prefix, info.Prefix)
+		}
+		what := fmt.Sprintf("rung %d (%s) of ladder %s", res.Attempt, res.Delay, ladder)
+		if err := checkLimits(info, msg.Subject, out, res.MsgID, res.Delay, what, ErrInvalidLadder); err != nil {
+			return RetryResult{}, fmt.Errorf("delayd: retry: %w", err)
+		}
+	}
+	ack, err := js.PublishMsg(ctx, out, popts...)
 	if err != nil {
 		return RetryResult{}, fmt.Errorf("delayd: retry: publish attempt %d to %s: %w", res.Attempt, ingress, err)
 	}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/levels"
 )
 
 // Replies of the cancel API ([CancelSubject]).
@@ -54,6 +56,7 @@ type tombstone struct {
 	seq      uint64
 	key      string // the message's index key, checked when the scanner reaches it
 	mergeKey string // its merge key's index key, "" if none
+	target   string // its target subject (not encoded: known when cancelled, else from the index)
 	at       uint64 // the tombstone's sequence in CancelStream
 	indexed  bool   // its "cancelled" index records are written
 	dropping bool   // handed to the janitor
@@ -170,9 +173,9 @@ func (s *Scanner) decideCancel(ctx context.Context, rec indexRecord) (cancelAnsw
 	if due, _ := LevelDue(m.Header); seq <= s.startTail && !due.After(s.startedAt.Add(time.Second)) {
 		return handedOff(), nil // perhaps delivered before a crash
 	}
-	t := &tombstone{seq: seq, key: rec.key}
+	t := &tombstone{seq: seq, key: rec.key, target: strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)}
 	if mk := m.Header.Get(hdrMerge); mk != "" {
-		t.mergeKey = mergeKey(strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject), mk)
+		t.mergeKey = mergeKey(t.target, mk)
 	}
 	ack, err := s.js.PublishMsg(rctx, &nats.Msg{Subject: cancelSubjects + s.cfg.Stream, Data: t.encode()})
 	if err != nil {
@@ -199,13 +202,13 @@ func (s *Scanner) writeGone(ctx context.Context, t *tombstone) error {
 		if key == "" {
 			continue
 		}
-		if _, err := s.js.PublishMsg(ctx, indexRecord{key: key, gone: true}.msg()); err != nil {
+		if _, err := s.js.PublishMsg(ctx, indexRecord{key: key, gone: true, target: t.target}.msg()); err != nil {
 			s.logger.Warn("id index write failed", slog.Any("error", err))
 			return err
 		}
 	}
 	if t.mergeKey != "" && s.cfg.mergeGone != nil {
-		s.cfg.mergeGone(indexRecord{key: t.mergeKey, gone: true})
+		s.cfg.mergeGone(indexRecord{key: t.mergeKey, gone: true, target: t.target})
 	}
 	return nil
 }
@@ -332,7 +335,11 @@ func (s *Scanner) retire(ctx context.Context, reader *batchReader, t *tombstone)
 				continue // the id or key was placed again since: that placement is not cancelled
 			}
 			if !ok || !latest.gone {
-				if _, err := s.js.PublishMsg(ctx, indexRecord{key: key, gone: true}.msg()); err != nil {
+				target := t.target // known if cancelled by this process, else the placement's
+				if target == "" {
+					target = latest.target
+				}
+				if _, err := s.js.PublishMsg(ctx, indexRecord{key: key, gone: true, target: target}.msg()); err != nil {
 					return err
 				}
 			}
@@ -378,8 +385,12 @@ type CancelStats struct {
 // up the others; each decision is still made by the owning scanner). Each
 // costs an ingress stream info, an index lookup (one slot's records), a
 // direct get and a tombstone write.
-func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, sub *nats.Subscription, ch <-chan *nats.Msg) error {
-	defer func() { _ = sub.Unsubscribe() }()
+func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs []*nats.Subscription, ch <-chan *nats.Msg) error {
+	defer func() {
+		for _, sub := range subs {
+			_ = sub.Unsubscribe()
+		}
+	}()
 	var readers []*batchReader
 	for range cancelWorkers {
 		reader, err := newBatchReader(s.nc, indexBatch)
@@ -401,7 +412,21 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, sub *
 				case <-ctx.Done():
 					return
 				case m := <-ch:
-					reply, err := s.cancel(ctx, js, reader, string(m.Data))
+					// The scoped form's target; "" for the unscoped form.
+					scope, scoped := strings.CutPrefix(m.Subject, CancelSubject+".")
+					if !scoped {
+						scope = ""
+					}
+					var (
+						reply string
+						err   error
+					)
+					if scoped && scope == "" {
+						s.cancelNotFound.Add(1)
+						reply = CancelReplyNotFound
+					} else {
+						reply, err = s.cancel(ctx, js, reader, string(m.Data), scope)
+					}
 					if err != nil {
 						if ctx.Err() != nil {
 							return
@@ -420,14 +445,22 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, sub *
 
 const cancelWorkers = 4
 
-// subscribeCancel subscribes to [CancelSubject] (queue group "delayd") and
-// waits until the server has the subscription, so a request sent once the
+// subscribeCancel subscribes to [CancelSubject] and the scoped
+// "delayd.api.cancel.>" ([CancelSubjectFor]), queue group "delayd", and
+// waits until the server has the subscriptions, so a request sent once the
 // service is ready finds a responder.
-func (s *Service) subscribeCancel(ctx context.Context) (*nats.Subscription, chan *nats.Msg, error) {
+func (s *Service) subscribeCancel(ctx context.Context) ([]*nats.Subscription, chan *nats.Msg, error) {
 	ch := make(chan *nats.Msg, 1024)
-	sub, err := s.nc.ChanQueueSubscribe(CancelSubject, "delayd", ch)
-	if err != nil {
-		return nil, nil, fmt.Errorf("subscribe %s: %w", CancelSubject, err)
+	var subs []*nats.Subscription
+	for _, subject := range []string{CancelSubject, CancelSubject + ".>"} {
+		sub, err := s.nc.ChanQueueSubscribe(subject, "delayd", ch)
+		if err != nil {
+			for _, sub := range subs {
+				_ = sub.Unsubscribe()
+			}
+			return nil, nil, fmt.Errorf("subscribe %s: %w", subject, err)
+		}
+		subs = append(subs, sub)
 	}
 	fctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
@@ -435,7 +468,7 @@ func (s *Service) subscribeCancel(ctx context.Context) (*nats.Subscription, chan
 		// Disconnected: the client subscribes again when it reconnects.
 		s.logger.Warn("cancel API subscription not confirmed yet", slog.Any("error", err))
 	}
-	return sub, ch, nil
+	return subs, ch, nil
 }
 
 // ErrRouterBehind is a cancel's error when the router has not placed the
@@ -453,7 +486,12 @@ var ErrAmbiguousID = errors.New("ambiguous id")
 // knows. "seq:N" names ingress sequence N, "id:X" the publisher's id X —
 // unless a publisher's id is that text itself. An id with two readings
 // that both name a message is refused with [ErrAmbiguousID].
-func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *batchReader, id string) (string, error) {
+//
+// scope is the target of a scoped request (delayd.api.cancel.<target>), ""
+// for the unscoped one: a message with another target is treated exactly
+// as an unknown id (it is not found, and it does not make an id ambiguous),
+// so a scoped request tells nothing about other targets' messages.
+func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *batchReader, id, scope string) (string, error) {
 	id = strings.TrimSpace(id)
 	var keys []string
 	if id != "" {
@@ -492,6 +530,11 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 		r, found, err := lookupIndex(ctx, reader, key)
 		if err != nil {
 			return "", err
+		}
+		if found {
+			if found, err = s.inScope(ctx, reader, r, scope); err != nil {
+				return "", err
+			}
 		}
 		if found && ok {
 			return "", fmt.Errorf("%w %q: it names two messages (a publisher's Nats-Msg-Id, and an ingress sequence or a prefixed id); send seq:N for ingress sequence N, id:X for the publisher's id X", ErrAmbiguousID, id)
@@ -552,7 +595,37 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 		if rec, ok, err = lookupIndex(ctx, reader, rec.key); err != nil {
 			return "", err
 		}
+		if ok {
+			if ok, err = s.inScope(ctx, reader, rec, scope); err != nil {
+				return "", err
+			}
+		}
 	}
+}
+
+// inScope reports whether rec's message has the target scope; every
+// message is in the unscoped form's scope "". A record without a target
+// (written before records carried it) is checked against the level message
+// it places; one that placed none (left delayd) is out of any scope.
+func (s *Service) inScope(ctx context.Context, reader *batchReader, rec indexRecord, scope string) (bool, error) {
+	switch {
+	case scope == "":
+		return true, nil
+	case rec.target != "":
+		return rec.target == scope, nil
+	case rec.stream == "":
+		return false, nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	msgs, err := reader.read(rctx, rec.stream, nil, rec.seq, 1, 1)
+	if err != nil {
+		return false, err
+	}
+	if len(msgs) == 0 || msgs[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.seq, 10) || levelKey(msgs[0].Header) != rec.key {
+		return false, nil
+	}
+	return msgs[0].Header.Get(hdrJSSubject) == levelSubjects+strings.TrimPrefix(rec.stream, levels.StreamPrefix)+"."+scope, nil
 }
 
 // waitRouted waits until the router has acked every ingress message up to

@@ -67,6 +67,10 @@ type indexRecord struct {
 	gone   bool      // cancelled: later cancels answer "cancelled"
 	due    time.Time // the message's final due time
 	at     uint64    // the record's own sequence in IndexStream (read side)
+	// target is the message's target subject, which a scoped cancel
+	// (delayd.api.cancel.<target>) must match; "" in records written before
+	// records carried it, and in "left delayd" records that do not know it.
+	target string
 }
 
 // userKey is the index key of a publisher's Nats-Msg-Id, and seqKey the
@@ -104,7 +108,9 @@ func indexSubject(key string) string {
 }
 
 // appendTo appends the record's encoding to b:
-// "<stream> <seq> <h|c|-> <due unix ns> <key length>\n<key>".
+// "<stream> <seq> <h|c|-> <due unix ns> <key length>[ <target>]\n<key>".
+// The target field is optional, so records written before it existed still
+// decode (a target is a valid subject: no spaces or newlines).
 func (r indexRecord) appendTo(b []byte) []byte {
 	b = append(b, r.stream...)
 	b = append(b, ' ')
@@ -120,6 +126,10 @@ func (r indexRecord) appendTo(b []byte) []byte {
 	b = strconv.AppendInt(b, r.due.UnixNano(), 10)
 	b = append(b, ' ')
 	b = strconv.AppendInt(b, int64(len(r.key)), 10)
+	if r.target != "" {
+		b = append(b, ' ')
+		b = append(b, r.target...)
+	}
 	b = append(b, '\n')
 	return append(b, r.key...)
 }
@@ -133,7 +143,7 @@ func decodeIndexRecords(data []byte, fn func(indexRecord)) {
 			return
 		}
 		f := strings.Split(string(data[:nl]), " ")
-		if len(f) != 5 {
+		if len(f) != 5 && (len(f) != 6 || f[5] == "") {
 			return
 		}
 		seq, err1 := strconv.ParseUint(f[1], 10, 64)
@@ -144,7 +154,11 @@ func decodeIndexRecords(data []byte, fn func(indexRecord)) {
 		}
 		key := string(data[nl+1 : nl+1+n])
 		data = data[nl+1+n:]
-		fn(indexRecord{key: key, stream: f[0], seq: seq, hop: f[2] == "h", gone: f[2] == "c", due: time.Unix(0, due)})
+		rec := indexRecord{key: key, stream: f[0], seq: seq, hop: f[2] == "h", gone: f[2] == "c", due: time.Unix(0, due)}
+		if len(f) == 6 {
+			rec.target = f[5]
+		}
+		fn(rec)
 	}
 }
 

@@ -16,10 +16,10 @@ func TestIndexRecordsRoundTrip(t *testing.T) {
 	t.Parallel()
 	due := time.Unix(0, 1795990500277234903)
 	recs := []indexRecord{
-		{key: seqKey(42), stream: "DELAYD_5S", seq: 7, due: due},
+		{key: seqKey(42), stream: "DELAYD_5S", seq: 7, due: due, target: "orders.close"},
 		{key: userKey("order 42\nwith a newline, ünïcode and spaces "), stream: "DELAYD_1M30S", seq: 1 << 40, hop: true, due: due},
 		{key: mergeKey("orders.close", "user-42"), stream: "DELAYD_2H", seq: 1, due: due},
-		{key: userKey("cancelled"), gone: true, due: due},
+		{key: userKey("cancelled"), gone: true, due: due, target: "billing.charge"},
 		{key: userKey(""), stream: "DELAYD_0S", seq: 0, due: time.Unix(0, 0)},
 	}
 	var packed []byte
@@ -33,8 +33,32 @@ func TestIndexRecordsRoundTrip(t *testing.T) {
 	}
 	for i, r := range recs {
 		g := got[i]
-		if g.key != r.key || g.stream != r.stream || g.seq != r.seq || g.hop != r.hop || g.gone != r.gone || !g.due.Equal(r.due) {
+		if g.key != r.key || g.stream != r.stream || g.seq != r.seq || g.hop != r.hop || g.gone != r.gone || !g.due.Equal(r.due) || g.target != r.target {
 			t.Errorf("record %d: got %+v, want %+v", i, g, r)
+		}
+	}
+}
+
+// TestIndexRecordsWithoutTarget: records written before records carried
+// the target (5 fields) still decode, with no target, next to new ones.
+func TestIndexRecordsWithoutTarget(t *testing.T) {
+	t.Parallel()
+	old := []byte("DELAYD_5S 7 - 5 3\ns42 0 c 9 4\nuabc")
+	packed := indexRecord{key: userKey("x"), stream: "DELAYD_1S", seq: 2, due: time.Unix(0, 1), target: "orders.close"}.appendTo(old)
+	var got []indexRecord
+	decodeIndexRecords(packed, func(r indexRecord) { got = append(got, r) })
+	want := []indexRecord{
+		{key: seqKey(42), stream: "DELAYD_5S", seq: 7, due: time.Unix(0, 5)},
+		{key: userKey("abc"), gone: true, due: time.Unix(0, 9)},
+		{key: userKey("x"), stream: "DELAYD_1S", seq: 2, due: time.Unix(0, 1), target: "orders.close"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("decoded %d records, want %d: %+v", len(got), len(want), got)
+	}
+	for i, w := range want {
+		g := got[i]
+		if g.key != w.key || g.stream != w.stream || g.seq != w.seq || g.gone != w.gone || !g.due.Equal(w.due) || g.target != w.target {
+			t.Errorf("record %d: got %+v, want %+v", i, g, w)
 		}
 	}
 }
@@ -64,6 +88,7 @@ func FuzzIndexRecords(f *testing.F) {
 	f.Add([]byte("DELAYD_5S 7 - 5 999\nab"))
 	f.Add([]byte("DELAYD_5S 7 - 5 -1\nab"))
 	f.Add([]byte(" 0 c 0 2\nix"))
+	f.Add([]byte("DELAYD_5S 7 - 5 2 orders.close\nix"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var again []byte
 		decodeIndexRecords(data, func(r indexRecord) { again = r.appendTo(again) })

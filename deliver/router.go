@@ -544,11 +544,12 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 				}
 				due, _ := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderDueAt))
 				_, hop := m.Header[hdrHopDue]
+				target := strings.TrimPrefix(m.Header.Get(hdrJSSubject), w.subject)
 				if key := levelKey(m.Header); key != "" {
-					g.add(indexRecord{key: key, stream: w.stream, seq: seq, hop: hop, due: due})
+					g.add(indexRecord{key: key, stream: w.stream, seq: seq, hop: hop, due: due, target: target})
 				}
 				if mk := m.Header.Get(hdrMerge); mk != "" {
-					rec := indexRecord{key: mergeKey(strings.TrimPrefix(m.Header.Get(hdrJSSubject), w.subject), mk), stream: w.stream, seq: seq, hop: hop, due: due}
+					rec := indexRecord{key: mergeKey(target, mk), stream: w.stream, seq: seq, hop: hop, due: due, target: target}
 					g.add(rec)
 					r.rememberMerge(rec)
 				}
@@ -840,10 +841,10 @@ func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
 	// The index records of this placement: by id (the publisher's, else
 	// the first ingress sequence) and by merge key.
 	_, isHop := h[hdrHopDue]
-	rt.index[0] = indexRecord{key: levelKey(h), stream: w.stream, hop: isHop, due: due}
+	rt.index[0] = indexRecord{key: levelKey(h), stream: w.stream, hop: isHop, due: due, target: target}
 	rt.nIndex = 1
 	if rt.merge != "" {
-		rt.index[1] = indexRecord{key: mergeKey(target, rt.merge), stream: w.stream, hop: isHop, due: due}
+		rt.index[1] = indexRecord{key: mergeKey(target, rt.merge), stream: w.stream, hop: isHop, due: due, target: target}
 		rt.nIndex = 2
 	}
 }

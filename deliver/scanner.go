@@ -1242,9 +1242,9 @@ func sleepWake(ctx context.Context, wake <-chan struct{}, d time.Duration) error
 // leftDelayd writes "left delayd" index records (no placement) for a
 // message's id key and merge key, and frees the merge key in the router.
 func (s *Scanner) leftDelayd(ctx context.Context, key, merge, target string) {
-	recs := []indexRecord{{key: key}}
+	recs := []indexRecord{{key: key, target: target}}
 	if merge != "" {
-		recs = append(recs, indexRecord{key: mergeKey(target, merge)})
+		recs = append(recs, indexRecord{key: mergeKey(target, merge), target: target})
 	}
 	for _, rec := range recs {
 		if rec.key == "" {

@@ -307,10 +307,18 @@ func (s *Service) Run(ctx context.Context) error {
 	s.router, s.scanners = router, scanners
 	s.mu.Unlock()
 
-	cancelSub, cancelCh, err := s.subscribeCancel(ctx)
+	cancelSubs, cancelCh, err := s.subscribeCancel(ctx)
 	if err != nil {
 		return err
 	}
+	infoSub, err := s.subscribeInfo(ctx)
+	if err != nil {
+		for _, sub := range cancelSubs {
+			_ = sub.Unsubscribe()
+		}
+		return err
+	}
+	defer func() { _ = infoSub.Unsubscribe() }()
 	var wg sync.WaitGroup
 	errs := make(chan error, len(scanners)+4)
 	runCtx, cancel := context.WithCancel(ctx)
@@ -320,7 +328,7 @@ func (s *Service) Run(ctx context.Context) error {
 		wg.Go(func() { errs <- sc.Run(runCtx) })
 	}
 	wg.Go(func() { errs <- router.Run(runCtx) })
-	wg.Go(func() { errs <- s.serveCancel(runCtx, mustJS(s.nc, 0), cancelSub, cancelCh) })
+	wg.Go(func() { errs <- s.serveCancel(runCtx, mustJS(s.nc, 0), cancelSubs, cancelCh) })
 	wg.Go(func() { errs <- s.trimIndex(runCtx) })
 	s.ready.Store(true)
 	s.logger.Info("delayd scheduling", slog.String("ingress", s.cfg.Prefix+".>"), slog.Int("level_streams", len(streams)))

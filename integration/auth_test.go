@@ -26,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/config"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/internal/natstest"
@@ -520,12 +521,19 @@ func secReadmeBlock(t *testing.T) string {
 	return ""
 }
 
-// TestAuthREADMEPermissions runs the README's permissions example: a server configured with it, delayd connected
-// as its delayd user with DELAYD_ALLOW_TARGETS matching, and an application user that may only schedule orders.
-func TestAuthREADMEPermissions(t *testing.T) {
-	const delaydPassword, ordersPassword = "delayd-pw-for-test", "orders-pw-for-test"
+// Passwords of the README permissions example's users, which it reads from the server's environment.
+const (
+	delaydPassword  = "delayd-pw-for-test"
+	ordersPassword  = "orders-pw-for-test"
+	billingPassword = "billing-pw-for-test"
+)
+
+// secReadmeServer starts a nats-server configured with the README's permissions example, on a free loopback port.
+func secReadmeServer(t *testing.T) *server.Server {
+	t.Helper()
 	t.Setenv("DELAYD_PASSWORD", delaydPassword) // referenced by the example as $DELAYD_PASSWORD
 	t.Setenv("ORDERS_PASSWORD", ordersPassword)
+	t.Setenv("BILLING_PASSWORD", billingPassword)
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "nats-server.conf")
 	text := fmt.Sprintf("jetstream {\n  store_dir: %q\n}\n%s\n", filepath.Join(dir, "js"), secReadmeBlock(t))
@@ -537,7 +545,13 @@ func TestAuthREADMEPermissions(t *testing.T) {
 		t.Fatalf("README permissions example: %v", err)
 	}
 	opts.Host, opts.Port, opts.NoSigs, opts.NoLog = "127.0.0.1", -1, true, true
-	srv := secStart(t, opts)
+	return secStart(t, opts)
+}
+
+// TestAuthREADMEPermissions runs the README's permissions example: a server configured with it, delayd connected
+// as its delayd user with DELAYD_ALLOW_TARGETS matching, and an application user that may only schedule orders.
+func TestAuthREADMEPermissions(t *testing.T) {
+	srv := secReadmeServer(t)
 
 	delayd := secMustConnect(t, map[string]string{
 		"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": "delayd", "DELAYD_NATS_PASSWORD": delaydPassword,
@@ -602,5 +616,130 @@ func TestAuthREADMEPermissions(t *testing.T) {
 		if errors.Is(err, nats.ErrPermissionViolation) {
 			t.Errorf("delayd hit a permissions violation: %v", err)
 		}
+	}
+}
+
+// TestAuthREADMECancelScope: under the README's permissions example, the orders user cannot cancel a billing
+// message, neither by its ingress sequence nor by its (guessed) Nats-Msg-Id, in any of the id's forms: the scoped
+// cancel answers "not found" exactly as for an unknown id, and the message is still pending (billing cancels it) or
+// delivered. An orders message whose id has the same text as a billing sequence does not make that id ambiguous.
+// The server refuses the orders user's requests to billing's scope and to the unscoped operator form, and the orders
+// user can still cancel its own messages.
+func TestAuthREADMECancelScope(t *testing.T) {
+	srv := secReadmeServer(t)
+	dnc := secMustConnect(t, map[string]string{
+		"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": "delayd", "DELAYD_NATS_PASSWORD": delaydPassword,
+	})
+	svc, err := deliver.New(dnc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("1s 1h"),
+		Targets: deliver.TargetPolicy{Allow: []string{"orders.>", "billing.>"}}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	waitFor(t, 20*time.Second, "delayd ready", svc.Ready)
+
+	user := func(name, password string) (*nats.Conn, jetstream.JetStream, chan error) {
+		nc := secMustConnect(t, map[string]string{"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": name, "DELAYD_NATS_PASSWORD": password})
+		violations := make(chan error, 16)
+		nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err })
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return nc, js, violations
+	}
+	orders, ordersJS, violations := user("orders", ordersPassword)
+	billing, billingJS, _ := user("billing", billingPassword)
+	delivered, err := billing.SubscribeSync("billing.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ordersDelivered, err := orders.SubscribeSync("orders.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = billing.Flush()
+	_ = orders.Flush()
+
+	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer rcancel()
+	pub := func(js jetstream.JetStream, target string, lvl int, id string) string {
+		t.Helper()
+		opts := []delayd.PublishOpt{delayd.WithLevel(lvl)}
+		if id != "" {
+			opts = append(opts, delayd.WithMsgID(id))
+		}
+		got, err := delayd.Publish(rctx, js, target, []byte("for "+target), opts...)
+		if err != nil {
+			t.Fatalf("publish to %s: %v", target, err)
+		}
+		return got
+	}
+	cancelAs := func(nc *nats.Conn, target, id string) delayd.CancelResult {
+		t.Helper()
+		r, err := delayd.Cancel(rctx, nc, target, id)
+		if err != nil {
+			t.Fatalf("cancel %s %q: %v", target, id, err)
+		}
+		return r
+	}
+
+	b1 := pub(billingJS, "billing.charge", 2, "")          // pending an hour; id: its ingress sequence
+	b2 := pub(billingJS, "billing.charge", 2, "invoice-7") // pending an hour; a guessable id
+	b3 := pub(billingJS, "billing.charge", 1, "")          // delivered in a second
+	o1 := pub(ordersJS, "orders.close", 2, "")
+	pub(ordersJS, "orders.close", 2, b1) // o2: an orders id with the text of billing's sequence
+
+	// Within its own scope, the orders user finds nothing of billing's.
+	for _, id := range []string{"seq:" + b1, b2, "id:" + b2, b3, "seq:" + b3} {
+		if r := cancelAs(orders, "orders.close", id); r != delayd.NotFound {
+			t.Errorf("orders cancelling billing's %q in its scope: %q, want not found", id, r)
+		}
+	}
+	// b1's text names billing's ingress sequence and orders' o2: in orders' scope only o2, so it is cancelled,
+	// not refused as ambiguous (which would tell orders that billing has a message there).
+	if r := cancelAs(orders, "orders.close", b1); r != delayd.Cancelled {
+		t.Errorf("orders cancelling %q (its o2, and billing's sequence): %q, want cancelled", b1, r)
+	}
+	// Billing's messages are untouched: billing itself cancels b1 and b2 now.
+	for _, id := range []string{"seq:" + b1, b2} {
+		if r := cancelAs(billing, "billing.charge", id); r != delayd.Cancelled {
+			t.Errorf("billing cancelling its own %q: %q, want cancelled (orders must not have cancelled it)", id, r)
+		}
+	}
+	// b3 is delivered, whatever orders asked.
+	m, err := delivered.NextMsg(20 * time.Second)
+	if err != nil {
+		t.Fatalf("billing's level-1 message %s not delivered: %v", b3, err)
+	}
+	if got := m.Header.Get(delayd.HeaderLevel); got != "" {
+		t.Errorf("delivered with %s %q", delayd.HeaderLevel, got)
+	}
+
+	// The server refuses the orders user's requests to billing's scope and to the unscoped form.
+	for _, subject := range []string{delayd.CancelSubjectFor("billing.charge"), delayd.CancelSubject} {
+		if err := orders.PublishRequest(subject, orders.NewInbox(), []byte(b1)); err != nil {
+			t.Fatal(err)
+		}
+		_ = orders.Flush()
+		select {
+		case err := <-violations:
+			if !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), subject) {
+				t.Errorf("request to %s: %v, want a permissions violation", subject, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("request to %s was not refused by the server", subject)
+		}
+	}
+
+	// The orders user still cancels its own message, and it is never delivered.
+	if r := cancelAs(orders, "orders.close", o1); r != delayd.Cancelled {
+		t.Errorf("orders cancelling its own %s: %q, want cancelled", o1, r)
+	}
+	if m, err := ordersDelivered.NextMsg(1500 * time.Millisecond); err == nil {
+		t.Errorf("orders got a delivery %q on %s: its messages were cancelled or an hour away", m.Data, m.Subject)
 	}
 }

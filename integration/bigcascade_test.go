@@ -84,7 +84,7 @@ func TestCancelDeadLetteredHop(t *testing.T) {
 	for _, id := range dead {
 		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 		began := time.Now()
-		r, err := delayd.Cancel(ctx, b.nc, id)
+		r, err := delayd.Cancel(ctx, b.nc, "big."+id, id)
 		cancel()
 		if err != nil || r != delayd.NotFound {
 			t.Errorf("cancel of dead-lettered %s: %q %v after %s, want not found", id, r, err, time.Since(began).Round(time.Millisecond))

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,11 +16,12 @@ import (
 	"github.com/delayd/delayd/deliver"
 )
 
+// cancel cancels id with the unscoped operator form (delayd.CancelAny).
 func (b *testBundle) cancel(id string) delayd.CancelResult {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	r, err := delayd.Cancel(ctx, b.nc, id)
+	r, err := delayd.CancelAny(ctx, b.nc, id)
 	if err != nil {
 		b.t.Fatalf("cancel %q: %v", id, err)
 	}
@@ -450,4 +452,51 @@ func TestCancelAnswersAfterLeaving(t *testing.T) {
 	}
 	// Long after: the records are gone, the index does not grow.
 	waitFor(t, 20*time.Second, "leave-a forgotten", func() bool { return b.cancel("leave-a") == delayd.NotFound })
+}
+
+// TestCancelScopeOldRecords: index records written before records carried
+// the target (the 5-field form) still answer. A scoped cancel checks a
+// placement's target against its level message (the wrong target: not
+// found; the right one: cancelled); a "cancelled" record without a target
+// answers not found in any scope, and cancelled to the unscoped form.
+func TestCancelScopeOldRecords(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("100ms 1h")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := delayd.Publish(ctx, b.js, "legacy.x", []byte("old"), delayd.WithLevel(2), delayd.WithMsgID("legacy-1")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "legacy-1 in DELAYD_1H", func() bool { return b.streamCount("DELAYD_1H") == 1 })
+	seq := b.streamMsgs("DELAYD_1H")[0].Sequence
+	// The records an older delayd wrote: a placement of legacy-1, and a
+	// cancelled legacy-2, both without a target.
+	oldRecord := func(key, rest string) {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(key))
+		subject := fmt.Sprintf("delayd.idx.%d", h.Sum64()%deliver.IndexSlots)
+		data := fmt.Sprintf("%s %d\n%s", rest, len(key), key)
+		if _, err := b.js.Publish(ctx, subject, []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oldRecord("ulegacy-1", fmt.Sprintf("DELAYD_1H %d - %d", seq, time.Now().Add(time.Hour).UnixNano()))
+	oldRecord("ulegacy-2", fmt.Sprintf(" 0 c %d", time.Now().UnixNano()))
+
+	for _, c := range []struct {
+		target, id string
+		want       delayd.CancelResult
+	}{
+		{"other.x", "legacy-1", delayd.NotFound},
+		{"legacy.x", "legacy-1", delayd.Cancelled},
+		{"legacy.x", "legacy-2", delayd.NotFound},
+	} {
+		if r, err := delayd.Cancel(ctx, b.nc, c.target, c.id); err != nil || r != c.want {
+			t.Errorf("cancel %s %s: %q %v, want %q", c.target, c.id, r, err, c.want)
+		}
+	}
+	if r := b.cancel("legacy-2"); r != delayd.Cancelled {
+		t.Errorf("unscoped cancel of legacy-2: %q, want cancelled", r)
+	}
 }

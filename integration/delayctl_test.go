@@ -107,7 +107,7 @@ func TestDelayctlExitCodes(t *testing.T) {
 		t.Parallel()
 		dead := closedPort(t)
 		delayctl(t, "", "stats", "--server", dead).want(t, 3, "cannot connect to "+dead, "is delayd running?")
-		delayctl(t, dead, "cancel", "x").want(t, 3, "cannot connect to "+dead)
+		delayctl(t, dead, "cancel", "orders.x", "x").want(t, 3, "cannot connect to "+dead)
 	})
 	t.Run("no streams", func(t *testing.T) {
 		t.Parallel()
@@ -127,8 +127,12 @@ func TestDelayctlExitCodes(t *testing.T) {
 			{"pub", "orders.x", "d", "--at", "tomorrow"},            // bad time
 			{"pub", "orders.x", "d", "--level", "1", "-H", "nokey"}, // bad header
 			{"cancel"},
-			{"cancel", " "},
-			{"cancel", "a", "b"},
+			{"cancel", "orders.x", " "},
+			{"cancel", "a"},                 // no target
+			{"cancel", "a", "b", "c"},       // too many
+			{"cancel", "orders.*", "b"},     // wildcard target
+			{"cancel", "--any", "a", "b"},   // --any takes the id alone
+			{"cancel", "$JS.API.INFO", "b"}, // a target no message can have
 			{"dlq", "replay"},
 			{"dlq", "replay", "--id", "1", "--all"},
 			{"dlq", "replay", "--id", "x"},
@@ -148,7 +152,8 @@ func TestDelayctlExitCodes(t *testing.T) {
 	t.Run("cancel", func(t *testing.T) {
 		t.Parallel()
 		// No delayd: nobody answers the cancel API.
-		delayctl(t, url, "cancel", "42").want(t, 1, "no delayd answered on delayd.api.cancel")
+		delayctl(t, url, "cancel", "orders.x", "42").want(t, 1, "no delayd answered on delayd.api.cancel.orders.x")
+		delayctl(t, url, "cancel", "--any", "42").want(t, 1, "no delayd answered on delayd.api.cancel")
 
 		// A stand-in for delayd's cancel API (built in another branch), answering per its contract.
 		srv := natstest.Start(t, nil)
@@ -158,14 +163,14 @@ func TestDelayctlExitCodes(t *testing.T) {
 		}
 		t.Cleanup(nc.Close)
 		answers := map[string]string{"pending": "cancelled", "gone": "not found", "sent": "already delivered", "odd": "oops"}
-		if _, err := nc.Subscribe(deliver.CancelSubject, func(m *nats.Msg) { _ = m.Respond([]byte(answers[string(m.Data)])) }); err != nil {
+		if _, err := nc.Subscribe(deliver.CancelSubjectFor("orders.x"), func(m *nats.Msg) { _ = m.Respond([]byte(answers[string(m.Data)])) }); err != nil {
 			t.Fatal(err)
 		}
 		if err := nc.Flush(); err != nil {
 			t.Fatal(err)
 		}
 		for id, code := range map[string]int{"pending": 0, "gone": 5, "sent": 6, "odd": 1} {
-			r := delayctl(t, srv.ClientURL(), "cancel", id)
+			r := delayctl(t, srv.ClientURL(), "cancel", "orders.x", id)
 			r.want(t, code, answers[id])
 		}
 	})
@@ -425,13 +430,15 @@ func TestDelayctlCancel(t *testing.T) {
 	pub := delayctl(t, url, "pub", "ctl.cancel.later", "later", "--level", "2")
 	pub.want(t, 0)
 	id := strings.TrimSpace(pub.stdout)
-	delayctl(t, url, "cancel", id).want(t, 0, "cancelled")
-	delayctl(t, url, "cancel", id).want(t, 0, "cancelled")
+	delayctl(t, url, "cancel", "ctl.cancel.soon", id).want(t, 5, "not found") // another target's scope
+	delayctl(t, url, "cancel", "ctl.cancel.later", id).want(t, 0, "cancelled")
+	delayctl(t, url, "cancel", "--any", id).want(t, 0, "cancelled")
 
 	delayctl(t, url, "pub", "ctl.cancel.soon", "soon", "--level", "1", "--id", "soon-1").want(t, 0, "soon-1")
 	c.wait(t, 1, 10*time.Second)
-	delayctl(t, url, "cancel", "soon-1").want(t, 6, "already delivered")
-	delayctl(t, url, "cancel", "no-such-id").want(t, 5, "not found")
+	delayctl(t, url, "cancel", "ctl.cancel.soon", "soon-1").want(t, 6, "already delivered")
+	delayctl(t, url, "cancel", "ctl.cancel.later", "soon-1").want(t, 5, "not found")
+	delayctl(t, url, "cancel", "ctl.cancel.soon", "no-such-id").want(t, 5, "not found")
 	for _, r := range c.snapshot() {
 		if string(r.msg.Data) != "soon" {
 			t.Errorf("delivered %q", r.msg.Data)

@@ -59,7 +59,7 @@ func New(svc *deliver.Service, nc *nats.Conn) *Metrics {
 		deadLettered: prometheus.NewDesc("delayd_dead_lettered_total", "Messages written to DELAYD_DLQ, by reason.", []string{"reason"}, nil),
 		reconnects:   prometheus.NewDesc("delayd_nats_reconnects_total", "Reconnections of delayd's NATS connection.", nil, nil),
 		ready:        prometheus.NewDesc("delayd_ready", "1 when /readyz would answer 200.", nil, nil),
-		cancelled:    prometheus.NewDesc("delayd_cancelled_total", "Pending messages cancelled through delayd.api.cancel, by the level that held them.", lv, nil),
+		cancelled:    prometheus.NewDesc("delayd_cancelled_total", "Pending messages cancelled through the cancel API (delayd.api.cancel.<target>, delayd.api.cancel), by the level that held them.", lv, nil),
 		cancels:      prometheus.NewDesc("delayd_cancel_requests_total", "Answers of the cancel API, by result: cancelled, not_found, already_delivered.", []string{"result"}, nil),
 		merged:       prometheus.NewDesc("delayd_merged_total", "Messages merged into a pending message with the same Delay-Merge-Key and target (their payloads dropped).", nil, nil),
 		indexErrors:  prometheus.NewDesc("delayd_index_errors_total", "Id index writes that failed: those messages answer \"not found\" to a cancel.", nil, nil),

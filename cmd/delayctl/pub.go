@@ -38,8 +38,11 @@ its PubAck. Exactly one of:
   --at TIME     an RFC 3339 time, 2026-11-30T08:00:00Z (in the past: at once)
 
 It prints the message's id on standard output, the one to cancel it with: --id if given, else the ingress
-sequence. A target delayd would dead-letter (wildcards, '$' subjects, subjects under the prefix or under
-delayd.) is refused with exit code 2.`,
+sequence. A message delayd would dead-letter is refused with exit code 2, before anything is published:
+a bad target (wildcards, '$' subjects, subjects under the prefix or under delayd.), and, checked against the
+running delayd's configuration (its info API, delayd.api.info), a target its policy refuses, a delay beyond
+its DELAYD_MAX_DELAY, a message too large, or another DELAYD_PREFIX. When no delayd answers, only the checks
+that need no configuration are made (the ingress stream keeps the message for when delayd starts).`,
 		Example: `  delayctl pub orders.close 'close order 42' --level 2
   delayctl pub orders.close --in 47m --id order-42-close -H 'Tenant: acme' < payload.json`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -127,13 +130,15 @@ delayd.) is refused with exit code 2.`,
 			switch {
 			case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
 				return withCode(exitNoStreams, "no delayd stream captures %s.%s: is delayd running with DELAYD_PREFIX=%s? (%v)", a.cfg.Prefix, subject, a.cfg.Prefix, err)
-			case errors.Is(err, delayd.ErrInvalidLevel), errors.Is(err, deliver.ErrInvalidTarget), errors.Is(err, deliver.ErrForbiddenTarget):
+			case errors.Is(err, delayd.ErrInvalidLevel), errors.Is(err, deliver.ErrInvalidTarget), errors.Is(err, deliver.ErrForbiddenTarget),
+				errors.Is(err, deliver.ErrDeniedTarget), errors.Is(err, delayd.ErrTooLarge), errors.Is(err, delayd.ErrPrefixMismatch):
+				// Refused before publishing: the running delayd would dead-letter it.
 				return withCode(exitUsage, "%v", err)
 			case err != nil:
 				return err
 			}
 			fmt.Fprintln(a.stdout, id)
-			fmt.Fprintf(a.stderr, "delayctl: published to %s.%s; cancel with: delayctl cancel %s\n", a.cfg.Prefix, subject, shellQuote(id))
+			fmt.Fprintf(a.stderr, "delayctl: published to %s.%s; cancel with: delayctl cancel %s %s\n", a.cfg.Prefix, subject, subject, shellQuote(id))
 			return nil
 		},
 	}
@@ -148,22 +153,33 @@ delayd.) is refused with exit code 2.`,
 }
 
 func (a *app) cancelCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "cancel ID",
-		Short: "Cancel a pending delayed message by its id",
-		Long: `cancel asks delayd (request to delayd.api.cancel) to cancel the delayed message with id ID: the id pub
-printed, the publisher's Nats-Msg-Id, or the ingress sequence. It prints delayd's answer:
+	var anyTarget bool
+	cmd := &cobra.Command{
+		Use:   "cancel TARGET ID | cancel --any ID",
+		Short: "Cancel a pending delayed message by its target and id",
+		Long: `cancel asks delayd (request to delayd.api.cancel.TARGET) to cancel the delayed message bound for the
+target subject TARGET (as given to pub, e.g. orders.close) with id ID: the id pub printed, the publisher's
+Nats-Msg-Id, or the ingress sequence. A message with that id but another target answers "not found". It prints
+delayd's answer:
 
   cancelled          exit 0: the message will never be delivered
-  not found          exit 5: no pending message has that id
+  not found          exit 5: no pending message bound for TARGET has that id
   already delivered  exit 6: it was handed to its target before the cancel
 
+--any ID uses the unscoped operator form (request to delayd.api.cancel): a message of any target.
 If no delayd answers, it exits 1.`,
 		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) != 1 {
-				return withCode(exitUsage, "cancel takes one ID, got %d arguments", len(args))
+			switch {
+			case anyTarget && len(args) != 1:
+				return withCode(exitUsage, "cancel --any takes one ID, got %d arguments", len(args))
+			case !anyTarget && len(args) != 2:
+				return withCode(exitUsage, "cancel takes TARGET and ID (or --any ID), got %d arguments", len(args))
+			case !anyTarget:
+				if err := deliver.ValidateTarget(args[0], deliver.InternalPrefix); err != nil {
+					return withCode(exitUsage, "bad target: %v", err)
+				}
 			}
-			return checkID(args[0])
+			return checkID(args[len(args)-1])
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.connect(); err != nil {
@@ -173,12 +189,22 @@ If no delayd answers, it exits 1.`,
 			// answers "error: ..." then: give it that long at least.
 			ctx, cancel := context.WithTimeout(cmd.Context(), max(a.timeout, cancelTimeout))
 			defer cancel()
-			res, err := delayd.Cancel(ctx, a.nc, args[0])
+			var (
+				res     delayd.CancelResult
+				err     error
+				subject = delayd.CancelSubject
+			)
+			if anyTarget {
+				res, err = delayd.CancelAny(ctx, a.nc, args[0])
+			} else {
+				subject = delayd.CancelSubjectFor(args[0])
+				res, err = delayd.Cancel(ctx, a.nc, args[0], args[1])
+			}
 			switch {
 			case errors.Is(err, nats.ErrNoResponders):
-				return fmt.Errorf("no delayd answered on %s: is delayd running (a version with cancel)?", delayd.CancelSubject)
+				return fmt.Errorf("no delayd answered on %s: is delayd running (a version with scoped cancel)?", subject)
 			case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
-				return fmt.Errorf("no answer on %s within %s: is delayd overloaded or stuck?", delayd.CancelSubject, max(a.timeout, cancelTimeout))
+				return fmt.Errorf("no answer on %s within %s: is delayd overloaded or stuck, or may this NATS user not publish there?", subject, max(a.timeout, cancelTimeout))
 			case err != nil:
 				return err
 			}
@@ -192,6 +218,8 @@ If no delayd answers, it exits 1.`,
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&anyTarget, "any", false, "the unscoped operator form: cancel a message of any target by ID alone")
+	return cmd
 }
 
 // errSilent is an error whose message was already printed (an answer with its own exit code).
