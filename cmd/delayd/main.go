@@ -89,14 +89,14 @@ func run() int {
 		defer close(closed)
 		if ctx.Err() == nil {
 			connLost.Store(true)
-			logger.Error("NATS connection closed; stopping", slog.Any("error", nc.LastError()))
+			logger.Error("NATS connection closed; stopping", errAttr(nc.LastError()))
 			cancel()
 		}
 	}))
 	// The service learns of refused publishes through the async error handler.
 	var svcRef atomic.Pointer[deliver.Service]
 	opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
-		attrs := []any{slog.Any("error", err)}
+		attrs := []any{errAttr(err)}
 		if sub != nil {
 			attrs = append(attrs, slog.String("subject", sub.Subject))
 		}
@@ -130,7 +130,7 @@ func run() int {
 		}
 	}()
 	if !nc.IsConnected() { // once connected, the ConnectHandler logs it
-		logger.Warn("NATS not reachable yet; retrying for ever", slog.String("url", config.RedactURLs(cfg.NATSURL)), slog.String("auth", cfg.AuthMethod()), slog.Any("error", nc.LastError()))
+		logger.Warn("NATS not reachable yet; retrying for ever", slog.String("url", config.RedactURLs(cfg.NATSURL)), slog.String("auth", cfg.AuthMethod()), errAttr(nc.LastError()))
 	}
 
 	var m *metrics.Metrics // set before Run; the hook runs only on Run's scanners
@@ -188,6 +188,16 @@ func run() int {
 	}
 	logger.Info("delayd stopped cleanly")
 	return exitOK
+}
+
+// errAttr is the "error" attribute for err, or no attribute when err is
+// nil: nats.go's LastError is nil until an attempt has failed, and a log
+// line should not read "error":null.
+func errAttr(err error) slog.Attr {
+	if err == nil {
+		return slog.Attr{}
+	}
+	return slog.Any("error", err)
 }
 
 // newLogger builds the tint (text) or JSON handler per DELAYD_LOG_FORMAT.

@@ -1,0 +1,64 @@
+package integration
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver"
+)
+
+// TestTargetRefusedByServer publishes to ingress subjects that the server
+// itself does not store in DELAYD_INGRESS (an empty target, an empty
+// token) and to invalid targets it does store (wildcards, a control byte, a
+// $ target, a target under delayd.). The first kind never reaches delayd: a
+// JetStream publish fails with no response from the stream (nats.go's
+// jetstream.ErrNoStreamResponse, the server's no-responders), a core
+// publish is dropped without a word, and nothing is dead-lettered. The
+// second kind is dead-lettered, as README's Invalid input section says.
+func TestTargetRefusedByServer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("100ms 300ms 1s")
+	refused := []string{"delay.", "delay.orders..x", "delay..x", "delay.orders."}
+	for _, subject := range refused {
+		_, err := b.tryPublish(subject, []byte("x"), level(0))
+		if !errors.Is(err, jetstream.ErrNoStreamResponse) {
+			t.Errorf("JetStream publish to %q: error %v, want %v", subject, err, jetstream.ErrNoStreamResponse)
+		} else {
+			t.Logf("JetStream publish to %q: %v", subject, err)
+		}
+		if err := b.nc.PublishMsg(&nats.Msg{Subject: subject, Data: []byte("x"), Header: level(0)}); err != nil {
+			t.Errorf("core publish to %q: %v, want no error (the server drops it silently)", subject, err)
+		}
+	}
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	dead := []string{"delay.orders.*", "delay.orders.>", "delay.orders.\x01", "delay.$SYS.x", "delay.delayd.x"}
+	for _, subject := range dead {
+		b.publish(subject, []byte("x"), level(0))
+	}
+	// A valid message published last routes after everything before it.
+	ok := b.collect("ok.last")
+	b.publish("delay.ok.last", []byte("last"), level(0))
+	ok.wait(t, 1, 15*time.Second)
+	waitFor(t, 15*time.Second, "dead letters", func() bool { return b.streamCount(deliver.DLQStream) >= uint64(len(dead)) })
+	// Everything the ingress stream stored has been handed on and acked.
+	waitFor(t, 15*time.Second, "an empty ingress stream", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
+	msgs := b.streamMsgs(deliver.DLQStream)
+	if len(msgs) != len(dead) {
+		for _, m := range msgs {
+			t.Logf("dead letter: %s %q", m.Header.Get(deliver.HeaderSubject), m.Header.Get(deliver.HeaderError))
+		}
+		t.Fatalf("%d dead letters, want %d (for %q only)", len(msgs), len(dead), dead)
+	}
+	for i, m := range msgs {
+		if got := m.Header.Get(deliver.HeaderSubject); got != dead[i] {
+			t.Errorf("dead letter %d: %s %q, want %q", i, deliver.HeaderSubject, got, dead[i])
+		}
+	}
+}
