@@ -266,9 +266,11 @@ func WithHeader(h nats.Header) PublishOpt {
 // Errors: [ErrNoDelay], [ErrAmbiguousDelay] or [ErrInvalidLevel] for the
 // options, and [ErrInvalidLevel] for a delay beyond delayd's max delay;
 // errors wrapping deliver.ErrInvalidTarget, deliver.ErrForbiddenTarget or
-// deliver.ErrDeniedTarget when delayd would dead-letter the target (empty
-// tokens, wildcards, '$' subjects, subjects under the prefix or under
-// "delayd.", or refused by the target policy); [ErrTooLarge];
+// deliver.ErrDeniedTarget for a target delayd would refuse: empty or with
+// empty tokens (the server stores no such subject, so it would never reach
+// delayd), or one delayd would dead-letter (wildcards, '$' subjects,
+// subjects under the prefix or under "delayd.", refused by the target
+// policy); [ErrTooLarge];
 // [ErrPrefixMismatch]; [ErrNoInfo] with [WithRequireInfo]; JetStream's
 // publish errors.
 func Publish(ctx context.Context, js jetstream.JetStream, subject string, data []byte, opts ...PublishOpt) (string, error) {
