@@ -5,7 +5,9 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -150,4 +152,79 @@ func publishDeadLetter(ctx context.Context, js jetstream.JetStream, dl *nats.Msg
 			dl.Header = keep
 		}
 	}
+}
+
+// dlqRefusals tracks the dead letters DELAYD_DLQ refused and that are not
+// stored yet, shared by the router and the scanners. A nil *dlqRefusals
+// tracks nothing.
+type dlqRefusals struct {
+	failures atomic.Uint64 // refused dead-letter writes, every attempt
+
+	mu      sync.Mutex
+	waiting map[string]time.Time // by dead letter: when it was first refused (monotonic clock)
+	lastErr error
+}
+
+// refused records a failed write of the dead letter named key (the
+// scanner's stream, or the router's ingress reference).
+func (d *dlqRefusals) refused(key string, err error) {
+	if d == nil {
+		return
+	}
+	d.failures.Add(1)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.waiting == nil {
+		d.waiting = make(map[string]time.Time)
+	}
+	if _, ok := d.waiting[key]; !ok {
+		d.waiting[key] = time.Now()
+	}
+	d.lastErr = err
+}
+
+// stored records that the dead letter named key is stored.
+func (d *dlqRefusals) stored(key string) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	delete(d.waiting, key)
+	d.mu.Unlock()
+}
+
+// forget drops the router's waiting dead letters (keys with prefix): a new
+// ingress session redelivers them, and they are recorded again if refused.
+func (d *dlqRefusals) forget(prefix string) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	for k := range d.waiting {
+		if strings.HasPrefix(k, prefix) {
+			delete(d.waiting, k)
+		}
+	}
+	d.mu.Unlock()
+}
+
+// DLQRefusals is the state of dead letters DELAYD_DLQ refuses.
+type DLQRefusals struct {
+	Failures uint64        // refused dead-letter writes since start, every attempt
+	Waiting  int           // dead letters refused and not stored yet
+	Oldest   time.Duration // how long the oldest waiting one has been refused; 0 if none
+	LastErr  error         // the last refusal's error
+}
+
+func (d *dlqRefusals) snapshot() DLQRefusals {
+	if d == nil {
+		return DLQRefusals{}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := DLQRefusals{Failures: d.failures.Load(), Waiting: len(d.waiting), LastErr: d.lastErr}
+	for _, since := range d.waiting {
+		r.Oldest = max(r.Oldest, time.Since(since))
+	}
+	return r
 }

@@ -36,8 +36,9 @@ const (
 	// it is dead-lettered. Transient failures are retried for ever.
 	ScannerMaxAttemptsDefault = 3
 
-	// ScannerStallAfterDefault is how long a due head may go without the
-	// offset moving before the scanner reports itself stalled.
+	// ScannerStallAfterDefault is how long a due head may go without being
+	// handed off (the offset moving past it) before the scanner reports
+	// itself stalled, however often it was tried meanwhile.
 	ScannerStallAfterDefault = 30 * time.Second
 
 	opTimeout = 10 * time.Second
@@ -85,6 +86,7 @@ type ScannerConfig struct {
 	OnDelivery func(lateness time.Duration)
 
 	reasons *reasonCounts // dead letters by reason (set by Service)
+	refused *dlqRefusals  // dead letters DELAYD_DLQ refused (set by Service)
 	hopKey  hopKey        // signs cascading messages moving on (set by Service)
 
 	// mergeGone tells the router a merge key's message was cancelled, so
@@ -223,7 +225,8 @@ type Scanner struct {
 	lastSeq      atomic.Uint64 // the level stream's last sequence, as far as known
 	ackedOffset  atomic.Uint64 // the last offset the KV bucket acknowledged
 	headDue      atomic.Int64  // unix ns of a due head not yet delivered; 0 if none
-	lastProgress atomic.Int64  // unix ns of the last offset move or idle wait
+	lastProgress atomic.Int64  // monotonic ns since epoch: the last offset move, no due head, or a head falling due
+	epoch        time.Time     // the stall clock's origin (monotonic reading)
 
 	cancels    chan cancelReq // cancel requests, decided on the scanner's goroutine
 	wake       chan struct{}  // wakes the scanner from a wait to decide them
@@ -279,6 +282,7 @@ func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scan
 		unsure:    make(map[uint64]struct{}),
 		backoff:   newBackoff(100*time.Millisecond, 5*time.Second),
 		delay:     delay,
+		epoch:     time.Now(),
 	}
 	if !cfg.StartedAt.IsZero() {
 		sc.graceFrom.Store(cfg.StartedAt.UnixNano())
@@ -350,16 +354,36 @@ func (s *Scanner) refreshClock(ctx context.Context) {
 	s.observeClock(info.TimeStamp, true)
 }
 
-func (s *Scanner) progress() { s.lastProgress.Store(s.cfg.Now().UnixNano()) }
+// progress restarts the stall clock. It is called only for progress: the
+// offset moved past a head, the level holds no due head, or a new head fell
+// due. A failed attempt, a retry or a wake-up is not progress. The clock is
+// the monotonic one (time.Since), so a step of the wall clock moves it not.
+func (s *Scanner) progress() { s.lastProgress.Store(int64(time.Since(s.epoch))) }
+
+// headFellDue records that a head due at due (server time) is now waiting to
+// be handed off; the stall clock starts unless a due head already waits.
+func (s *Scanner) headFellDue(due time.Time) {
+	if s.headDue.Load() == 0 {
+		s.headDue.Store(due.UnixNano())
+		s.progress()
+	}
+}
+
+// noDueHead records that the level holds no due head: nothing can stall.
+func (s *Scanner) noDueHead() {
+	s.headDue.Store(0)
+	s.progress()
+}
 
 // Stalled reports whether a due head has waited longer than
-// [ScannerStallAfterDefault] without the offset moving: the target keeps
-// refusing it, or the server is unreachable.
+// [ScannerStallAfterDefault] without being handed off (the offset moving
+// past it), however many attempts were made: the target keeps refusing it,
+// DELAYD_DLQ refuses its dead letter, or the server is unreachable.
 func (s *Scanner) Stalled() bool {
 	if s.headDue.Load() == 0 {
 		return false
 	}
-	return s.cfg.Now().Sub(time.Unix(0, s.lastProgress.Load())) > ScannerStallAfterDefault
+	return time.Since(s.epoch)-time.Duration(s.lastProgress.Load()) > ScannerStallAfterDefault
 }
 
 // Stats returns the scanner's counters.
@@ -516,8 +540,9 @@ func (s *Scanner) step(ctx context.Context) error {
 	if s.head == nil {
 		m, meta, err := s.feed.next(ctx, nil, false, 0)
 		if err == nil && m == nil {
-			// Nothing buffered: confirm and commit before blocking.
-			if !s.quiesce(ctx) {
+			// Nothing buffered: confirm and commit before blocking. A
+			// failed delivery that was rewound is still the due head.
+			if !s.quiesce(ctx, !s.probing) {
 				return nil // a delivery failed and was rewound
 			}
 			if s.committed > s.purgedTo {
@@ -580,11 +605,13 @@ func (s *Scanner) step(ctx context.Context) error {
 	if hopDue, ok := s.hopDue(m); ok {
 		// A cascading message: at the end of this level's wait it moves on.
 		if wait := hopDue.Add(s.bound).Sub(now); wait > 0 {
-			if !s.quiesce(ctx) {
+			if !s.quiesce(ctx, true) {
 				return nil
 			}
 			return s.sleep(ctx, min(wait, clockRefresh))
 		}
+		// Moving on is its hand-off: a hop that keeps failing stalls the level.
+		s.headFellDue(hopDue)
 		s.head = nil
 		s.next = seq + 1
 		s.passed.Store(seq)
@@ -602,7 +629,8 @@ func (s *Scanner) step(ctx context.Context) error {
 		// look starts the grace for what fell due meanwhile.
 		if !s.nc.IsConnected() {
 			s.sawDisconnect = true
-			if !s.quiesce(ctx) {
+			s.headFellDue(due)
+			if !s.quiesce(ctx, false) { // the head is due: no progress
 				return nil
 			}
 			return s.sleep(ctx, 50*time.Millisecond)
@@ -624,16 +652,14 @@ func (s *Scanner) step(ctx context.Context) error {
 		}
 	}
 	if wait := due.Add(s.bound).Sub(now); wait > 0 {
-		if !s.quiesce(ctx) {
+		if !s.quiesce(ctx, true) {
 			return nil // a delivery failed and was rewound: read it again
 		}
 		// Wake at least every clockRefresh to re-measure the clock bound,
 		// so a clock stepped during a long wait is noticed.
 		return s.sleep(ctx, min(wait, clockRefresh))
 	}
-	if s.headDue.Load() == 0 {
-		s.headDue.Store(due.UnixNano())
-	}
+	s.headFellDue(due)
 	s.head = nil
 	s.next = seq + 1
 	s.passed.Store(seq)
@@ -712,7 +738,7 @@ func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time)
 			}
 			return nil
 		}
-		s.next, s.head, s.resetFeed = seq, nil, true
+		s.next, s.head, s.resetFeed, s.probing = seq, nil, true, true
 		return fmt.Errorf("forward to %q: %w", m.Subject, err)
 	}
 	s.forwarded.Add(1)
@@ -721,18 +747,20 @@ func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time)
 }
 
 // quiesce readies the scanner to wait: it confirms and commits what is in
-// flight, purges the delivered prefix, and marks the level as holding no due
-// head. It returns false if a delivery failed and was rewound, in which case
-// the caller must read again instead of waiting.
-func (s *Scanner) quiesce(ctx context.Context) bool {
+// flight and purges the delivered prefix. With idle set (the head is not due,
+// or there is none) it marks the level as holding no due head. It returns
+// false if a delivery failed and was rewound, in which case the caller must
+// read again instead of waiting.
+func (s *Scanner) quiesce(ctx context.Context, idle bool) bool {
 	next := s.next
 	s.settle(ctx)
 	if s.next != next {
 		return false
 	}
 	s.purge(ctx, false)
-	s.headDue.Store(0)
-	s.progress()
+	if idle {
+		s.noDueHead()
+	}
 	return true
 }
 
@@ -794,8 +822,9 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 			s.deadLetter(ctx, m, seq, fmt.Errorf("%w: the delivery exceeds the server's max payload", ErrTooLarge))
 			return nil
 		}
-		// Not sent: rewind so it is read and tried again.
-		s.next, s.head, s.resetFeed = seq, nil, true
+		// Not sent: rewind so it is read and tried again. It stays the
+		// due head (probing) until it is handed off.
+		s.next, s.head, s.resetFeed, s.probing = seq, nil, true, true
 		return fmt.Errorf("publish to %q: %w", target, err)
 	}
 	s.inflight = append(s.inflight, d)
@@ -1004,10 +1033,15 @@ func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reaso
 	for {
 		err := publishDeadLetter(context.WithoutCancel(ctx), s.js, dl)
 		if err == nil {
+			s.cfg.refused.stored(s.cfg.Stream)
 			break
 		}
-		s.logger.Error("dead-letter write failed; retrying", slog.Any("error", err))
+		// Nothing passes it until its dead letter is stored: the level
+		// waits (and reports itself stalled), the other levels go on.
+		s.cfg.refused.refused(s.cfg.Stream, err)
+		s.logger.Error("dead-letter write failed; retrying", slog.Uint64("seq", seq), slog.Any("error", err))
 		if !backoff.sleep(ctx) {
+			s.cfg.refused.stored(s.cfg.Stream) // not waiting any more: read again at the next start
 			// Stopping: the message stays past the offset and is read,
 			// and dead-lettered, again on the next start.
 			s.next, s.head, s.resetFeed = min(s.next, seq), nil, true
