@@ -168,10 +168,10 @@ type Router struct {
 	broken   atomic.Bool
 	kick     chan struct{} // wakes the router loop when a write failed
 
-	failing failClock // sessions or dead letters of placed messages failing; see Healthy
-	epoch   time.Time // the failure clocks' origin (monotonic reading)
-	inflightN    atomic.Int64 // writes handed to the acker and not settled yet
-	tails        *batchReader
+	failing   failClock    // sessions or dead letters of placed messages failing; see Healthy
+	epoch     time.Time    // the failure clocks' origin (monotonic reading)
+	inflightN atomic.Int64 // writes handed to the acker and not settled yet
+	tails     *batchReader
 
 	group       *indexGroup // index records not yet written (router goroutine)
 	mergeMu     sync.Mutex
