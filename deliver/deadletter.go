@@ -161,9 +161,19 @@ type dlqRefusals struct {
 	failures atomic.Uint64 // refused dead-letter writes, every attempt
 
 	mu      sync.Mutex
-	waiting map[string]time.Time // by dead letter: when it was first refused (monotonic clock)
+	waiting map[string]refusal // by dead letter
 	lastErr error
 }
+
+// refusal is when a waiting dead letter was first and last refused
+// (monotonic clock readings).
+type refusal struct{ first, last time.Time }
+
+// refusalForgotten is how long after its last refusal a dead letter that was
+// neither retried nor stored stops counting as waiting (its message was
+// removed from ingress by hand, say). A waiting dead letter is retried at
+// least every 5 s.
+const refusalForgotten = 2 * time.Minute
 
 // refused records a failed write of the dead letter named key (the
 // scanner's stream, or the router's ingress reference).
@@ -175,11 +185,15 @@ func (d *dlqRefusals) refused(key string, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.waiting == nil {
-		d.waiting = make(map[string]time.Time)
+		d.waiting = make(map[string]refusal)
 	}
-	if _, ok := d.waiting[key]; !ok {
-		d.waiting[key] = time.Now()
+	now := time.Now()
+	r, ok := d.waiting[key]
+	if !ok {
+		r.first = now
 	}
+	r.last = now
+	d.waiting[key] = r
 	d.lastErr = err
 }
 
@@ -222,9 +236,14 @@ func (d *dlqRefusals) snapshot() DLQRefusals {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	r := DLQRefusals{Failures: d.failures.Load(), Waiting: len(d.waiting), LastErr: d.lastErr}
-	for _, since := range d.waiting {
-		r.Oldest = max(r.Oldest, time.Since(since))
+	r := DLQRefusals{Failures: d.failures.Load(), LastErr: d.lastErr}
+	for k, w := range d.waiting {
+		if time.Since(w.last) > refusalForgotten {
+			delete(d.waiting, k)
+			continue
+		}
+		r.Waiting++
+		r.Oldest = max(r.Oldest, time.Since(w.first))
 	}
 	return r
 }

@@ -646,13 +646,15 @@ func (s *Scanner) step(ctx context.Context) error {
 			}
 		}
 	}
+	held := false // a due core delivery held for the grace is still a due head: reconnects are not progress
 	if from := time.Unix(0, s.graceFrom.Load()); s.cfg.StartGrace > 0 && due.Before(from) {
 		if until := from.Add(s.cfg.StartGrace); now.Before(until) && !bound {
-			due = until
+			s.headFellDue(due)
+			due, held = until, true
 		}
 	}
 	if wait := due.Add(s.bound).Sub(now); wait > 0 {
-		if !s.quiesce(ctx, true) {
+		if !s.quiesce(ctx, !held) {
 			return nil // a delivery failed and was rewound: read it again
 		}
 		// Wake at least every clockRefresh to re-measure the clock bound,
