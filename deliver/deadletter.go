@@ -222,6 +222,23 @@ func (d *dlqRefusals) forget(prefix string) {
 	d.mu.Unlock()
 }
 
+// routerWaiting counts the router's waiting dead letters: invalid messages
+// left in ingress until their dead letter is stored.
+func (d *dlqRefusals) routerWaiting() int {
+	if d == nil {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for k, w := range d.waiting {
+		if strings.HasPrefix(k, routerRefusal) && time.Since(w.last) <= refusalForgotten {
+			n++
+		}
+	}
+	return n
+}
+
 // DLQRefusals is the state of dead letters DELAYD_DLQ refuses.
 type DLQRefusals struct {
 	Failures uint64        // refused dead-letter writes since start, every attempt
