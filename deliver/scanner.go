@@ -357,7 +357,7 @@ func (s *Scanner) refreshClock(ctx context.Context) {
 // progress restarts the stall clock. It is called only for progress: the
 // offset moved past a head, the level holds no due head, or a new head fell
 // due. A failed attempt, a retry or a wake-up is not progress. The clock is
-// the monotonic one (time.Since), so a step of the wall clock moves it not.
+// the monotonic one (time.Since): a step of the wall clock does not move it.
 func (s *Scanner) progress() { s.lastProgress.Store(int64(time.Since(s.epoch))) }
 
 // headFellDue records that a head due at due (server time) is now waiting to
