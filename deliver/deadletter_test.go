@@ -3,6 +3,7 @@ package deliver
 import (
 	"errors"
 	"testing"
+	"time"
 )
 
 // TestDLQRefusals: a dead letter waits from its first refusal until it is
@@ -12,16 +13,22 @@ func TestDLQRefusals(t *testing.T) {
 	t.Parallel()
 	var d dlqRefusals
 	full := errors.New("maximum messages exceeded")
+	start := time.Now()
 	d.refused("DELAYD_1S", full)
-	first := d.snapshot()
-	d.refused("DELAYD_1S", full)
+	for time.Since(start) < 20*time.Millisecond {
+		time.Sleep(time.Millisecond)
+	}
+	d.refused("DELAYD_1S", full) // a retry, refused again
 	d.refused(routerRefusal+"delayd-1-7", full)
 	got := d.snapshot()
 	if got.Failures != 3 || got.Waiting != 2 || !errors.Is(got.LastErr, full) {
 		t.Fatalf("snapshot = %+v, want 3 failures, 2 waiting, the last error", got)
 	}
-	if got.Oldest < first.Oldest {
-		t.Errorf("oldest went back from %s to %s: a retry restarted the clock", first.Oldest, got.Oldest)
+	if got.Oldest < 10*time.Millisecond {
+		t.Errorf("oldest waiting for %s, want at least the 20 ms since the first refusal: the retry restarted the clock", got.Oldest)
+	}
+	if n := d.routerWaiting(); n != 1 {
+		t.Errorf("routerWaiting = %d, want 1", n)
 	}
 	d.forget(routerRefusal)
 	if got := d.snapshot(); got.Waiting != 1 {
