@@ -517,7 +517,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 	// A message published before this request is in the ingress stream at
 	// or below its last sequence; once the router has acked everything up
 	// to there, its index record is readable.
-	caughtUp, err := waitRouted(ctx, js)
+	caughtUp, err := waitRouted(ctx, js, s.refused.routerWaiting)
 	if err != nil {
 		return "", err
 	}
@@ -630,8 +630,10 @@ func (s *Service) inScope(ctx context.Context, reader *batchReader, rec indexRec
 
 // waitRouted waits until the router has acked every ingress message up to
 // the ingress stream's last sequence now, for at most cancelWaitRouted. It
-// reports whether it got there.
-func waitRouted(ctx context.Context, js jetstream.JetStream) (bool, error) {
+// reports whether it got there. Invalid messages whose dead letter
+// DELAYD_DLQ refuses stay in ingress (see Router.deferDeadLetter): when
+// waiting() says every message left is one of them, it got there too.
+func waitRouted(ctx context.Context, js jetstream.JetStream, waiting func() int) (bool, error) {
 	stream, err := js.Stream(ctx, IngressStream)
 	if err != nil {
 		return false, fmt.Errorf("ingress stream: %w", err)
@@ -640,7 +642,7 @@ func waitRouted(ctx context.Context, js jetstream.JetStream) (bool, error) {
 	deadline := time.Now().Add(cancelWaitRouted)
 	for wait := 2 * time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
 		st := stream.CachedInfo().State
-		if st.Msgs == 0 || st.FirstSeq > upTo {
+		if st.Msgs == 0 || st.FirstSeq > upTo || st.Msgs <= uint64(waiting()) {
 			return true, nil
 		}
 		if time.Now().After(deadline) {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -150,4 +152,115 @@ func publishDeadLetter(ctx context.Context, js jetstream.JetStream, dl *nats.Msg
 			dl.Header = keep
 		}
 	}
+}
+
+// dlqRefusals tracks the dead letters DELAYD_DLQ refused and that are not
+// stored yet, shared by the router and the scanners. A nil *dlqRefusals
+// tracks nothing.
+type dlqRefusals struct {
+	failures atomic.Uint64 // refused dead-letter writes, every attempt
+
+	mu      sync.Mutex
+	waiting map[string]refusal // by dead letter
+	lastErr error
+}
+
+// refusal is when a waiting dead letter was first and last refused
+// (monotonic clock readings).
+type refusal struct{ first, last time.Time }
+
+// refusalForgotten is how long after its last refusal a dead letter that was
+// neither retried nor stored stops counting as waiting (its message was
+// removed from ingress by hand, say). A waiting dead letter is retried at
+// least every 5 s.
+const refusalForgotten = 2 * time.Minute
+
+// refused records a failed write of the dead letter named key (the
+// scanner's stream, or the router's ingress reference).
+func (d *dlqRefusals) refused(key string, err error) {
+	if d == nil {
+		return
+	}
+	d.failures.Add(1)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.waiting == nil {
+		d.waiting = make(map[string]refusal)
+	}
+	now := time.Now()
+	r, ok := d.waiting[key]
+	if !ok {
+		r.first = now
+	}
+	r.last = now
+	d.waiting[key] = r
+	d.lastErr = err
+}
+
+// stored records that the dead letter named key is stored.
+func (d *dlqRefusals) stored(key string) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	delete(d.waiting, key)
+	d.mu.Unlock()
+}
+
+// forget drops the router's waiting dead letters (keys with prefix): a new
+// ingress session redelivers them, and they are recorded again if refused.
+func (d *dlqRefusals) forget(prefix string) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	for k := range d.waiting {
+		if strings.HasPrefix(k, prefix) {
+			delete(d.waiting, k)
+		}
+	}
+	d.mu.Unlock()
+}
+
+// routerWaiting counts the router's waiting dead letters: invalid messages
+// left in ingress until their dead letter is stored.
+func (d *dlqRefusals) routerWaiting() int {
+	if d == nil {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for k, w := range d.waiting {
+		if strings.HasPrefix(k, routerRefusal) && time.Since(w.last) <= refusalForgotten {
+			n++
+		}
+	}
+	return n
+}
+
+// DLQRefusals is the state of dead letters DELAYD_DLQ refuses.
+type DLQRefusals struct {
+	Failures uint64        // refused dead-letter writes since start, every attempt
+	Waiting  int           // dead letters refused and not stored yet
+	Oldest   time.Duration // how long the oldest waiting one has been refused; 0 if none
+	LastErr  error         // the last refusal's error
+}
+
+func (d *dlqRefusals) snapshot() DLQRefusals {
+	if d == nil {
+		return DLQRefusals{}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := DLQRefusals{Failures: d.failures.Load(), LastErr: d.lastErr}
+	for k, w := range d.waiting {
+		if time.Since(w.last) > refusalForgotten {
+			delete(d.waiting, k)
+			continue
+		}
+		r.Waiting++
+		r.Oldest = max(r.Oldest, time.Since(w.first))
+	}
+	return r
 }

@@ -73,6 +73,7 @@ type RouterConfig struct {
 	Batch int
 
 	reasons *reasonCounts // dead letters by reason, shared with the scanners (set by Service)
+	refused *dlqRefusals  // dead letters DELAYD_DLQ refused, shared with the scanners (set by Service)
 
 	// pending reports whether the level message at (stream, seq) has not
 	// been handed to its target yet and is not cancelled; hop and due are
@@ -167,8 +168,10 @@ type Router struct {
 	broken   atomic.Bool
 	kick     chan struct{} // wakes the router loop when a write failed
 
-	failingSince atomic.Int64 // unix ns since level writes or sessions keep failing; 0 when healthy
-	tails        *batchReader
+	failing   failClock    // sessions or dead letters of placed messages failing; see Healthy
+	epoch     time.Time    // the failure clocks' origin (monotonic reading)
+	inflightN atomic.Int64 // writes handed to the acker and not settled yet
+	tails     *batchReader
 
 	group       *indexGroup // index records not yet written (router goroutine)
 	mergeMu     sync.Mutex
@@ -189,6 +192,25 @@ type levelWriter struct {
 	expected      uint64        // the stream's last sequence before the next write (router goroutine)
 	lastSubmitted uint64        // highest ingress sequence written, confirmed or not (router goroutine)
 	lastRouted    atomic.Uint64 // highest ingress sequence confirmed in the stream
+	failing       failClock     // its writes failing since; reset only by a confirmed write
+}
+
+// failClock holds when failures began without progress since, on the
+// monotonic clock: nanoseconds since the router's epoch, plus one; 0 when
+// healthy. Only progress resets it, never a retry.
+type failClock struct{ since atomic.Int64 }
+
+func (c *failClock) fail(epoch time.Time) { c.since.CompareAndSwap(0, int64(time.Since(epoch))+1) }
+
+func (c *failClock) progress() { c.since.Store(0) }
+
+// failingFor returns how long it has been failing; 0 if healthy.
+func (c *failClock) failingFor(epoch time.Time) time.Duration {
+	since := c.since.Load()
+	if since == 0 {
+		return 0
+	}
+	return time.Since(epoch) - time.Duration(since-1)
 }
 
 // routing is one ingress message on its way.
@@ -200,6 +222,10 @@ type routing struct {
 	fut    jetstream.PubAckFuture
 	err    error
 	reason error // why it is a dead letter
+
+	// invalid: it goes to no level stream, only to DELAYD_DLQ, so routing
+	// may pass it while its dead letter is refused (see deferDeadLetter).
+	invalid bool
 
 	merge  string         // Delay-Merge-Key, "" if none
 	index  [2]indexRecord // the placement's records: by id, and by merge key if any
@@ -257,7 +283,7 @@ func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, kick: make(chan struct{}, 1), mergeRecent: make(map[string]indexRecord), mergeFlight: make(map[string]indexRecord)}
+	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, kick: make(chan struct{}, 1), mergeRecent: make(map[string]indexRecord), mergeFlight: make(map[string]indexRecord), epoch: time.Now()}
 	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
 	all = append(all, cfg.Levels.PrecisionLevels()...)
 	for _, l := range all {
@@ -267,11 +293,33 @@ func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
 	return r, nil
 }
 
-// Healthy reports whether the router has not been failing to write or to
-// consume for longer than [ScannerStallAfterDefault].
-func (r *Router) Healthy() bool {
-	since := r.failingSince.Load()
-	return since == 0 || time.Since(time.Unix(0, since)) <= ScannerStallAfterDefault
+// Healthy reports whether the router has made progress within
+// [ScannerStallAfterDefault] of its first failure: a level write confirmed,
+// or nothing left to route. Retries, session restarts and reconnects are not
+// progress.
+func (r *Router) Healthy() bool { return r.Unhealthy() == "" }
+
+// Unhealthy returns why the router is not healthy, naming the level stream
+// whose writes keep failing; "" if it is healthy.
+func (r *Router) Unhealthy() string {
+	if d := r.failing.failingFor(r.epoch); d > ScannerStallAfterDefault {
+		return fmt.Sprintf("router failing for %s", d.Round(time.Second))
+	}
+	for _, w := range r.writers {
+		if d := w.failing.failingFor(r.epoch); d > ScannerStallAfterDefault {
+			return fmt.Sprintf("router: writes to level stream %s failing for %s", w.stream, d.Round(time.Second))
+		}
+	}
+	return ""
+}
+
+// progress records that the router is caught up or confirmed writes of
+// every kind: no failure clock runs.
+func (r *Router) progress() {
+	r.failing.progress()
+	for _, w := range r.writers {
+		w.failing.progress()
+	}
 }
 
 // Stats returns the router's counters.
@@ -306,7 +354,7 @@ func (r *Router) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		r.failingSince.CompareAndSwap(0, time.Now().UnixNano())
+		r.failing.fail(r.epoch)
 		if time.Since(began) > time.Minute {
 			backoff.reset() // a long healthy session: start the backoff afresh
 		}
@@ -351,7 +399,9 @@ func (r *Router) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.failingSince.Store(0)
+	// The fresh consumer redelivers every unacked message: dead letters
+	// still refused are recorded again when they are.
+	r.cfg.refused.forget(routerRefusal)
 	stop := context.AfterFunc(ctx, pull.stop)
 	defer stop()
 	defer pull.stop()
@@ -375,6 +425,12 @@ func (r *Router) session(ctx context.Context) error {
 		if m == nil && err == nil {
 			// Nothing waiting: store the index records routed so far.
 			r.flushIndex()
+			// Nothing in flight and nothing failed: caught up, which is
+			// progress. (In flight is read first: the acker records a
+			// failure before it settles the write.)
+			if r.inflightN.Load() == 0 && !r.broken.Load() {
+				r.progress()
+			}
 			m, err = pull.next(ctx, r.kick, true, 0)
 		}
 		if errors.Is(err, errWoken) {
@@ -582,6 +638,7 @@ func (r *Router) route(m *nats.Msg) {
 		rt.merge, err = mergeKeyOf(m.Header)
 	}
 	if err != nil {
+		rt.invalid = true
 		r.deadLetter(rt, err)
 		return
 	}
@@ -872,6 +929,7 @@ func (r *Router) submit(rt *routing) {
 	rt.fut = fut
 	r.writeIndex(rt, w.stream, w.expected)
 	r.pending.Add(1)
+	r.inflightN.Add(1)
 	r.enqueue(rt)
 }
 
@@ -989,12 +1047,38 @@ func (r *Router) deadLetter(rt *routing, reason error) {
 	fut, err := r.js.PublishMsgAsync(rt.out)
 	if err != nil {
 		rt.err = err
+		if rt.invalid {
+			r.deferDeadLetter(rt)
+			return
+		}
 		r.fail(rt)
 		return
 	}
 	rt.fut = fut
 	r.pending.Add(1)
+	r.inflightN.Add(1)
 	r.enqueue(rt)
+}
+
+// routerRefusal prefixes the router's keys in dlqRefusals.
+const routerRefusal = "router:"
+
+// deferDeadLetter leaves an invalid message whose dead letter DELAYD_DLQ
+// refused in the ingress stream, unacked: it is negatively acknowledged with
+// a delay (capped backoff by its delivery count), so the ingress consumer
+// delivers it again and its dead letter is tried again, deduped at
+// DELAYD_DLQ by its Nats-Msg-Id (the ingress reference). It goes to no level
+// stream, so routing the messages behind it keeps every level stream in
+// ingress order. Nothing is acked before its dead letter is stored.
+func (r *Router) deferDeadLetter(rt *routing) {
+	r.cfg.refused.refused(routerRefusal+r.ingressRef(rt.seq), rt.err)
+	delay := 5 * time.Second
+	if meta, ok := parseAck(rt.msg.Reply); ok && meta.delivered < 6 {
+		delay = min(delay, 100*time.Millisecond<<meta.delivered)
+	}
+	r.logger.Warn("dead-letter write refused; the message stays in ingress and is tried again",
+		slog.String("subject", rt.msg.Subject), slog.Uint64("ingress_seq", rt.seq), slog.Duration("retry_in", delay), slog.Any("error", rt.err))
+	_ = rt.msg.Respond(fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds()))
 }
 
 // acker confirms writes in order and acks their ingress messages.
@@ -1006,11 +1090,14 @@ func (r *Router) acker(in <-chan *routing, done chan<- struct{}) {
 			r.settleIndex(rt)
 			r.confirmMerge(rt, true)
 			rt.ack()
+			r.failing.progress() // the session works
 			if rt.w == nil {
+				r.cfg.refused.stored(routerRefusal + r.ingressRef(rt.seq))
 				r.deadLettered.Add(1)
 				r.cfg.reasons.add(reasonOf(rt.reason))
 			} else {
 				r.routed.Add(1)
+				rt.w.failing.progress()
 				rt.w.lastRouted.Store(rt.seq)
 				r.cfg.OnRouted(rt.w.stream, ack.Sequence)
 			}
@@ -1018,13 +1105,23 @@ func (r *Router) acker(in <-chan *routing, done chan<- struct{}) {
 			rt.err = err
 			r.settleIndex(rt) // superseded by the records of the retried write
 			r.confirmMerge(rt, false)
-			r.fail(rt)
+			if rt.invalid {
+				r.deferDeadLetter(rt)
+			} else {
+				r.fail(rt)
+			}
 		}
+		r.inflightN.Add(-1)
 		r.pending.Done()
 	}
 }
 
 func (r *Router) fail(rt *routing) {
+	if rt.w != nil {
+		rt.w.failing.fail(r.epoch)
+	} else {
+		r.failing.fail(r.epoch)
+	}
 	r.mu.Lock()
 	r.failed = append(r.failed, rt)
 	r.mu.Unlock()
@@ -1042,11 +1139,10 @@ func (r *Router) fail(rt *routing) {
 // is stored or ctx is done.
 func (r *Router) recover(ctx context.Context) error {
 	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
-	defer r.failingSince.Store(0)
+	// The failure clocks run from the first failure (fail) until a write is
+	// confirmed: a retry round, even one whose writes are all sent, is not
+	// progress (they may fail again in the acker).
 	for round := 0; ; round++ {
-		if round > 0 {
-			r.failingSince.CompareAndSwap(0, time.Now().UnixNano())
-		}
 		r.flushIndex()
 		r.pending.Wait()
 		r.mu.Lock()
@@ -1058,6 +1154,9 @@ func (r *Router) recover(ctx context.Context) error {
 			return nil
 		}
 		slices.SortFunc(failed, func(a, b *routing) int { return compareUint(a.seq, b.seq) })
+		for _, rt := range failed {
+			rt.inProgress() // keep the ack wait from redelivering them meanwhile
+		}
 		r.logger.Warn("level writes failed; retrying in order", slog.Int("count", len(failed)), slog.Any("error", failed[0].err))
 		if round > 0 && !backoff.sleep(ctx) {
 			r.requeue(failed)
@@ -1074,19 +1173,28 @@ func (r *Router) recover(ctx context.Context) error {
 				r.requeue(failed[i:])
 				break
 			}
-			rt.inProgress() // keep the ack wait from redelivering it meanwhile
 			if rt.w == nil || tooLarge(rt.err) {
-				// A dead letter, or a level write refused for its size.
+				// A dead letter of a message placed in a level's order, or
+				// a level write refused for its size: nothing of its level
+				// behind it may be written before it is stored.
+				w := rt.w
 				if err := r.deadLetterSync(ctx, rt); err != nil {
-					r.logger.Warn("dead-letter write failed; retrying", slog.Any("error", err))
+					r.cfg.refused.refused(routerRefusal+r.ingressRef(rt.seq), err)
+					r.logger.Warn("dead-letter write failed; retrying", slog.Uint64("ingress_seq", rt.seq), slog.Any("error", err))
 					r.requeue(failed[i:])
 					break
+				}
+				r.cfg.refused.stored(routerRefusal + r.ingressRef(rt.seq))
+				r.failing.progress()
+				if w != nil {
+					w.failing.progress()
 				}
 				continue
 			}
 			if rt.seq <= rt.w.lastRouted.Load() {
 				r.skipped.Add(1)
 				rt.ack()
+				rt.w.failing.progress() // it was stored: its PubAck was lost
 				continue
 			}
 			rt.err = nil

@@ -37,8 +37,9 @@ const (
 	// it is dead-lettered. Transient failures are retried for ever.
 	ScannerMaxAttemptsDefault = 3
 
-	// ScannerStallAfterDefault is how long a due head may go without the
-	// offset moving before the scanner reports itself stalled.
+	// ScannerStallAfterDefault is how long a due head may go without being
+	// handed off (the offset moving past it) before the scanner reports
+	// itself stalled, however often it was tried meanwhile.
 	ScannerStallAfterDefault = 30 * time.Second
 
 	opTimeout = 10 * time.Second
@@ -86,6 +87,7 @@ type ScannerConfig struct {
 	OnDelivery func(lateness time.Duration)
 
 	reasons *reasonCounts // dead letters by reason (set by Service)
+	refused *dlqRefusals  // dead letters DELAYD_DLQ refused (set by Service)
 	hopKey  hopKey        // signs cascading messages moving on (set by Service)
 
 	// mergeGone tells the router a merge key's message was cancelled, so
@@ -231,7 +233,7 @@ type Scanner struct {
 	lastSeq      atomic.Uint64 // the level stream's last sequence, as far as known
 	ackedOffset  atomic.Uint64 // the last offset the KV bucket acknowledged
 	headDue      atomic.Int64  // unix ns of a due head not yet delivered; 0 if none
-	lastProgress atomic.Int64  // unix ns of the last offset move or idle wait
+	lastProgress atomic.Int64  // Clock.Mono reading: the last offset move, no due head, or a head falling due
 
 	cancels    chan cancelReq // cancel requests, decided on the scanner's goroutine
 	wake       chan struct{}  // wakes the scanner from a wait to decide them
@@ -392,11 +394,31 @@ func (s *Scanner) freshFrom(info *jetstream.StreamInfo) {
 	s.freshSeq = info.State.LastSeq
 }
 
+// progress restarts the stall clock. It is called only for progress: the
+// offset moved past a head, the level holds no due head, or a new head fell
+// due. A failed attempt, a retry or a wake-up is not progress. The clock is
+// the monotonic one ([Clock].Mono): a step of the wall clock does not move it.
 func (s *Scanner) progress() { s.lastProgress.Store(int64(s.cfg.Clock.Mono())) }
 
+// headFellDue records that a head due at due (server time) is now waiting to
+// be handed off; the stall clock starts unless a due head already waits.
+func (s *Scanner) headFellDue(due time.Time) {
+	if s.headDue.Load() == 0 {
+		s.headDue.Store(due.UnixNano())
+		s.progress()
+	}
+}
+
+// noDueHead records that the level holds no due head: nothing can stall.
+func (s *Scanner) noDueHead() {
+	s.headDue.Store(0)
+	s.progress()
+}
+
 // Stalled reports whether a due head has waited longer than
-// [ScannerStallAfterDefault] without the offset moving: the target keeps
-// refusing it, or the server is unreachable.
+// [ScannerStallAfterDefault] without being handed off (the offset moving
+// past it), however many attempts were made: the target keeps refusing it,
+// DELAYD_DLQ refuses its dead letter, or the server is unreachable.
 func (s *Scanner) Stalled() bool {
 	if s.headDue.Load() == 0 {
 		return false
@@ -594,8 +616,9 @@ func (s *Scanner) step(ctx context.Context) error {
 	if s.head == nil {
 		m, meta, err := s.feed.next(ctx, nil, false, 0)
 		if err == nil && m == nil {
-			// Nothing buffered: confirm and commit before blocking.
-			if !s.quiesce(ctx) {
+			// Nothing buffered: confirm and commit before blocking. A
+			// failed delivery that was rewound is still the due head.
+			if !s.quiesce(ctx, !s.probing) {
 				return nil // a delivery failed and was rewound
 			}
 			if s.committed > s.purgedTo {
@@ -663,11 +686,13 @@ func (s *Scanner) step(ctx context.Context) error {
 	if hop {
 		// A cascading message: at the end of this level's wait it moves on.
 		if wait := hopDue.Sub(now); wait > 0 {
-			if !s.quiesce(ctx) {
+			if !s.quiesce(ctx, true) {
 				return nil
 			}
 			return s.sleep(ctx, min(wait, clockRefresh))
 		}
+		// Moving on is its hand-off: a hop that keeps failing stalls the level.
+		s.headFellDue(hopDue)
 		s.head = nil
 		s.next = seq + 1
 		s.passed.Store(seq)
@@ -685,7 +710,8 @@ func (s *Scanner) step(ctx context.Context) error {
 		// look starts the grace for what fell due meanwhile.
 		if !s.nc.IsConnected() {
 			s.sawDisconnect = true
-			if !s.quiesce(ctx) {
+			s.headFellDue(due)
+			if !s.quiesce(ctx, false) { // the head is due: no progress
 				return nil
 			}
 			return s.sleep(ctx, 50*time.Millisecond)
@@ -701,20 +727,25 @@ func (s *Scanner) step(ctx context.Context) error {
 		}
 	}
 	wait := due.Sub(now)
+	held := false // a due core delivery held for the grace is still a due head: reconnects are not progress
 	if !bound {
-		wait = max(wait, s.graceHold(due, now))
+		if grace := s.graceHold(due, now); grace > 0 {
+			if !due.After(now) {
+				s.headFellDue(due)
+				held = true
+			}
+			wait = max(wait, grace)
+		}
 	}
 	if wait > 0 {
-		if !s.quiesce(ctx) {
+		if !s.quiesce(ctx, !held) {
 			return nil // a delivery failed and was rewound: read it again
 		}
 		// Wake at least every clockRefresh to read the server's clock
 		// again, so that a step of the server's own clock is followed.
 		return s.sleep(ctx, min(wait, clockRefresh))
 	}
-	if s.headDue.Load() == 0 {
-		s.headDue.Store(due.UnixNano())
-	}
+	s.headFellDue(due)
 	s.head = nil
 	s.next = seq + 1
 	s.passed.Store(seq)
@@ -793,7 +824,7 @@ func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time)
 			}
 			return nil
 		}
-		s.next, s.head, s.resetFeed = seq, nil, true
+		s.next, s.head, s.resetFeed, s.probing = seq, nil, true, true
 		return fmt.Errorf("forward to %q: %w", m.Subject, err)
 	}
 	s.forwarded.Add(1)
@@ -802,18 +833,20 @@ func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time)
 }
 
 // quiesce readies the scanner to wait: it confirms and commits what is in
-// flight, purges the delivered prefix, and marks the level as holding no due
-// head. It returns false if a delivery failed and was rewound, in which case
-// the caller must read again instead of waiting.
-func (s *Scanner) quiesce(ctx context.Context) bool {
+// flight and purges the delivered prefix. With idle set (the head is not due,
+// or there is none) it marks the level as holding no due head. It returns
+// false if a delivery failed and was rewound, in which case the caller must
+// read again instead of waiting.
+func (s *Scanner) quiesce(ctx context.Context, idle bool) bool {
 	next := s.next
 	s.settle(ctx)
 	if s.next != next {
 		return false
 	}
 	s.purge(ctx, false)
-	s.headDue.Store(0)
-	s.progress()
+	if idle {
+		s.noDueHead()
+	}
 	return true
 }
 
@@ -875,8 +908,9 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 			s.deadLetter(ctx, m, seq, fmt.Errorf("%w: the delivery exceeds the server's max payload", ErrTooLarge))
 			return nil
 		}
-		// Not sent: rewind so it is read and tried again.
-		s.next, s.head, s.resetFeed = seq, nil, true
+		// Not sent: rewind so it is read and tried again. It stays the
+		// due head (probing) until it is handed off.
+		s.next, s.head, s.resetFeed, s.probing = seq, nil, true, true
 		return fmt.Errorf("publish to %q: %w", target, err)
 	}
 	s.inflight = append(s.inflight, d)
@@ -1085,10 +1119,15 @@ func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reaso
 	for {
 		err := publishDeadLetter(context.WithoutCancel(ctx), s.js, dl)
 		if err == nil {
+			s.cfg.refused.stored(s.cfg.Stream)
 			break
 		}
-		s.logger.Error("dead-letter write failed; retrying", slog.Any("error", err))
+		// Nothing passes it until its dead letter is stored: the level
+		// waits (and reports itself stalled), the other levels go on.
+		s.cfg.refused.refused(s.cfg.Stream, err)
+		s.logger.Error("dead-letter write failed; retrying", slog.Uint64("seq", seq), slog.Any("error", err))
 		if !backoff.sleep(ctx) {
+			s.cfg.refused.stored(s.cfg.Stream) // not waiting any more: read again at the next start
 			// Stopping: the message stays past the offset and is read,
 			// and dead-lettered, again on the next start.
 			s.next, s.head, s.resetFeed = min(s.next, seq), nil, true

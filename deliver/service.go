@@ -95,6 +95,7 @@ type Service struct {
 	targets *TargetIndex
 
 	reasons reasonCounts
+	refused dlqRefusals // dead letters DELAYD_DLQ refused, not stored yet
 
 	mu       sync.Mutex
 	router   *Router
@@ -127,24 +128,41 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 }
 
 // Ready reports whether the resources exist, the router and every scanner
-// are running, the connection is up, and no scanner is stalled (a due head
-// that has not moved for [ScannerStallAfterDefault]).
-func (s *Service) Ready() bool {
-	if !s.ready.Load() || !s.nc.IsConnected() {
-		return false
+// are running, the connection is up, the router is healthy, no scanner is
+// stalled (a due head not handed off for [ScannerStallAfterDefault]) and
+// DELAYD_DLQ has not refused a dead letter for that long. [Service.Unready]
+// says why not.
+func (s *Service) Ready() bool { return len(s.Unready()) == 0 }
+
+// Unready returns why the service is not ready, one reason each, naming the
+// level stream or DELAYD_DLQ at fault; nil when ready.
+func (s *Service) Unready() []string {
+	if !s.ready.Load() {
+		return []string{"starting: resources not set up yet"}
+	}
+	var why []string
+	if !s.nc.IsConnected() {
+		why = append(why, "NATS connection down")
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.router != nil && !s.router.Healthy() {
-		return false
-	}
-	for _, sc := range s.scanners {
-		if sc.Stalled() {
-			return false
+	if s.router != nil {
+		if r := s.router.Unhealthy(); r != "" {
+			why = append(why, r)
 		}
 	}
-	return true
+	s.mu.Unlock()
+	if st := s.Stalled(); len(st) > 0 {
+		why = append(why, "stalled levels "+strings.Join(st, " "))
+	}
+	if d := s.refused.snapshot(); d.Waiting > 0 && d.Oldest > ScannerStallAfterDefault {
+		why = append(why, fmt.Sprintf("%s refuses dead letters: %d waiting, the oldest for %s: %v", DLQStream, d.Waiting, d.Oldest.Round(time.Second), d.LastErr))
+	}
+	return why
 }
+
+// DLQRefusals returns the state of dead letters DELAYD_DLQ refuses: failed
+// writes since start, and those waiting to be stored.
+func (s *Service) DLQRefusals() DLQRefusals { return s.refused.snapshot() }
 
 // HandleReconnect tells the service its connection came back (wire it into
 // nats.ReconnectHandler): deliveries to core subjects that fell due during
@@ -238,6 +256,7 @@ func (s *Service) Run(ctx context.Context) error {
 	for _, name := range streams {
 		sc := s.cfg.Scanner
 		sc.Stream, sc.Offsets, sc.Targets, sc.reasons, sc.Prefix, sc.hopKey = name, store, targets, &s.reasons, s.cfg.Prefix, s.hopKey
+		sc.refused = &s.refused
 		sc.mergeGone = func(rec indexRecord) {
 			if r := routerRef.Load(); r != nil {
 				r.forgetMerge(rec)
@@ -267,6 +286,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	rc := s.cfg.Router
 	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas, rc.reasons, rc.MaxDelay = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas, &s.reasons, s.cfg.MaxDelay
+	rc.refused = &s.refused
 	rc.OnRouted = func(stream string, seq uint64) {
 		if sc := scanners[stream]; sc != nil {
 			sc.Written(seq)

@@ -37,6 +37,7 @@ type Metrics struct {
 	pending, oldestDue, delivered, retries, commitLag *prometheus.Desc
 	routed, clamped, deadLettered, reconnects, ready  *prometheus.Desc
 	cancelled, cancels, merged, indexErrors           *prometheus.Desc
+	dlqFailures, dlqWaiting                           *prometheus.Desc
 }
 
 // New returns the collector for svc, whose connection is nc.
@@ -63,6 +64,8 @@ func New(svc *deliver.Service, nc *nats.Conn) *Metrics {
 		cancels:      prometheus.NewDesc("delayd_cancel_requests_total", "Answers of the cancel API, by result: cancelled, not_found, already_delivered.", []string{"result"}, nil),
 		merged:       prometheus.NewDesc("delayd_merged_total", "Messages merged into a pending message with the same Delay-Merge-Key and target (their payloads dropped).", nil, nil),
 		indexErrors:  prometheus.NewDesc("delayd_index_errors_total", "Id index writes that failed: those messages answer \"not found\" to a cancel.", nil, nil),
+		dlqFailures:  prometheus.NewDesc("delayd_dead_letter_failures_total", "Dead-letter writes DELAYD_DLQ refused (every attempt); each is retried until stored.", nil, nil),
+		dlqWaiting:   prometheus.NewDesc("delayd_dead_letters_waiting", "Dead letters DELAYD_DLQ refused that are not stored yet (their messages are neither acked nor passed).", nil, nil),
 	}
 }
 
@@ -81,7 +84,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.lateness.Describe(ch)
 	for _, d := range []*prometheus.Desc{
 		m.pending, m.oldestDue, m.delivered, m.retries, m.commitLag, m.routed, m.clamped, m.deadLettered, m.reconnects, m.ready,
-		m.cancelled, m.cancels, m.merged, m.indexErrors,
+		m.cancelled, m.cancels, m.merged, m.indexErrors, m.dlqFailures, m.dlqWaiting,
 	} {
 		ch <- d
 	}
@@ -111,6 +114,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	for reason, n := range m.svc.DeadLetters() {
 		ch <- prometheus.MustNewConstMetric(m.deadLettered, prometheus.CounterValue, float64(n), reason)
 	}
+	dr := m.svc.DLQRefusals()
+	ch <- prometheus.MustNewConstMetric(m.dlqFailures, prometheus.CounterValue, float64(dr.Failures))
+	ch <- prometheus.MustNewConstMetric(m.dlqWaiting, prometheus.GaugeValue, float64(dr.Waiting))
 	ch <- prometheus.MustNewConstMetric(m.reconnects, prometheus.CounterValue, float64(m.nc.Stats().Reconnects))
 	ready := 0.0
 	if m.svc.Ready() {

@@ -242,30 +242,13 @@ func logConnected(nc *nats.Conn, cfg config.Config, logger *slog.Logger) {
 		slog.String("auth", cfg.AuthMethod()), slog.Bool("tls", tlsErr == nil))
 }
 
-// serveHTTP serves /healthz (the process is alive) and /readyz (connected,
-// resources set up, router and scanners running).
+// serveHTTP serves [newMux] on addr.
 func serveHTTP(addr string, svc *deliver.Service, m *metrics.Metrics, logger *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !svc.Ready() {
-			msg := "not ready"
-			if stalled := svc.Stalled(); len(stalled) > 0 {
-				msg += ": stalled levels " + strings.Join(stalled, " ")
-			}
-			http.Error(w, msg, http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ready\n"))
-	})
-	mux.Handle("GET /metrics", m.Handler())
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	hs := &http.Server{Handler: newMux(svc, m), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("http server failed", slog.Any("error", err))
@@ -273,4 +256,23 @@ func serveHTTP(addr string, svc *deliver.Service, m *metrics.Metrics, logger *sl
 	}()
 	logger.Info("http endpoints", slog.String("addr", ln.Addr().String()), slog.String("paths", "/healthz /readyz /metrics"))
 	return hs, nil
+}
+
+// newMux serves /healthz (the process is alive), /readyz (200 "ready", or
+// 503 "not ready: " and every reason of [deliver.Service.Unready], naming
+// the stalled level streams or DELAYD_DLQ) and /metrics.
+func newMux(svc *deliver.Service, m *metrics.Metrics) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if why := svc.Unready(); len(why) > 0 {
+			http.Error(w, "not ready: "+strings.Join(why, "; "), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	mux.Handle("GET /metrics", m.Handler())
+	return mux
 }

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/internal/natstest"
+	"github.com/delayd/delayd/levels"
+	"github.com/delayd/delayd/metrics"
+)
+
+// readyz gets /readyz and returns its status and body.
+func readyz(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// TestReadyzStalledLevel is the stall repro: a target stream at its limits
+// (max_msgs 1, discard new, already holding one message) and one message due
+// to it at level 1. The scanner retries it all along, but a retry is not
+// progress: /readyz answers 503 naming the level stream once the due head has
+// not been handed off for 30 s (not before), and 200 again once the target
+// has room, when the message is delivered once.
+func TestReadyzStalledLevel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the 30 s stall threshold")
+	}
+	srv := natstest.Start(t, nil)
+	ctx := context.Background()
+	tnc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tnc.Close)
+	tjs, err := jetstream.New(tnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := tjs.CreateStream(ctx, jetstream.StreamConfig{
+		Name: "FULL", Subjects: []string{"full.>"}, MaxMsgs: 1, Discard: jetstream.DiscardNew, Storage: jetstream.FileStorage,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tjs.Publish(ctx, "full.before", []byte("already here")); err != nil {
+		t.Fatal(err)
+	}
+
+	var svc *deliver.Service
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { svc.HandleAsyncError(err) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	svc, err = deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("1s 5s")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	hs := httptest.NewServer(newMux(svc, metrics.New(svc, nc)))
+	t.Cleanup(hs.Close)
+
+	deadline := time.Now().Add(20 * time.Second)
+	for code, _ := readyz(t, hs.URL); code != http.StatusOK; code, _ = readyz(t, hs.URL) {
+		if time.Now().After(deadline) {
+			t.Fatal("not ready within 20s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	if _, err := tjs.PublishMsg(ctx, &nats.Msg{Subject: "delay.full.x", Data: []byte("due"), Header: nats.Header{"Delay-Level": {"1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	// The due time, from the level message's Delay-Due-At.
+	var due time.Time
+	deadline = time.Now().Add(10 * time.Second)
+	for due.IsZero() {
+		if m, err := tjs.Stream(ctx, "DELAYD_1S"); err == nil {
+			if raw, err := m.GetMsg(ctx, 1); err == nil {
+				if due, err = time.Parse(time.RFC3339Nano, raw.Header.Get(deliver.HeaderDueAt)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the message did not reach DELAYD_1S within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// 200 until 30 s past due; 503 naming DELAYD_1S by 35 s past due.
+	var stalledAt time.Time
+	for stalledAt.IsZero() {
+		code, body := readyz(t, hs.URL)
+		now := time.Now()
+		switch {
+		case code == http.StatusServiceUnavailable && now.Sub(due) < deliver.ScannerStallAfterDefault:
+			t.Fatalf("503 %q only %s after due, before the %s threshold", body, now.Sub(due), deliver.ScannerStallAfterDefault)
+		case code == http.StatusServiceUnavailable:
+			if !strings.Contains(body, "DELAYD_1S") {
+				t.Fatalf("503 body %q does not name the stalled level stream DELAYD_1S", body)
+			}
+			stalledAt = now
+			t.Logf("503 %s after due: %q", now.Sub(due).Round(time.Millisecond), strings.TrimSpace(body))
+		case code != http.StatusOK:
+			t.Fatalf("/readyz answered %d %q", code, body)
+		case now.Sub(due) > 35*time.Second:
+			t.Fatalf("still 200 %s after due: the failing level was never reported stalled", now.Sub(due))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_, ss := svc.Stats()
+	for _, s := range ss {
+		if s.Stream == "DELAYD_1S" && s.Retries < 2 {
+			t.Errorf("DELAYD_1S retried %d times: the stall must come from a head that is retried, not left alone", s.Retries)
+		}
+	}
+
+	// The target frees: delivered, and ready again.
+	if err := full.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for code, body := readyz(t, hs.URL); code != http.StatusOK; code, body = readyz(t, hs.URL) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still %d %q 20s after the target freed", code, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	info, err := full.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("FULL holds %d messages after the purge, want the one delivery", info.State.Msgs)
+	}
+	m, err := full.GetMsg(ctx, info.State.LastSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Subject != "full.x" || string(m.Data) != "due" {
+		t.Fatalf("FULL holds %s %q, want full.x \"due\"", m.Subject, m.Data)
+	}
+}

@@ -1,0 +1,66 @@
+package integration
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestRouterLevelWriteRefused makes the router's writes to one level stream
+// fail for good (DELAYD_100MS at max_msgs 1 with discard-new: the scanner
+// always keeps the stream's last message). The router retries the write in
+// every recovery round, but a retry is not progress: readiness names the
+// level stream once it has failed for 30 s, not before, and recovers once
+// the stream takes the write, which is then delivered.
+func TestRouterLevelWriteRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the 30 s stall threshold")
+	}
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.createStream("OK", "ok.>")
+	b.startDelayd("100ms 300ms")
+	setMaxMsgs := func(n int64) {
+		s, err := b.js.Stream(ctx, "DELAYD_100MS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := s.CachedInfo().Config
+		cfg.MaxMsgs, cfg.Discard = n, jetstream.DiscardNew
+		if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setMaxMsgs(1)
+	b.publish("delay.ok.first", []byte("1"), level(1))
+	waitFor(t, 20*time.Second, "the first message delivered", func() bool { return b.streamCount("OK") == 1 })
+
+	published := time.Now()
+	b.publish("delay.ok.second", []byte("2"), level(1))
+	for {
+		why := strings.Join(b.svc.Unready(), "; ")
+		since := time.Since(published)
+		if why != "" {
+			if since < 30*time.Second {
+				t.Fatalf("unready %s after the refused write, before the 30 s threshold: %s", since, why)
+			}
+			if !strings.Contains(why, "DELAYD_100MS") {
+				t.Fatalf("unready %q does not name the level stream DELAYD_100MS", why)
+			}
+			t.Logf("unready %s after the publish: %s", since.Round(time.Millisecond), why)
+			break
+		}
+		if since > 40*time.Second {
+			t.Fatalf("still ready %s after the publish: the failing level write was never reported", since)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	setMaxMsgs(-1)
+	waitFor(t, 20*time.Second, "the second message delivered", func() bool { return b.streamCount("OK") == 2 })
+	waitFor(t, 20*time.Second, "ready again", b.svc.Ready)
+}
