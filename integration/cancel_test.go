@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -27,6 +28,19 @@ func (b *testBundle) cancel(id string) delayd.CancelResult {
 		b.t.Fatalf("cancel %q: %v", id, err)
 	}
 	return r
+}
+
+// wantCancelReply sends a raw cancel request for id on the unscoped subject
+// and checks the reply's body and Delay-Status code.
+func (b *testBundle) wantCancelReply(id, body, status string) {
+	b.t.Helper()
+	m, err := b.nc.Request(delayd.CancelSubject, []byte(id), 15*time.Second)
+	if err != nil {
+		b.t.Fatalf("cancel %q: %v", id, err)
+	}
+	if string(m.Data) != body || m.Header.Get(contract.HeaderStatus) != status {
+		b.t.Errorf("cancel %q: body %q %s %q, want %q %q", id, m.Data, contract.HeaderStatus, m.Header.Get(contract.HeaderStatus), body, status)
+	}
 }
 
 // TestCancel: of 100 pending messages, the 50 cancelled are never
@@ -74,6 +88,9 @@ func TestCancel(t *testing.T) {
 	if m, err := b.nc.Request(delayd.CancelSubject, []byte(" "), 5*time.Second); err != nil || string(m.Data) != "not found" {
 		t.Errorf("cancel with an empty id: %v %v, want not found", m, err)
 	}
+	// Each answer's body is its text and its Delay-Status its code.
+	b.wantCancelReply(ids[1], "cancelled", "200")
+	b.wantCancelReply("no-such-id", "not found", "404")
 
 	c.wait(t, 50, 15*time.Second)
 	time.Sleep(500 * time.Millisecond) // nothing else may follow
@@ -92,6 +109,7 @@ func TestCancel(t *testing.T) {
 	if r := b.cancel(ids[3]); r != delayd.AlreadyDelivered {
 		t.Errorf("cancel of a delivered message by publisher id: %q, want already delivered", r)
 	}
+	b.wantCancelReply(ids[2], "already delivered", "409")
 	var n uint64
 	_, ss := b.svc.Stats()
 	for _, s := range ss {
@@ -245,6 +263,18 @@ func TestCancelNumericIDs(t *testing.T) {
 		m, err := b.nc.Request(delayd.CancelSubject, []byte(id), 10*time.Second)
 		if err != nil || !strings.HasPrefix(string(m.Data), "error: ambiguous id") {
 			t.Fatalf("cancel %s: %v %v, want an ambiguous id error", id, m, err)
+		}
+		if got := m.Header.Get(contract.HeaderStatus); got != "400" {
+			t.Errorf("cancel %s: %s %q, want 400", id, contract.HeaderStatus, got)
+		}
+		// A Go caller gets it as a typed error, with the reply's text.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r, err := delayd.CancelAny(ctx, b.nc, id)
+		cancel()
+		if r != "" || !errors.Is(err, delayd.ErrAmbiguousID) || !errors.Is(err, delayd.ErrCancelReply) || errors.Is(err, delayd.ErrRouterBehind) {
+			t.Errorf("CancelAny(%s) = %q, %v; want ErrAmbiguousID and ErrCancelReply", id, r, err)
+		} else if want := "delayd: unexpected cancel reply: " + strconv.Quote(string(m.Data)); err.Error() != want {
+			t.Errorf("CancelAny(%s) error %q, want %q", id, err, want)
 		}
 	}
 	for id, want := range map[string]delayd.CancelResult{"seq:2": delayd.Cancelled, "id:3": delayd.Cancelled, "77": delayd.Cancelled, "seq:77": delayd.NotFound, "id:1": delayd.NotFound, "id:seq:1": delayd.Cancelled} {
