@@ -52,9 +52,6 @@ const (
 	ReplicasMax = 5
 )
 
-// ErrInvalid is wrapped by every error from [Load] and [Config.Validate] about a bad value.
-var ErrInvalid = errors.New("invalid configuration")
-
 // Config is delayd's configuration. [Load] fills it from the environment; the envconfig tags name each variable in
 // full, and a variable that is not set keeps its default, the *Default constant (see [Load]).
 type Config struct {

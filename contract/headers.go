@@ -60,8 +60,9 @@ const (
 	HeaderNatsMsgID = "Nats-Msg-Id"
 
 	// HeaderStatus is set on the cancel API's replies: the answer's code,
-	// decimal, as in HTTP ("200", "404", ...; see [CancelStatus]). The body
-	// keeps the answer's text, so the nats CLI and scripts read it as before.
+	// decimal, with HTTP's meanings ("200", "404", ...; the CancelStatus*
+	// constants, e.g. [CancelStatusNotFound]). The body keeps the answer's
+	// text, so the nats CLI and scripts read it as before.
 	HeaderStatus = "Delay-Status"
 )
 
