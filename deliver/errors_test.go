@@ -55,14 +55,22 @@ func TestDelayErrorSentinels(t *testing.T) {
 	})
 }
 
+// delayErrNames names the sentinels, whose texts are partly the same.
+var delayErrNames = map[error]string{
+	levels.ErrInvalidLevel: "levels.ErrInvalidLevel",
+	levels.ErrMissingLevel: "levels.ErrMissingLevel",
+	ErrInvalidDelay:        "ErrInvalidDelay",
+	ErrInvalidMergeKey:     "ErrInvalidMergeKey",
+}
+
 func checkDelayError(t *testing.T, err, want error, text string) {
 	t.Helper()
 	if !errors.Is(err, want) {
-		t.Fatalf("error %v, want one wrapping %v", err, want)
+		t.Fatalf("error %v does not wrap %s", err, delayErrNames[want])
 	}
-	for _, other := range []error{levels.ErrInvalidLevel, levels.ErrMissingLevel, ErrInvalidDelay, ErrInvalidMergeKey} {
+	for other, name := range delayErrNames {
 		if other != want && errors.Is(err, other) {
-			t.Errorf("error %v also wraps %v; want %v only", err, other, want)
+			t.Errorf("error %v also wraps %s; want %s only", err, name, delayErrNames[want])
 		}
 	}
 	if got := reasonOf(err); got != ReasonLevel {
