@@ -47,6 +47,9 @@ const (
 	HeaderMergeKey = contract.HeaderMergeKey
 	// HeaderAttempt is set by retry ladders: which retry a delivery is (1, 2, ...).
 	HeaderAttempt = contract.HeaderAttempt
+	// HeaderStatus is set on cancel API replies: the answer's code, "200",
+	// "404", "409", "400", "503" or "500" (README, Cancel).
+	HeaderStatus = contract.HeaderStatus
 )
 
 // CancelSubject is delayd's unscoped cancel API (NATS request/reply), the
