@@ -20,64 +20,79 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/contract"
 )
 
 // Header names of the contract.
 const (
 	// HeaderLevel carries the delay level, "Delay-Level: 3".
-	HeaderLevel = deliver.HeaderLevel
+	HeaderLevel = contract.HeaderLevel
 	// HeaderEnqueuedAt is set on deliveries: when the ingress stream stored the message (RFC 3339, ns, UTC).
-	HeaderEnqueuedAt = deliver.HeaderEnqueuedAt
+	HeaderEnqueuedAt = contract.HeaderEnqueuedAt
 	// HeaderDueAt is set on deliveries: when the message became due (RFC 3339, ns, UTC).
-	HeaderDueAt = deliver.HeaderDueAt
+	HeaderDueAt = contract.HeaderDueAt
 	// HeaderDuration asks for any delay, as a Go duration.
-	HeaderDuration = deliver.HeaderDuration
+	HeaderDuration = contract.HeaderDuration
 	// HeaderDeliverAt asks for delivery at an RFC 3339 time.
-	HeaderDeliverAt = deliver.HeaderDeliverAt
+	HeaderDeliverAt = contract.HeaderDeliverAt
 	// HeaderHops is set on deliveries that cascaded through levels.
-	HeaderHops = deliver.HeaderHops
+	HeaderHops = contract.HeaderHops
 	// HeaderError is set on dead letters: the one-line reason.
-	HeaderError = deliver.HeaderError
+	HeaderError = contract.HeaderError
 	// HeaderSubject is set on dead letters: the subject the message was published to.
-	HeaderSubject = deliver.HeaderSubject
+	HeaderSubject = contract.HeaderSubject
 	// HeaderMsgID is set on dead letters that carried a publisher Nats-Msg-Id.
-	HeaderMsgID = deliver.HeaderMsgID
+	HeaderMsgID = contract.HeaderMsgID
 	// HeaderMergeKey coalesces pending messages with the same key and target.
-	HeaderMergeKey = deliver.HeaderMergeKey
+	HeaderMergeKey = contract.HeaderMergeKey
 	// HeaderAttempt is set by retry ladders: which retry a delivery is (1, 2, ...).
-	HeaderAttempt = deliver.HeaderAttempt
+	HeaderAttempt = contract.HeaderAttempt
+	// HeaderStatus is set on cancel API replies: the answer's code, "200",
+	// "404", "409", "400", "503" or "500" (README, Cancel).
+	HeaderStatus = contract.HeaderStatus
 )
 
 // CancelSubject is delayd's unscoped cancel API (NATS request/reply), the
 // operator's form: the request's payload is a message id of any target, the
 // reply one of the [CancelResult] texts. Publishers use the scoped form,
 // [CancelSubjectFor] (see [Cancel]).
-const CancelSubject = deliver.CancelSubject
+const CancelSubject = contract.CancelSubject
 
 // CancelSubjectFor returns the scoped cancel API subject of a target,
 // "delayd.api.cancel.<target>": a request there cancels only a message
 // bound for target, so a server permission on "delayd.api.cancel.orders.>"
 // lets a user cancel only messages bound for orders.>.
-func CancelSubjectFor(target string) string { return deliver.CancelSubjectFor(target) }
+func CancelSubjectFor(target string) string { return contract.CancelSubjectFor(target) }
 
 // CancelResult is the reply of delayd's cancel API.
 type CancelResult string
 
-// The three replies of the cancel API.
+// The three answers of the cancel API (README, Cancel).
 const (
 	// Cancelled: the message was pending and will never be delivered.
-	Cancelled CancelResult = "cancelled"
+	Cancelled CancelResult = contract.CancelReplyCancelled
 	// NotFound: no pending or recently delivered message has that id.
-	NotFound CancelResult = "not found"
+	NotFound CancelResult = contract.CancelReplyNotFound
 	// AlreadyDelivered: the message was handed to its target before the
 	// cancel was decided.
-	AlreadyDelivered CancelResult = "already delivered"
+	AlreadyDelivered CancelResult = contract.CancelReplyDelivered
 )
 
-// ErrCancelReply is returned by [Cancel] when the reply is none of the three
-// [CancelResult] texts (for example a service error text).
-var ErrCancelReply = errors.New("delayd: unexpected cancel reply")
+// Err returns nil for [Cancelled], [ErrNotFound] for [NotFound] and
+// [ErrAlreadyDelivered] for [AlreadyDelivered], for callers that treat
+// every answer but Cancelled as an error: err := res.Err(). Any other value
+// (the zero CancelResult that comes with an error) wraps [ErrCancelReply].
+func (r CancelResult) Err() error {
+	switch r {
+	case Cancelled:
+		return nil
+	case NotFound:
+		return ErrNotFound
+	case AlreadyDelivered:
+		return ErrAlreadyDelivered
+	}
+	return fmt.Errorf("%w: %q", ErrCancelReply, string(r))
+}
 
 // Cancel asks delayd to cancel the delayed message bound for target (the
 // subject given to [Publish], e.g. "orders.close") with the given id (as
@@ -87,15 +102,19 @@ var ErrCancelReply = errors.New("delayd: unexpected cancel reply")
 // answers [NotFound], exactly like an unknown id. A Cancelled answer
 // guarantees the message is never delivered.
 //
-// Errors: an error wrapping deliver.ErrInvalidTarget or
-// deliver.ErrForbiddenTarget for a target no message can have (empty,
-// wildcards, '$', under "delayd."); nats.ErrNoResponders when no delayd is
-// running on nc's server; a timeout (context.DeadlineExceeded or
-// nats.ErrTimeout) when nc's user may not publish to the subject: the
-// server drops the request and reports nats.ErrPermissionViolation to nc's
-// error handler; [ErrCancelReply].
+// Errors: an error wrapping [ErrInvalidTarget] or [ErrForbiddenTarget] for
+// a target no message can have (empty, wildcards, '$', under "delayd.");
+// nats.ErrNoResponders when no delayd is running on nc's server; a timeout
+// (context.DeadlineExceeded or nats.ErrTimeout) when nc's user may not
+// publish to the subject: the server drops the request and reports
+// nats.ErrPermissionViolation to nc's error handler; a [*CancelError] for
+// an error answer, which [errors.Is] matches against [ErrCancelReply] and
+// the answer's sentinel: [ErrRouterBehind] (try again), [ErrAmbiguousID]
+// or [ErrCancelFailed]. [NotFound] and [AlreadyDelivered] are answers, not
+// errors: [CancelResult.Err] maps them to [ErrNotFound] and
+// [ErrAlreadyDelivered].
 func Cancel(ctx context.Context, nc *nats.Conn, target, id string) (CancelResult, error) {
-	if err := deliver.ValidateTarget(target, deliver.InternalPrefix); err != nil {
+	if err := contract.ValidateTarget(target, contract.InternalPrefix); err != nil {
 		return "", fmt.Errorf("delayd: cancel: %w", err)
 	}
 	return cancel(ctx, nc, CancelSubjectFor(target), id)
@@ -116,26 +135,73 @@ func cancel(ctx context.Context, nc *nats.Conn, subject, id string) (CancelResul
 	if err != nil {
 		return "", fmt.Errorf("delayd: cancel %q: %w", id, err)
 	}
-	switch r := CancelResult(reply.Data); r {
-	case Cancelled, NotFound, AlreadyDelivered:
-		return r, nil
-	default:
-		return "", fmt.Errorf("%w: %q", ErrCancelReply, reply.Data)
-	}
+	return cancelAnswer(reply)
 }
 
-// PrefixDefault is delayd's default ingress subject prefix (DELAYD_PREFIX).
-const PrefixDefault = "delay"
+// cancelAnswer maps a cancel API reply to its answer or error: by its
+// Delay-Status code, or by its text when it has none (a delayd from before
+// the codes).
+func cancelAnswer(m *nats.Msg) (CancelResult, error) {
+	status := m.Header.Get(contract.HeaderStatus)
+	if status == "" {
+		switch r := CancelResult(m.Data); r {
+		case Cancelled, NotFound, AlreadyDelivered:
+			return r, nil
+		}
+		return "", &CancelError{Reply: string(m.Data)}
+	}
+	code, err := strconv.Atoi(status)
+	if err != nil {
+		return "", &CancelError{Reply: string(m.Data)}
+	}
+	switch code {
+	case contract.CancelStatusCancelled:
+		return Cancelled, nil
+	case contract.CancelStatusNotFound:
+		return NotFound, nil
+	case contract.CancelStatusDelivered:
+		return AlreadyDelivered, nil
+	}
+	return "", &CancelError{Status: code, Reply: string(m.Data)}
+}
 
-// ErrNoDelay is returned by [Publish] when no delay option was given.
-var ErrNoDelay = errors.New("delayd: no delay given (use WithLevel, WithDuration or WithDeliverAt)")
+// CancelError is the error [Cancel] and [CancelAny] return for an error
+// answer of the cancel API, or for a reply they do not know. [errors.Is]
+// matches it against [ErrCancelReply] always, and against the sentinel of
+// its Status: [ErrAmbiguousID] (400), [ErrRouterBehind] (503) or
+// [ErrCancelFailed] (500, or any other code).
+type CancelError struct {
+	// Status is the answer's code (README, Cancel), 0 for a reply without
+	// one: a delayd from before the codes, or not delayd's reply.
+	Status int
+	// Reply is the reply's body, as delayd sent it: "error: " and the
+	// reason for an error answer.
+	Reply string
+}
 
-// ErrAmbiguousDelay is returned by [Publish] when more than one delay option
-// was given.
-var ErrAmbiguousDelay = errors.New("delayd: more than one of WithLevel, WithDuration and WithDeliverAt")
+// Error returns "delayd: unexpected cancel reply: " and the quoted reply,
+// the text these errors have always had.
+func (e *CancelError) Error() string { return fmt.Sprintf("%v: %q", ErrCancelReply, e.Reply) }
 
-// ErrInvalidLevel is returned by [Publish] for a negative level or duration.
-var ErrInvalidLevel = errors.New("delayd: invalid delay level")
+// Is reports whether target is [ErrCancelReply] or the sentinel of e's
+// Status.
+func (e *CancelError) Is(target error) bool {
+	switch target {
+	case ErrCancelReply:
+		return true
+	case ErrAmbiguousID:
+		return e.Status == contract.CancelStatusBadRequest
+	case ErrRouterBehind:
+		return e.Status == contract.CancelStatusRouterBehind
+	case ErrCancelFailed:
+		return e.Status != 0 && e.Status != contract.CancelStatusBadRequest && e.Status != contract.CancelStatusRouterBehind
+	}
+	return false
+}
+
+// PrefixDefault is delayd's default ingress subject prefix (DELAYD_PREFIX),
+// "delay".
+const PrefixDefault = contract.PrefixDefault
 
 // PublishOpt is an option of [Publish].
 type PublishOpt func(*publishOpts) error
@@ -170,11 +236,11 @@ func WithLevel(n int) PublishOpt {
 }
 
 // WithDuration asks for delivery after d (>= 0; 0 is at once), cascading
-// through delayd's levels. Negative is an error wrapping [ErrInvalidLevel].
+// through delayd's levels. Negative is an error wrapping [ErrInvalidDelay].
 func WithDuration(d time.Duration) PublishOpt {
 	return func(o *publishOpts) error {
 		if d < 0 {
-			return fmt.Errorf("%w: duration %s is negative", ErrInvalidLevel, d)
+			return fmt.Errorf("%w: duration %s is negative", ErrInvalidDelay, d)
 		}
 		o.delayKey, o.delay = HeaderDuration, d.String()
 		o.nDelays++
@@ -202,11 +268,12 @@ func WithMsgID(id string) PublishOpt {
 
 // WithMergeKey sets Delay-Merge-Key: while a message with this key and the
 // same target is pending, this one is merged into it (delivered once, at the
-// first one's due time, with the first one's payload).
+// first one's due time, with the first one's payload). An empty or blank
+// key is an error wrapping [ErrInvalidMergeKey].
 func WithMergeKey(key string) PublishOpt {
 	return func(o *publishOpts) error {
 		if strings.TrimSpace(key) == "" {
-			return errors.New("delayd: empty merge key")
+			return fmt.Errorf("%w: empty", ErrInvalidMergeKey)
 		}
 		o.mergeKey = key
 		return nil
@@ -263,10 +330,11 @@ func WithHeader(h nats.Header) PublishOpt {
 // within the clock offset from the server of the max delay may still be
 // dead-lettered.
 //
-// Errors: [ErrNoDelay], [ErrAmbiguousDelay] or [ErrInvalidLevel] for the
-// options, and [ErrInvalidLevel] for a delay beyond delayd's max delay;
-// errors wrapping deliver.ErrInvalidTarget, deliver.ErrForbiddenTarget or
-// deliver.ErrDeniedTarget for a target delayd would refuse: empty or with
+// Errors: [ErrNoDelay], [ErrAmbiguousDelay], [ErrInvalidLevel],
+// [ErrInvalidDelay] or [ErrInvalidMergeKey] for the options, and
+// [ErrInvalidDelay] for a delay beyond delayd's max delay; errors wrapping
+// [ErrInvalidTarget], [ErrForbiddenTarget] or [ErrDeniedTarget] for a
+// target delayd would refuse: empty or with
 // empty tokens (the server stores no such subject, so it would never reach
 // delayd), or one delayd would dead-letter (wildcards, '$' subjects,
 // subjects under the prefix or under "delayd.", refused by the target
@@ -288,7 +356,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 	}
 	// The checks that need no configuration first: they fail without a
 	// round trip.
-	if err := deliver.ValidateTarget(subject, o.prefix); err != nil {
+	if err := contract.ValidateTarget(subject, o.prefix); err != nil {
 		return "", fmt.Errorf("delayd: %w", err)
 	}
 	info, err := connInfo(ctx, js.Conn())
@@ -298,7 +366,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 			return "", fmt.Errorf("%w: %q, delayd's is %q", ErrPrefixMismatch, o.prefix, info.Prefix)
 		}
 		o.prefix = info.Prefix
-		if err := deliver.ValidateTarget(subject, o.prefix); err != nil {
+		if err := contract.ValidateTarget(subject, o.prefix); err != nil {
 			return "", fmt.Errorf("delayd: %w", err)
 		}
 	case ctx.Err() != nil:
@@ -309,7 +377,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 	m := nats.NewMsg(o.prefix + "." + subject)
 	m.Data = data
 	for k, v := range o.header {
-		if deliver.IsDelayHeader(k) || (o.mergeKey != "" && strings.EqualFold(k, HeaderMergeKey)) {
+		if contract.IsDelayHeader(k) || (o.mergeKey != "" && strings.EqualFold(k, HeaderMergeKey)) {
 			continue // the delay is the options'; a second one would be invalid
 		}
 		m.Header[k] = append([]string(nil), v...)
@@ -338,7 +406,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 		if o.hasLevel {
 			delay = -1
 		}
-		if err := checkLimits(info, subject, m, o.msgID, delay, fmt.Sprintf("%s %q", o.delayKey, o.delay), ErrInvalidLevel); err != nil {
+		if err := checkLimits(info, subject, m, o.msgID, delay, fmt.Sprintf("%s %q", o.delayKey, o.delay), ErrInvalidDelay); err != nil {
 			return "", err
 		}
 	}
@@ -357,7 +425,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 // target against the limits of the running delayd's configuration, as its
 // router would. what names the delay in errors.
 func checkLimits(info *Info, target string, m *nats.Msg, msgID string, delay time.Duration, what string, errDelay error) error {
-	policy := deliver.TargetPolicy{Allow: info.AllowTargets, Deny: info.DenyTargets}
+	policy := contract.TargetPolicy{Allow: info.AllowTargets, Deny: info.DenyTargets}
 	if err := policy.Check(target); err != nil {
 		return fmt.Errorf("delayd: %w (DELAYD_ALLOW_TARGETS, DELAYD_DENY_TARGETS)", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/internal/natstest"
 )
@@ -37,14 +38,17 @@ func TestPublish(t *testing.T) {
 	if _, err := delayd.Publish(ctx, js, "orders.close", nil, delayd.WithLevel(-1)); !errors.Is(err, delayd.ErrInvalidLevel) {
 		t.Errorf("level -1: %v, want ErrInvalidLevel", err)
 	}
-	if _, err := delayd.Publish(ctx, js, "orders.close", nil, delayd.WithDuration(-time.Second)); !errors.Is(err, delayd.ErrInvalidLevel) {
-		t.Errorf("duration -1s: %v, want ErrInvalidLevel", err)
+	if _, err := delayd.Publish(ctx, js, "orders.close", nil, delayd.WithDuration(-time.Second)); !errors.Is(err, delayd.ErrInvalidDelay) || errors.Is(err, delayd.ErrInvalidLevel) {
+		t.Errorf("duration -1s: %v, want ErrInvalidDelay and not ErrInvalidLevel (a bad level only)", err)
+	}
+	if _, err := delayd.Publish(ctx, js, "orders.close", nil, delayd.WithLevel(1), delayd.WithMergeKey(" ")); !errors.Is(err, delayd.ErrInvalidMergeKey) || errors.Is(err, delayd.ErrInvalidLevel) {
+		t.Errorf("blank merge key: %v, want ErrInvalidMergeKey and not ErrInvalidLevel", err)
 	}
 	if _, err := delayd.Publish(ctx, js, "orders.close", nil, delayd.WithLevel(1), delayd.WithDuration(time.Second)); !errors.Is(err, delayd.ErrAmbiguousDelay) {
 		t.Errorf("level and duration: %v, want ErrAmbiguousDelay", err)
 	}
 	for _, target := range []string{"", "orders..close", "orders.*", "delay.x", "delayd.level.1S.x", "$KV.x"} {
-		if _, err := delayd.Publish(ctx, js, target, nil, delayd.WithLevel(1)); !errors.Is(err, deliver.ErrInvalidTarget) && !errors.Is(err, deliver.ErrForbiddenTarget) {
+		if _, err := delayd.Publish(ctx, js, target, nil, delayd.WithLevel(1)); !errors.Is(err, contract.ErrInvalidTarget) && !errors.Is(err, contract.ErrForbiddenTarget) {
 			t.Errorf("target %q: %v, want the router's target error", target, err)
 		}
 	}

@@ -10,17 +10,17 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/contract"
 )
 
 // InfoSubject is delayd's info API (NATS request/reply): the reply is an
 // [Info] as JSON, the running delayd's configuration.
-const InfoSubject = deliver.InfoSubject
+const InfoSubject = contract.InfoSubject
 
 // Info is the running delayd's configuration, as its info API answers:
 // version, prefix, level table (and precision levels), max delay, target
-// policy, and the payload limit. See deliver.InfoReply for the fields.
-type Info = deliver.InfoReply
+// policy, and the payload limit. See [contract.InfoReply] for the fields.
+type Info = contract.InfoReply
 
 // InfoTTL is how long [Publish] keeps a connection's [Info] before it asks
 // again, so a client sees a reconfigured delayd within a minute.
@@ -29,19 +29,6 @@ const InfoTTL = time.Minute
 // infoTimeout bounds [Publish]'s info request: with no delayd running the
 // server answers "no responders" at once; this only limits a stuck one.
 const infoTimeout = 2 * time.Second
-
-// ErrNoInfo is returned by [Publish] with [WithRequireInfo] when no delayd
-// answers the info API.
-var ErrNoInfo = errors.New("delayd: no delayd answered on " + InfoSubject)
-
-// ErrTooLarge is returned by [Publish] for a message whose headers and
-// payload leave less than delayd's header reserve under the server's max
-// payload: delayd would dead-letter it with reason "size".
-var ErrTooLarge = errors.New("delayd: message too large")
-
-// ErrPrefixMismatch is returned by [Publish] when [WithPrefix] names another
-// prefix than the running delayd's.
-var ErrPrefixMismatch = errors.New("delayd: prefix differs from the running delayd's DELAYD_PREFIX")
 
 // FetchInfo asks the running delayd for its [Info] on nc, uncached.
 //

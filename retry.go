@@ -3,7 +3,6 @@ package delayd
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -14,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -42,23 +41,6 @@ const RetryCauseMax = 256
 // last rung (one record per rung, each under 600 bytes) stays well below
 // JetStream's 64 KiB header limit.
 const LadderMaxRungs = 64
-
-// Errors of [ParseLadder], [Ladder.Validate], [Retry] and [RetryMsg].
-// Returned errors wrap one of these (or a NATS error), so match them with
-// [errors.Is].
-var (
-	// ErrInvalidLadder means a ladder is empty, longer than
-	// [LadderMaxRungs], or has a rung that does not parse or is not > 0.
-	ErrInvalidLadder = errors.New("delayd: invalid retry ladder")
-	// ErrInvalidRetry means the delivered message cannot be retried: it is
-	// nil, has no subject, or its Delay-Attempt header is not one
-	// non-negative integer.
-	ErrInvalidRetry = errors.New("delayd: cannot retry message")
-	// ErrRetriesExhausted starts the Delay-Error of a message dead-lettered
-	// after its ladder's last rung. Retry does not return it: a dead letter
-	// written is a success, reported by [RetryResult].DeadLettered.
-	ErrRetriesExhausted = errors.New("retries exhausted")
-)
 
 // Ladder is a retry ladder: the delay before each retry, in order. Retry
 // attempt n (1-based) waits Ladder[n-1]; after the last rung the message is
@@ -217,12 +199,12 @@ func Retry(ctx context.Context, js jetstream.JetStream, msg jetstream.Msg, ladde
 // Like [Publish], Retry checks a retry against the running delayd's limits
 // (its [Info], cached per connection) when a delayd answers: a rung beyond
 // DELAYD_MAX_DELAY is an error wrapping [ErrInvalidLadder], a target the
-// policy denies wraps deliver.ErrDeniedTarget, a message too large
+// policy denies wraps [ErrDeniedTarget], a message too large
 // [ErrTooLarge], another prefix [ErrPrefixMismatch]. Nothing is published
 // then: leave the message unacked, or dead-letter it yourself.
 //
-// Errors wrap [ErrInvalidLadder], [ErrInvalidRetry], deliver.ErrInvalidTarget
-// or deliver.ErrForbiddenTarget (a subject delayd would dead-letter), the
+// Errors wrap [ErrInvalidLadder], [ErrInvalidRetry], [ErrInvalidTarget]
+// or [ErrForbiddenTarget] (a subject delayd would dead-letter), the
 // limit errors above, or the publish's error (for example
 // jetstream.ErrNoStreamResponse when delayd's streams do not exist).
 func RetryMsg(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, ladder Ladder, cause error, opts ...RetryOpt) (RetryResult, error) {
@@ -250,14 +232,14 @@ func retry(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, ladder La
 	if msg.Subject == "" {
 		return RetryResult{}, fmt.Errorf("%w: message has no subject", ErrInvalidRetry)
 	}
-	if err := deliver.ValidateTarget(msg.Subject, o.prefix); err != nil {
+	if err := contract.ValidateTarget(msg.Subject, o.prefix); err != nil {
 		return RetryResult{}, fmt.Errorf("delayd: retry: %w", err)
 	}
 	attempt, err := attemptOf(msg.Header)
 	if err != nil {
 		return RetryResult{}, err
 	}
-	delivered := headerFold(msg.Header, deliver.HeaderNatsMsgID)
+	delivered := headerFold(msg.Header, contract.HeaderNatsMsgID)
 	base := cmp.Or(strings.TrimSuffix(delivered, "-retry"+strconv.Itoa(attempt)), fallbackID)
 	if attempt == 0 {
 		base = cmp.Or(delivered, fallbackID)
@@ -269,13 +251,13 @@ func retry(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, ladder La
 	}
 
 	if attempt >= len(ladder) {
-		h := copyHeader(msg.Header, deliver.IsInternalHeader)
-		h[deliver.HeaderError] = []string{fmt.Sprintf("%s after %d attempts (ladder %s): %s", ErrRetriesExhausted, attempt, ladder, causeText)}
-		h[deliver.HeaderSubject] = []string{ingress}
+		h := copyHeader(msg.Header, contract.IsInternalHeader)
+		h[contract.HeaderError] = []string{fmt.Sprintf("%s after %d attempts (ladder %s): %s", ErrRetriesExhausted, attempt, ladder, causeText)}
+		h[contract.HeaderSubject] = []string{ingress}
 		if delivered != "" {
-			h[deliver.HeaderMsgID] = []string{delivered}
+			h[contract.HeaderMsgID] = []string{delivered}
 		}
-		res := RetryResult{DeadLettered: true, Attempt: attempt, Subject: deliver.DLQSubjectPrefix + ReasonRetries}
+		res := RetryResult{DeadLettered: true, Attempt: attempt, Subject: contract.DLQSubjectPrefix + ReasonRetries}
 		var popts []jetstream.PublishOpt
 		if base != "" {
 			res.MsgID = base + "-retries-exhausted"
@@ -294,10 +276,10 @@ func retry(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, ladder La
 		// delayd's control headers (a second delay header would make the
 		// retry ambiguous; the delivery headers are set again) and the
 		// attempt counter, set below. The history is kept.
-		return deliver.IsInternalHeader(k) || deliver.IsControlHeader(k) || strings.EqualFold(k, deliver.HeaderAttempt)
+		return contract.IsInternalHeader(k) || contract.IsControlHeader(k) || strings.EqualFold(k, contract.HeaderAttempt)
 	})
-	h[deliver.HeaderDuration] = []string{res.Delay.String()}
-	h[deliver.HeaderAttempt] = []string{strconv.Itoa(res.Attempt)}
+	h[contract.HeaderDuration] = []string{res.Delay.String()}
+	h[contract.HeaderAttempt] = []string{strconv.Itoa(res.Attempt)}
 	h[HeaderRetryHistory] = append(h[HeaderRetryHistory], RetryRecord{
 		Attempt: res.Attempt, At: time.Now(), Delay: res.Delay, Cause: causeText,
 	}.String())
@@ -330,7 +312,7 @@ func retry(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, ladder La
 func attemptOf(h nats.Header) (int, error) {
 	var values []string
 	for k, v := range h {
-		if strings.EqualFold(k, deliver.HeaderAttempt) {
+		if strings.EqualFold(k, contract.HeaderAttempt) {
 			values = append(values, v...)
 		}
 	}
@@ -339,11 +321,11 @@ func attemptOf(h nats.Header) (int, error) {
 		return 0, nil
 	case 1:
 	default:
-		return 0, fmt.Errorf("%w: %s has %d values, want one", ErrInvalidRetry, deliver.HeaderAttempt, len(values))
+		return 0, fmt.Errorf("%w: %s has %d values, want one", ErrInvalidRetry, contract.HeaderAttempt, len(values))
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(values[0]))
 	if err != nil || n < 0 {
-		return 0, fmt.Errorf("%w: %s %q is not a non-negative integer", ErrInvalidRetry, deliver.HeaderAttempt, values[0])
+		return 0, fmt.Errorf("%w: %s %q is not a non-negative integer", ErrInvalidRetry, contract.HeaderAttempt, values[0])
 	}
 	return n, nil
 }
@@ -358,7 +340,7 @@ type RetryRecord struct {
 
 // String formats r as a [HeaderRetryHistory] value.
 func (r RetryRecord) String() string {
-	return fmt.Sprintf("attempt=%d at=%s delay=%s cause=%s", r.Attempt, deliver.FormatTime(r.At), r.Delay, strconv.Quote(r.Cause))
+	return fmt.Sprintf("attempt=%d at=%s delay=%s cause=%s", r.Attempt, contract.FormatTime(r.At), r.Delay, strconv.Quote(r.Cause))
 }
 
 // ParseRetryRecord parses one [HeaderRetryHistory] value. Errors wrap

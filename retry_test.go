@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
@@ -98,7 +99,7 @@ func setupRetry(t *testing.T) *retryBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dlq, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: deliver.DLQStream, Subjects: []string{deliver.DLQSubjectPrefix + ">"}, Duplicates: 2 * time.Minute})
+	dlq, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: deliver.DLQStream, Subjects: []string{contract.DLQSubjectPrefix + ">"}, Duplicates: 2 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +110,7 @@ func setupRetry(t *testing.T) *retryBundle {
 func delivered(id string, extra nats.Header) *nats.Msg {
 	m := nats.NewMsg("orders.close")
 	m.Data = []byte("close order 42")
-	m.Header.Set(deliver.HeaderNatsMsgID, id)
+	m.Header.Set(contract.HeaderNatsMsgID, id)
 	m.Header.Set(delayd.HeaderEnqueuedAt, "2026-11-30T10:00:00.000000000Z")
 	m.Header.Set(delayd.HeaderDueAt, "2026-11-30T10:01:00.000000000Z")
 	m.Header.Set(delayd.HeaderHops, "1")
@@ -258,9 +259,9 @@ func TestRetryInvalid(t *testing.T) {
 		{"negative attempt", delivered("x", nats.Header{delayd.HeaderAttempt: {"-1"}}), ladder, nil, delayd.ErrInvalidRetry},
 		{"two attempts", delivered("x", nats.Header{delayd.HeaderAttempt: {"1"}, "delay-attempt": {"2"}}), ladder, nil, delayd.ErrInvalidRetry},
 		{"empty prefix", delivered("x", nil), ladder, []delayd.RetryOpt{delayd.WithRetryPrefix("")}, delayd.ErrInvalidRetry},
-		{"forbidden subject", &nats.Msg{Subject: "$JS.API.STREAM.DELETE.X"}, ladder, nil, deliver.ErrForbiddenTarget},
-		{"subject under the prefix", &nats.Msg{Subject: "delay.orders"}, ladder, nil, deliver.ErrForbiddenTarget},
-		{"wildcard subject", &nats.Msg{Subject: "orders.*"}, ladder, nil, deliver.ErrInvalidTarget},
+		{"forbidden subject", &nats.Msg{Subject: "$JS.API.STREAM.DELETE.X"}, ladder, nil, contract.ErrForbiddenTarget},
+		{"subject under the prefix", &nats.Msg{Subject: "delay.orders"}, ladder, nil, contract.ErrForbiddenTarget},
+		{"wildcard subject", &nats.Msg{Subject: "orders.*"}, ladder, nil, contract.ErrInvalidTarget},
 	}
 	for _, tt := range tests {
 		// A nil JetStream: validation fails before any I/O.

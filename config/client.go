@@ -24,10 +24,10 @@ type Client struct {
 	NATSURL string `envconfig:"DELAYD_NATS_URL"`
 
 	// Levels is delayd's level table, as [Config].Levels. Optional. Default [levels.DefaultTable].
-	Levels levels.Table `envconfig:"DELAYD_LEVELS" default:"1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"`
+	Levels levels.Table `envconfig:"DELAYD_LEVELS"`
 
 	// Prefix is delayd's ingress subject prefix, as [Config].Prefix. Optional. Default [PrefixDefault].
-	Prefix string `envconfig:"DELAYD_PREFIX" default:"delay"`
+	Prefix string `envconfig:"DELAYD_PREFIX"`
 
 	// The authentication and TLS settings, as the [Config] fields of the same names. Optional. Default: none.
 	NATSUser     string `envconfig:"DELAYD_NATS_USER"`

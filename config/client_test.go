@@ -111,8 +111,8 @@ func TestLoadClientBad(t *testing.T) {
 	}
 }
 
-// TestClientTagsMatchConfig: every Client field reads the same variable, with the same default, as Config's field
-// of the same name, so the two never drift apart.
+// TestClientTagsMatchConfig: every Client field reads the same variable, with the same tags, as Config's field of
+// the same name, so the two never drift apart.
 func TestClientTagsMatchConfig(t *testing.T) {
 	t.Parallel()
 	ct, cfg := reflect.TypeFor[Client](), reflect.TypeFor[Config]()

@@ -19,7 +19,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 	"github.com/nats-io/nats.go"
 
-	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -30,7 +30,7 @@ const (
 	// StoreDirDefault is the default embedded-server JetStream store directory (DELAYD_STORE_DIR).
 	StoreDirDefault = "./delayd-data"
 	// PrefixDefault is the default ingress subject prefix (DELAYD_PREFIX).
-	PrefixDefault = "delay"
+	PrefixDefault = contract.PrefixDefault
 	// HTTPAddrDefault is the default health and metrics address (DELAYD_HTTP_ADDR): loopback, port 8223, next to
 	// nats-server's own monitoring port 8222.
 	HTTPAddrDefault = "127.0.0.1:8223"
@@ -43,7 +43,7 @@ const (
 	// StartGraceDefault is the default start-up grace for overdue deliveries to core subjects (DELAYD_START_GRACE).
 	StartGraceDefault = 3 * time.Second
 	// MaxDelayDefault is the default longest Delay-Duration or Delay-Deliver-At (DELAYD_MAX_DELAY): a week.
-	MaxDelayDefault = 168 * time.Hour
+	MaxDelayDefault = contract.MaxDelayDefault
 )
 
 // Limits of DELAYD_REPLICAS: JetStream allows 1 to 5 replicas.
@@ -52,11 +52,8 @@ const (
 	ReplicasMax = 5
 )
 
-// ErrInvalid is wrapped by every error from [Load] and [Config.Validate] about a bad value.
-var ErrInvalid = errors.New("invalid configuration")
-
 // Config is delayd's configuration. [Load] fills it from the environment; the envconfig tags name each variable in
-// full, and the default tags hold the defaults of the *Default constants.
+// full, and a variable that is not set keeps its default, the *Default constant (see [Load]).
 type Config struct {
 	// NATSURL lists the external NATS server(s) to connect to, comma-separated, as nats.Connect accepts them: URLs with
 	// scheme nats, tls, ws or wss, or bare host[:port]. Spaces around entries are ignored.
@@ -65,47 +62,47 @@ type Config struct {
 
 	// Listen is the embedded server's client listen address, host:port with port 1 to 65535. Unused with NATSURL.
 	// Optional. Default [ListenDefault].
-	Listen string `envconfig:"DELAYD_LISTEN" default:"127.0.0.1:4222"`
+	Listen string `envconfig:"DELAYD_LISTEN"`
 
 	// StoreDir is the embedded server's JetStream store directory. Unused with NATSURL.
 	// Optional. Default [StoreDirDefault].
-	StoreDir string `envconfig:"DELAYD_STORE_DIR" default:"./delayd-data"`
+	StoreDir string `envconfig:"DELAYD_STORE_DIR"`
 
 	// Levels is the level table, parsed by [levels.Parse]: durations separated by spaces, strictly increasing, units
 	// ms s m h d.
 	// Optional. Default [levels.DefaultTable], RocketMQ 4's 18 levels.
-	Levels levels.Table `envconfig:"DELAYD_LEVELS" default:"1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"`
+	Levels levels.Table `envconfig:"DELAYD_LEVELS"`
 
 	// Prefix is the ingress subject prefix: publishers write to <Prefix>.<target subject>. See [ValidatePrefix].
 	// Optional. Default [PrefixDefault].
-	Prefix string `envconfig:"DELAYD_PREFIX" default:"delay"`
+	Prefix string `envconfig:"DELAYD_PREFIX"`
 
 	// HTTPAddr is the address of the health (/healthz, /readyz) and metrics (/metrics) endpoints, host:port; port 0
 	// picks a free port. "" disables them.
 	// Optional. Default [HTTPAddrDefault].
-	HTTPAddr string `envconfig:"DELAYD_HTTP_ADDR" default:"127.0.0.1:8223"`
+	HTTPAddr string `envconfig:"DELAYD_HTTP_ADDR"`
 
 	// Replicas is the replica count of every stream and bucket delayd creates, [ReplicasMin] to [ReplicasMax].
 	// Optional. Default [ReplicasDefault].
-	Replicas int `envconfig:"DELAYD_REPLICAS" default:"1"`
+	Replicas int `envconfig:"DELAYD_REPLICAS"`
 
 	// LogFormat is "text" (tint), "json", or "auto" (text on a terminal, JSON otherwise); case-insensitive.
 	// Optional. Default [LogFormatDefault].
-	LogFormat string `envconfig:"DELAYD_LOG_FORMAT" default:"auto"`
+	LogFormat string `envconfig:"DELAYD_LOG_FORMAT"`
 
 	// LogLevel is "debug", "info", "warn" or "error"; case-insensitive. See [Config.SlogLevel].
 	// Optional. Default [LogLevelDefault].
-	LogLevel string `envconfig:"DELAYD_LOG_LEVEL" default:"info"`
+	LogLevel string `envconfig:"DELAYD_LOG_LEVEL"`
 
 	// StartGrace is how long overdue deliveries to core subjects wait after start-up in embedded mode, so that
 	// reconnecting subscribers get them. It is a Go duration (time.ParseDuration), >= 0.
 	// Optional. Default [StartGraceDefault].
-	StartGrace time.Duration `envconfig:"DELAYD_START_GRACE" default:"3s"`
+	StartGrace time.Duration `envconfig:"DELAYD_START_GRACE"`
 
 	// MaxDelay is the longest delay a Delay-Duration, or a Delay-Deliver-At ahead of the ingress store time, may ask
 	// for; longer is invalid input (dead-lettered). A Go duration (time.ParseDuration), > 0.
 	// Optional. Default [MaxDelayDefault].
-	MaxDelay time.Duration `envconfig:"DELAYD_MAX_DELAY" default:"168h"`
+	MaxDelay time.Duration `envconfig:"DELAYD_MAX_DELAY"`
 
 	// NATSUser and NATSPassword authenticate to the NATS server(s) of NATSURL with a user name and password
 	// ([nats.UserInfo]). Both or neither; only with NATSURL; at most one authentication method.
@@ -139,7 +136,7 @@ type Config struct {
 	NATSTLSCert string `envconfig:"DELAYD_NATS_TLS_CERT"`
 	NATSTLSKey  string `envconfig:"DELAYD_NATS_TLS_KEY"`
 
-	// AllowTargets lists the target subject patterns delayd may deliver to ([deliver.ValidatePattern]: NATS
+	// AllowTargets lists the target subject patterns delayd may deliver to ([contract.ValidatePattern]: NATS
 	// wildcards '*' and '>' as whole tokens), separated by spaces or commas. A target matching none is dead-lettered
 	// with reason target. The list narrows what the contract allows; it never widens it.
 	// Optional. Default empty: every valid target.
@@ -190,9 +187,9 @@ func (p *Patterns) Decode(value string) error {
 // String returns the patterns separated by spaces.
 func (p Patterns) String() string { return strings.Join(p, " ") }
 
-// TargetPolicy returns AllowTargets and DenyTargets as the [deliver.TargetPolicy] for [deliver.Config].Targets.
-func (c Config) TargetPolicy() deliver.TargetPolicy {
-	return deliver.TargetPolicy{Allow: c.AllowTargets, Deny: c.DenyTargets}
+// TargetPolicy returns AllowTargets and DenyTargets as the [contract.TargetPolicy] for [deliver.Config].Targets.
+func (c Config) TargetPolicy() contract.TargetPolicy {
+	return contract.TargetPolicy{Allow: c.AllowTargets, Deny: c.DenyTargets}
 }
 
 // Load reads the configuration from the environment and validates it with [Config.Validate]. Unset variables take
@@ -201,7 +198,7 @@ func (c Config) TargetPolicy() deliver.TargetPolicy {
 // Every variable is looked up by its full DELAYD_* name only. (envconfig.Process with prefix "DELAYD" would fall back
 // to the unprefixed name, so a NATS_URL or LOG_LEVEL meant for another program would silently configure delayd.)
 func Load() (Config, error) {
-	var c Config
+	c := defaults()
 	if err := envconfig.Process("", &c); err != nil {
 		var pe *envconfig.ParseError
 		if errors.As(err, &pe) {
@@ -213,6 +210,24 @@ func Load() (Config, error) {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// defaults returns the configuration of an empty environment: every optional variable at its *Default constant.
+// [Load] lets envconfig overwrite only the variables that are set (envconfig leaves a field without a default tag
+// untouched when its variable is unset), so each default is written once, here, from its constant.
+func defaults() Config {
+	return Config{
+		Listen:     ListenDefault,
+		StoreDir:   StoreDirDefault,
+		Levels:     levels.Default(),
+		Prefix:     PrefixDefault,
+		HTTPAddr:   HTTPAddrDefault,
+		Replicas:   ReplicasDefault,
+		LogFormat:  LogFormatDefault,
+		LogLevel:   LogLevelDefault,
+		StartGrace: StartGraceDefault,
+		MaxDelay:   MaxDelayDefault,
+	}
 }
 
 // parseReason says what is allowed for a variable envconfig could not convert.
@@ -302,7 +317,7 @@ func (c Config) Validate() error {
 		list Patterns
 	}{{"DELAYD_ALLOW_TARGETS", c.AllowTargets}, {"DELAYD_DENY_TARGETS", c.DenyTargets}} {
 		for _, p := range v.list {
-			if err := deliver.ValidatePattern(p); err != nil {
+			if err := contract.ValidatePattern(p); err != nil {
 				bad(v.name, v.list.String(), err.Error()+
 					" (want NATS subject patterns separated by spaces or commas, wildcards '*' and '>' as whole tokens, '>' last)", nil)
 				break

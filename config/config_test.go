@@ -64,27 +64,21 @@ func TestLoadDefaults(t *testing.T) {
 	}
 }
 
-// TestDefaultTags checks that the envconfig default tags spell the exported defaults, and that every variable is in
-// vars.
-func TestDefaultTags(t *testing.T) {
+// TestVarTags checks that every field names a known variable, that every variable is in vars, and that no field has
+// an envconfig default tag: each default is written once, as its *Default constant, and [Load] starts from
+// defaults() (TestLoadDefaults checks the values).
+func TestVarTags(t *testing.T) {
 	t.Parallel()
 
-	want := map[string]string{
-		"DELAYD_NATS_URL":    "",
-		"DELAYD_LISTEN":      ListenDefault,
-		"DELAYD_STORE_DIR":   StoreDirDefault,
-		"DELAYD_LEVELS":      levels.DefaultTable,
-		"DELAYD_PREFIX":      PrefixDefault,
-		"DELAYD_HTTP_ADDR":   HTTPAddrDefault,
-		"DELAYD_REPLICAS":    strconv.Itoa(ReplicasDefault),
-		"DELAYD_LOG_FORMAT":  LogFormatDefault,
-		"DELAYD_LOG_LEVEL":   LogLevelDefault,
-		"DELAYD_START_GRACE": StartGraceDefault.String(),
-		"DELAYD_MAX_DELAY":   "168h",
-
-		"DELAYD_NATS_USER": "", "DELAYD_NATS_PASSWORD": "", "DELAYD_NATS_TOKEN": "", "DELAYD_NATS_NKEY_SEED": "",
-		"DELAYD_NATS_CREDS": "", "DELAYD_NATS_TLS_CA": "", "DELAYD_NATS_TLS_CERT": "", "DELAYD_NATS_TLS_KEY": "",
-		"DELAYD_ALLOW_TARGETS": "", "DELAYD_DENY_TARGETS": "",
+	known := map[string]bool{}
+	for _, name := range []string{
+		"DELAYD_NATS_URL", "DELAYD_LISTEN", "DELAYD_STORE_DIR", "DELAYD_LEVELS", "DELAYD_PREFIX", "DELAYD_HTTP_ADDR",
+		"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY",
+		"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED",
+		"DELAYD_NATS_CREDS", "DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY",
+		"DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS",
+	} {
+		known[name] = true
 	}
 	typ := reflect.TypeFor[Config]()
 	if typ.NumField() != len(vars) {
@@ -93,14 +87,30 @@ func TestDefaultTags(t *testing.T) {
 	for i := range typ.NumField() {
 		f := typ.Field(i)
 		name := f.Tag.Get("envconfig")
-		def, ok := want[name]
-		if !ok {
+		if !known[name] {
 			t.Errorf("field %s: variable %q is not known to the test", f.Name, name)
-			continue
 		}
-		if got := f.Tag.Get("default"); got != def {
-			t.Errorf("field %s: default tag %q, want %q", f.Name, got, def)
+		if def, ok := f.Tag.Lookup("default"); ok {
+			t.Errorf("field %s: default tag %q: defaults come from defaults(), not tags", f.Name, def)
 		}
+	}
+}
+
+// TestLoadSetEmpty checks that a variable set to "" is "", not its default: Load fills defaults only for unset
+// variables.
+func TestLoadSetEmpty(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("DELAYD_HTTP_ADDR", "")
+	c, err := Load()
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if c.HTTPAddr != "" {
+		t.Errorf("DELAYD_HTTP_ADDR set to \"\": HTTPAddr = %q, want \"\"", c.HTTPAddr)
+	}
+	t.Setenv("DELAYD_PREFIX", "")
+	if _, err := Load(); err == nil || !strings.Contains(err.Error(), "DELAYD_PREFIX") {
+		t.Errorf("DELAYD_PREFIX set to \"\": Load error = %v, want one naming DELAYD_PREFIX", err)
 	}
 }
 

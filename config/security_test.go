@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
-	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/contract"
 )
 
 // The secrets the tests set; no error or printed Config may contain them.
@@ -58,7 +58,7 @@ func TestLoadSecurityValues(t *testing.T) {
 		c.NATSTLSKey != key {
 		t.Errorf("Load() = %+v", c)
 	}
-	want := deliver.TargetPolicy{Allow: []string{"orders.>", "billing.>", "jobs.*.run"}, Deny: []string{"orders.internal.>"}}
+	want := contract.TargetPolicy{Allow: []string{"orders.>", "billing.>", "jobs.*.run"}, Deny: []string{"orders.internal.>"}}
 	if got := c.TargetPolicy(); !reflect.DeepEqual(got, want) {
 		t.Errorf("TargetPolicy() = %+v, want %+v", got, want)
 	}

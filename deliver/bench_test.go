@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -77,8 +78,8 @@ func levelStreamMsg() *nats.Msg {
 		Header: nats.Header{
 			"Content-Type":                []string{"application/json"},
 			"Trace-Id":                    []string{"4bf92f3577b34da6a3ce929d0e0e4736"},
-			HeaderEnqueuedAt:              []string{"2026-11-29T22:11:59.799452339Z"},
-			HeaderDueAt:                   []string{"2026-11-29T22:12:09.799452339Z"},
+			contract.HeaderEnqueuedAt:     []string{"2026-11-29T22:11:59.799452339Z"},
+			contract.HeaderDueAt:          []string{"2026-11-29T22:12:09.799452339Z"},
 			hdrIngress:                    []string{"delayd-1795990280677514429-4242"},
 			hdrMsgID:                      []string{"order-42-close"},
 			"Nats-Expected-Last-Sequence": []string{"4241"},
@@ -104,7 +105,7 @@ func BenchmarkDeliveryMsg(b *testing.B) {
 		}
 		id := m.Header.Get(hdrMsgID)
 		stripInternal(m.Header)
-		m.Header[HeaderNatsMsgID] = []string{id}
+		m.Header[contract.HeaderNatsMsgID] = []string{id}
 		m.Subject = target
 	}
 }

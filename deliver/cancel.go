@@ -14,14 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/levels"
-)
-
-// Replies of the cancel API ([CancelSubject]).
-const (
-	CancelReplyCancelled = "cancelled"
-	CancelReplyNotFound  = "not found"
-	CancelReplyDelivered = "already delivered"
 )
 
 // How long a cancel waits for the router to place the messages published
@@ -380,7 +374,7 @@ type CancelStats struct {
 	Cancelled, NotFound, AlreadyDelivered uint64
 }
 
-// serveCancel answers cancel requests on [CancelSubject] until ctx is done,
+// serveCancel answers cancel requests on [contract.CancelSubject] until ctx is done,
 // cancelWorkers at a time (one request waiting for the router does not hold
 // up the others; each decision is still made by the owning scanner). Each
 // costs an ingress stream info, an index lookup (one slot's records), a
@@ -413,7 +407,7 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs 
 					return
 				case m := <-ch:
 					// The scoped form's target; "" for the unscoped form.
-					scope, scoped := strings.CutPrefix(m.Subject, CancelSubject+".")
+					scope, scoped := strings.CutPrefix(m.Subject, contract.CancelSubject+".")
 					if !scoped {
 						scope = ""
 					}
@@ -423,7 +417,7 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs 
 					)
 					if scoped && scope == "" {
 						s.cancelNotFound.Add(1)
-						reply = CancelReplyNotFound
+						reply = contract.CancelReplyNotFound
 					} else {
 						reply, err = s.cancel(ctx, js, reader, string(m.Data), scope)
 					}
@@ -432,9 +426,9 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs 
 							return
 						}
 						s.logger.Warn("cancel failed", slog.String("id", string(m.Data)), slog.Any("error", err))
-						reply = "error: " + err.Error()
+						reply = contract.CancelReplyErrorPrefix + err.Error()
 					}
-					_ = m.Respond([]byte(reply))
+					_ = m.RespondMsg(cancelReplyMsg(reply, err))
 				}
 			}
 		})
@@ -445,14 +439,14 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs 
 
 const cancelWorkers = 4
 
-// subscribeCancel subscribes to [CancelSubject] and the scoped
-// "delayd.api.cancel.>" ([CancelSubjectFor]), queue group "delayd", and
+// subscribeCancel subscribes to [contract.CancelSubject] and the scoped
+// "delayd.api.cancel.>" ([contract.CancelSubjectFor]), queue group "delayd", and
 // waits until the server has the subscriptions, so a request sent once the
 // service is ready finds a responder.
 func (s *Service) subscribeCancel(ctx context.Context) ([]*nats.Subscription, chan *nats.Msg, error) {
 	ch := make(chan *nats.Msg, 1024)
 	var subs []*nats.Subscription
-	for _, subject := range []string{CancelSubject, CancelSubject + ".>"} {
+	for _, subject := range []string{contract.CancelSubject, contract.CancelSubject + ".>"} {
 		sub, err := s.nc.ChanQueueSubscribe(subject, "delayd", ch)
 		if err != nil {
 			for _, sub := range subs {
@@ -470,16 +464,6 @@ func (s *Service) subscribeCancel(ctx context.Context) ([]*nats.Subscription, ch
 	}
 	return subs, ch, nil
 }
-
-// ErrRouterBehind is a cancel's error when the router has not placed the
-// messages published before it within cancelWaitRouted: the answer is not
-// known yet. The request may be sent again.
-var ErrRouterBehind = errors.New("the router has not yet placed every message published before this cancel; try again")
-
-// ErrAmbiguousID is a cancel's error for a decimal id that is both a
-// publisher's Nats-Msg-Id and an ingress sequence delayd knows: "seq:N" or
-// "id:N" says which.
-var ErrAmbiguousID = errors.New("ambiguous id")
 
 // cancel decides one cancel request. The id is a publisher's Nats-Msg-Id
 // or an ingress sequence: a decimal id is whichever of the two delayd
@@ -510,7 +494,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 	}
 	if len(keys) == 0 {
 		s.cancelNotFound.Add(1)
-		return CancelReplyNotFound, nil
+		return contract.CancelReplyNotFound, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*cancelWaitRouted)
 	defer cancel()
@@ -551,11 +535,11 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 	for {
 		if ok && rec.gone {
 			s.cancelCancelled.Add(1)
-			return CancelReplyCancelled, nil // cancelled before
+			return contract.CancelReplyCancelled, nil // cancelled before
 		}
 		if !ok || rec.stream == "" {
 			s.cancelNotFound.Add(1)
-			return CancelReplyNotFound, nil
+			return contract.CancelReplyNotFound, nil
 		}
 		if rec.at > seen {
 			s.mu.Lock()
@@ -563,7 +547,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 			s.mu.Unlock()
 			if sc == nil {
 				s.cancelNotFound.Add(1)
-				return CancelReplyNotFound, nil
+				return contract.CancelReplyNotFound, nil
 			}
 			answer, err := sc.requestCancel(ctx, rec)
 			if err != nil {
@@ -572,13 +556,13 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 			switch answer {
 			case answerCancelled:
 				s.cancelCancelled.Add(1)
-				return CancelReplyCancelled, nil
+				return contract.CancelReplyCancelled, nil
 			case answerDelivered:
 				s.cancelDelivered.Add(1)
-				return CancelReplyDelivered, nil
+				return contract.CancelReplyDelivered, nil
 			case answerGone:
 				s.cancelNotFound.Add(1)
-				return CancelReplyNotFound, nil
+				return contract.CancelReplyNotFound, nil
 			case answerForwarded:
 				seen = rec.at
 			case answerRetry: // the level write is not stored yet: ask again

@@ -12,20 +12,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/levels"
 )
 
-// ErrTooLarge means a message no longer fits the server's max payload once
-// delayd's own headers are added.
-var ErrTooLarge = errors.New("message too large")
-
-// DLQ subjects and stream.
-const (
-	// DLQStream holds invalid and undeliverable messages.
-	DLQStream = "DELAYD_DLQ"
-	// DLQSubjectPrefix is followed by the reason: "delayd.dlq.level".
-	DLQSubjectPrefix = dlqSubjects
-)
+// DLQStream holds invalid and undeliverable messages, on the subjects
+// "delayd.dlq.<reason>" ([contract.DLQSubjectPrefix]).
+const DLQStream = "DELAYD_DLQ"
 
 // Reasons lists every dead-letter reason, for metrics labels.
 var Reasons = []string{ReasonLevel, ReasonTarget, ReasonSize, ReasonUndeliverable}
@@ -53,9 +46,10 @@ func (c *reasonCounts) snapshot() map[string]uint64 {
 // reasonOf maps an error to its dead-letter reason.
 func reasonOf(err error) string {
 	switch {
-	case errors.Is(err, ErrInvalidTarget), errors.Is(err, ErrForbiddenTarget), errors.Is(err, ErrDeniedTarget):
+	case errors.Is(err, contract.ErrInvalidTarget), errors.Is(err, contract.ErrForbiddenTarget), errors.Is(err, contract.ErrDeniedTarget):
 		return ReasonTarget
-	case errors.Is(err, levels.ErrMissingLevel), errors.Is(err, levels.ErrInvalidLevel), errors.Is(err, levels.ErrLevelOverflow):
+	case errors.Is(err, levels.ErrMissingLevel), errors.Is(err, levels.ErrInvalidLevel), errors.Is(err, levels.ErrLevelOverflow),
+		errors.Is(err, ErrInvalidDelay), errors.Is(err, ErrInvalidMergeKey):
 		return ReasonLevel
 	case errors.Is(err, ErrTooLarge):
 		return ReasonSize
@@ -75,22 +69,22 @@ func deadLetterMsg(subject string, h nats.Header, data []byte, reason error, id 
 	for k, v := range h {
 		switch {
 		case hasPrefixFold(k, "Nats-"):
-			if strings.EqualFold(k, HeaderNatsMsgID) && len(v) > 0 {
-				h[HeaderMsgID] = []string{v[0]}
+			if strings.EqualFold(k, contract.HeaderNatsMsgID) && len(v) > 0 {
+				h[contract.HeaderMsgID] = []string{v[0]}
 			}
 			delete(h, k)
 		case k == hdrMsgID: // the publisher's id, carried by a level message
 			if len(v) > 0 {
-				h[HeaderMsgID] = []string{v[0]}
+				h[contract.HeaderMsgID] = []string{v[0]}
 			}
 			delete(h, k)
 		case hasPrefixFold(k, hdrInternalPrefix):
 			delete(h, k)
 		}
 	}
-	h[HeaderError] = []string{oneLine(reason.Error())}
-	h[HeaderSubject] = []string{subject}
-	h[HeaderNatsMsgID] = []string{id}
+	h[contract.HeaderError] = []string{oneLine(reason.Error())}
+	h[contract.HeaderSubject] = []string{subject}
+	h[contract.HeaderNatsMsgID] = []string{id}
 	return &nats.Msg{Subject: dlqSubjects + reasonOf(reason), Header: h, Data: data}
 }
 
@@ -136,19 +130,19 @@ func publishDeadLetter(ctx context.Context, js jetstream.JetStream, dl *nats.Msg
 		if err == nil || !tooLarge(err) || attempt == 2 {
 			return err
 		}
-		reason := dl.Header.Get(HeaderError)
+		reason := dl.Header.Get(contract.HeaderError)
 		switch attempt {
 		case 0:
 			dl.Data = nil
-			dl.Header[HeaderError] = []string{reason + " (payload dropped: too large even for the dead-letter stream)"}
+			dl.Header[contract.HeaderError] = []string{reason + " (payload dropped: too large even for the dead-letter stream)"}
 		case 1:
 			keep := nats.Header{}
-			for _, k := range []string{HeaderError, HeaderSubject, HeaderNatsMsgID, HeaderMsgID} {
+			for _, k := range []string{contract.HeaderError, contract.HeaderSubject, contract.HeaderNatsMsgID, contract.HeaderMsgID} {
 				if v, ok := dl.Header[k]; ok {
 					keep[k] = v
 				}
 			}
-			keep[HeaderError] = []string{reason + "; user headers dropped: too large even for the dead-letter stream"}
+			keep[contract.HeaderError] = []string{reason + "; user headers dropped: too large even for the dead-letter stream"}
 			dl.Header = keep
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/offsets"
 )
 
@@ -49,12 +50,6 @@ const (
 	hopKeyPrefix     = "delayd-hop-key-v1."
 	hopKeyCheckLabel = "delayd hop-key v1\x00"
 )
-
-// ErrHopKey is wrapped by the error [Service.Run] returns when the hop
-// secret stored in the offsets bucket is not one delayd wrote: wrong
-// length, unknown format or failed integrity check. It is not retried:
-// running on with another secret would change every derived delivery id.
-var ErrHopKey = errors.New("hop secret is not one delayd wrote")
 
 // encodeHopKey returns the stored form of key.
 func encodeHopKey(key hopKey) []byte {
@@ -146,7 +141,7 @@ func decodeStoredHopKey(e jetstream.KeyValueEntry) (hopKey, error) {
 // mac is the MAC of a hop message's trusted fields.
 func (k hopKey) mac(subject string, h nats.Header) string {
 	m := hmac.New(sha256.New, k)
-	for _, v := range []string{subject, h.Get(hdrOrigin), h.Get(hdrHops), h.Get(hdrMsgID), h.Get(HeaderEnqueuedAt), h.Get(HeaderDeliverAt), h.Get(hdrMerge)} {
+	for _, v := range []string{subject, h.Get(hdrOrigin), h.Get(hdrHops), h.Get(hdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(contract.HeaderDeliverAt), h.Get(hdrMerge)} {
 		m.Write([]byte(v))
 		m.Write([]byte{0})
 	}

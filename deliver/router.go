@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -26,8 +27,6 @@ const (
 	RouterBatchDefault = 1024
 	// RouterConsumer is the durable name of the router's ingress consumer.
 	RouterConsumer = "delayd-router"
-	// MaxDelayDefault is the longest delay accepted by default: a week.
-	MaxDelayDefault = 168 * time.Hour
 
 	ingressAckWait = 30 * time.Second
 )
@@ -50,11 +49,11 @@ type RouterConfig struct {
 	Levels levels.Table
 
 	// Targets is the operator's target policy. Optional. Default allows all.
-	Targets TargetPolicy
+	Targets contract.TargetPolicy
 
 	// MaxDelay is the longest Delay-Duration, or Delay-Deliver-At ahead of
 	// the ingress store time, delayd accepts. Optional. Default
-	// [MaxDelayDefault].
+	// [contract.MaxDelayDefault].
 	MaxDelay time.Duration
 
 	// Replicas for a level stream the router has to recreate because it was
@@ -108,7 +107,7 @@ func (c *RouterConfig) setDefaults() {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.MaxDelay == 0 {
-		c.MaxDelay = MaxDelayDefault
+		c.MaxDelay = contract.MaxDelayDefault
 	}
 	if c.OnRouted == nil {
 		c.OnRouted = func(string, uint64) {}
@@ -125,7 +124,7 @@ func (c *RouterConfig) validate() error {
 	if c.MaxInFlight < 1 || c.Batch < 1 {
 		return errors.New("deliver: router: MaxInFlight and Batch must be positive")
 	}
-	if err := c.Targets.validate(); err != nil {
+	if err := c.Targets.Validate(); err != nil {
 		return fmt.Errorf("deliver: router: target policy: %w", err)
 	}
 	return nil
@@ -261,7 +260,7 @@ func (rt *routing) originalHeader() nats.Header {
 		return h
 	}
 	rt.shaped = false
-	for _, k := range []string{HeaderEnqueuedAt, HeaderDueAt, hdrIngress, hdrMsgID, jetstream.ExpectedLastSeqHeader} {
+	for _, k := range []string{contract.HeaderEnqueuedAt, contract.HeaderDueAt, hdrIngress, hdrMsgID, jetstream.ExpectedLastSeqHeader} {
 		delete(h, k)
 	}
 	for _, kv := range rt.removed[:rt.nRemoved] {
@@ -598,7 +597,7 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 				if !ok || ing < ingress.FirstSeq || seq > w.expected {
 					continue
 				}
-				due, _ := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderDueAt))
+				due, _ := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
 				_, hop := m.Header[hdrHopDue]
 				target := strings.TrimPrefix(m.Header.Get(hdrJSSubject), w.subject)
 				if key := levelKey(m.Header); key != "" {
@@ -667,11 +666,11 @@ func (r *Router) route(m *nats.Msg) {
 // empty or repeated value is invalid input.
 func mergeKeyOf(h nats.Header) (string, error) {
 	for k, v := range h {
-		if !strings.EqualFold(k, HeaderMergeKey) {
+		if !strings.EqualFold(k, contract.HeaderMergeKey) {
 			continue
 		}
 		if len(v) != 1 || strings.TrimSpace(v[0]) == "" {
-			return "", fmt.Errorf("%w: %s needs exactly one non-empty value", levels.ErrInvalidLevel, HeaderMergeKey)
+			return "", fmt.Errorf("%w: %s needs exactly one non-empty value", ErrInvalidMergeKey, contract.HeaderMergeKey)
 		}
 		return strings.TrimSpace(v[0]), nil
 	}
@@ -735,7 +734,7 @@ func (r *Router) placed(ctx context.Context, rec indexRecord, target, key string
 // delay decides); for Delay-Duration and Delay-Deliver-At it is the
 // requested time, and the level is the first stage of the cascade.
 func (r *Router) classify(m *nats.Msg, stored time.Time) (levels.Level, string, time.Time, error) {
-	target, err := Target(m.Subject, r.cfg.Prefix)
+	target, err := contract.Target(m.Subject, r.cfg.Prefix)
 	if err == nil {
 		err = r.cfg.Targets.Check(target)
 	}
@@ -748,7 +747,7 @@ func (r *Router) classify(m *nats.Msg, stored time.Time) (levels.Level, string, 
 		seen       [3]bool
 	)
 	for k, v := range m.Header {
-		for i, h := range [3]string{HeaderLevel, HeaderDuration, HeaderDeliverAt} {
+		for i, h := range [3]string{contract.HeaderLevel, contract.HeaderDuration, contract.HeaderDeliverAt} {
 			if !strings.EqualFold(k, h) {
 				continue
 			}
@@ -763,13 +762,13 @@ func (r *Router) classify(m *nats.Msg, stored time.Time) (levels.Level, string, 
 	}
 	switch {
 	case kinds == 0:
-		return levels.Level{}, "", time.Time{}, fmt.Errorf("%w: no %s, %s or %s header", levels.ErrMissingLevel, HeaderLevel, HeaderDuration, HeaderDeliverAt)
+		return levels.Level{}, "", time.Time{}, fmt.Errorf("%w: no %s, %s or %s header", levels.ErrMissingLevel, contract.HeaderLevel, contract.HeaderDuration, contract.HeaderDeliverAt)
 	case kinds > 1:
-		return levels.Level{}, "", time.Time{}, fmt.Errorf("%w: ambiguous: set exactly one of %s, %s and %s", levels.ErrInvalidLevel, HeaderLevel, HeaderDuration, HeaderDeliverAt)
+		return levels.Level{}, "", time.Time{}, fmt.Errorf("%w: ambiguous: set exactly one of %s, %s and %s", ErrInvalidDelay, contract.HeaderLevel, contract.HeaderDuration, contract.HeaderDeliverAt)
 	case n > 1:
-		return levels.Level{}, "", time.Time{}, fmt.Errorf("%w: %s has %d values, want one", levels.ErrInvalidLevel, key, n)
+		return levels.Level{}, "", time.Time{}, fmt.Errorf("%w: %s has %d values, want one", delayErr(key), key, n)
 	}
-	if key != HeaderLevel {
+	if key != contract.HeaderLevel {
 		due, err := r.requestedDue(key, strings.TrimSpace(value), stored)
 		if err != nil {
 			return levels.Level{}, "", time.Time{}, err
@@ -788,27 +787,36 @@ func (r *Router) classify(m *nats.Msg, stored time.Time) (levels.Level, string, 
 	return lvl, target, time.Time{}, nil
 }
 
+// delayErr is the sentinel for a bad value of the delay header key:
+// [levels.ErrInvalidLevel] for Delay-Level, [ErrInvalidDelay] for the others.
+func delayErr(key string) error {
+	if key == contract.HeaderLevel {
+		return levels.ErrInvalidLevel
+	}
+	return ErrInvalidDelay
+}
+
 // requestedDue parses a Delay-Duration or Delay-Deliver-At value.
 func (r *Router) requestedDue(key, value string, stored time.Time) (time.Time, error) {
 	var due time.Time
-	if key == HeaderDuration {
+	if key == contract.HeaderDuration {
 		d, err := time.ParseDuration(value)
 		switch {
 		case err != nil:
-			return due, fmt.Errorf("%w: %s %q is not a Go duration such as 90s or 36h", levels.ErrInvalidLevel, key, value)
+			return due, fmt.Errorf("%w: %s %q is not a Go duration such as 90s or 36h", ErrInvalidDelay, key, value)
 		case d < 0:
-			return due, fmt.Errorf("%w: %s %q is negative", levels.ErrInvalidLevel, key, value)
+			return due, fmt.Errorf("%w: %s %q is negative", ErrInvalidDelay, key, value)
 		}
 		due = stored.Add(d)
 	} else {
 		t, err := time.Parse(time.RFC3339Nano, value)
 		if err != nil {
-			return due, fmt.Errorf("%w: %s %q is not an RFC 3339 time", levels.ErrInvalidLevel, key, value)
+			return due, fmt.Errorf("%w: %s %q is not an RFC 3339 time", ErrInvalidDelay, key, value)
 		}
 		due = t
 	}
 	if due.Sub(stored) > r.cfg.MaxDelay {
-		return due, fmt.Errorf("%w: %s %q is beyond the longest delay %s (DELAYD_MAX_DELAY)", levels.ErrInvalidLevel, key, value, levels.FormatDuration(r.cfg.MaxDelay))
+		return due, fmt.Errorf("%w: %s %q is beyond the longest delay %s (DELAYD_MAX_DELAY)", ErrInvalidDelay, key, value, levels.FormatDuration(r.cfg.MaxDelay))
 	}
 	return due, nil
 }
@@ -855,12 +863,12 @@ func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
 	}
 	var userID, enqueued, hops string
 	if hop {
-		userID, enqueued, hops = h.Get(hdrMsgID), h.Get(HeaderEnqueuedAt), h.Get(hdrHops)
+		userID, enqueued, hops = h.Get(hdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(hdrHops)
 		rt.merge = h.Get(hdrMerge)
 	}
 	for k, v := range h {
-		if IsControlHeader(k) || IsInternalHeader(k) {
-			if !hop && strings.EqualFold(k, HeaderNatsMsgID) && len(v) > 0 {
+		if contract.IsControlHeader(k) || contract.IsInternalHeader(k) {
+			if !hop && strings.EqualFold(k, contract.HeaderNatsMsgID) && len(v) > 0 {
 				userID = v[0]
 			}
 			rt.remember(k, v)
@@ -868,7 +876,7 @@ func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
 		}
 	}
 	if enqueued == "" {
-		enqueued = FormatTime(stored)
+		enqueued = contract.FormatTime(stored)
 	}
 	levelDue := stored.Add(w.level.Delay)
 	switch {
@@ -878,10 +886,10 @@ func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
 		due = stored
 	case due.Before(stored): // a hop that arrives overdue (delayd was down): at once, due unchanged
 	case levelDue.Before(due) && w.level.Delay > 0: // more to wait after this level: it moves on
-		h[hdrHopDue] = []string{FormatTime(levelDue)}
+		h[hdrHopDue] = []string{contract.FormatTime(levelDue)}
 	}
-	h[HeaderEnqueuedAt] = []string{enqueued}
-	h[HeaderDueAt] = []string{FormatTime(due)}
+	h[contract.HeaderEnqueuedAt] = []string{enqueued}
+	h[contract.HeaderDueAt] = []string{contract.FormatTime(due)}
 	h[hdrIngress] = []string{r.ingressRef(rt.seq)}
 	if userID != "" {
 		h[hdrMsgID] = []string{userID}

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
 )
@@ -78,7 +79,7 @@ type ScannerConfig struct {
 	StartGrace time.Duration
 
 	// Prefix is delayd's ingress prefix, where a cascading message moves on
-	// to its next level. Optional. Default "delay".
+	// to its next level. Optional. Default [contract.PrefixDefault].
 	Prefix string
 
 	// OnDelivery is called for every delivery as it is published, with its
@@ -111,7 +112,7 @@ func (c *ScannerConfig) setDefaults() {
 		c.Clock = SystemClock
 	}
 	if c.Prefix == "" {
-		c.Prefix = "delay"
+		c.Prefix = contract.PrefixDefault
 	}
 	if c.Batch == 0 {
 		c.Batch = ScannerBatchDefault
@@ -798,11 +799,11 @@ func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time)
 	}
 	hops, _ := strconv.Atoi(h.Get(hdrHops))
 	hops++
-	userID, enqueued, merge := h.Get(hdrMsgID), h.Get(HeaderEnqueuedAt), h.Get(hdrMerge)
+	userID, enqueued, merge := h.Get(hdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(hdrMerge)
 	stripInternal(h)
-	delete(h, HeaderDueAt)
-	h[HeaderDeliverAt] = []string{FormatTime(due)}
-	h[HeaderEnqueuedAt] = []string{enqueued}
+	delete(h, contract.HeaderDueAt)
+	h[contract.HeaderDeliverAt] = []string{contract.FormatTime(due)}
+	h[contract.HeaderEnqueuedAt] = []string{enqueued}
 	h[hdrOrigin] = []string{origin}
 	h[hdrHops] = []string{strconv.Itoa(hops)}
 	if userID != "" {
@@ -811,7 +812,7 @@ func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time)
 	if merge != "" {
 		h[hdrMerge] = []string{merge}
 	}
-	h[HeaderNatsMsgID] = []string{s.cfg.hopKey.hopID(origin, hops)}
+	h[contract.HeaderNatsMsgID] = []string{s.cfg.hopKey.hopID(origin, hops)}
 	m.Subject, m.Reply, m.Sub = s.cfg.Prefix+"."+target, "", nil
 	s.cfg.hopKey.sign(m.Subject, h)
 	fut, err := s.js.PublishMsgAsync(m)
@@ -855,10 +856,10 @@ func (s *Scanner) quiesce(ctx context.Context, idle bool) bool {
 // time plus the stream's delay, never earlier than the contract's due.
 func (s *Scanner) parse(m *nats.Msg, stored time.Time) (string, time.Time) {
 	target := strings.TrimPrefix(m.Subject, s.subject)
-	due, err := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderDueAt))
+	due, err := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
 	if err != nil {
 		due = stored.Add(s.delay)
-		s.logger.Warn("level message without a valid due time; using its store time plus the level's delay", slog.String("value", m.Header.Get(HeaderDueAt)))
+		s.logger.Warn("level message without a valid due time; using its store time plus the level's delay", slog.String("value", m.Header.Get(contract.HeaderDueAt)))
 	}
 	return target, due
 }
@@ -885,10 +886,10 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 	hops := h.Get(hdrHops)
 	stripInternal(h)
 	if id != "" {
-		h[HeaderNatsMsgID] = []string{id}
+		h[contract.HeaderNatsMsgID] = []string{id}
 	}
 	if hops != "" {
-		h[HeaderHops] = []string{hops}
+		h[contract.HeaderHops] = []string{hops}
 	}
 	m.Subject, m.Reply, m.Sub = target, "", nil
 	d := delivery{seq: seq, target: target}
@@ -1077,10 +1078,6 @@ func (s *Scanner) failed(ctx context.Context, d delivery, err error) {
 	s.backoff.sleep(ctx)
 }
 
-// ErrPermissionDenied means the server refused delayd's publish to the
-// target: delayd's NATS user may not publish there.
-var ErrPermissionDenied = errors.New("permission denied")
-
 // permanent reports whether a target's refusal will not change on retry:
 // too large for it, or not permitted.
 func permanent(err error) bool { return tooLarge(err) || errors.Is(err, ErrPermissionDenied) }
@@ -1092,7 +1089,7 @@ func permanent(err error) bool { return tooLarge(err) || errors.Is(err, ErrPermi
 // reach a target except the Nats-Msg-Id the caller sets.
 func stripInternal(h nats.Header) {
 	for k := range h {
-		if IsInternalHeader(k) {
+		if contract.IsInternalHeader(k) {
 			delete(h, k)
 		}
 	}
@@ -1105,14 +1102,14 @@ func stripInternal(h nats.Header) {
 func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reason error) {
 	id := m.Header.Get(hdrIngress)
 	if id == "" {
-		id = m.Header.Get(HeaderNatsMsgID) // already prepared for delivery
+		id = m.Header.Get(contract.HeaderNatsMsgID) // already prepared for delivery
 	}
 	subject := strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)
 	if subject == "" {
 		subject = m.Subject
 	}
 	_, hopping := m.Header[hdrHopDue]
-	hopping = hopping || m.Header.Get(HeaderDeliverAt) != "" // prepared to move on (forward)
+	hopping = hopping || m.Header.Get(contract.HeaderDeliverAt) != "" // prepared to move on (forward)
 	key, merge := levelKey(m.Header), m.Header.Get(hdrMerge)
 	dl := deadLetterMsg(subject, m.Header, m.Data, reason, id)
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)

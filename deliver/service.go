@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
 )
@@ -41,10 +42,10 @@ type Config struct {
 
 	// Targets is the operator's allow and deny lists of target subject
 	// patterns; deny wins. Optional. Default allows every valid target.
-	Targets TargetPolicy
+	Targets contract.TargetPolicy
 
 	// MaxDelay is the longest Delay-Duration or Delay-Deliver-At accepted.
-	// Optional. Default [MaxDelayDefault].
+	// Optional. Default [contract.MaxDelayDefault].
 	MaxDelay time.Duration
 
 	// Replicas for every stream delayd creates. Optional. Default 1.
@@ -121,7 +122,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if cfg.Replicas < 1 {
 		return nil, fmt.Errorf("deliver: replicas %d: must be at least 1", cfg.Replicas)
 	}
-	if err := cfg.Targets.validate(); err != nil {
+	if err := cfg.Targets.Validate(); err != nil {
 		return nil, fmt.Errorf("deliver: target policy: %w", err)
 	}
 	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger, targets: NewTargetIndex(nc, mustJS(nc, 0), cfg.Logger)}, nil

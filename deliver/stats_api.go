@@ -8,13 +8,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-)
 
-// StatsSubject is the stats API (NATS request/reply): any request is
-// answered with a [StatsReply] as JSON. delayctl's stats and watch commands
-// read the process counters here; the rest of their columns come from the
-// streams themselves.
-const StatsSubject = "delayd.api.stats"
+	"github.com/delayd/delayd/contract"
+)
 
 // StatsReply is the stats API's reply: this delayd process's counters since
 // it started. Counters are per process; they start at 0 on every start.
@@ -49,7 +45,7 @@ type LevelStats struct {
 	OldestDueAgeSeconds float64 `json:"oldest_due_age_seconds"`
 }
 
-// StartStatsAPI subscribes to [StatsSubject] on the service's connection and
+// StartStatsAPI subscribes to [contract.StatsSubject] on the service's connection and
 // answers every request with the service's [StatsReply]. A reply costs
 // O(levels) and reads atomic counters only. It may be called before Run (the
 // reply then has no levels). stop unsubscribes.
@@ -59,7 +55,7 @@ type LevelStats struct {
 func (s *Service) StartStatsAPI() (stop func() error, err error) {
 	started := time.Now().UTC()
 	pid := os.Getpid()
-	sub, err := s.nc.Subscribe(StatsSubject, func(m *nats.Msg) {
+	sub, err := s.nc.Subscribe(contract.StatsSubject, func(m *nats.Msg) {
 		if m.Reply == "" {
 			return
 		}
@@ -87,7 +83,7 @@ func (s *Service) StartStatsAPI() (stop func() error, err error) {
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("deliver: stats API: subscribe %s: %w", StatsSubject, err)
+		return nil, fmt.Errorf("deliver: stats API: subscribe %s: %w", contract.StatsSubject, err)
 	}
 	return sub.Unsubscribe, nil
 }
@@ -99,6 +95,6 @@ func LevelDue(h nats.Header) (due time.Time, ok bool) {
 	if t, err := time.Parse(time.RFC3339Nano, h.Get(hdrHopDue)); err == nil {
 		return t, true
 	}
-	t, err := time.Parse(time.RFC3339Nano, h.Get(HeaderDueAt))
+	t, err := time.Parse(time.RFC3339Nano, h.Get(contract.HeaderDueAt))
 	return t, err == nil
 }

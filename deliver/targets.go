@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/contract"
 )
 
 // targetIndexRefresh is how often the index re-lists streams even without an
@@ -68,7 +70,7 @@ func (t *TargetIndex) bound(subject string) bool {
 	defer t.mu.Unlock()
 	b = false
 	for _, p := range t.patterns {
-		if subjectMatches(p, subject) {
+		if contract.MatchSubject(p, subject) {
 			b = true
 			break
 		}
@@ -178,30 +180,4 @@ func (t *TargetIndex) refused(subject string) bool {
 	at, ok := t.denied[subject]
 	t.mu.RUnlock()
 	return ok && time.Since(at) < deniedFor
-}
-
-// subjectMatches reports whether the literal subject matches pattern, which
-// may hold '*' and '>' wildcard tokens (NATS subject semantics).
-func subjectMatches(pattern, subject string) bool {
-	for {
-		pi := strings.IndexByte(pattern, '.')
-		si := strings.IndexByte(subject, '.')
-		ptok, stok := pattern, subject
-		if pi >= 0 {
-			ptok = pattern[:pi]
-		}
-		if si >= 0 {
-			stok = subject[:si]
-		}
-		if ptok == ">" {
-			return true
-		}
-		if ptok != "*" && ptok != stok {
-			return false
-		}
-		if pi < 0 || si < 0 {
-			return pi < 0 && si < 0
-		}
-		pattern, subject = pattern[pi+1:], subject[si+1:]
-	}
 }

@@ -28,6 +28,7 @@ import (
 
 	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/config"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
@@ -119,7 +120,7 @@ func secMustConnect(t *testing.T, env map[string]string) *nats.Conn {
 }
 
 // secRunDelayd runs a delayd service with levels "1s" on nc and waits until it is ready.
-func secRunDelayd(t *testing.T, nc *nats.Conn, policy deliver.TargetPolicy) *deliver.Service {
+func secRunDelayd(t *testing.T, nc *nats.Conn, policy contract.TargetPolicy) *deliver.Service {
 	t.Helper()
 	svc, err := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("1s"), Targets: policy, Logger: testLogger(t)})
 	if err != nil {
@@ -193,7 +194,7 @@ func TestAuthUserPassword(t *testing.T) {
 		"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": "delayd", "DELAYD_NATS_PASSWORD": secPassword,
 	}
 	nc := secMustConnect(t, env)
-	secRunDelayd(t, nc, deliver.TargetPolicy{})
+	secRunDelayd(t, nc, contract.TargetPolicy{})
 	client := secMustConnect(t, env)
 	secExpectDelivery(t, client, client, "orders.close")
 
@@ -219,7 +220,7 @@ func TestAuthToken(t *testing.T) {
 	srv := secServer(t, func(o *server.Options) { o.Authorization = secToken })
 	env := map[string]string{"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_TOKEN": secToken}
 	nc := secMustConnect(t, env)
-	secRunDelayd(t, nc, deliver.TargetPolicy{})
+	secRunDelayd(t, nc, contract.TargetPolicy{})
 	secExpectDelivery(t, nc, secMustConnect(t, env), "orders.close")
 
 	env["DELAYD_NATS_TOKEN"] = "wrong"
@@ -289,7 +290,7 @@ func TestAuthCreds(t *testing.T) {
 	}
 	env := map[string]string{"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_CREDS": creds(user, account)}
 	nc := secMustConnect(t, env)
-	secRunDelayd(t, nc, deliver.TargetPolicy{})
+	secRunDelayd(t, nc, contract.TargetPolicy{})
 	secExpectDelivery(t, nc, secMustConnect(t, env), "orders.close")
 
 	// A user signed by an account the server does not know is refused.
@@ -315,7 +316,7 @@ func TestAuthNKeySeed(t *testing.T) {
 	}
 	env := map[string]string{"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_NKEY_SEED": path}
 	nc := secMustConnect(t, env)
-	secRunDelayd(t, nc, deliver.TargetPolicy{})
+	secRunDelayd(t, nc, contract.TargetPolicy{})
 	secExpectDelivery(t, nc, secMustConnect(t, env), "orders.close")
 
 	other, err := secKey(t, nkeys.CreateUser).Seed()
@@ -368,7 +369,7 @@ func TestAuthTLS(t *testing.T) {
 	if err != nil || !state.HandshakeComplete || len(state.PeerCertificates) == 0 || state.PeerCertificates[0].Subject.CommonName != "nats-server" {
 		t.Fatalf("connection TLS state = %+v, %v; want a completed handshake with the test server", state, err)
 	}
-	secRunDelayd(t, nc, deliver.TargetPolicy{})
+	secRunDelayd(t, nc, contract.TargetPolicy{})
 	secExpectDelivery(t, nc, secMustConnect(t, env), "orders.close")
 
 	t.Run("without client certificate", func(t *testing.T) {
@@ -565,14 +566,14 @@ func TestAuthREADMEPermissions(t *testing.T) {
 		asyncErrs = append(asyncErrs, err)
 		mu.Unlock()
 	})
-	svc := secRunDelayd(t, delayd, deliver.TargetPolicy{Allow: []string{"orders.>", "billing.>"}})
+	svc := secRunDelayd(t, delayd, contract.TargetPolicy{Allow: []string{"orders.>", "billing.>"}})
 	stopStats, err := svc.StartStatsAPI()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = stopStats() }()
 	// The stats API answers under these permissions (asked here by the delayd user itself).
-	if m, err := delayd.Request(deliver.StatsSubject, nil, 5*time.Second); err != nil || !strings.Contains(string(m.Data), `"levels"`) {
+	if m, err := delayd.Request(contract.StatsSubject, nil, 5*time.Second); err != nil || !strings.Contains(string(m.Data), `"levels"`) {
 		t.Errorf("stats API under the README's permissions: %v", err)
 	}
 
@@ -631,7 +632,7 @@ func TestAuthREADMECancelScope(t *testing.T) {
 		"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": "delayd", "DELAYD_NATS_PASSWORD": delaydPassword,
 	})
 	svc, err := deliver.New(dnc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("1s 1h"),
-		Targets: deliver.TargetPolicy{Allow: []string{"orders.>", "billing.>"}}, Logger: testLogger(t)})
+		Targets: contract.TargetPolicy{Allow: []string{"orders.>", "billing.>"}}, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/internal/natstest"
 )
@@ -63,7 +64,7 @@ func TestCancelDeadLetteredHop(t *testing.T) {
 	var ids []string
 	for k := 160; k <= 232; k += 8 { // sizes around the limit of a hop
 		id := fmt.Sprintf("big-%d", k)
-		hdr := nats.Header{deliver.HeaderDuration: []string{"1500ms"}, "Nats-Msg-Id": []string{id}, deliver.HeaderMergeKey: []string{id}}
+		hdr := nats.Header{contract.HeaderDuration: []string{"1500ms"}, "Nats-Msg-Id": []string{id}, contract.HeaderMergeKey: []string{id}}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: "delay.big." + id, Data: bytes.Repeat([]byte("a"), 8192-120-k), Header: hdr})
 		cancel()
@@ -76,7 +77,7 @@ func TestCancelDeadLetteredHop(t *testing.T) {
 	})
 	var dead []string
 	for _, m := range b.streamMsgs(deliver.DLQStream) {
-		dead = append(dead, strings.TrimPrefix(m.Header.Get(deliver.HeaderSubject), "delay.big."))
+		dead = append(dead, strings.TrimPrefix(m.Header.Get(contract.HeaderSubject), "delay.big."))
 	}
 	if len(dead) == 0 {
 		t.Fatal("no hop was too large: the sizes no longer straddle the limit")
@@ -89,7 +90,7 @@ func TestCancelDeadLetteredHop(t *testing.T) {
 		if err != nil || r != delayd.NotFound {
 			t.Errorf("cancel of dead-lettered %s: %q %v after %s, want not found", id, r, err, time.Since(began).Round(time.Millisecond))
 		}
-		b.publish("delay.big."+id, []byte("second"), nats.Header{deliver.HeaderDuration: []string{"100ms"}, deliver.HeaderMergeKey: []string{id}})
+		b.publish("delay.big."+id, []byte("second"), nats.Header{contract.HeaderDuration: []string{"100ms"}, contract.HeaderMergeKey: []string{id}})
 	}
 	waitFor(t, 10*time.Second, "the later messages with their keys delivered", func() bool {
 		n := 0

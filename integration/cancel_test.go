@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 )
 
@@ -26,6 +28,19 @@ func (b *testBundle) cancel(id string) delayd.CancelResult {
 		b.t.Fatalf("cancel %q: %v", id, err)
 	}
 	return r
+}
+
+// wantCancelReply sends a raw cancel request for id on the unscoped subject
+// and checks the reply's body and Delay-Status code.
+func (b *testBundle) wantCancelReply(id, body, status string) {
+	b.t.Helper()
+	m, err := b.nc.Request(delayd.CancelSubject, []byte(id), 15*time.Second)
+	if err != nil {
+		b.t.Fatalf("cancel %q: %v", id, err)
+	}
+	if string(m.Data) != body || m.Header.Get(contract.HeaderStatus) != status {
+		b.t.Errorf("cancel %q: body %q %s %q, want %q %q", id, m.Data, contract.HeaderStatus, m.Header.Get(contract.HeaderStatus), body, status)
+	}
 }
 
 // TestCancel: of 100 pending messages, the 50 cancelled are never
@@ -73,6 +88,9 @@ func TestCancel(t *testing.T) {
 	if m, err := b.nc.Request(delayd.CancelSubject, []byte(" "), 5*time.Second); err != nil || string(m.Data) != "not found" {
 		t.Errorf("cancel with an empty id: %v %v, want not found", m, err)
 	}
+	// Each answer's body is its text and its Delay-Status its code.
+	b.wantCancelReply(ids[1], "cancelled", "200")
+	b.wantCancelReply("no-such-id", "not found", "404")
 
 	c.wait(t, 50, 15*time.Second)
 	time.Sleep(500 * time.Millisecond) // nothing else may follow
@@ -91,6 +109,7 @@ func TestCancel(t *testing.T) {
 	if r := b.cancel(ids[3]); r != delayd.AlreadyDelivered {
 		t.Errorf("cancel of a delivered message by publisher id: %q, want already delivered", r)
 	}
+	b.wantCancelReply(ids[2], "already delivered", "409")
 	var n uint64
 	_, ss := b.svc.Stats()
 	for _, s := range ss {
@@ -110,11 +129,11 @@ func TestCancelCascade(t *testing.T) {
 	b := setup(t)
 	b.startDelayd("200ms 500ms")
 	c := b.collect("cascade.cancel")
-	hdr := nats.Header{deliver.HeaderDuration: []string{"1500ms"}}
+	hdr := nats.Header{contract.HeaderDuration: []string{"1500ms"}}
 	hop := strconv.FormatUint(b.publish("delay.cascade.cancel", []byte("hop"), hdr), 10)
-	hdr = nats.Header{deliver.HeaderDuration: []string{"1500ms"}, "Nats-Msg-Id": []string{"restart-1"}}
+	hdr = nats.Header{contract.HeaderDuration: []string{"1500ms"}, "Nats-Msg-Id": []string{"restart-1"}}
 	b.publish("delay.cascade.cancel", []byte("restart"), hdr)
-	keep := b.publish("delay.cascade.cancel", []byte("keep"), nats.Header{deliver.HeaderDuration: []string{"1500ms"}})
+	keep := b.publish("delay.cascade.cancel", []byte("keep"), nats.Header{contract.HeaderDuration: []string{"1500ms"}})
 	time.Sleep(700 * time.Millisecond) // past the first hop
 	if r := b.cancel(hop); r != delayd.Cancelled {
 		t.Fatalf("cancel after a hop: %q", r)
@@ -189,7 +208,7 @@ func TestMerge(t *testing.T) {
 	start := time.Now()
 	for i := range 1000 {
 		hdr := level(1)
-		hdr.Set(deliver.HeaderMergeKey, "user-"+strconv.Itoa(i%10))
+		hdr.Set(contract.HeaderMergeKey, "user-"+strconv.Itoa(i%10))
 		b.publish("delay.merge.x", []byte(strconv.Itoa(i)), hdr)
 	}
 	t.Logf("published 1,000 in %s", time.Since(start))
@@ -204,11 +223,11 @@ func TestMerge(t *testing.T) {
 		if i >= 10 {
 			t.Errorf("delivered message %d: want the first of its key (0..9)", i)
 		}
-		enq, due := parseTime(t, m.Header, deliver.HeaderEnqueuedAt), parseTime(t, m.Header, deliver.HeaderDueAt)
+		enq, due := parseTime(t, m.Header, contract.HeaderEnqueuedAt), parseTime(t, m.Header, contract.HeaderDueAt)
 		if due.Sub(enq) != 3*time.Second || m.Time.Before(due) {
 			t.Errorf("message %d: enqueued %v due %v delivered %v", i, enq, due, m.Time)
 		}
-		if m.Header.Get(deliver.HeaderMergeKey) != "" {
+		if m.Header.Get(contract.HeaderMergeKey) != "" {
 			t.Errorf("message %d: Delay-Merge-Key delivered", i)
 		}
 	}
@@ -218,7 +237,7 @@ func TestMerge(t *testing.T) {
 	}
 	// The key is free again: a new message is delivered on its own.
 	hdr := level(1)
-	hdr.Set(deliver.HeaderMergeKey, "user-0")
+	hdr.Set(contract.HeaderMergeKey, "user-0")
 	b.publish("delay.merge.x", []byte("again"), hdr)
 	waitFor(t, 10*time.Second, "the key free again", func() bool { return b.streamCount("MERGE") == 11 })
 }
@@ -244,6 +263,18 @@ func TestCancelNumericIDs(t *testing.T) {
 		m, err := b.nc.Request(delayd.CancelSubject, []byte(id), 10*time.Second)
 		if err != nil || !strings.HasPrefix(string(m.Data), "error: ambiguous id") {
 			t.Fatalf("cancel %s: %v %v, want an ambiguous id error", id, m, err)
+		}
+		if got := m.Header.Get(contract.HeaderStatus); got != "400" {
+			t.Errorf("cancel %s: %s %q, want 400", id, contract.HeaderStatus, got)
+		}
+		// A Go caller gets it as a typed error, with the reply's text.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r, err := delayd.CancelAny(ctx, b.nc, id)
+		cancel()
+		if r != "" || !errors.Is(err, delayd.ErrAmbiguousID) || !errors.Is(err, delayd.ErrCancelReply) || errors.Is(err, delayd.ErrRouterBehind) {
+			t.Errorf("CancelAny(%s) = %q, %v; want ErrAmbiguousID and ErrCancelReply", id, r, err)
+		} else if want := "delayd: unexpected cancel reply: " + strconv.Quote(string(m.Data)); err.Error() != want {
+			t.Errorf("CancelAny(%s) error %q, want %q", id, err, want)
 		}
 	}
 	for id, want := range map[string]delayd.CancelResult{"seq:2": delayd.Cancelled, "id:3": delayd.Cancelled, "77": delayd.Cancelled, "seq:77": delayd.NotFound, "id:1": delayd.NotFound, "id:seq:1": delayd.Cancelled} {
@@ -280,7 +311,7 @@ func TestMergeAfterRestart(t *testing.T) {
 	}
 	<-b.js.PublishAsyncComplete()
 	hdr := level(2)
-	hdr.Set(deliver.HeaderMergeKey, "k")
+	hdr.Set(contract.HeaderMergeKey, "k")
 	b.publish("delay.mr.x", []byte("first"), hdr)
 	waitFor(t, 30*time.Second, "routing", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
 	b.stopDelayd()
@@ -315,7 +346,7 @@ func TestForgedHopHeaders(t *testing.T) {
 		t.Errorf("forged message delivered with Nats-Msg-Id %q, want its own derived id", id)
 	}
 	for k := range m.Header {
-		if strings.HasPrefix(k, "Delayd-") || k == deliver.HeaderHops {
+		if strings.HasPrefix(k, "Delayd-") || k == contract.HeaderHops {
 			t.Errorf("header %s delivered", k)
 		}
 	}
@@ -332,13 +363,13 @@ func TestMergeCancelledCascade(t *testing.T) {
 	b := setup(t)
 	b.startDelayd("200ms 500ms")
 	c := b.collect("mcc.x")
-	hdr := nats.Header{deliver.HeaderDuration: []string{"1500ms"}, deliver.HeaderMergeKey: []string{"k"}}
+	hdr := nats.Header{contract.HeaderDuration: []string{"1500ms"}, contract.HeaderMergeKey: []string{"k"}}
 	first := b.publish("delay.mcc.x", []byte("first"), hdr)
 	time.Sleep(700 * time.Millisecond) // past its first hop
 	if r := b.cancel(fmt.Sprint(first)); r != delayd.Cancelled {
 		t.Fatalf("cancel first: %q", r)
 	}
-	hdr = nats.Header{"Delay-Level": []string{"1"}, deliver.HeaderMergeKey: []string{"k"}}
+	hdr = nats.Header{"Delay-Level": []string{"1"}, contract.HeaderMergeKey: []string{"k"}}
 	b.publish("delay.mcc.x", []byte("second"), hdr)
 	c.wait(t, 1, 10*time.Second)
 	time.Sleep(1500 * time.Millisecond) // the first's due time passes
@@ -357,7 +388,7 @@ func TestMergeIntoCancelledHopAfterCommit(t *testing.T) {
 	b := setup(t)
 	b.startDelayd("200ms 500ms")
 	c := b.collect("mch.x")
-	hdr := nats.Header{deliver.HeaderDuration: []string{"6s"}, deliver.HeaderMergeKey: []string{"k"}}
+	hdr := nats.Header{contract.HeaderDuration: []string{"6s"}, contract.HeaderMergeKey: []string{"k"}}
 	first := b.publish("delay.mch.x", []byte("first"), hdr)
 	time.Sleep(700 * time.Millisecond)
 	if r := b.cancel(fmt.Sprint(first)); r != delayd.Cancelled {
@@ -368,7 +399,7 @@ func TestMergeIntoCancelledHopAfterCommit(t *testing.T) {
 		time.Sleep(600 * time.Millisecond)
 	}
 	waitFor(t, 10*time.Second, "the tombstone deleted", func() bool { return b.streamCount(deliver.CancelStream) == 0 })
-	b.publish("delay.mch.x", []byte("second"), nats.Header{"Delay-Level": []string{"1"}, deliver.HeaderMergeKey: []string{"k"}})
+	b.publish("delay.mch.x", []byte("second"), nats.Header{"Delay-Level": []string{"1"}, contract.HeaderMergeKey: []string{"k"}})
 	got := c.wait(t, 1, 10*time.Second)
 	if string(got[0].msg.Data) != "second" {
 		t.Errorf("delivered %q, want second", got[0].msg.Data)
@@ -392,7 +423,7 @@ func TestHopIDNotGuessable(t *testing.T) {
 		t.Fatal(err)
 	}
 	created := info.CachedInfo().Created.UnixNano()
-	seq := b.publish("delay.squat.victim", []byte("victim"), nats.Header{deliver.HeaderDuration: []string{"1500ms"}})
+	seq := b.publish("delay.squat.victim", []byte("victim"), nats.Header{contract.HeaderDuration: []string{"1500ms"}})
 	for _, id := range []string{fmt.Sprintf("delayd-%d-%d-hop1", created, seq), fmt.Sprintf("delayd-%d-%d", created, seq)} {
 		hdr := level(0)
 		hdr.Set("Nats-Msg-Id", id)

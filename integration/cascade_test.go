@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 )
 
@@ -54,11 +55,11 @@ func anyDelay(t *testing.T, table string, smallest time.Duration, n, spread int)
 		hdr := nats.Header{"Nats-Msg-Id": []string{id}}
 		if i%3 == 0 {
 			at := time.Now().Add(time.Duration(rng.IntN(spread+500)-500) * time.Millisecond) // some in the past
-			hdr.Set(deliver.HeaderDeliverAt, at.UTC().Format(time.RFC3339Nano))
+			hdr.Set(contract.HeaderDeliverAt, at.UTC().Format(time.RFC3339Nano))
 			wants[id] = want{due: at}
 		} else {
 			d := time.Duration(rng.IntN(spread)) * time.Millisecond
-			hdr.Set(deliver.HeaderDuration, d.String())
+			hdr.Set(contract.HeaderDuration, d.String())
 			wants[id] = want{d: d, byDur: true}
 		}
 		b.publish("delay.any.x", []byte(id), hdr)
@@ -77,8 +78,8 @@ func anyDelay(t *testing.T, table string, smallest time.Duration, n, spread int)
 		if !ok {
 			t.Fatalf("unexpected delivery %q", id)
 		}
-		enq := parseTime(t, m.Header, deliver.HeaderEnqueuedAt)
-		due := parseTime(t, m.Header, deliver.HeaderDueAt)
+		enq := parseTime(t, m.Header, contract.HeaderEnqueuedAt)
+		due := parseTime(t, m.Header, contract.HeaderDueAt)
 		asked := w.due
 		if w.byDur {
 			asked = enq.Add(w.d)
@@ -93,10 +94,10 @@ func anyDelay(t *testing.T, table string, smallest time.Duration, n, spread int)
 			t.Errorf("%s delivered %s early", id, due.Sub(m.Time))
 		}
 		late = append(late, m.Time.Sub(due))
-		if m.Header.Get(deliver.HeaderHops) != "" {
+		if m.Header.Get(contract.HeaderHops) != "" {
 			hopped++
 		}
-		for _, k := range []string{deliver.HeaderDuration, deliver.HeaderDeliverAt, "Delayd-Origin", "Delayd-Hops", "Delayd-Hop-Due"} {
+		for _, k := range []string{contract.HeaderDuration, contract.HeaderDeliverAt, "Delayd-Origin", "Delayd-Hops", "Delayd-Hop-Due"} {
 			if m.Header.Get(k) != "" {
 				t.Errorf("%s: control header %s reached the target", id, k)
 			}
@@ -124,22 +125,22 @@ func TestAnyDelayInvalid(t *testing.T) {
 	b := setup(t)
 	b.startDelayd("100ms 1s", func(c *deliver.Config) { c.MaxDelay = time.Hour })
 	cases := []nats.Header{
-		{deliver.HeaderLevel: {"1"}, deliver.HeaderDuration: {"1s"}},
-		{deliver.HeaderDuration: {"1s"}, deliver.HeaderDeliverAt: {time.Now().Format(time.RFC3339)}},
-		{deliver.HeaderDuration: {"-1s"}},
-		{deliver.HeaderDuration: {"soon"}},
-		{deliver.HeaderDuration: {"2h"}}, // beyond MaxDelay
-		{deliver.HeaderDeliverAt: {"tomorrow"}},
-		{deliver.HeaderDeliverAt: {time.Now().Add(2 * time.Hour).UTC().Format(time.RFC3339)}},
-		{deliver.HeaderDuration: {"1s", "2s"}},
+		{contract.HeaderLevel: {"1"}, contract.HeaderDuration: {"1s"}},
+		{contract.HeaderDuration: {"1s"}, contract.HeaderDeliverAt: {time.Now().Format(time.RFC3339)}},
+		{contract.HeaderDuration: {"-1s"}},
+		{contract.HeaderDuration: {"soon"}},
+		{contract.HeaderDuration: {"2h"}}, // beyond MaxDelay
+		{contract.HeaderDeliverAt: {"tomorrow"}},
+		{contract.HeaderDeliverAt: {time.Now().Add(2 * time.Hour).UTC().Format(time.RFC3339)}},
+		{contract.HeaderDuration: {"1s", "2s"}},
 	}
 	for i, h := range cases {
 		b.publish("delay.bad.x"+strconv.Itoa(i), []byte(fmt.Sprint(h)), h)
 	}
 	waitFor(t, 10*time.Second, "every case dead-lettered", func() bool { return b.streamCount(deliver.DLQStream) >= uint64(len(cases)) })
 	for _, m := range b.streamMsgs(deliver.DLQStream) {
-		if m.Subject != "delayd.dlq.level" || m.Header.Get(deliver.HeaderError) == "" {
-			t.Errorf("%s: dead letter on %s with Delay-Error %q", m.Data, m.Subject, m.Header.Get(deliver.HeaderError))
+		if m.Subject != "delayd.dlq.level" || m.Header.Get(contract.HeaderError) == "" {
+			t.Errorf("%s: dead letter on %s with Delay-Error %q", m.Data, m.Subject, m.Header.Get(contract.HeaderError))
 		}
 	}
 }
@@ -154,7 +155,7 @@ func TestCascadeRestart(t *testing.T) {
 	b.startDelayd(table)
 	const n = 50
 	for i := range n {
-		h := nats.Header{deliver.HeaderDuration: {"1500ms"}}
+		h := nats.Header{contract.HeaderDuration: {"1500ms"}}
 		if i%2 == 0 {
 			h.Set("Nats-Msg-Id", "cas-"+strconv.Itoa(i))
 		}
@@ -172,10 +173,10 @@ func TestCascadeRestart(t *testing.T) {
 	ids := map[string]int{}
 	for _, m := range b.streamMsgs("CASCADECAP") {
 		ids[m.Header.Get("Nats-Msg-Id")]++
-		if due := parseTime(t, m.Header, deliver.HeaderDueAt); m.Time.Before(due) {
+		if due := parseTime(t, m.Header, contract.HeaderDueAt); m.Time.Before(due) {
 			t.Errorf("%s delivered %s early", m.Data, due.Sub(m.Time))
 		}
-		if d := parseTime(t, m.Header, deliver.HeaderDueAt).Sub(parseTime(t, m.Header, deliver.HeaderEnqueuedAt)); d != 1500*time.Millisecond {
+		if d := parseTime(t, m.Header, contract.HeaderDueAt).Sub(parseTime(t, m.Header, contract.HeaderEnqueuedAt)); d != 1500*time.Millisecond {
 			t.Errorf("%s: due − enqueued = %s, want 1.5s across the hops", m.Data, d)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 )
 
@@ -64,7 +65,7 @@ func TestClockStep(t *testing.T) {
 			const tooLate = 5 * time.Second
 			var latest time.Duration
 			for _, m := range b.streamMsgs("STEP") {
-				due := parseTime(t, m.Header, deliver.HeaderDueAt)
+				due := parseTime(t, m.Header, contract.HeaderDueAt)
 				if m.Time.Before(due) {
 					t.Errorf("stream delivery %s stored %s before its due, wall clock stepped %s", m.Data, due.Sub(m.Time), step)
 				}
@@ -74,7 +75,7 @@ func TestClockStep(t *testing.T) {
 				}
 			}
 			for _, r := range core.snapshot() {
-				due := parseTime(t, r.msg.Header, deliver.HeaderDueAt)
+				due := parseTime(t, r.msg.Header, contract.HeaderDueAt)
 				if r.at.Before(due) {
 					t.Errorf("core delivery %s received %s before its due, wall clock stepped %s", r.msg.Data, due.Sub(r.at), step)
 				}

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 )
 
@@ -110,7 +111,7 @@ func TestKill9(t *testing.T) {
 	sub, err := b.nc.Subscribe("kill.>", func(m *nats.Msg) {
 		now := time.Now()
 		coreTotal.Add(1)
-		if due, err := time.Parse(time.RFC3339Nano, m.Header.Get(deliver.HeaderDueAt)); err != nil || now.Before(due) {
+		if due, err := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt)); err != nil || now.Before(due) {
 			early.Add(1)
 		}
 		mu.Lock()
@@ -214,7 +215,7 @@ func TestKill9Cancel(t *testing.T) {
 		hdr := level(1 + i%2)
 		switch i % 3 {
 		case 0:
-			hdr = nats.Header{deliver.HeaderDuration: []string{"16500ms"}} // cascades 10s, 3s, 3s, then the rest
+			hdr = nats.Header{contract.HeaderDuration: []string{"16500ms"}} // cascades 10s, 3s, 3s, then the rest
 		case 1:
 			hdr.Set("Nats-Msg-Id", fmt.Sprintf("kc-%d", i))
 		}
@@ -248,7 +249,7 @@ func TestKill9Cancel(t *testing.T) {
 	for i := 0; i < total; i += 2 {
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			m, err := b.nc.RequestWithContext(ctx, deliver.CancelSubject, []byte(ids[i]))
+			m, err := b.nc.RequestWithContext(ctx, contract.CancelSubject, []byte(ids[i]))
 			cancel()
 			if err == nil && (string(m.Data) == "cancelled" || string(m.Data) == "not found" || string(m.Data) == "already delivered") {
 				replies[i] = string(m.Data)
@@ -357,7 +358,7 @@ func TestKill9Index(t *testing.T) {
 	var bad []uint64
 	for i := 0; i < len(all); i += 10 {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		m, err := b.nc.RequestWithContext(ctx, deliver.CancelSubject, []byte(fmt.Sprint(all[i])))
+		m, err := b.nc.RequestWithContext(ctx, contract.CancelSubject, []byte(fmt.Sprint(all[i])))
 		cancel()
 		r := "error"
 		if err == nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 )
 
@@ -93,7 +94,7 @@ func TestDeadLetter(t *testing.T) {
 		}
 		h["X-Case"] = []string{c.name}
 		if c.msgID != "" {
-			h[deliver.HeaderNatsMsgID] = []string{c.msgID}
+			h[contract.HeaderNatsMsgID] = []string{c.msgID}
 		}
 		data := append([]byte("payload of "+c.name+"\x00\xff"), c.name...)
 		seq, err := b.tryPublish(c.subject, data, h)
@@ -133,7 +134,7 @@ func TestDeadLetter(t *testing.T) {
 			}
 			i := slices.IndexFunc(dlq, func(m *jetstream.RawStreamMsg) bool { return m.Header.Get("X-Case") == w.name })
 			m := dlq[i]
-			if wantSubj := deliver.DLQSubjectPrefix + w.reason; m.Subject != wantSubj {
+			if wantSubj := contract.DLQSubjectPrefix + w.reason; m.Subject != wantSubj {
 				t.Errorf("dead-letter subject = %q, want %q", m.Subject, wantSubj)
 			}
 			if !bytes.Equal(m.Data, w.data) {
@@ -155,27 +156,27 @@ func TestDeadLetter(t *testing.T) {
 					t.Errorf("user header %s = %q, want %q", k, got, v)
 				}
 			}
-			reason := m.Header.Get(deliver.HeaderError)
+			reason := m.Header.Get(contract.HeaderError)
 			if reason == "" || strings.ContainsAny(reason, "\r\n") {
-				t.Errorf("%s = %q, want a non-empty single line", deliver.HeaderError, reason)
+				t.Errorf("%s = %q, want a non-empty single line", contract.HeaderError, reason)
 			}
-			if n := len(m.Header.Values(deliver.HeaderError)); n != 1 {
-				t.Errorf("%s has %d values, want 1", deliver.HeaderError, n)
+			if n := len(m.Header.Values(contract.HeaderError)); n != 1 {
+				t.Errorf("%s has %d values, want 1", contract.HeaderError, n)
 			}
-			if got := m.Header.Get(deliver.HeaderSubject); got != w.subject {
-				t.Errorf("%s = %q, want %q", deliver.HeaderSubject, got, w.subject)
+			if got := m.Header.Get(contract.HeaderSubject); got != w.subject {
+				t.Errorf("%s = %q, want %q", contract.HeaderSubject, got, w.subject)
 			}
-			if got, has := m.Header[deliver.HeaderMsgID]; w.msgID == "" && has {
-				t.Errorf("%s = %q, want absent (no publisher id)", deliver.HeaderMsgID, got)
+			if got, has := m.Header[contract.HeaderMsgID]; w.msgID == "" && has {
+				t.Errorf("%s = %q, want absent (no publisher id)", contract.HeaderMsgID, got)
 			} else if w.msgID != "" && !slices.Equal(got, []string{w.msgID}) {
-				t.Errorf("%s = %q, want [%q] (the publisher's Nats-Msg-Id)", deliver.HeaderMsgID, got, w.msgID)
+				t.Errorf("%s = %q, want [%q] (the publisher's Nats-Msg-Id)", contract.HeaderMsgID, got, w.msgID)
 			}
-			id := m.Header.Get(deliver.HeaderNatsMsgID)
+			id := m.Header.Get(contract.HeaderNatsMsgID)
 			if !strings.HasPrefix(id, "delayd-") || !strings.HasSuffix(id, fmt.Sprintf("-%d", w.seq)) {
-				t.Errorf("%s = %q, want the derived id delayd-<ingress id>-%d", deliver.HeaderNatsMsgID, id, w.seq)
+				t.Errorf("%s = %q, want the derived id delayd-<ingress id>-%d", contract.HeaderNatsMsgID, id, w.seq)
 			}
 			for k := range m.Header {
-				if len(k) >= 5 && strings.EqualFold(k[:5], "Nats-") && k != deliver.HeaderNatsMsgID {
+				if len(k) >= 5 && strings.EqualFold(k[:5], "Nats-") && k != contract.HeaderNatsMsgID {
 					t.Errorf("JetStream instruction header %s reached the dead-letter stream", k)
 				}
 			}
@@ -223,13 +224,13 @@ func TestDeadLetterValidSpellings(t *testing.T) {
 		"spell.spaced": 300 * time.Millisecond, "spell.clamped": time.Second,
 	}
 	for _, r := range got {
-		enq := parseTime(t, r.msg.Header, deliver.HeaderEnqueuedAt)
-		due := parseTime(t, r.msg.Header, deliver.HeaderDueAt)
+		enq := parseTime(t, r.msg.Header, contract.HeaderEnqueuedAt)
+		due := parseTime(t, r.msg.Header, contract.HeaderDueAt)
 		if d := due.Sub(enq); d != wantDelay[r.msg.Subject] {
 			t.Errorf("%s: due - enqueued = %s, want %s", r.msg.Subject, d, wantDelay[r.msg.Subject])
 		}
 		for k := range r.msg.Header {
-			if strings.EqualFold(k, deliver.HeaderLevel) {
+			if strings.EqualFold(k, contract.HeaderLevel) {
 				t.Errorf("%s: control header %q delivered", r.msg.Subject, k)
 			}
 		}
@@ -275,22 +276,22 @@ func TestDeadLetterTooLarge(t *testing.T) {
 	if got := m.Header.Get("Delay-Level"); got != "1" {
 		t.Errorf("the publisher's Delay-Level header = %q, want it kept as %q; headers %v", got, "1", m.Header)
 	}
-	if got := m.Header.Get(deliver.HeaderMsgID); got != "user-too-large" {
-		t.Errorf("%s = %q, want %q", deliver.HeaderMsgID, got, "user-too-large")
+	if got := m.Header.Get(contract.HeaderMsgID); got != "user-too-large" {
+		t.Errorf("%s = %q, want %q", contract.HeaderMsgID, got, "user-too-large")
 	}
 	for k := range m.Header {
 		if len(k) >= 7 && strings.EqualFold(k[:7], "Delayd-") {
 			t.Errorf("internal header %q reached the dead-letter stream", k)
 		}
 	}
-	if want := deliver.DLQSubjectPrefix + deliver.ReasonSize; m.Subject != want {
+	if want := contract.DLQSubjectPrefix + deliver.ReasonSize; m.Subject != want {
 		t.Errorf("dead-letter subject = %q, want %q", m.Subject, want)
 	}
-	if got := m.Header.Get(deliver.HeaderSubject); got != "delay.big.x" {
-		t.Errorf("%s = %q, want %q", deliver.HeaderSubject, got, "delay.big.x")
+	if got := m.Header.Get(contract.HeaderSubject); got != "delay.big.x" {
+		t.Errorf("%s = %q, want %q", contract.HeaderSubject, got, "delay.big.x")
 	}
-	if m.Header.Get(deliver.HeaderError) == "" {
-		t.Errorf("%s missing", deliver.HeaderError)
+	if m.Header.Get(contract.HeaderError) == "" {
+		t.Errorf("%s missing", contract.HeaderError)
 	}
 }
 
@@ -327,7 +328,7 @@ func TestDeadLetterUndeliverable(t *testing.T) {
 		return b.streamCount("SMALL") >= 1
 	})
 	m := b.streamMsgs(deliver.DLQStream)[0]
-	if want := deliver.DLQSubjectPrefix + deliver.ReasonUndeliverable; m.Subject != want {
+	if want := contract.DLQSubjectPrefix + deliver.ReasonUndeliverable; m.Subject != want {
 		t.Errorf("dead-letter subject = %q, want %q", m.Subject, want)
 	}
 	if !bytes.Equal(m.Data, data) {
@@ -336,14 +337,14 @@ func TestDeadLetterUndeliverable(t *testing.T) {
 	if got := m.Header.Values("X-User"); !slices.Equal(got, []string{"u1", "u2"}) {
 		t.Errorf("X-User = %q, want [u1 u2]", got)
 	}
-	if got := m.Header.Get(deliver.HeaderSubject); got != "small.big" && got != "delay.small.big" {
-		t.Errorf("%s = %q, want the target or the ingress subject", deliver.HeaderSubject, got)
+	if got := m.Header.Get(contract.HeaderSubject); got != "small.big" && got != "delay.small.big" {
+		t.Errorf("%s = %q, want the target or the ingress subject", contract.HeaderSubject, got)
 	}
-	if reason := m.Header.Get(deliver.HeaderError); reason == "" || strings.ContainsAny(reason, "\r\n") {
-		t.Errorf("%s = %q, want a non-empty single line", deliver.HeaderError, reason)
+	if reason := m.Header.Get(contract.HeaderError); reason == "" || strings.ContainsAny(reason, "\r\n") {
+		t.Errorf("%s = %q, want a non-empty single line", contract.HeaderError, reason)
 	}
-	if got := m.Header.Get(deliver.HeaderMsgID); got != "user-big" {
-		t.Errorf("%s = %q, want %q (the publisher's Nats-Msg-Id); headers %v", deliver.HeaderMsgID, got, "user-big", m.Header)
+	if got := m.Header.Get(contract.HeaderMsgID); got != "user-big" {
+		t.Errorf("%s = %q, want %q (the publisher's Nats-Msg-Id); headers %v", contract.HeaderMsgID, got, "user-big", m.Header)
 	}
 	for k := range m.Header {
 		if len(k) >= 7 && strings.EqualFold(k[:7], "Delayd-") {

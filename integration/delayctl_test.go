@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/internal/natstest"
 )
@@ -163,7 +164,7 @@ func TestDelayctlExitCodes(t *testing.T) {
 		}
 		t.Cleanup(nc.Close)
 		answers := map[string]string{"pending": "cancelled", "gone": "not found", "sent": "already delivered", "odd": "oops"}
-		if _, err := nc.Subscribe(deliver.CancelSubjectFor("orders.x"), func(m *nats.Msg) { _ = m.Respond([]byte(answers[string(m.Data)])) }); err != nil {
+		if _, err := nc.Subscribe(contract.CancelSubjectFor("orders.x"), func(m *nats.Msg) { _ = m.Respond([]byte(answers[string(m.Data)])) }); err != nil {
 			t.Fatal(err)
 		}
 		if err := nc.Flush(); err != nil {
@@ -274,14 +275,14 @@ func TestDelayctlStats(t *testing.T) {
 	// 2s level (as the router would) are pending; the ones older than 2 s are due now.
 	b.stopDelayd()
 	for i := range 2 {
-		b.publish("delayd.level.2S.ctl.due", []byte(fmt.Sprint(i)), nats.Header{deliver.HeaderDueAt: []string{deliver.FormatTime(time.Now().Add(2 * time.Second))}})
+		b.publish("delayd.level.2S.ctl.due", []byte(fmt.Sprint(i)), nats.Header{contract.HeaderDueAt: []string{contract.FormatTime(time.Now().Add(2 * time.Second))}})
 	}
 	waitFor(t, 10*time.Second, "two messages due at 2s", func() bool {
 		s = ctlStatsJSON(t, url, table)
 		return s.Levels[s.level(t, "DELAYD_2S")].DueNow == 2
 	})
 	for i := range 2 {
-		b.publish("delayd.level.2S.ctl.due", []byte(fmt.Sprint(i)), nats.Header{deliver.HeaderDueAt: []string{deliver.FormatTime(time.Now().Add(2 * time.Second))}})
+		b.publish("delayd.level.2S.ctl.due", []byte(fmt.Sprint(i)), nats.Header{contract.HeaderDueAt: []string{contract.FormatTime(time.Now().Add(2 * time.Second))}})
 	}
 	s = ctlStatsJSON(t, url, table)
 	two := s.Levels[s.level(t, "DELAYD_2S")]
@@ -310,7 +311,7 @@ func TestDelayctlStats(t *testing.T) {
 func TestDelayctlDLQReplay(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.startDelayd("100ms 1h", func(c *deliver.Config) { c.Targets = deliver.TargetPolicy{Deny: []string{"blocked.>"}} })
+	b.startDelayd("100ms 1h", func(c *deliver.Config) { c.Targets = contract.TargetPolicy{Deny: []string{"blocked.>"}} })
 	url := b.srv.ClientURL()
 	ctx := context.Background()
 
@@ -320,8 +321,8 @@ func TestDelayctlDLQReplay(t *testing.T) {
 	b.publish("delay.blocked.a", []byte("own-id"), nats.Header{"Delay-Level": {"1"}, "Nats-Msg-Id": {"pub-1"}})
 	waitFor(t, 10*time.Second, "5 dead letters", func() bool { return b.streamCount(deliver.DLQStream) == 5 })
 	// An undeliverable letter as a scanner writes it: Delay-Subject is the target.
-	if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: deliver.DLQSubjectPrefix + deliver.ReasonUndeliverable, Data: []byte("to-b"),
-		Header: nats.Header{deliver.HeaderSubject: {"blocked.b"}, deliver.HeaderError: {"refused"}, "Nats-Msg-Id": {"delayd-1-1"}}}); err != nil {
+	if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: contract.DLQSubjectPrefix + deliver.ReasonUndeliverable, Data: []byte("to-b"),
+		Header: nats.Header{contract.HeaderSubject: {"blocked.b"}, contract.HeaderError: {"refused"}, "Nats-Msg-Id": {"delayd-1-1"}}}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -392,7 +393,7 @@ func TestDelayctlDLQReplay(t *testing.T) {
 		})
 		for _, m := range c.snapshot() {
 			got[subject] = append(got[subject], string(m.msg.Data))
-			if m.msg.Header.Get(deliver.HeaderError) != "" || m.msg.Header.Get(deliver.HeaderSubject) != "" {
+			if m.msg.Header.Get(contract.HeaderError) != "" || m.msg.Header.Get(contract.HeaderSubject) != "" {
 				t.Errorf("%s delivery %q keeps dead-letter headers: %v", subject, m.msg.Data, m.msg.Header)
 			}
 			if d := string(m.msg.Data); strings.HasPrefix(d, "m") && m.msg.Header.Get("X-N") != d[1:] {
@@ -456,7 +457,7 @@ func TestDelayctlReplayRetries(t *testing.T) {
 	url := b.srv.ClientURL()
 	ctx := context.Background()
 	c := b.collect("rtr.x")
-	b.publish("delay.rtr.x", []byte("job"), nats.Header{deliver.HeaderDuration: []string{"250ms"}}) // cascades: Delay-Hops 1
+	b.publish("delay.rtr.x", []byte("job"), nats.Header{contract.HeaderDuration: []string{"250ms"}}) // cascades: Delay-Hops 1
 	ladder := delayd.MustParseLadder("100ms")
 	for attempt := 1; attempt <= 2; attempt++ {
 		m := c.wait(t, attempt, 10*time.Second)[attempt-1].msg
@@ -471,10 +472,10 @@ func TestDelayctlReplayRetries(t *testing.T) {
 	waitFor(t, 10*time.Second, "the retries dead letter", func() bool { return b.streamCount(deliver.DLQStream) == 1 })
 	delayctl(t, url, "dlq", "replay", "--all").want(t, 0, "replayed 1, not found 0")
 	got := c.wait(t, 3, 10*time.Second)[2].msg
-	if got.Header.Get(deliver.HeaderError) != "" || got.Header.Get(deliver.HeaderHops) != "" || got.Header.Get(delayd.HeaderAttempt) != "1" {
+	if got.Header.Get(contract.HeaderError) != "" || got.Header.Get(contract.HeaderHops) != "" || got.Header.Get(delayd.HeaderAttempt) != "1" {
 		t.Errorf("replayed delivery headers: %v", got.Header)
 	}
-	if enq, due := parseTime(t, got.Header, deliver.HeaderEnqueuedAt), parseTime(t, got.Header, deliver.HeaderDueAt); !enq.Equal(due) {
+	if enq, due := parseTime(t, got.Header, contract.HeaderEnqueuedAt), parseTime(t, got.Header, contract.HeaderDueAt); !enq.Equal(due) {
 		t.Errorf("replayed at level 0: enqueued %v, due %v", enq, due)
 	}
 	if n := b.streamCount(deliver.DLQStream); n != 0 {

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -41,8 +41,8 @@ func TestNeverEarly(t *testing.T) {
 	for _, r := range got {
 		lvl, _ := strconv.Atoi(r.msg.Subject[len("early."):])
 		l, _ := table.Level(lvl)
-		enq := parseTime(t, r.msg.Header, deliver.HeaderEnqueuedAt)
-		due := parseTime(t, r.msg.Header, deliver.HeaderDueAt)
+		enq := parseTime(t, r.msg.Header, contract.HeaderEnqueuedAt)
+		due := parseTime(t, r.msg.Header, contract.HeaderDueAt)
 		if d := due.Sub(enq); d != l.Delay {
 			t.Fatalf("level %d: due - enqueued = %s, want %s", lvl, d, l.Delay)
 		}
@@ -110,7 +110,7 @@ func TestIsolation(t *testing.T) {
 	if got[0].msg.Subject != "iso.short" {
 		t.Fatalf("first delivery on %s, want iso.short", got[0].msg.Subject)
 	}
-	longDue := parseTime(t, got[0].msg.Header, deliver.HeaderEnqueuedAt).Add(10 * time.Second)
+	longDue := parseTime(t, got[0].msg.Header, contract.HeaderEnqueuedAt).Add(10 * time.Second)
 	if !got[0].at.Before(longDue) {
 		t.Fatalf("short level delivered at %s, not before the long level's due %s", got[0].at, longDue)
 	}
@@ -195,11 +195,11 @@ func TestTableChangeDrainsRemovedLevel(t *testing.T) {
 		if string(r.msg.Data) != strconv.Itoa(i) {
 			t.Fatalf("delivery %d = %q, want %d", i, r.msg.Data, i)
 		}
-		due := parseTime(t, r.msg.Header, deliver.HeaderDueAt)
+		due := parseTime(t, r.msg.Header, contract.HeaderDueAt)
 		if r.at.Before(due) {
 			t.Errorf("delivered %s early", due.Sub(r.at))
 		}
-		if d := due.Sub(parseTime(t, r.msg.Header, deliver.HeaderEnqueuedAt)); d != 2*time.Second {
+		if d := due.Sub(parseTime(t, r.msg.Header, contract.HeaderEnqueuedAt)); d != 2*time.Second {
 			t.Errorf("due - enqueued = %s, want the removed level's 2s", d)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 )
 
@@ -52,13 +53,13 @@ func TestTargetRefusedByServer(t *testing.T) {
 	msgs := b.streamMsgs(deliver.DLQStream)
 	if len(msgs) != len(dead) {
 		for _, m := range msgs {
-			t.Logf("dead letter: %s %q", m.Header.Get(deliver.HeaderSubject), m.Header.Get(deliver.HeaderError))
+			t.Logf("dead letter: %s %q", m.Header.Get(contract.HeaderSubject), m.Header.Get(contract.HeaderError))
 		}
 		t.Fatalf("%d dead letters, want %d (for %q only)", len(msgs), len(dead), dead)
 	}
 	for i, m := range msgs {
-		if got := m.Header.Get(deliver.HeaderSubject); got != dead[i] {
-			t.Errorf("dead letter %d: %s %q, want %q", i, deliver.HeaderSubject, got, dead[i])
+		if got := m.Header.Get(contract.HeaderSubject); got != dead[i] {
+			t.Errorf("dead letter %d: %s %q, want %q", i, contract.HeaderSubject, got, dead[i])
 		}
 	}
 }

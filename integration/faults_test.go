@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/offsets"
@@ -38,7 +39,7 @@ func TestClockSkew(t *testing.T) {
 			got := c.wait(t, n, 20*time.Second)
 			var late []time.Duration
 			for _, r := range got {
-				due := parseTime(t, r.msg.Header, deliver.HeaderDueAt)
+				due := parseTime(t, r.msg.Header, contract.HeaderDueAt)
 				if r.at.Before(due) {
 					t.Errorf("delivered %s early with the scanner clock off by %s", due.Sub(r.at), skew)
 				}
@@ -119,7 +120,7 @@ func TestOffsetsThatMakeNoSense(t *testing.T) {
 			seen := map[string]int{}
 			for _, r := range c.snapshot() {
 				seen[string(r.msg.Data)]++
-				if due := parseTime(t, r.msg.Header, deliver.HeaderDueAt); r.at.Before(due) {
+				if due := parseTime(t, r.msg.Header, contract.HeaderDueAt); r.at.Before(due) {
 					t.Errorf("%s delivered %s early", r.msg.Data, due.Sub(r.at))
 				}
 			}
@@ -196,7 +197,7 @@ func TestStartGrace(t *testing.T) {
 				t.Errorf("overdue delivery arrived %s after start, before the %s grace", r.at.Sub(started), grace)
 			}
 		case "fresh":
-			due := parseTime(t, r.msg.Header, deliver.HeaderDueAt)
+			due := parseTime(t, r.msg.Header, contract.HeaderDueAt)
 			if r.at.Sub(due) >= grace/2 {
 				t.Errorf("a message due after start was held %s by the start grace", r.at.Sub(due))
 			}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/contract"
 )
 
 // userHeaders returns 20 user header keys: unicode values, a key with three
@@ -71,31 +71,31 @@ func checkDelivered(t *testing.T, got nats.Header, data []byte, wantData []byte,
 		}
 	}
 	if msgID != "" {
-		if v := got.Values(deliver.HeaderNatsMsgID); !slices.Equal(v, []string{msgID}) {
-			t.Errorf("%s = %q, want [%q]", deliver.HeaderNatsMsgID, v, msgID)
+		if v := got.Values(contract.HeaderNatsMsgID); !slices.Equal(v, []string{msgID}) {
+			t.Errorf("%s = %q, want [%q]", contract.HeaderNatsMsgID, v, msgID)
 		}
 	}
 	for k := range got {
 		switch {
-		case strings.EqualFold(k, deliver.HeaderLevel):
+		case strings.EqualFold(k, contract.HeaderLevel):
 			t.Errorf("control header %q was delivered", k)
 		case len(k) >= 7 && strings.EqualFold(k[:7], "Delayd-"):
 			t.Errorf("internal header %q was delivered", k)
-		case len(k) >= 5 && strings.EqualFold(k[:5], "Nats-") && k != deliver.HeaderNatsMsgID:
+		case len(k) >= 5 && strings.EqualFold(k[:5], "Nats-") && k != contract.HeaderNatsMsgID:
 			t.Errorf("JetStream header %q reached the target", k)
 		}
 	}
 	// Exactly the user's keys plus the three delayd sets.
 	want := slices.Sorted(maps.Keys(user))
-	want = append(want, deliver.HeaderDueAt, deliver.HeaderEnqueuedAt, deliver.HeaderNatsMsgID)
+	want = append(want, contract.HeaderDueAt, contract.HeaderEnqueuedAt, contract.HeaderNatsMsgID)
 	slices.Sort(want)
 	if keys := slices.Sorted(maps.Keys(got)); !slices.Equal(keys, want) {
 		t.Errorf("header keys = %q, want %q", keys, want)
 	}
-	enq = parseTime(t, got, deliver.HeaderEnqueuedAt)
-	due = parseTime(t, got, deliver.HeaderDueAt)
+	enq = parseTime(t, got, contract.HeaderEnqueuedAt)
+	due = parseTime(t, got, contract.HeaderDueAt)
 	if d := due.Sub(enq); d != delay {
-		t.Errorf("%s - %s = %s, want exactly %s", deliver.HeaderDueAt, deliver.HeaderEnqueuedAt, d, delay)
+		t.Errorf("%s - %s = %s, want exactly %s", contract.HeaderDueAt, contract.HeaderEnqueuedAt, d, delay)
 	}
 	return enq, due
 }
@@ -110,8 +110,8 @@ func TestHeadersPreserved(t *testing.T) {
 		user := userHeaders()
 		h := cloneHeader(user)
 		h["Delay-Level"] = []string{"1"}
-		h[deliver.HeaderNatsMsgID] = []string{"user-msg-id-1"}
-		h[deliver.HeaderHops] = []string{"7"} // delayd's to set: a publisher's value is dropped
+		h[contract.HeaderNatsMsgID] = []string{"user-msg-id-1"}
+		h[contract.HeaderHops] = []string{"7"} // delayd's to set: a publisher's value is dropped
 		before := time.Now()
 		b.publish("delay.hdr.one", allBytes(), h)
 		after := time.Now()
@@ -119,7 +119,7 @@ func TestHeadersPreserved(t *testing.T) {
 		r := c.wait(t, 1, 10*time.Second)[0]
 		enq, due := checkDelivered(t, r.msg.Header, r.msg.Data, allBytes(), user, "user-msg-id-1", 100*time.Millisecond)
 		if enq.Before(before.Add(-time.Second)) || enq.After(after) {
-			t.Errorf("%s = %s, want within [%s, %s]", deliver.HeaderEnqueuedAt, enq, before.Add(-time.Second), after)
+			t.Errorf("%s = %s, want within [%s, %s]", contract.HeaderEnqueuedAt, enq, before.Add(-time.Second), after)
 		}
 		if r.at.Before(due) {
 			t.Errorf("delivered at %s, before due %s (%s early)", r.at, due, due.Sub(r.at))
@@ -131,7 +131,7 @@ func TestHeadersPreserved(t *testing.T) {
 		user := userHeaders()
 		h := cloneHeader(user)
 		h["delay-level"] = []string{"0"}
-		h[deliver.HeaderNatsMsgID] = []string{"user-msg-id-0"}
+		h[contract.HeaderNatsMsgID] = []string{"user-msg-id-0"}
 		before := time.Now()
 		b.publish("delay.hdr.zero", allBytes(), h)
 		after := time.Now()
@@ -139,10 +139,10 @@ func TestHeadersPreserved(t *testing.T) {
 		r := c.wait(t, 1, 10*time.Second)[0]
 		enq, due := checkDelivered(t, r.msg.Header, r.msg.Data, allBytes(), user, "user-msg-id-0", 0)
 		if !enq.Equal(due) {
-			t.Errorf("level 0: %s = %s, %s = %s; want equal", deliver.HeaderEnqueuedAt, enq, deliver.HeaderDueAt, due)
+			t.Errorf("level 0: %s = %s, %s = %s; want equal", contract.HeaderEnqueuedAt, enq, contract.HeaderDueAt, due)
 		}
 		if enq.Before(before.Add(-time.Second)) || enq.After(after) {
-			t.Errorf("%s = %s, want within [%s, %s]", deliver.HeaderEnqueuedAt, enq, before.Add(-time.Second), after)
+			t.Errorf("%s = %s, want within [%s, %s]", contract.HeaderEnqueuedAt, enq, before.Add(-time.Second), after)
 		}
 	})
 
@@ -164,13 +164,13 @@ func TestHeadersPreserved(t *testing.T) {
 		ids := map[string]string{}
 		for i, r := range got {
 			checkDelivered(t, r.msg.Header, r.msg.Data, []byte("delay."+r.msg.Subject), user, "", 100*time.Millisecond)
-			id := r.msg.Header.Get(deliver.HeaderNatsMsgID)
+			id := r.msg.Header.Get(contract.HeaderNatsMsgID)
 			seq := seqs[0]
 			if r.msg.Subject == "hdr.derived.b" {
 				seq = seqs[1]
 			}
 			if !strings.HasPrefix(id, "delayd-") || !strings.Contains(id, "-"+strconv.FormatUint(seq, 10)+"-") {
-				t.Errorf("delivery %d: derived %s = %q, want delayd-<ingress id>-%d-<mac>", i, deliver.HeaderNatsMsgID, id, seq)
+				t.Errorf("delivery %d: derived %s = %q, want delayd-<ingress id>-%d-<mac>", i, contract.HeaderNatsMsgID, id, seq)
 			}
 			ids[id] = r.msg.Subject
 		}
@@ -184,7 +184,7 @@ func TestHeadersPreserved(t *testing.T) {
 		user := userHeaders()
 		h := cloneHeader(user)
 		h["Delay-Level"] = []string{"1"}
-		h[deliver.HeaderNatsMsgID] = []string{"user-msg-id-bound"}
+		h[contract.HeaderNatsMsgID] = []string{"user-msg-id-bound"}
 		before := time.Now()
 		b.publish("delay.bound.x", allBytes(), h)
 		after := time.Now()
@@ -200,7 +200,7 @@ func TestHeadersPreserved(t *testing.T) {
 		}
 		enq, due := checkDelivered(t, m.Header, m.Data, allBytes(), user, "user-msg-id-bound", 100*time.Millisecond)
 		if enq.Before(before.Add(-time.Second)) || enq.After(after) {
-			t.Errorf("%s = %s, want within [%s, %s]", deliver.HeaderEnqueuedAt, enq, before.Add(-time.Second), after)
+			t.Errorf("%s = %s, want within [%s, %s]", contract.HeaderEnqueuedAt, enq, before.Add(-time.Second), after)
 		}
 		if m.Time.Before(due) {
 			t.Errorf("stored at %s, before due %s", m.Time, due)

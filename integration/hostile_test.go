@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 )
 
@@ -270,24 +271,24 @@ func TestHostileHeaderLimit(t *testing.T) {
 		t.Fatalf("DELAYD_DLQ holds %d messages, want 1", len(dlq))
 	}
 	m := dlq[0]
-	reason := m.Header.Get(deliver.HeaderError)
-	t.Logf("dead letter: subject %s, %d payload bytes, %d header bytes, %s=%q", m.Subject, len(m.Data), headerLen(m.Header), deliver.HeaderError, reason)
-	if want := deliver.DLQSubjectPrefix + deliver.ReasonSize; m.Subject != want {
+	reason := m.Header.Get(contract.HeaderError)
+	t.Logf("dead letter: subject %s, %d payload bytes, %d header bytes, %s=%q", m.Subject, len(m.Data), headerLen(m.Header), contract.HeaderError, reason)
+	if want := contract.DLQSubjectPrefix + deliver.ReasonSize; m.Subject != want {
 		t.Errorf("dead-letter subject = %q, want %q", m.Subject, want)
 	}
 	if reason == "" || strings.ContainsAny(reason, "\r\n") {
-		t.Errorf("%s = %q, want a non-empty single line", deliver.HeaderError, reason)
+		t.Errorf("%s = %q, want a non-empty single line", contract.HeaderError, reason)
 	}
-	if got := m.Header.Get(deliver.HeaderSubject); got != "delay.big.hdr" {
-		t.Errorf("%s = %q, want %q", deliver.HeaderSubject, got, "delay.big.hdr")
+	if got := m.Header.Get(contract.HeaderSubject); got != "delay.big.hdr" {
+		t.Errorf("%s = %q, want %q", contract.HeaderSubject, got, "delay.big.hdr")
 	}
-	if got := m.Header.Get(deliver.HeaderMsgID); got != "user-hdr-limit" {
-		t.Errorf("%s = %q, want %q", deliver.HeaderMsgID, got, "user-hdr-limit")
+	if got := m.Header.Get(contract.HeaderMsgID); got != "user-hdr-limit" {
+		t.Errorf("%s = %q, want %q", contract.HeaderMsgID, got, "user-hdr-limit")
 	}
 	switch {
 	case len(m.Data) == 0:
 		if !strings.Contains(reason, "payload dropped") {
-			t.Errorf("payload dropped but %s does not say so: %q", deliver.HeaderError, reason)
+			t.Errorf("payload dropped but %s does not say so: %q", contract.HeaderError, reason)
 		}
 	case !bytes.Equal(m.Data, data):
 		t.Errorf("payload neither kept nor dropped: %q", m.Data)
@@ -300,7 +301,7 @@ func TestHostileHeaderLimit(t *testing.T) {
 			t.Errorf("X-Case = %q, want %q", got, "hdr-limit")
 		}
 	} else if !strings.Contains(reason, "user headers dropped") {
-		t.Errorf("user headers dropped but %s does not say so: %q", deliver.HeaderError, reason)
+		t.Errorf("user headers dropped but %s does not say so: %q", contract.HeaderError, reason)
 	}
 	for k := range m.Header {
 		if len(k) >= 7 && strings.EqualFold(k[:7], "Delayd-") {
@@ -344,15 +345,15 @@ func TestHostileMaxPayload(t *testing.T) {
 		t.Fatalf("DELAYD_DLQ holds %d messages, want 1", len(dlq))
 	}
 	m := dlq[0]
-	reason := m.Header.Get(deliver.HeaderError)
-	t.Logf("dead letter: subject %s, %d payload bytes, %s=%q", m.Subject, len(m.Data), deliver.HeaderError, reason)
-	if want := deliver.DLQSubjectPrefix + deliver.ReasonSize; m.Subject != want {
+	reason := m.Header.Get(contract.HeaderError)
+	t.Logf("dead letter: subject %s, %d payload bytes, %s=%q", m.Subject, len(m.Data), contract.HeaderError, reason)
+	if want := contract.DLQSubjectPrefix + deliver.ReasonSize; m.Subject != want {
 		t.Errorf("dead-letter subject = %q, want %q", m.Subject, want)
 	}
 	switch {
 	case len(m.Data) == 0:
 		if !strings.Contains(reason, "payload dropped") {
-			t.Errorf("payload dropped but %s does not say so: %q", deliver.HeaderError, reason)
+			t.Errorf("payload dropped but %s does not say so: %q", contract.HeaderError, reason)
 		}
 	case !bytes.Equal(m.Data, data):
 		t.Errorf("payload neither kept nor dropped: %d bytes", len(m.Data))
@@ -363,14 +364,14 @@ func TestHostileMaxPayload(t *testing.T) {
 	if got := m.Header.Values("X-User"); !slices.Equal(got, []string{"keep"}) {
 		t.Errorf("X-User = %q, want [keep]", got)
 	}
-	if got := m.Header.Get(deliver.HeaderMsgID); got != "user-max" {
-		t.Errorf("%s = %q, want %q", deliver.HeaderMsgID, got, "user-max")
+	if got := m.Header.Get(contract.HeaderMsgID); got != "user-max" {
+		t.Errorf("%s = %q, want %q", contract.HeaderMsgID, got, "user-max")
 	}
-	if got := m.Header.Get(deliver.HeaderSubject); got != "delay.big.max" {
-		t.Errorf("%s = %q, want %q", deliver.HeaderSubject, got, "delay.big.max")
+	if got := m.Header.Get(contract.HeaderSubject); got != "delay.big.max" {
+		t.Errorf("%s = %q, want %q", contract.HeaderSubject, got, "delay.big.max")
 	}
-	if id := m.Header.Get(deliver.HeaderNatsMsgID); !strings.HasPrefix(id, "delayd-") {
-		t.Errorf("dead letter's %s = %q, want the derived delayd-… id", deliver.HeaderNatsMsgID, id)
+	if id := m.Header.Get(contract.HeaderNatsMsgID); !strings.HasPrefix(id, "delayd-") {
+		t.Errorf("dead letter's %s = %q, want the derived delayd-… id", contract.HeaderNatsMsgID, id)
 	}
 	for k := range m.Header {
 		if len(k) >= 7 && strings.EqualFold(k[:7], "Delayd-") {
@@ -458,18 +459,18 @@ func TestHostileOddLevels(t *testing.T) {
 					t.Fatalf("value %q: %d dead letters, want 1", tc.value, len(dead))
 				}
 				m := dead[0]
-				if want := deliver.DLQSubjectPrefix + deliver.ReasonLevel; m.Subject != want {
+				if want := contract.DLQSubjectPrefix + deliver.ReasonLevel; m.Subject != want {
 					t.Errorf("dead-letter subject = %q, want %q", m.Subject, want)
 				}
 				// nats.go trims a value's surrounding blanks on the wire.
 				if got, want := m.Header.Get("Delay-Level"), strings.Trim(tc.value, " \t"); got != want {
 					t.Errorf("kept Delay-Level = %q, want %q", got, want)
 				}
-				t.Logf("value %q dead-lettered: %s", tc.value, m.Header.Get(deliver.HeaderError))
+				t.Logf("value %q dead-lettered: %s", tc.value, m.Header.Get(contract.HeaderError))
 				return
 			}
 			if len(dead) != 0 {
-				t.Errorf("value %q dead-lettered (%s), want delivered", tc.value, dead[0].Header.Get(deliver.HeaderError))
+				t.Errorf("value %q dead-lettered (%s), want delivered", tc.value, dead[0].Header.Get(contract.HeaderError))
 			}
 			if len(delivered) != 1 {
 				t.Fatalf("value %q delivered %d times, want 1", tc.value, len(delivered))

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 )
 
@@ -28,17 +29,17 @@ func TestInfoAPI(t *testing.T) {
 	b.startDelayd("100ms 1s", func(c *deliver.Config) {
 		c.Prefix = "sched"
 		c.MaxDelay = 5 * time.Hour
-		c.Targets = deliver.TargetPolicy{Allow: []string{"orders.>"}, Deny: []string{"orders.internal.>"}}
+		c.Targets = contract.TargetPolicy{Allow: []string{"orders.>"}, Deny: []string{"orders.internal.>"}}
 	})
-	m, err := b.nc.Request(deliver.InfoSubject, nil, 5*time.Second)
+	m, err := b.nc.Request(contract.InfoSubject, nil, 5*time.Second)
 	if err != nil {
 		t.Fatalf("info request once delayd is ready: %v", err)
 	}
-	var info deliver.InfoReply
+	var info contract.InfoReply
 	if err := json.Unmarshal(m.Data, &info); err != nil {
 		t.Fatalf("info reply %s: %v", m.Data, err)
 	}
-	want := []deliver.InfoLevel{
+	want := []contract.InfoLevel{
 		{Level: 1, Delay: "100ms", DelayNS: int64(100 * time.Millisecond), Stream: "DELAYD_100MS"},
 		{Level: 2, Delay: "1s", DelayNS: int64(time.Second), Stream: "DELAYD_1S"},
 	}
@@ -62,8 +63,8 @@ func TestInfoAPI(t *testing.T) {
 		t.Errorf("max delay %q (%d ns), want 5h0m0s", info.MaxDelay, info.MaxDelayNS)
 	case !slices.Equal(info.AllowTargets, []string{"orders.>"}) || !slices.Equal(info.DenyTargets, []string{"orders.internal.>"}):
 		t.Errorf("targets allow %q deny %q", info.AllowTargets, info.DenyTargets)
-	case info.MaxPayload != b.nc.MaxPayload() || info.HeaderReserve != deliver.HeaderReserve:
-		t.Errorf("max payload %d, header reserve %d; want %d and %d", info.MaxPayload, info.HeaderReserve, b.nc.MaxPayload(), deliver.HeaderReserve)
+	case info.MaxPayload != b.nc.MaxPayload() || info.HeaderReserve != contract.HeaderReserve:
+		t.Errorf("max payload %d, header reserve %d; want %d and %d", info.MaxPayload, info.HeaderReserve, b.nc.MaxPayload(), contract.HeaderReserve)
 	case info.Version == "":
 		t.Error("no version")
 	}
@@ -92,7 +93,7 @@ func TestPublishLimits(t *testing.T) {
 	b := setup(t)
 	b.startDelayd("100ms 200ms", func(c *deliver.Config) {
 		c.MaxDelay = time.Hour
-		c.Targets = deliver.TargetPolicy{Deny: []string{"blocked.>"}}
+		c.Targets = contract.TargetPolicy{Deny: []string{"blocked.>"}}
 	})
 	var (
 		mu      sync.Mutex
@@ -108,7 +109,7 @@ func TestPublishLimits(t *testing.T) {
 	_ = b.nc.Flush()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	limit := int(b.nc.MaxPayload()) - deliver.HeaderReserve
+	limit := int(b.nc.MaxPayload()) - contract.HeaderReserve
 	for _, c := range []struct {
 		what    string
 		subject string
@@ -116,9 +117,9 @@ func TestPublishLimits(t *testing.T) {
 		opts    []delayd.PublishOpt
 		want    error
 	}{
-		{"a duration beyond the max delay", "orders.x", nil, []delayd.PublishOpt{delayd.WithDuration(time.Hour + time.Second)}, delayd.ErrInvalidLevel},
-		{"a deliver-at beyond the max delay", "orders.x", nil, []delayd.PublishOpt{delayd.WithDeliverAt(time.Now().Add(2 * time.Hour))}, delayd.ErrInvalidLevel},
-		{"a denied target", "blocked.x", nil, []delayd.PublishOpt{delayd.WithLevel(1)}, deliver.ErrDeniedTarget},
+		{"a duration beyond the max delay", "orders.x", nil, []delayd.PublishOpt{delayd.WithDuration(time.Hour + time.Second)}, delayd.ErrInvalidDelay},
+		{"a deliver-at beyond the max delay", "orders.x", nil, []delayd.PublishOpt{delayd.WithDeliverAt(time.Now().Add(2 * time.Hour))}, delayd.ErrInvalidDelay},
+		{"a denied target", "blocked.x", nil, []delayd.PublishOpt{delayd.WithLevel(1)}, contract.ErrDeniedTarget},
 		{"another prefix", "orders.x", nil, []delayd.PublishOpt{delayd.WithLevel(1), delayd.WithPrefix("sched")}, delayd.ErrPrefixMismatch},
 		{"too large", "orders.x", make([]byte, limit), []delayd.PublishOpt{delayd.WithLevel(1)}, delayd.ErrTooLarge},
 	} {
@@ -170,7 +171,7 @@ func TestPublishLimits(t *testing.T) {
 	}
 	if n := b.streamCount(deliver.DLQStream); n != 0 {
 		for _, m := range b.streamMsgs(deliver.DLQStream) {
-			t.Logf("dead letter: %s %s", m.Header.Get(deliver.HeaderSubject), m.Header.Get(deliver.HeaderError))
+			t.Logf("dead letter: %s %s", m.Header.Get(contract.HeaderSubject), m.Header.Get(contract.HeaderError))
 		}
 		t.Errorf("%d dead letters, want none: the client accepted a message delayd refused", n)
 	}
@@ -205,7 +206,7 @@ func TestPublishLimits(t *testing.T) {
 	if _, err := delayd.Publish(ctx, js, "orders.down", nil, delayd.WithLevel(1)); err != nil {
 		t.Errorf("publish while delayd is down: %v, want it stored in the ingress stream", err)
 	}
-	if _, err := delayd.Publish(ctx, js, "orders.*", nil, delayd.WithLevel(1)); !errors.Is(err, deliver.ErrInvalidTarget) {
+	if _, err := delayd.Publish(ctx, js, "orders.*", nil, delayd.WithLevel(1)); !errors.Is(err, contract.ErrInvalidTarget) {
 		t.Errorf("wildcard target while delayd is down: %v, want ErrInvalidTarget", err)
 	}
 	waitFor(t, 10*time.Second, "orders.down stored in the ingress stream", func() bool { return b.streamCount(deliver.IngressStream) == 1 })

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/metrics"
 )
@@ -43,7 +44,7 @@ func TestMetrics(t *testing.T) {
 	}
 	for range 3 { // one routed, two merged into it
 		hdr := level(2)
-		hdr.Set(deliver.HeaderMergeKey, "k")
+		hdr.Set(contract.HeaderMergeKey, "k")
 		b.publish("delay.met.merge", []byte("m"), hdr)
 	}
 	if r := b.cancel(strconv.FormatUint(later[0], 10)); r != "cancelled" {

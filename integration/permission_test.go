@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
@@ -81,10 +82,10 @@ func TestPermissionDeniedTarget(t *testing.T) {
 		if err != nil {
 			return false
 		}
-		if got := m.Header.Get(deliver.HeaderSubject); got != "forbidden.x" {
+		if got := m.Header.Get(contract.HeaderSubject); got != "forbidden.x" {
 			t.Fatalf("dead letter for %q, want forbidden.x", got)
 		}
-		if e := m.Header.Get(deliver.HeaderError); !strings.Contains(e, "permission denied") {
+		if e := m.Header.Get(contract.HeaderError); !strings.Contains(e, "permission denied") {
 			t.Fatalf("Delay-Error %q does not say permission denied", e)
 		}
 		return true

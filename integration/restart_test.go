@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/contract"
 )
 
 // cpuTicks returns a process's user+system CPU time in clock ticks.
@@ -75,7 +75,7 @@ func TestServerRestart(t *testing.T) {
 	early := 0
 	for _, m := range b.streamMsgs("RESTARTCAP") {
 		ids[m.Header.Get("Nats-Msg-Id")]++
-		if due, err := time.Parse(time.RFC3339Nano, m.Header.Get(deliver.HeaderDueAt)); err != nil || m.Time.Before(due) {
+		if due, err := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt)); err != nil || m.Time.Before(due) {
 			early++
 		}
 	}

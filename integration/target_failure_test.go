@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 )
 
@@ -42,7 +43,7 @@ func TestTargetFailureFullStream(t *testing.T) {
 	)
 	sub, err := b.nc.Subscribe("ok.a", func(m *nats.Msg) {
 		rawMu.Lock()
-		raw[m.Header.Get(deliver.HeaderNatsMsgID)]++
+		raw[m.Header.Get(contract.HeaderNatsMsgID)]++
 		nRaw++
 		rawMu.Unlock()
 	})
@@ -82,7 +83,7 @@ func TestTargetFailureFullStream(t *testing.T) {
 	waitFor(t, 10*time.Second, fmt.Sprintf("%d ok.b messages in OK", nB), func() bool { return len(okMsgs("ok.b")) >= nB })
 	var late []time.Duration
 	for _, m := range okMsgs("ok.b") {
-		due := parseTime(t, m.Header, deliver.HeaderDueAt)
+		due := parseTime(t, m.Header, contract.HeaderDueAt)
 		if m.Time.Before(due) {
 			t.Errorf("ok.b %q stored at %s, before its due time %s", m.Data, m.Time.Format(time.RFC3339Nano), due.Format(time.RFC3339Nano))
 		}
@@ -160,7 +161,7 @@ func checkNoDupIDs(t *testing.T, msgs []*jetstream.RawStreamMsg) {
 	t.Helper()
 	ids := make(map[string]uint64)
 	for _, m := range msgs {
-		id := m.Header.Get(deliver.HeaderNatsMsgID)
+		id := m.Header.Get(contract.HeaderNatsMsgID)
 		if prev, ok := ids[id]; ok {
 			t.Errorf("OK holds Nats-Msg-Id %q twice: sequences %d and %d", id, prev, m.Sequence)
 		}
@@ -193,11 +194,11 @@ func TestTargetFailureTooLargeIsLast(t *testing.T) {
 		t.Fatalf("DELAYD_DLQ holds %d messages, want 1", len(dlq))
 	}
 	m := dlq[0]
-	if want := deliver.DLQSubjectPrefix + deliver.ReasonUndeliverable; m.Subject != want {
+	if want := contract.DLQSubjectPrefix + deliver.ReasonUndeliverable; m.Subject != want {
 		t.Errorf("dead-letter subject = %q, want %q", m.Subject, want)
 	}
-	if got := m.Header.Get(deliver.HeaderMsgID); got != "user-big" {
-		t.Errorf("%s = %q, want %q; headers %v", deliver.HeaderMsgID, got, "user-big", m.Header)
+	if got := m.Header.Get(contract.HeaderMsgID); got != "user-big" {
+		t.Errorf("%s = %q, want %q; headers %v", contract.HeaderMsgID, got, "user-big", m.Header)
 	}
 	if !bytes.Equal(m.Data, data) {
 		t.Errorf("payload changed: %d bytes, want the %d published", len(m.Data), len(data))
@@ -205,10 +206,10 @@ func TestTargetFailureTooLargeIsLast(t *testing.T) {
 	if got := m.Header.Get("X-User"); got != "kept" {
 		t.Errorf("X-User = %q, want %q", got, "kept")
 	}
-	if reason := m.Header.Get(deliver.HeaderError); reason == "" {
-		t.Errorf("%s missing", deliver.HeaderError)
+	if reason := m.Header.Get(contract.HeaderError); reason == "" {
+		t.Errorf("%s missing", contract.HeaderError)
 	} else {
-		t.Logf("%s: %s", deliver.HeaderError, reason)
+		t.Logf("%s: %s", contract.HeaderError, reason)
 	}
 	if n := b.streamCount("SMALL"); n != 0 {
 		t.Errorf("SMALL holds %d messages, want 0", n)

@@ -21,26 +21,6 @@ const DefaultTable = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h
 // StreamPrefix starts the name of every JetStream stream delayd creates, level streams included.
 const StreamPrefix = "DELAYD_"
 
-// Errors from [Parse] and [ParseDuration] (the table), and from [Table.Pick] (a Delay-Level value). Returned errors
-// wrap one of these, so match them with [errors.Is].
-var (
-	// ErrEmptyTable means the table text holds no durations.
-	ErrEmptyTable = errors.New("empty level table")
-	// ErrBadDuration means a duration does not parse, or is not a valid level delay (> 0, whole milliseconds).
-	ErrBadDuration = errors.New("bad duration")
-	// ErrNotIncreasing means a level's delay is smaller than the one before it.
-	ErrNotIncreasing = errors.New("levels not strictly increasing")
-	// ErrDuplicate means two levels have the same delay, whether spelled the same ("1s 1s") or not ("90s 1m30s").
-	ErrDuplicate = errors.New("duplicate level")
-
-	// ErrMissingLevel means the Delay-Level value is empty or only whitespace.
-	ErrMissingLevel = errors.New("missing delay level")
-	// ErrInvalidLevel means the Delay-Level value is not a base-10 integer, or is negative.
-	ErrInvalidLevel = errors.New("invalid delay level")
-	// ErrLevelOverflow means the Delay-Level value is an integer that does not fit in an int64.
-	ErrLevelOverflow = errors.New("delay level overflows int64")
-)
-
 // Level is one delay level.
 type Level struct {
 	// Index is the level's 1-based index in the table. 0 is the immediate level (RocketMQ: not a delay message).

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/levels"
 )
@@ -159,7 +160,7 @@ func lastDue(ctx context.Context, e *env, stream string) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	return time.Parse(time.RFC3339Nano, m.Header.Get(deliver.HeaderDueAt))
+	return time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
 }
 
 func later(a, b time.Time) time.Time {
@@ -191,7 +192,7 @@ func (b *bench) scheduleMsg(i int, at time.Time) *nats.Msg {
 	return &nats.Msg{
 		Subject: "nsched.sched." + is,
 		Header: nats.Header{
-			hdrSchedule:       []string{"@at " + deliver.FormatTime(at)},
+			hdrSchedule:       []string{"@at " + contract.FormatTime(at)},
 			hdrScheduleTarget: []string{"nsched.out." + is},
 		},
 		Data: payload(i, b.cfg.Payload),

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/levels"
 )
@@ -25,7 +26,7 @@ const (
 	// pubWindow bounds the benchmark publishers' PubAcks in flight.
 	pubWindow = 4096
 	// prefix is delayd's ingress prefix in every scenario.
-	prefix = "delay"
+	prefix = contract.PrefixDefault
 )
 
 // bench holds what every scenario shares.
@@ -327,7 +328,7 @@ func (e *env) createDelaydStreams(ctx context.Context, table string) error {
 func (b *bench) delaydMsg(i int, target string, level int) *nats.Msg {
 	return &nats.Msg{
 		Subject: prefix + "." + target,
-		Header:  nats.Header{deliver.HeaderLevel: []string{strconv.Itoa(level)}},
+		Header:  nats.Header{contract.HeaderLevel: []string{strconv.Itoa(level)}},
 		Data:    payload(i, b.cfg.Payload),
 	}
 }
@@ -357,7 +358,7 @@ func (e *env) subscribe(subject string, capacity int) (*collector, error) {
 	c := &collector{recs: make([]arrival, 0, capacity), dues: make([]string, 0, capacity)}
 	c.sub, err = nc.Subscribe(subject, func(m *nats.Msg) {
 		at := time.Now()
-		due := m.Header.Get(deliver.HeaderDueAt)
+		due := m.Header.Get(contract.HeaderDueAt)
 		c.mu.Lock()
 		c.recs = append(c.recs, arrival{idx: index(m.Data), at: at})
 		c.dues = append(c.dues, due)
@@ -462,6 +463,6 @@ func (r *streamReader) stop() []arrival {
 
 // dueHeader reads Delay-Due-At from a message.
 func dueHeader(m jetstream.Msg) time.Time {
-	t, _ := time.Parse(time.RFC3339Nano, m.Headers().Get(deliver.HeaderDueAt))
+	t, _ := time.Parse(time.RFC3339Nano, m.Headers().Get(contract.HeaderDueAt))
 	return t
 }

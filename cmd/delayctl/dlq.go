@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/delayd/delayd"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 )
 
@@ -32,8 +33,8 @@ type letter struct {
 
 func newLetter(seq uint64, subject string, h nats.Header, data []byte, t time.Time) letter {
 	return letter{
-		Seq: seq, Time: t.UTC(), Reason: strings.TrimPrefix(subject, deliver.DLQSubjectPrefix),
-		Subject: h.Get(deliver.HeaderSubject), Error: h.Get(deliver.HeaderError), MsgID: h.Get(deliver.HeaderMsgID),
+		Seq: seq, Time: t.UTC(), Reason: strings.TrimPrefix(subject, contract.DLQSubjectPrefix),
+		Subject: h.Get(contract.HeaderSubject), Error: h.Get(contract.HeaderError), MsgID: h.Get(contract.HeaderMsgID),
 		Size: len(data), Header: h, data: data,
 	}
 }
@@ -54,11 +55,11 @@ func (a *app) dlqCmd() *cobra.Command {
 // reasonFilter returns the DLQ subject for reason ("" for every reason).
 func reasonFilter(reason string) (string, error) {
 	if reason == "" {
-		return deliver.DLQSubjectPrefix + ">", nil
+		return contract.DLQSubjectPrefix + ">", nil
 	}
 	for _, r := range deliver.Reasons {
 		if r == reason {
-			return deliver.DLQSubjectPrefix + reason, nil
+			return contract.DLQSubjectPrefix + reason, nil
 		}
 	}
 	return "", withCode(exitUsage, "--reason %q: want one of %s", reason, strings.Join(deliver.Reasons, ", "))
@@ -358,27 +359,27 @@ func (r *replayer) replay(ctx context.Context, l letter) {
 func (r *replayer) message(l letter) (*nats.Msg, string, string) {
 	prefix := r.a.cfg.Prefix
 	if l.Subject == "" {
-		return nil, "", "no " + deliver.HeaderSubject + " header: not a delayd dead letter"
+		return nil, "", "no " + contract.HeaderSubject + " header: not a delayd dead letter"
 	}
 	h := nats.Header{}
 	for k, v := range l.Header {
 		switch {
-		case strings.EqualFold(k, deliver.HeaderError), strings.EqualFold(k, deliver.HeaderSubject),
-			strings.EqualFold(k, deliver.HeaderMsgID), deliver.IsInternalHeader(k),
+		case strings.EqualFold(k, contract.HeaderError), strings.EqualFold(k, contract.HeaderSubject),
+			strings.EqualFold(k, contract.HeaderMsgID), contract.IsInternalHeader(k),
 			// A delivery's own headers (a retries dead letter carries them): delayd sets them anew.
-			strings.EqualFold(k, deliver.HeaderEnqueuedAt), strings.EqualFold(k, deliver.HeaderDueAt), strings.EqualFold(k, deliver.HeaderHops):
+			strings.EqualFold(k, contract.HeaderEnqueuedAt), strings.EqualFold(k, contract.HeaderDueAt), strings.EqualFold(k, contract.HeaderHops):
 		default:
 			h[k] = append([]string(nil), v...)
 		}
 	}
 	subject := l.Subject
 	if target, ok := strings.CutPrefix(subject, prefix+"."); ok {
-		if err := deliver.ValidateTarget(target, prefix); err != nil {
+		if err := contract.ValidateTarget(target, prefix); err != nil {
 			return nil, "", fmt.Sprintf("target %q is still refused: %v", target, err)
 		}
 	} else {
 		// A target the message was due at (reason undeliverable): deliver it at once.
-		if err := deliver.ValidateTarget(subject, prefix); err != nil {
+		if err := contract.ValidateTarget(subject, prefix); err != nil {
 			return nil, "", fmt.Sprintf("target %q is still refused: %v", subject, err)
 		}
 		subject = prefix + "." + subject
@@ -408,24 +409,24 @@ func (r *replayer) message(l letter) (*nats.Msg, string, string) {
 		}
 		id = l.MsgID
 	}
-	h.Set(deliver.HeaderNatsMsgID, id)
+	h.Set(contract.HeaderNatsMsgID, id)
 	return &nats.Msg{Subject: subject, Header: h, Data: l.data}, id, ""
 }
 
 // setLevel replaces h's delay headers with Delay-Level: n.
 func (r *replayer) setLevel(h nats.Header, n int) {
 	for k := range h {
-		if deliver.IsDelayHeader(k) {
+		if contract.IsDelayHeader(k) {
 			delete(h, k)
 		}
 	}
-	h.Set(deliver.HeaderLevel, strconv.Itoa(n))
+	h.Set(contract.HeaderLevel, strconv.Itoa(n))
 }
 
 // hasDelay reports whether h carries one of the delay headers.
 func hasDelay(h nats.Header) bool {
 	for k := range h {
-		if deliver.IsDelayHeader(k) {
+		if contract.IsDelayHeader(k) {
 			return true
 		}
 	}

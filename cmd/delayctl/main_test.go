@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/config"
-	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/contract"
 )
 
 // TestRunUsage: usage errors exit 2 before any connection is tried.
@@ -54,12 +54,12 @@ func TestReplayMessage(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	r := &replayer{a: &app{cfg: config.Client{Prefix: "delay"}}, created: created, window: 2 * time.Minute, now: now}
 	letterOf := func(seq uint64, h nats.Header, age time.Duration) letter {
-		return newLetter(seq, deliver.DLQSubjectPrefix+"target", h, []byte("x"), now.Add(-age))
+		return newLetter(seq, contract.DLQSubjectPrefix+"target", h, []byte("x"), now.Add(-age))
 	}
 
 	// Under the prefix: published there again, dead-letter and JetStream headers dropped, delay headers kept.
 	m, id, why := r.message(letterOf(7, nats.Header{
-		deliver.HeaderSubject: {"delay.orders.close"}, deliver.HeaderError: {"denied"}, "Nats-Msg-Id": {"delayd-1-3"},
+		contract.HeaderSubject: {"delay.orders.close"}, contract.HeaderError: {"denied"}, "Nats-Msg-Id": {"delayd-1-3"},
 		"Nats-Expected-Stream": {"X"}, "Delay-Level": {"2"}, "X-User": {"a", "b"},
 	}, time.Second))
 	if m == nil {
@@ -69,7 +69,7 @@ func TestReplayMessage(t *testing.T) {
 	if m.Subject != "delay.orders.close" || id != wantID || m.Header.Get("Nats-Msg-Id") != wantID {
 		t.Errorf("replay to %q with id %q (header %q), want delay.orders.close and %q", m.Subject, id, m.Header.Get("Nats-Msg-Id"), wantID)
 	}
-	for _, k := range []string{deliver.HeaderSubject, deliver.HeaderError, "Nats-Expected-Stream"} {
+	for _, k := range []string{contract.HeaderSubject, contract.HeaderError, "Nats-Expected-Stream"} {
 		if _, ok := m.Header[k]; ok {
 			t.Errorf("replay keeps %s: %v", k, m.Header)
 		}
@@ -79,7 +79,7 @@ func TestReplayMessage(t *testing.T) {
 	}
 
 	// A target (undeliverable): to <prefix>.<target>, at once.
-	m, _, why = r.message(letterOf(8, nats.Header{deliver.HeaderSubject: {"orders.close"}, deliver.HeaderDueAt: {"2026-11-30T11:00:00Z"}}, time.Second))
+	m, _, why = r.message(letterOf(8, nats.Header{contract.HeaderSubject: {"orders.close"}, contract.HeaderDueAt: {"2026-11-30T11:00:00Z"}}, time.Second))
 	if m == nil || m.Subject != "delay.orders.close" || m.Header.Get("Delay-Level") != "0" {
 		t.Errorf("undeliverable replay = %+v (%s), want delay.orders.close with Delay-Level 0", m, why)
 	}
@@ -87,25 +87,25 @@ func TestReplayMessage(t *testing.T) {
 	// --level replaces every delay header.
 	r.level = new(int)
 	*r.level = 3
-	m, _, _ = r.message(letterOf(9, nats.Header{deliver.HeaderSubject: {"delay.orders.close"}, "delay-duration": {"bad"}}, time.Second))
+	m, _, _ = r.message(letterOf(9, nats.Header{contract.HeaderSubject: {"delay.orders.close"}, "delay-duration": {"bad"}}, time.Second))
 	if m.Header.Get("Delay-Level") != "3" || len(m.Header) != 2 {
 		t.Errorf("--level 3 replay headers %v, want only Delay-Level 3 and Nats-Msg-Id", m.Header)
 	}
 	r.level = nil
 
 	// A publisher id: restored once the letter is older than the duplicate window, deferred before.
-	h := nats.Header{deliver.HeaderSubject: {"delay.orders.close"}, deliver.HeaderMsgID: {"order-42"}}
+	h := nats.Header{contract.HeaderSubject: {"delay.orders.close"}, contract.HeaderMsgID: {"order-42"}}
 	if m, _, why := r.message(letterOf(10, h, time.Minute)); m != nil || !strings.Contains(why, "duplicate window") {
 		t.Errorf("young letter with a publisher id: %v %q, want skipped", m, why)
 	}
 	m, id, _ = r.message(letterOf(10, h, 3*time.Minute))
-	if m == nil || id != "order-42" || m.Header.Get(deliver.HeaderMsgID) != "" {
+	if m == nil || id != "order-42" || m.Header.Get(contract.HeaderMsgID) != "" {
 		t.Errorf("old letter with a publisher id: id %q, headers %v; want order-42 as Nats-Msg-Id only", id, m.Header)
 	}
 
 	// Targets delayd refuses anyway stay in the DLQ.
 	for _, subject := range []string{"delay.$JS.API.x", "delayd.level.5S.x", "orders.*", ""} {
-		if m, _, _ := r.message(letterOf(11, nats.Header{deliver.HeaderSubject: {subject}}, time.Second)); m != nil {
+		if m, _, _ := r.message(letterOf(11, nats.Header{contract.HeaderSubject: {subject}}, time.Second)); m != nil {
 			t.Errorf("Delay-Subject %q replayed to %q, want skipped", subject, m.Subject)
 		}
 	}

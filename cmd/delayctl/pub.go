@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/delayd/delayd"
-	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/contract"
 )
 
 func (a *app) pubCmd() *cobra.Command {
@@ -117,7 +117,7 @@ that need no configuration are made (the ingress stream keeps the message for wh
 				data = b
 			}
 			subject := args[0]
-			if err := deliver.ValidateTarget(subject, a.cfg.Prefix); err != nil {
+			if err := contract.ValidateTarget(subject, a.cfg.Prefix); err != nil {
 				return withCode(exitUsage, "target %q: %v", subject, err)
 			}
 
@@ -130,8 +130,8 @@ that need no configuration are made (the ingress stream keeps the message for wh
 			switch {
 			case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
 				return withCode(exitNoStreams, "no delayd stream captures %s.%s: is delayd running with DELAYD_PREFIX=%s? (%v)", a.cfg.Prefix, subject, a.cfg.Prefix, err)
-			case errors.Is(err, delayd.ErrInvalidLevel), errors.Is(err, deliver.ErrInvalidTarget), errors.Is(err, deliver.ErrForbiddenTarget),
-				errors.Is(err, deliver.ErrDeniedTarget), errors.Is(err, delayd.ErrTooLarge), errors.Is(err, delayd.ErrPrefixMismatch):
+			case errors.Is(err, delayd.ErrInvalidLevel), errors.Is(err, delayd.ErrInvalidDelay), errors.Is(err, contract.ErrInvalidTarget), errors.Is(err, contract.ErrForbiddenTarget),
+				errors.Is(err, contract.ErrDeniedTarget), errors.Is(err, delayd.ErrTooLarge), errors.Is(err, delayd.ErrPrefixMismatch):
 				// Refused before publishing: the running delayd would dead-letter it.
 				return withCode(exitUsage, "%v", err)
 			case err != nil:
@@ -175,7 +175,7 @@ If no delayd answers, it exits 1.`,
 			case !anyTarget && len(args) != 2:
 				return withCode(exitUsage, "cancel takes TARGET and ID (or --any ID), got %d arguments", len(args))
 			case !anyTarget:
-				if err := deliver.ValidateTarget(args[0], deliver.InternalPrefix); err != nil {
+				if err := contract.ValidateTarget(args[0], contract.InternalPrefix); err != nil {
 					return withCode(exitUsage, "bad target: %v", err)
 				}
 			}

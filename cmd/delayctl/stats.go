@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
@@ -218,16 +219,16 @@ func (a *app) directGet(ctx context.Context, stream, req string) (*nats.Msg, err
 func (a *app) requestStats(ctx context.Context) (*deliver.StatsReply, string) {
 	rctx, cancel := context.WithTimeout(ctx, min(a.timeout, 2*time.Second))
 	defer cancel()
-	m, err := a.nc.RequestWithContext(rctx, deliver.StatsSubject, nil)
+	m, err := a.nc.RequestWithContext(rctx, contract.StatsSubject, nil)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
-		return nil, "no delayd answered on " + deliver.StatsSubject + " (not running, or a delayd without the stats API)"
+		return nil, "no delayd answered on " + contract.StatsSubject + " (not running, or a delayd without the stats API)"
 	case err != nil:
-		return nil, fmt.Sprintf("no answer on %s: %v", deliver.StatsSubject, err)
+		return nil, fmt.Sprintf("no answer on %s: %v", contract.StatsSubject, err)
 	}
 	var r deliver.StatsReply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
-		return nil, fmt.Sprintf("bad reply on %s: %v", deliver.StatsSubject, err)
+		return nil, fmt.Sprintf("bad reply on %s: %v", contract.StatsSubject, err)
 	}
 	return &r, ""
 }

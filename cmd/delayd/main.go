@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/config"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/metrics"
 )
@@ -153,7 +154,7 @@ func run() int {
 	}
 	m = metrics.New(svc, nc)
 	svcRef.Store(svc)
-	logger.Info("level table", slog.String("levels", cfg.Levels.String()), slog.String("publish_to", cfg.Prefix+".<subject>"), slog.String("header", deliver.HeaderLevel+": 0.."+fmt.Sprint(cfg.Levels.Len())))
+	logger.Info("level table", slog.String("levels", cfg.Levels.String()), slog.String("publish_to", cfg.Prefix+".<subject>"), slog.String("header", contract.HeaderLevel+": 0.."+fmt.Sprint(cfg.Levels.Len())))
 
 	if stopStats, err := svc.StartStatsAPI(); err != nil {
 		logger.Warn("stats API not served", slog.Any("error", err))

@@ -1,14 +1,10 @@
-package deliver
+package contract
 
 import (
 	"errors"
 	"fmt"
 	"strings"
 )
-
-// ErrDeniedTarget means the operator's target policy refuses the target:
-// it matches a deny pattern, or an allow list exists and it matches none.
-var ErrDeniedTarget = errors.New("target denied by policy")
 
 // TargetPolicy is the operator's allow and deny lists of target subject
 // patterns (NATS wildcards '*' and '>'). Deny wins. An empty allow list
@@ -17,8 +13,10 @@ var ErrDeniedTarget = errors.New("target denied by policy")
 // The policy narrows what delayd will deliver to; it never widens it: '$'
 // subjects, the ingress prefix and delayd's internal subjects stay refused.
 type TargetPolicy struct {
+	// Allow lists the patterns a target must match one of; empty allows all.
 	Allow []string
-	Deny  []string
+	// Deny lists the patterns no target may match; it wins over Allow.
+	Deny []string
 }
 
 // ValidatePattern reports whether p is a valid subject pattern: non-empty
@@ -43,7 +41,9 @@ func ValidatePattern(p string) error {
 	return nil
 }
 
-func (p TargetPolicy) validate() error {
+// Validate checks every pattern of p with [ValidatePattern] and returns the
+// first error: a message naming the bad pattern.
+func (p TargetPolicy) Validate() error {
 	for _, pat := range append(append([]string(nil), p.Allow...), p.Deny...) {
 		if err := ValidatePattern(pat); err != nil {
 			return err
@@ -56,7 +56,7 @@ func (p TargetPolicy) validate() error {
 // [ErrDeniedTarget].
 func (p TargetPolicy) Check(target string) error {
 	for _, d := range p.Deny {
-		if subjectMatches(d, target) {
+		if MatchSubject(d, target) {
 			return fmt.Errorf("%w: %q matches deny pattern %q", ErrDeniedTarget, target, d)
 		}
 	}
@@ -64,9 +64,36 @@ func (p TargetPolicy) Check(target string) error {
 		return nil
 	}
 	for _, a := range p.Allow {
-		if subjectMatches(a, target) {
+		if MatchSubject(a, target) {
 			return nil
 		}
 	}
 	return fmt.Errorf("%w: %q matches no allow pattern", ErrDeniedTarget, target)
+}
+
+// MatchSubject reports whether the literal subject matches pattern, which
+// may hold '*' (one token) and '>' (one or more trailing tokens) wildcard
+// tokens, with NATS subject semantics.
+func MatchSubject(pattern, subject string) bool {
+	for {
+		pi := strings.IndexByte(pattern, '.')
+		si := strings.IndexByte(subject, '.')
+		ptok, stok := pattern, subject
+		if pi >= 0 {
+			ptok = pattern[:pi]
+		}
+		if si >= 0 {
+			stok = subject[:si]
+		}
+		if ptok == ">" {
+			return true
+		}
+		if ptok != "*" && ptok != stok {
+			return false
+		}
+		if pi < 0 || si < 0 {
+			return pi < 0 && si < 0
+		}
+		pattern, subject = pattern[pi+1:], subject[si+1:]
+	}
 }

@@ -1,43 +1,9 @@
-package deliver
+package contract
 
 import (
 	"errors"
 	"fmt"
 	"strings"
-)
-
-// Internal subject space. Every subject delayd itself uses lives under
-// [InternalPrefix]; a target there is refused.
-const (
-	InternalPrefix = "delayd"
-	levelSubjects  = "delayd.level."
-	dlqSubjects    = "delayd.dlq."
-	// CancelSubject is the unscoped cancel API, the operator's form: a
-	// request whose payload is a message id, answered "cancelled", "not
-	// found" or "already delivered", for a message of any target. Publishers
-	// use the scoped form [CancelSubjectFor], which server permissions can
-	// limit by target.
-	CancelSubject = "delayd.api.cancel"
-)
-
-// CancelSubjectFor is the scoped cancel API subject of target,
-// "delayd.api.cancel.<target>": a request there cancels only a message
-// whose target subject is target, and answers "not found" for any other,
-// so a NATS user allowed to publish to "delayd.api.cancel.orders.>" can
-// cancel only messages bound for orders.>.
-func CancelSubjectFor(target string) string { return CancelSubject + "." + target }
-
-// Sentinel errors for invalid input. Each dead letter's Delay-Error starts
-// with one of these texts, and the DLQ subject names its reason.
-var (
-	// ErrInvalidTarget means the target subject is empty, has empty tokens,
-	// wildcards or white space, or is otherwise not a valid NATS subject.
-	ErrInvalidTarget = errors.New("invalid target subject")
-
-	// ErrForbiddenTarget means the target starts with '$' (the JetStream,
-	// system and KV APIs), lies under the ingress prefix (a loop) or under
-	// delayd's own internal subjects.
-	ErrForbiddenTarget = errors.New("forbidden target subject")
 )
 
 // Target returns the target subject of an ingress subject "<prefix>.<target>"

@@ -1,0 +1,51 @@
+package deliver
+
+import "errors"
+
+// Sentinel errors of the package. Returned errors wrap one of these (or one
+// of [contract.ErrInvalidTarget], [contract.ErrForbiddenTarget],
+// [contract.ErrDeniedTarget] and the levels package's Delay-Level errors),
+// so match them with [errors.Is].
+var (
+	// ErrInvalidDelay means a message's Delay-Duration or Delay-Deliver-At
+	// is invalid: not a Go duration or an RFC 3339 time, negative, beyond
+	// the max delay (DELAYD_MAX_DELAY), given more than once, or given with
+	// another delay header. Such a message is dead-lettered with reason
+	// "level". Its text is "invalid delay level", the text those dead
+	// letters' Delay-Error has always started with; it is kept so that
+	// Delay-Error does not change.
+	ErrInvalidDelay = errors.New("invalid delay level")
+
+	// ErrInvalidMergeKey means a message's Delay-Merge-Key is empty or has
+	// more than one value. Such a message is dead-lettered with reason
+	// "level"; its text is "invalid delay level" for the same reason as
+	// [ErrInvalidDelay].
+	ErrInvalidMergeKey = errors.New("invalid delay level")
+
+	// ErrTooLarge means a message no longer fits the server's max payload
+	// once delayd's own headers are added. Such a message is dead-lettered
+	// with reason "size".
+	ErrTooLarge = errors.New("message too large")
+
+	// ErrPermissionDenied means the server refused delayd's publish to the
+	// target: delayd's NATS user may not publish there.
+	ErrPermissionDenied = errors.New("permission denied")
+
+	// ErrHopKey is wrapped by the error [Service.Run] returns when the hop
+	// secret stored in the offsets bucket is not one delayd wrote: wrong
+	// length, unknown format or failed integrity check. It is not retried:
+	// running on with another secret would change every derived delivery id.
+	ErrHopKey = errors.New("hop secret is not one delayd wrote")
+
+	// ErrRouterBehind is a cancel's error when the router has not placed the
+	// messages published before it within 25 s: the answer is not known yet.
+	// The request may be sent again. The cancel API answers it with code
+	// [contract.CancelStatusRouterBehind].
+	ErrRouterBehind = errors.New("the router has not yet placed every message published before this cancel; try again")
+
+	// ErrAmbiguousID is a cancel's error for a decimal id that is both a
+	// publisher's Nats-Msg-Id and an ingress sequence delayd knows: "seq:N"
+	// or "id:N" says which. The cancel API answers it with code
+	// [contract.CancelStatusBadRequest].
+	ErrAmbiguousID = errors.New("ambiguous id")
+)

@@ -1,0 +1,113 @@
+package deliver
+
+import (
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/levels"
+)
+
+// TestDelayErrorSentinels checks that each kind of bad delay input wraps its
+// own sentinel (levels.ErrInvalidLevel only for a bad Delay-Level), while the
+// dead letter's reason and Delay-Error text stay what users and scripts
+// read: reason "level", Delay-Error starting "invalid delay level".
+func TestDelayErrorSentinels(t *testing.T) {
+	t.Parallel()
+	r := &Router{
+		cfg:    RouterConfig{Prefix: "delay", Levels: levels.Default(), MaxDelay: time.Hour},
+		logger: slog.New(slog.DiscardHandler),
+	}
+	stored := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name   string
+		header nats.Header
+		want   error
+		text   string // the dead letter's Delay-Error, as it has always read
+	}{
+		{"level not an integer", nats.Header{contract.HeaderLevel: {"abc"}}, levels.ErrInvalidLevel, `levels: "abc": not a base-10 integer (want 0 to 18; higher values are clamped): invalid delay level`},
+		{"level negative", nats.Header{contract.HeaderLevel: {"-1"}}, levels.ErrInvalidLevel, `levels: "-1": negative (want 0 to 18; higher values are clamped): invalid delay level`},
+		{"level twice", nats.Header{contract.HeaderLevel: {"1", "2"}}, levels.ErrInvalidLevel, `invalid delay level: Delay-Level has 2 values, want one`},
+		{"no delay header", nats.Header{"X": {"y"}}, levels.ErrMissingLevel, `missing delay level: no Delay-Level, Delay-Duration or Delay-Deliver-At header`},
+		{"duration not a duration", nats.Header{contract.HeaderDuration: {"soon"}}, ErrInvalidDelay, `invalid delay level: Delay-Duration "soon" is not a Go duration such as 90s or 36h`},
+		{"duration negative", nats.Header{contract.HeaderDuration: {"-1s"}}, ErrInvalidDelay, `invalid delay level: Delay-Duration "-1s" is negative`},
+		{"duration beyond max delay", nats.Header{contract.HeaderDuration: {"2h"}}, ErrInvalidDelay, `invalid delay level: Delay-Duration "2h" is beyond the longest delay 1h (DELAYD_MAX_DELAY)`},
+		{"duration twice", nats.Header{contract.HeaderDuration: {"1s", "2s"}}, ErrInvalidDelay, `invalid delay level: Delay-Duration has 2 values, want one`},
+		{"deliver-at not a time", nats.Header{contract.HeaderDeliverAt: {"tomorrow"}}, ErrInvalidDelay, `invalid delay level: Delay-Deliver-At "tomorrow" is not an RFC 3339 time`},
+		{"deliver-at beyond max delay", nats.Header{contract.HeaderDeliverAt: {"2026-12-02T00:00:00Z"}}, ErrInvalidDelay, `invalid delay level: Delay-Deliver-At "2026-12-02T00:00:00Z" is beyond the longest delay 1h (DELAYD_MAX_DELAY)`},
+		{"two delay headers", nats.Header{contract.HeaderLevel: {"1"}, contract.HeaderDuration: {"1s"}}, ErrInvalidDelay, `invalid delay level: ambiguous: set exactly one of Delay-Level, Delay-Duration and Delay-Deliver-At`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, _, err := r.classify(&nats.Msg{Subject: "delay.orders.close", Header: tt.header}, stored)
+			checkDelayError(t, err, tt.want, tt.text)
+		})
+	}
+	t.Run("merge key", func(t *testing.T) {
+		for _, v := range [][]string{{""}, {"  "}, {"a", "b"}} {
+			_, err := mergeKeyOf(nats.Header{contract.HeaderMergeKey: v})
+			checkDelayError(t, err, ErrInvalidMergeKey, "invalid delay level: Delay-Merge-Key needs exactly one non-empty value")
+		}
+	})
+}
+
+// delayErrNames names the sentinels, whose texts are partly the same.
+var delayErrNames = map[error]string{
+	levels.ErrInvalidLevel: "levels.ErrInvalidLevel",
+	levels.ErrMissingLevel: "levels.ErrMissingLevel",
+	ErrInvalidDelay:        "ErrInvalidDelay",
+	ErrInvalidMergeKey:     "ErrInvalidMergeKey",
+}
+
+func checkDelayError(t *testing.T, err, want error, text string) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Fatalf("error %v does not wrap %s", err, delayErrNames[want])
+	}
+	for other, name := range delayErrNames {
+		if other != want && errors.Is(err, other) {
+			t.Errorf("error %v also wraps %s; want %s only", err, name, delayErrNames[want])
+		}
+	}
+	if got := reasonOf(err); got != ReasonLevel {
+		t.Errorf("reasonOf(%v) = %q, want %q", err, got, ReasonLevel)
+	}
+	dl := deadLetterMsg("delay.orders.close", nats.Header{}, nil, err, "id")
+	if got := dl.Header.Get(contract.HeaderError); got != text {
+		t.Errorf("Delay-Error %q, want %q", got, text)
+	}
+	if dl.Subject != contract.DLQSubjectPrefix+ReasonLevel {
+		t.Errorf("dead-letter subject %q, want %q", dl.Subject, contract.DLQSubjectPrefix+ReasonLevel)
+	}
+}
+
+// TestCancelStatus checks each cancel answer's Delay-Status code, and that
+// the body stays the answer's text.
+func TestCancelStatus(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		body string
+		err  error
+		want string
+	}{
+		{contract.CancelReplyCancelled, nil, "200"},
+		{contract.CancelReplyNotFound, nil, "404"},
+		{contract.CancelReplyDelivered, nil, "409"},
+		{"error: x", ErrAmbiguousID, "400"},
+		{"error: x", ErrRouterBehind, "503"},
+		{"error: x", errors.New("stream info: timeout"), "500"},
+	}
+	for _, tt := range tests {
+		m := cancelReplyMsg(tt.body, tt.err)
+		if got := m.Header.Get(contract.HeaderStatus); got != tt.want {
+			t.Errorf("cancelReplyMsg(%q, %v): %s %q, want %q", tt.body, tt.err, contract.HeaderStatus, got, tt.want)
+		}
+		if string(m.Data) != tt.body {
+			t.Errorf("cancelReplyMsg(%q, %v): body %q, want it unchanged", tt.body, tt.err, m.Data)
+		}
+	}
+}
