@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 )
 
@@ -133,7 +134,7 @@ func TestDeadLetterStreamRefuses(t *testing.T) {
 	})
 	seen := make(map[string]int)
 	for _, m := range b.streamMsgs(deliver.DLQStream) {
-		seen[m.Header.Get(deliver.HeaderSubject)]++
+		seen[m.Header.Get(contract.HeaderSubject)]++
 	}
 	for i := range max(nBad, nBig) {
 		for _, subj := range []string{fmt.Sprintf("delay.bad.%02d", i), fmt.Sprintf("small.%02d", i)} {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
@@ -101,7 +102,7 @@ func TestReadyzStalledLevel(t *testing.T) {
 	for due.IsZero() {
 		if m, err := tjs.Stream(ctx, "DELAYD_1S"); err == nil {
 			if raw, err := m.GetMsg(ctx, 1); err == nil {
-				if due, err = time.Parse(time.RFC3339Nano, raw.Header.Get(deliver.HeaderDueAt)); err != nil {
+				if due, err = time.Parse(time.RFC3339Nano, raw.Header.Get(contract.HeaderDueAt)); err != nil {
 					t.Fatal(err)
 				}
 			}
