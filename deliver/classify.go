@@ -74,7 +74,7 @@ type placement struct {
 	// next to a later merge-key error.
 	Clamped bool
 
-	// Hop is set when the message moves on from an earlier level (a valid
+	// Hop is set when the message hops on from an earlier level (a valid
 	// hop MAC): it keeps its first id, enqueue time and hop count.
 	Hop bool
 }

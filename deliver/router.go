@@ -685,7 +685,7 @@ func (r *Router) route(ctx context.Context, m *nats.Msg) {
 		}
 	}
 	if hop == hopForged {
-		// Not moved on by delayd: a publisher's own Delayd-* headers.
+		// Not a hop made by delayd: a publisher's own Delayd-* headers.
 		r.logger.Warn("message with delayd's hop headers but no valid hop MAC; routed as a new message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq))
 	}
 	rt.w = w
@@ -774,8 +774,8 @@ func (r *Router) submit(rt *routing) {
 		rt.err = err
 		if errors.Is(err, nats.ErrMaxPayload) {
 			// Refused before it was sent: nothing to resync, order is kept.
-			// A cascading message's earlier placement is still its latest
-			// index record: record that it left delayd.
+			// A hop's earlier placement is still its latest index
+			// record: record that it left delayd.
 			r.writeIndex(rt, "", 0)
 			r.deadLetter(rt, fmt.Errorf("%w: %d payload bytes plus delayd's headers exceed the server's max payload", ErrTooLarge, len(rt.out.Data)))
 			return
