@@ -38,8 +38,9 @@ func benchRouter(b *testing.B) *Router {
 }
 
 // BenchmarkClassify measures the router's header parsing and level choice
-// for one ingress message: ack-subject metadata, target validation, the
-// case-insensitive Delay-Level lookup and levels.Table.Pick.
+// for one ingress message: ack-subject metadata, the hop check, target
+// validation, the case-insensitive Delay-Level lookup, levels.Table.Pick
+// and the merge-key lookup.
 func BenchmarkClassify(b *testing.B) {
 	r := benchRouter(b)
 	m := ingressMsg()
@@ -48,24 +49,29 @@ func BenchmarkClassify(b *testing.B) {
 		if _, ok := parseAck(m.Reply); !ok {
 			b.Fatal("bad ack subject")
 		}
-		if _, _, _, err := r.classify(m, time.Time{}); err != nil {
+		hop := checkHop(r.wiring.hopKey, m.Subject, m.Header)
+		if _, err := r.classifier.classify(m.Subject, m.Header, time.Time{}, hop); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
 // BenchmarkLevelMsg measures building the level-stream message from an
-// ingress message: header rewrite, the two RFC 3339 timestamps, the
-// derived id and the expected-last-sequence header.
+// ingress message: a fresh header from the publisher's and delayd's, the
+// two RFC 3339 timestamps, the derived id, the index records and the
+// expected-last-sequence header.
 func BenchmarkLevelMsg(b *testing.B) {
 	r := benchRouter(b)
 	stored := time.Now()
 	w := r.writers[3]
+	p := placement{Level: w.level, Target: "orders.close"}
 	b.ReportAllocs()
 	for b.Loop() {
 		m := ingressMsg() // included: the client allocates this per message too
 		rt := &routing{msg: m, seq: 4242, w: w}
-		r.levelMsg(rt, "orders.close", stored, time.Time{})
+		var due time.Time
+		rt.out, due = levelMessage(m.Header, m.Data, p, w.subject, stored, r.ingressRef(rt.seq))
+		rt.setIndex(w.stream, p, due)
 		rt.out.Header[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(w.expected, 10)}
 	}
 }

@@ -2,7 +2,6 @@ package deliver
 
 import (
 	"errors"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -18,10 +17,7 @@ import (
 // read: reason "level", Delay-Error starting "invalid delay level".
 func TestDelayErrorSentinels(t *testing.T) {
 	t.Parallel()
-	r := &Router{
-		cfg:    RouterConfig{Prefix: "delay", Levels: levels.Default(), MaxDelay: time.Hour},
-		logger: slog.New(slog.DiscardHandler),
-	}
+	c := &classifier{prefix: "delay", levels: levels.Default(), maxDelay: time.Hour}
 	stored := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
 	tests := []struct {
 		name   string
@@ -43,7 +39,7 @@ func TestDelayErrorSentinels(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, _, _, err := r.classify(&nats.Msg{Subject: "delay.orders.close", Header: tt.header}, stored)
+			_, err := c.classify("delay.orders.close", tt.header, stored, hopNone)
 			checkDelayError(t, err, tt.want, tt.text)
 		})
 	}

@@ -2,13 +2,14 @@ package deliver
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -71,28 +72,14 @@ type RouterConfig struct {
 	// [RouterBatchDefault].
 	Batch int
 
-	reasons *reasonCounts // dead letters by reason, shared with the scanners (set by Service)
-	refused *dlqRefusals  // dead letters DELAYD_DLQ refused, shared with the scanners (set by Service)
-
-	// pending reports whether the level message at (stream, seq) has not
-	// been handed to its target yet and is not cancelled; hop and due are
-	// from its index record. Set by Service for merging; nil merges nothing.
-	pending func(rec indexRecord) bool
-
-	hopKey hopKey // authenticates cascading messages moving on (set by Service)
-
-	// passed returns the highest sequence a level's scanner handed off.
-	// Set by Service.
-	passed func(stream string) uint64
-
-	// committed returns a level stream's committed offset, for re-indexing
-	// at start. Set by Service; nil re-indexes every candidate.
-	committed func(stream string) uint64
-
-	// OnRouted is called after a level-stream write is confirmed, with the
-	// level stream's name and the sequence the write got, for observers such
-	// as metrics. (Scanners need no nudge: their pending pull request
-	// receives the message.) Optional.
+	// OnRouted is called with a level stream's name and a sequence it now
+	// holds, for observers such as metrics: after each confirmed level
+	// write, with the sequence the write got, and after each tail sync (at
+	// the start of a session and before a retry), with the stream's last
+	// sequence. (Scanners need no nudge: their pending pull request
+	// receives the message.) Calls come from one goroutine, the router's
+	// acker, one at a time, in ingress order; it must not block, as the
+	// acker acks nothing meanwhile. Optional.
 	OnRouted func(stream string, seq uint64)
 }
 
@@ -130,6 +117,55 @@ func (c *RouterConfig) validate() error {
 	return nil
 }
 
+// routerWiring is what a router shares with the rest of delayd. A
+// [Service] fills it from its own state; [NewRouter] fills it for a router
+// on its own.
+type routerWiring struct {
+	// reasons counts dead letters by reason, shared with the scanners.
+	// Required.
+	reasons *reasonCounts
+
+	// refused tracks the dead letters DELAYD_DLQ refused, shared with the
+	// scanners. Required.
+	refused *dlqRefusals
+
+	// hopKey authenticates hops: only a message whose hop MAC it verifies
+	// keeps its first id, enqueue time and hop count. Required.
+	hopKey hopKey
+
+	// scanners is the router's view of the level scanners. Optional: nil
+	// merges nothing (no scanner can say a message is pending) and
+	// re-indexes every candidate at start.
+	scanners levelScanners
+}
+
+func (w *routerWiring) validate() error {
+	switch {
+	case w.reasons == nil:
+		return errors.New("deliver: router: dead-letter reason counts are required")
+	case w.refused == nil:
+		return errors.New("deliver: router: dead-letter refusals are required")
+	case len(w.hopKey) == 0:
+		return errors.New("deliver: router: a hop key is required")
+	}
+	return nil
+}
+
+// levelScanners is what the router asks of the level streams' scanners.
+type levelScanners interface {
+	// pendingAt reports whether the level message rec places has not been
+	// handed to its target yet and is not cancelled; rec's hop and due
+	// come from its index record. Merging asks it.
+	pendingAt(rec indexRecord) bool
+
+	// passed returns the highest sequence stream's scanner handed off.
+	passed(stream string) uint64
+
+	// committed returns stream's committed offset, 0 if unknown, for the
+	// re-index at start.
+	committed(ctx context.Context, stream string) uint64
+}
+
 // RouterStats are the router's counters since start.
 type RouterStats struct {
 	Routed       uint64 // messages written to a level stream and acked at ingress
@@ -152,34 +188,32 @@ type RouterStats struct {
 // level stream's last message): any ingress message at or below it is
 // already stored and is only acked. This costs no server memory per message,
 // unlike a Nats-Msg-Id duplicate window.
+//
+// Its parts: a pure classifier (classify.go) decides each message's
+// placement; the write pipeline (pipeline.go) sends the writes and confirms
+// them in order on its acker goroutine; the merge cache (mergecache.go)
+// remembers merge keys' placements under its own lock. The rest runs on
+// the goroutine that calls [Router.Run].
 type Router struct {
 	js     jetstream.JetStream
 	cfg    RouterConfig
+	wiring routerWiring
 	logger *slog.Logger
+
+	classifier classifier
+	pipe       *writePipeline
+	merges     *mergeCache
 
 	ingressID string         // unique to the ingress stream's life: its creation time
 	writers   []*levelWriter // by level index, 0 = immediate
 
-	inflight chan *routing
-	pending  sync.WaitGroup
-	mu       sync.Mutex
-	failed   []*routing
-	broken   atomic.Bool
-	kick     chan struct{} // wakes the router loop when a write failed
+	failing failClock // sessions or dead letters of placed messages failing; see Healthy
+	epoch   time.Time // the failure clocks' origin (monotonic reading)
 
-	failing   failClock    // sessions or dead letters of placed messages failing; see Healthy
-	epoch     time.Time    // the failure clocks' origin (monotonic reading)
-	inflightN atomic.Int64 // writes handed to the acker and not settled yet
-	tails     *batchReader
+	tails *batchReader // level streams' tails (Run's goroutine)
+	index *batchReader // index lookups (Run's goroutine)
 
-	group       *indexGroup // index records not yet written (router goroutine)
-	mergeMu     sync.Mutex
-	index       *batchReader           // index lookups (router goroutine)
-	mergeFlight map[string]indexRecord // merge keys' placements whose level write is not confirmed yet
-	mergeRecent map[string]indexRecord // the latest confirmed placement of merge keys placed by this process
-	mergeOrder  []string               // mergeRecent's keys, oldest first, for eviction
-
-	routed, deadLettered, clamped, skipped, merged, indexErrors atomic.Uint64
+	routed, deadLettered, clamped, skipped, merged atomic.Uint64
 }
 
 // levelWriter is the router's view of one level stream.
@@ -188,8 +222,8 @@ type levelWriter struct {
 	stream  string
 	subject string // "delayd.level.<NAME>." + target
 
-	expected      uint64        // the stream's last sequence before the next write (router goroutine)
-	lastSubmitted uint64        // highest ingress sequence written, confirmed or not (router goroutine)
+	expected      uint64        // the stream's last sequence before the next write (Run's goroutine)
+	lastSubmitted uint64        // highest ingress sequence written, confirmed or not (Run's goroutine)
 	lastRouted    atomic.Uint64 // highest ingress sequence confirmed in the stream
 	failing       failClock     // its writes failing since; reset only by a confirmed write
 }
@@ -212,12 +246,13 @@ func (c *failClock) failingFor(epoch time.Time) time.Duration {
 	return time.Since(epoch) - time.Duration(since-1)
 }
 
-// routing is one ingress message on its way.
+// routing is one ingress message on its way. The ingress message itself is
+// never changed: its level message and its dead letter are built afresh.
 type routing struct {
 	msg    *nats.Msg    // the ingress message; Reply is its $JS.ACK subject
 	seq    uint64       // ingress sequence
 	w      *levelWriter // nil for a dead letter
-	out    *nats.Msg
+	out    *nats.Msg    // the level message or the dead letter
 	fut    jetstream.PubAckFuture
 	err    error
 	reason error // why it is a dead letter
@@ -226,63 +261,44 @@ type routing struct {
 	// may pass it while its dead letter is refused (see deferDeadLetter).
 	invalid bool
 
-	merge  string         // Delay-Merge-Key, "" if none
 	index  [2]indexRecord // the placement's records: by id, and by merge key if any
 	nIndex int
 	group  *indexGroup // the index write holding them
-
-	// Headers levelMsg removed from msg, to restore them on a dead letter.
-	shaped   bool // levelMsg ran on msg's header map
-	removed  [2]hdrKV
-	nRemoved int
-	spill    []hdrKV
-}
-
-type hdrKV struct {
-	key    string
-	values []string
-}
-
-func (rt *routing) remember(k string, v []string) {
-	if rt.nRemoved < len(rt.removed) {
-		rt.removed[rt.nRemoved] = hdrKV{k, v}
-		rt.nRemoved++
-		return
-	}
-	rt.spill = append(rt.spill, hdrKV{k, v})
-}
-
-// originalHeader undoes levelMsg on the ingress message's header map: the
-// headers delayd added are removed and the ones it removed are back.
-func (rt *routing) originalHeader() nats.Header {
-	h := rt.msg.Header
-	if !rt.shaped || h == nil {
-		return h
-	}
-	rt.shaped = false
-	for _, k := range []string{contract.HeaderEnqueuedAt, contract.HeaderDueAt, hdrIngress, hdrMsgID, jetstream.ExpectedLastSeqHeader} {
-		delete(h, k)
-	}
-	for _, kv := range rt.removed[:rt.nRemoved] {
-		h[kv.key] = kv.values
-	}
-	for _, kv := range rt.spill {
-		h[kv.key] = kv.values
-	}
-	return h
 }
 
 func (rt *routing) ack() { _ = rt.msg.Respond(ackAck) }
 
 func (rt *routing) inProgress() { _ = rt.msg.Respond(ackInProgress) }
 
-// NewRouter returns a router. The streams must exist; see [Service].
+// NewRouter returns a router on its own, outside a [Service], for example
+// to measure routing alone. The streams must exist; see [Service]. Such a
+// router trusts no hop (its hop key is its own, random, so a message
+// carrying Delayd-Origin is routed as a new message), merges nothing (no
+// scanner can say a merge key's message is pending), re-indexes every
+// candidate at start, and counts dead letters only in [Router.Stats]. A
+// [Service] builds its router with its hop key and scanners.
 func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
+	key := make(hopKey, hopKeySize)
+	_, _ = rand.Read(key) // never fails (crypto/rand)
+	return newRouter(js, cfg, routerWiring{reasons: &reasonCounts{}, refused: &dlqRefusals{}, hopKey: key})
+}
+
+// newRouter returns a router wired to the rest of delayd.
+func newRouter(js jetstream.JetStream, cfg RouterConfig, wiring routerWiring) (*Router, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Router{js: js, cfg: cfg, logger: cfg.Logger, kick: make(chan struct{}, 1), mergeRecent: make(map[string]indexRecord), mergeFlight: make(map[string]indexRecord), epoch: time.Now()}
+	if err := wiring.validate(); err != nil {
+		return nil, err
+	}
+	r := &Router{
+		js: js, cfg: cfg, wiring: wiring, logger: cfg.Logger,
+		classifier: classifier{prefix: cfg.Prefix, levels: cfg.Levels, targets: cfg.Targets, maxDelay: cfg.MaxDelay},
+		merges:     newMergeCache(),
+		epoch:      time.Now(),
+	}
+	r.pipe = newWritePipeline(js, cfg.Logger, r, cfg.MaxInFlight)
 	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
 	all = append(all, cfg.Levels.PrecisionLevels()...)
 	for _, l := range all {
@@ -325,7 +341,7 @@ func (r *Router) progress() {
 func (r *Router) Stats() RouterStats {
 	return RouterStats{
 		Routed: r.routed.Load(), DeadLettered: r.deadLettered.Load(), Clamped: r.clamped.Load(), Skipped: r.skipped.Load(),
-		Merged: r.merged.Load(), IndexErrors: r.indexErrors.Load(),
+		Merged: r.merged.Load(), IndexErrors: r.pipe.indexErrors.Load(),
 	}
 }
 
@@ -371,6 +387,10 @@ func (r *Router) session(ctx context.Context) error {
 		return fmt.Errorf("ingress stream: %w", err)
 	}
 	r.ingressID = strconv.FormatInt(info.CachedInfo().Created.UnixNano(), 10)
+	// The acker runs for the session; stopping it lets every write sent
+	// settle (flushing the open index group first).
+	r.pipe.start()
+	defer r.pipe.stop()
 	if err := r.syncTails(ctx); err != nil {
 		return err
 	}
@@ -400,40 +420,30 @@ func (r *Router) session(ctx context.Context) error {
 	}
 	// The fresh consumer redelivers every unacked message: dead letters
 	// still refused are recorded again when they are.
-	r.cfg.refused.forget(routerRefusal)
+	r.wiring.refused.forget(routerRefusal)
 	stop := context.AfterFunc(ctx, pull.stop)
 	defer stop()
 	defer pull.stop()
 
-	r.inflight = make(chan *routing, r.cfg.MaxInFlight)
-	ackerDone := make(chan struct{})
-	go r.acker(r.inflight, ackerDone)
-	defer func() {
-		r.flushIndex()
-		close(r.inflight)
-		<-ackerDone
-	}()
-
 	for {
-		if r.broken.Load() {
-			if err := r.recover(ctx); err != nil {
+		if r.pipe.broken.Load() {
+			if err := r.retryFailed(ctx); err != nil {
 				return err
 			}
 		}
-		m, err := pull.next(ctx, r.kick, false, 0)
+		m, err := pull.next(ctx, r.pipe.kick, false, 0)
 		if m == nil && err == nil {
 			// Nothing waiting: store the index records routed so far.
-			r.flushIndex()
+			r.pipe.flush()
 			// Nothing in flight and nothing failed: caught up, which is
-			// progress. (In flight is read first: the acker records a
-			// failure before it settles the write.)
-			if r.inflightN.Load() == 0 && !r.broken.Load() {
+			// progress.
+			if r.pipe.idle() {
 				r.progress()
 			}
-			m, err = pull.next(ctx, r.kick, true, 0)
+			m, err = pull.next(ctx, r.pipe.kick, true, 0)
 		}
 		if errors.Is(err, errWoken) {
-			continue // a write failed: recover before the next message
+			continue // a write failed: retry before the next message
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -441,19 +451,20 @@ func (r *Router) session(ctx context.Context) error {
 			}
 			return fmt.Errorf("ingress: %w", err)
 		}
-		r.route(m)
+		r.route(ctx, m)
 	}
 }
 
-// syncTails syncs every level writer and tells the scanners each stream's
-// last sequence: a write whose PubAck was lost is found here, not acked.
+// syncTails syncs every level writer and reports each stream's last
+// sequence (OnRouted): a write whose PubAck was lost is found here, not
+// acked.
 func (r *Router) syncTails(ctx context.Context) error {
 	for _, w := range r.writers {
 		if err := r.syncTail(ctx, w); err != nil {
 			return err
 		}
 		if w.expected > 0 {
-			r.cfg.OnRouted(w.stream, w.expected)
+			r.pipe.reportTail(w.stream, w.expected)
 		}
 	}
 	return nil
@@ -576,8 +587,8 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 		if w.expected > window {
 			from = w.expected - window + 1
 		}
-		if r.cfg.committed != nil {
-			from = max(from, r.cfg.committed(w.stream)+1)
+		if r.wiring.scanners != nil {
+			from = max(from, r.wiring.scanners.committed(ctx, w.stream)+1)
 		}
 		for from <= w.expected {
 			rctx, cancel := context.WithTimeout(ctx, opTimeout)
@@ -606,7 +617,7 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 				if mk := m.Header.Get(hdrMerge); mk != "" {
 					rec := indexRecord{key: mergeKey(target, mk), stream: w.stream, seq: seq, hop: hop, due: due, target: target}
 					g.add(rec)
-					r.rememberMerge(rec)
+					r.merges.remember(rec)
 				}
 				n++
 			}
@@ -624,7 +635,7 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 }
 
 // route classifies one ingress message and starts its write.
-func (r *Router) route(m *nats.Msg) {
+func (r *Router) route(ctx context.Context, m *nats.Msg) {
 	meta, ok := parseAck(m.Reply)
 	if !ok {
 		r.logger.Error("ingress message with an unreadable ack subject", slog.String("reply", m.Reply))
@@ -632,16 +643,19 @@ func (r *Router) route(m *nats.Msg) {
 		return
 	}
 	rt := &routing{msg: m, seq: meta.streamSeq}
-	lvl, target, due, err := r.classify(m, meta.stored)
-	if err == nil {
-		rt.merge, err = mergeKeyOf(m.Header)
+	hop := checkHop(r.wiring.hopKey, m.Subject, m.Header)
+	p, err := r.classifier.classify(m.Subject, m.Header, meta.stored, hop)
+	if p.Clamped {
+		r.clamped.Add(1)
+		r.logger.Warn("delay level above the table, clamped to the highest level",
+			slog.String("value", strings.TrimSpace(headerFold(m.Header, contract.HeaderLevel))), slog.String("delay_level", p.Level.Name()), slog.String("subject", m.Subject))
 	}
 	if err != nil {
 		rt.invalid = true
 		r.deadLetter(rt, err)
 		return
 	}
-	w := r.writers[lvl.Index]
+	w := r.writers[p.Level.Index]
 	if rt.seq <= w.lastRouted.Load() {
 		r.skipped.Add(1)
 		rt.ack()
@@ -650,51 +664,73 @@ func (r *Router) route(m *nats.Msg) {
 	if rt.seq <= w.lastSubmitted {
 		return // a redelivery of a write still in flight; its PubAck acks it
 	}
-	if rt.merge != "" && !(m.Header.Get(hdrOrigin) != "" && r.cfg.hopKey.valid(m.Subject, m.Header)) && r.mergeInto(target, rt.merge) {
-		// Merged into the pending first message with this key and target:
-		// its payload is dropped, the first is delivered at its due time.
-		r.merged.Add(1)
-		rt.ack()
-		return
+	if p.Merge != "" && !p.Hop {
+		merge, err := r.mergeInto(ctx, p.Target, p.Merge)
+		if err != nil && ctx.Err() != nil {
+			// Shutting down: left unacked, it is routed again by the
+			// next session, merged or not as the index says then.
+			return
+		}
+		if err != nil {
+			r.logger.Warn("merge lookup failed; delivering the message on its own", slog.Any("error", err))
+		}
+		if merge {
+			// Merged into the pending first message with this key and
+			// target: its payload is dropped, the first is delivered at
+			// its due time.
+			r.merged.Add(1)
+			rt.ack()
+			return
+		}
+	}
+	if hop == hopForged {
+		// Not a hop made by delayd: a publisher's own Delayd-* headers.
+		r.logger.Warn("message with delayd's hop headers but no valid hop MAC; routed as a new message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq))
 	}
 	rt.w = w
-	r.levelMsg(rt, target, meta.stored, due)
+	var due time.Time
+	rt.out, due = levelMessage(m.Header, m.Data, p, w.subject, meta.stored, r.ingressRef(rt.seq))
+	rt.setIndex(w.stream, p, due)
 	r.submit(rt)
 }
 
-// mergeKeyOf returns a message's Delay-Merge-Key, "" if it has none. An
-// empty or repeated value is invalid input.
-func mergeKeyOf(h nats.Header) (string, error) {
+// headerFold returns the first value of header name in any case; "" if
+// none.
+func headerFold(h nats.Header, name string) string {
 	for k, v := range h {
-		if !strings.EqualFold(k, contract.HeaderMergeKey) {
-			continue
+		if strings.EqualFold(k, name) && len(v) > 0 {
+			return v[0]
 		}
-		if len(v) != 1 || strings.TrimSpace(v[0]) == "" {
-			return "", fmt.Errorf("%w: %s needs exactly one non-empty value", ErrInvalidMergeKey, contract.HeaderMergeKey)
-		}
-		return strings.TrimSpace(v[0]), nil
 	}
-	return "", nil
+	return ""
+}
+
+// setIndex sets the index records of rt's placement in stream (its sequence
+// is set when the write is sent): by id (the publisher's, else the first
+// ingress sequence) and by merge key.
+func (rt *routing) setIndex(stream string, p placement, due time.Time) {
+	_, hops := rt.out.Header[hdrHopDue]
+	rt.index[0] = indexRecord{key: levelKey(rt.out.Header), stream: stream, hop: hops, due: due, target: p.Target}
+	rt.nIndex = 1
+	if p.Merge != "" {
+		rt.index[1] = indexRecord{key: mergeKey(p.Target, p.Merge), stream: stream, hop: hops, due: due, target: p.Target}
+		rt.nIndex = 2
+	}
 }
 
 // mergeInto reports whether a message with merge key key for target has a
 // pending first message to be merged into: one written in this session and
 // not yet confirmed, or one the index places in a level stream that has not
-// handed it to its target yet. A lookup that fails merges nothing: the
-// message is then delivered on its own, never lost.
-func (r *Router) mergeInto(target, key string) bool {
-	if r.cfg.pending == nil {
-		return false
+// handed it to its target yet. A lookup that fails merges nothing and
+// returns its error: the message is then delivered on its own, never lost.
+func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error) {
+	if r.wiring.scanners == nil {
+		return false, nil
 	}
 	k := mergeKey(target, key)
-	r.mergeMu.Lock()
-	rec, ok := r.mergeFlight[k]
+	rec, ok := r.merges.lookup(k)
 	if !ok {
-		rec, ok = r.mergeRecent[k]
-	}
-	r.mergeMu.Unlock()
-	if !ok {
-		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		ctx, cancel := context.WithTimeout(ctx, opTimeout)
 		defer cancel()
 		var err error
 		rec, ok, err = lookupIndex(ctx, r.index, k)
@@ -702,18 +738,17 @@ func (r *Router) mergeInto(target, key string) bool {
 			ok, err = r.placed(ctx, rec, target, key)
 		}
 		if err != nil {
-			r.logger.Warn("merge lookup failed; delivering the message on its own", slog.Any("error", err))
-			return false
+			return false, err
 		}
 	}
-	return ok && rec.stream != "" && !rec.gone && r.cfg.pending(rec)
+	return ok && rec.stream != "" && !rec.gone && r.wiring.scanners.pendingAt(rec), nil
 }
 
 // placed reports whether an index record of merge key key for target names
 // a stored placement: the message at its sequence has that key and target.
 // A record can outlive a level write that failed (it was written in the
 // same group as other records, then delayd crashed): its sequence is then
-// empty, or holds another message. A cascading message already moved on
+// empty, or holds another message. A message that already hopped on
 // (purged from the level) counts as placed: its record is the latest, so it
 // has not been placed again yet.
 func (r *Router) placed(ctx context.Context, rec indexRecord, target, key string) (bool, error) {
@@ -722,199 +757,14 @@ func (r *Router) placed(ctx context.Context, rec indexRecord, target, key string
 		return false, err
 	}
 	if len(msgs) == 0 || msgs[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.seq, 10) {
-		return rec.hop && r.cfg.passed != nil && rec.seq <= r.cfg.passed(rec.stream), nil
+		return rec.hop && r.wiring.scanners != nil && rec.seq <= r.wiring.scanners.passed(rec.stream), nil
 	}
 	prefix := levelSubjects + strings.TrimPrefix(rec.stream, levels.StreamPrefix) + "."
 	subject := msgs[0].Header.Get(hdrJSSubject)
 	return msgs[0].Header.Get(hdrMerge) == key && strings.HasPrefix(subject, prefix) && subject[len(prefix):] == target, nil
 }
 
-// classify finds the level, target and due time of an ingress message
-// stored at stored. due is zero for a Delay-Level message (its level's
-// delay decides); for Delay-Duration and Delay-Deliver-At it is the
-// requested time, and the level is the first stage of the cascade.
-func (r *Router) classify(m *nats.Msg, stored time.Time) (levels.Level, string, time.Time, error) {
-	target, err := contract.Target(m.Subject, r.cfg.Prefix)
-	if err == nil {
-		err = r.cfg.Targets.Check(target)
-	}
-	if err != nil {
-		return levels.Level{}, "", time.Time{}, err
-	}
-	var (
-		key, value string
-		kinds, n   int
-		seen       [3]bool
-	)
-	for k, v := range m.Header {
-		for i, h := range [3]string{contract.HeaderLevel, contract.HeaderDuration, contract.HeaderDeliverAt} {
-			if !strings.EqualFold(k, h) {
-				continue
-			}
-			if !seen[i] {
-				seen[i], kinds, key = true, kinds+1, h
-			}
-			n += len(v)
-			if len(v) > 0 {
-				value = v[0]
-			}
-		}
-	}
-	switch {
-	case kinds == 0:
-		return levels.Level{}, "", time.Time{}, fmt.Errorf("%w: no %s, %s or %s header", levels.ErrMissingLevel, contract.HeaderLevel, contract.HeaderDuration, contract.HeaderDeliverAt)
-	case kinds > 1:
-		return levels.Level{}, "", time.Time{}, fmt.Errorf("%w: ambiguous: set exactly one of %s, %s and %s", ErrInvalidDelay, contract.HeaderLevel, contract.HeaderDuration, contract.HeaderDeliverAt)
-	case n > 1:
-		return levels.Level{}, "", time.Time{}, fmt.Errorf("%w: %s has %d values, want one", delayErr(key), key, n)
-	}
-	if key != contract.HeaderLevel {
-		due, err := r.requestedDue(key, strings.TrimSpace(value), stored)
-		if err != nil {
-			return levels.Level{}, "", time.Time{}, err
-		}
-		return r.cascadeLevel(due.Sub(stored)), target, due, nil
-	}
-	lvl, clamped, err := r.cfg.Levels.Pick(value)
-	if err != nil {
-		return levels.Level{}, "", time.Time{}, err
-	}
-	if clamped {
-		r.clamped.Add(1)
-		r.logger.Warn("delay level above the table, clamped to the highest level",
-			slog.String("value", strings.TrimSpace(value)), slog.String("delay_level", lvl.Name()), slog.String("subject", m.Subject))
-	}
-	return lvl, target, time.Time{}, nil
-}
-
-// delayErr is the sentinel for a bad value of the delay header key:
-// [levels.ErrInvalidLevel] for Delay-Level, [ErrInvalidDelay] for the others.
-func delayErr(key string) error {
-	if key == contract.HeaderLevel {
-		return levels.ErrInvalidLevel
-	}
-	return ErrInvalidDelay
-}
-
-// requestedDue parses a Delay-Duration or Delay-Deliver-At value.
-func (r *Router) requestedDue(key, value string, stored time.Time) (time.Time, error) {
-	var due time.Time
-	if key == contract.HeaderDuration {
-		d, err := time.ParseDuration(value)
-		switch {
-		case err != nil:
-			return due, fmt.Errorf("%w: %s %q is not a Go duration such as 90s or 36h", ErrInvalidDelay, key, value)
-		case d < 0:
-			return due, fmt.Errorf("%w: %s %q is negative", ErrInvalidDelay, key, value)
-		}
-		due = stored.Add(d)
-	} else {
-		t, err := time.Parse(time.RFC3339Nano, value)
-		if err != nil {
-			return due, fmt.Errorf("%w: %s %q is not an RFC 3339 time", ErrInvalidDelay, key, value)
-		}
-		due = t
-	}
-	if due.Sub(stored) > r.cfg.MaxDelay {
-		return due, fmt.Errorf("%w: %s %q is beyond the longest delay %s (DELAYD_MAX_DELAY)", ErrInvalidDelay, key, value, levels.FormatDuration(r.cfg.MaxDelay))
-	}
-	return due, nil
-}
-
-// cascadeLevel picks the level for a remaining delay: the longest level not
-// longer than it, so the message never waits past its due time. Below the
-// table's shortest level, the longest precision level not longer than it
-// (levels.Table.PrecisionLevels); below 1 ms, or nothing remaining, level 0,
-// whose scanner waits for the due time itself.
-func (r *Router) cascadeLevel(remaining time.Duration) levels.Level {
-	all := r.cfg.Levels.Levels()
-	if remaining < all[0].Delay {
-		all = r.cfg.Levels.PrecisionLevels()
-	}
-	var pick levels.Level
-	for _, l := range all {
-		if l.Delay <= remaining {
-			pick = l
-		}
-	}
-	return pick
-}
-
-// levelMsg turns an ingress message into its level-stream message, reusing
-// its header map and payload. It removes control headers, JetStream
-// instruction headers (Nats-*, which acted on the ingress stream and must not
-// act again) and reserved Delayd-* headers, and adds the delivery headers.
-func (r *Router) levelMsg(rt *routing, target string, stored, due time.Time) {
-	m, w := rt.msg, rt.w
-	rt.shaped = true
-	h := m.Header
-	if h == nil {
-		h = make(nats.Header, 5)
-		m.Header = h
-	}
-	// A message moving on from an earlier level (a hop) carries its first
-	// ingress id, its first enqueue time and its publisher's id.
-	origin := h.Get(hdrOrigin)
-	hop := origin != ""
-	if hop && !r.cfg.hopKey.valid(m.Subject, h) {
-		// Not moved on by delayd: a publisher's own Delayd-* headers.
-		r.logger.Warn("message with delayd's hop headers but no valid hop MAC; routed as a new message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq))
-		hop, origin = false, ""
-	}
-	var userID, enqueued, hops string
-	if hop {
-		userID, enqueued, hops = h.Get(hdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(hdrHops)
-		rt.merge = h.Get(hdrMerge)
-	}
-	for k, v := range h {
-		if contract.IsControlHeader(k) || contract.IsInternalHeader(k) {
-			if !hop && strings.EqualFold(k, contract.HeaderNatsMsgID) && len(v) > 0 {
-				userID = v[0]
-			}
-			rt.remember(k, v)
-			delete(h, k)
-		}
-	}
-	if enqueued == "" {
-		enqueued = contract.FormatTime(stored)
-	}
-	levelDue := stored.Add(w.level.Delay)
-	switch {
-	case due.IsZero(): // a Delay-Level message
-		due = levelDue
-	case due.Before(stored) && !hop: // a Delay-Deliver-At in the past: now
-		due = stored
-	case due.Before(stored): // a hop that arrives overdue (delayd was down): at once, due unchanged
-	case levelDue.Before(due) && w.level.Delay > 0: // more to wait after this level: it moves on
-		h[hdrHopDue] = []string{contract.FormatTime(levelDue)}
-	}
-	h[contract.HeaderEnqueuedAt] = []string{enqueued}
-	h[contract.HeaderDueAt] = []string{contract.FormatTime(due)}
-	h[hdrIngress] = []string{r.ingressRef(rt.seq)}
-	if userID != "" {
-		h[hdrMsgID] = []string{userID}
-	}
-	if hop {
-		h[hdrOrigin] = []string{origin}
-		h[hdrHops] = []string{hops}
-	}
-	if rt.merge != "" {
-		h[hdrMerge] = []string{rt.merge}
-	}
-	rt.out = &nats.Msg{Subject: w.subject + target, Header: h, Data: m.Data}
-
-	// The index records of this placement: by id (the publisher's, else
-	// the first ingress sequence) and by merge key.
-	_, isHop := h[hdrHopDue]
-	rt.index[0] = indexRecord{key: levelKey(h), stream: w.stream, hop: isHop, due: due, target: target}
-	rt.nIndex = 1
-	if rt.merge != "" {
-		rt.index[1] = indexRecord{key: mergeKey(target, rt.merge), stream: w.stream, hop: isHop, due: due, target: target}
-		rt.nIndex = 2
-	}
-}
-
-// submit starts the level write of rt.
+// submit sends the level write of rt.
 func (r *Router) submit(rt *routing) {
 	w := rt.w
 	rt.out.Header[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(w.expected, 10)}
@@ -923,8 +773,8 @@ func (r *Router) submit(rt *routing) {
 		rt.err = err
 		if errors.Is(err, nats.ErrMaxPayload) {
 			// Refused before it was sent: nothing to resync, order is kept.
-			// A cascading message's earlier placement is still its latest
-			// index record: record that it left delayd.
+			// A hop's earlier placement is still its latest index
+			// record: record that it left delayd.
 			r.writeIndex(rt, "", 0)
 			r.deadLetter(rt, fmt.Errorf("%w: %d payload bytes plus delayd's headers exceed the server's max payload", ErrTooLarge, len(rt.out.Data)))
 			return
@@ -936,122 +786,71 @@ func (r *Router) submit(rt *routing) {
 	w.lastSubmitted = rt.seq
 	rt.fut = fut
 	r.writeIndex(rt, w.stream, w.expected)
-	r.pending.Add(1)
-	r.inflightN.Add(1)
-	r.enqueue(rt)
+	r.pipe.sent(rt)
 }
 
 // writeIndex adds the index records of rt's placement at (stream, seq) to
-// the current index group. They are stored before the ingress message is
-// acked: the group is written when it is full, when no ingress message is
-// waiting, and before a recovery or the end of a session.
+// the pipeline's open index group, and its merge key's placement to the
+// merge cache as in flight.
 func (r *Router) writeIndex(rt *routing, stream string, seq uint64) {
-	if r.group == nil {
-		r.group = newIndexGroup()
-	}
-	for i := range rt.nIndex {
-		rec := &rt.index[i]
-		rec.stream, rec.seq = stream, seq
+	r.pipe.addIndex(rt, stream, seq)
+	for _, rec := range rt.index[:rt.nIndex] {
 		if rec.key[0] == 'm' {
-			r.mergeMu.Lock()
-			r.mergeFlight[rec.key] = *rec
-			r.mergeMu.Unlock()
+			r.merges.submitted(rec)
 		}
-		r.group.add(*rec)
-	}
-	rt.group = r.group
-	r.group.n++
-	// Fewer than MaxInFlight placements wait for a group, so the acker
-	// never waits for a group the router cannot write.
-	if r.group.n >= max(1, min(indexGroupMax, r.cfg.MaxInFlight/2)) {
-		r.flushIndex()
 	}
 }
 
-// flushIndex starts the writes of the current index group.
-func (r *Router) flushIndex() {
-	if r.group != nil {
-		r.group.flush(r.js)
-		r.group = nil
-	}
-}
-
-// enqueue hands rt to the acker. When the acker's queue is full, the
-// current index group is written first: the acker may be waiting for it
-// (a long run of dead letters adds no placements to fill the group).
-func (r *Router) enqueue(rt *routing) {
-	select {
-	case r.inflight <- rt:
-	default:
-		r.flushIndex()
-		r.inflight <- rt
-	}
-}
-
-// settleIndex waits until rt's index records are stored.
-func (r *Router) settleIndex(rt *routing) {
-	if rt.group != nil {
-		if err := rt.group.stored(); err != nil {
-			r.indexErrors.Add(1)
-			r.logger.Warn("id index write failed; the message cannot be cancelled", slog.Any("error", err))
-		}
-		rt.group = nil
-	}
-}
-
-// confirmMerge moves rt's merge placement from in flight to the cache once
-// its level write is confirmed; dropMerge forgets it when the write failed
-// (it is routed again, and must not merge into its own failed placement).
-func (r *Router) confirmMerge(rt *routing, ok bool) {
-	for i := range rt.nIndex {
-		rec := rt.index[i]
-		if rec.key[0] != 'm' {
-			continue
-		}
-		r.mergeMu.Lock()
-		cur, inFlight := r.mergeFlight[rec.key]
-		if inFlight && cur.stream == rec.stream && cur.seq == rec.seq {
-			delete(r.mergeFlight, rec.key)
-		}
-		r.mergeMu.Unlock()
-		if ok && inFlight && cur.stream == rec.stream && cur.seq == rec.seq {
-			r.rememberMerge(rec)
+// settleMerges moves rt's merge placement from in flight to the cache once
+// its level write is confirmed (ok), or forgets it when the write failed.
+func (r *Router) settleMerges(rt *routing, ok bool) {
+	for _, rec := range rt.index[:rt.nIndex] {
+		if rec.key[0] == 'm' {
+			r.merges.settled(rec, ok)
 		}
 	}
 }
 
 // forgetMerge records that a merge key's message was cancelled: the key is
-// free (rec is its "cancelled" record).
-func (r *Router) forgetMerge(rec indexRecord) {
-	r.mergeMu.Lock()
-	delete(r.mergeFlight, rec.key)
-	r.mergeMu.Unlock()
-	r.rememberMerge(rec)
-}
+// free (rec is its "cancelled" record). Scanners call it.
+func (r *Router) forgetMerge(rec indexRecord) { r.merges.forget(rec) }
 
-// rememberMerge caches the latest confirmed placement of a merge key, so
-// the next message with the key is merged without an index lookup. The
-// router is the only writer of placements, so a key it placed is current in
-// the cache until evicted (oldest first, beyond mergeCacheMax keys).
-func (r *Router) rememberMerge(rec indexRecord) {
-	r.mergeMu.Lock()
-	defer r.mergeMu.Unlock()
-	if _, ok := r.mergeRecent[rec.key]; !ok {
-		if len(r.mergeOrder) >= mergeCacheMax {
-			delete(r.mergeRecent, r.mergeOrder[0])
-			r.mergeOrder = r.mergeOrder[1:]
-		}
-		r.mergeOrder = append(r.mergeOrder, rec.key)
+// writeConfirmed is the acker's report of a stored write ([ackSink]).
+func (r *Router) writeConfirmed(rt *routing, ack *jetstream.PubAck) {
+	r.settleMerges(rt, true)
+	rt.ack()
+	r.failing.progress() // the session works
+	if rt.w == nil {
+		r.wiring.refused.stored(routerRefusal + r.ingressRef(rt.seq))
+		r.deadLettered.Add(1)
+		r.wiring.reasons.add(reasonOf(rt.reason))
+		return
 	}
-	r.mergeRecent[rec.key] = rec
+	r.routed.Add(1)
+	rt.w.failing.progress()
+	rt.w.lastRouted.Store(rt.seq)
+	r.cfg.OnRouted(rt.w.stream, ack.Sequence)
 }
 
-// deadLetter starts the write of an ingress message to DELAYD_DLQ.
+// writeRefused is the acker's report of a failed write ([ackSink]).
+func (r *Router) writeRefused(rt *routing) {
+	r.settleMerges(rt, false)
+	if rt.invalid {
+		r.deferDeadLetter(rt)
+		return
+	}
+	r.fail(rt)
+}
+
+// tailSynced is the acker's report of a tail sync ([ackSink]).
+func (r *Router) tailSynced(stream string, seq uint64) { r.cfg.OnRouted(stream, seq) }
+
+// deadLetter sends the write of an ingress message to DELAYD_DLQ.
 func (r *Router) deadLetter(rt *routing, reason error) {
 	m := rt.msg
 	r.logger.Warn("dead-lettering invalid message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
 	rt.w, rt.reason = nil, reason
-	rt.out = deadLetterMsg(m.Subject, rt.originalHeader(), m.Data, reason, r.ingressRef(rt.seq))
+	rt.out = deadLetterMsg(m.Subject, maps.Clone(m.Header), m.Data, reason, r.ingressRef(rt.seq))
 	fut, err := r.js.PublishMsgAsync(rt.out)
 	if err != nil {
 		rt.err = err
@@ -1063,9 +862,7 @@ func (r *Router) deadLetter(rt *routing, reason error) {
 		return
 	}
 	rt.fut = fut
-	r.pending.Add(1)
-	r.inflightN.Add(1)
-	r.enqueue(rt)
+	r.pipe.sent(rt)
 }
 
 // routerRefusal prefixes the router's keys in dlqRefusals.
@@ -1079,7 +876,7 @@ const routerRefusal = "router:"
 // stream, so routing the messages behind it keeps every level stream in
 // ingress order. Nothing is acked before its dead letter is stored.
 func (r *Router) deferDeadLetter(rt *routing) {
-	r.cfg.refused.refused(routerRefusal+r.ingressRef(rt.seq), rt.err)
+	r.wiring.refused.refused(routerRefusal+r.ingressRef(rt.seq), rt.err)
 	delay := 5 * time.Second
 	if meta, ok := parseAck(rt.msg.Reply); ok && meta.delivered < 6 {
 		delay = min(delay, 100*time.Millisecond<<meta.delivered)
@@ -1089,75 +886,30 @@ func (r *Router) deferDeadLetter(rt *routing) {
 	_ = rt.msg.Respond(fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds()))
 }
 
-// acker confirms writes in order and acks their ingress messages.
-func (r *Router) acker(in <-chan *routing, done chan<- struct{}) {
-	defer close(done)
-	for rt := range in {
-		select {
-		case ack := <-rt.fut.Ok():
-			r.settleIndex(rt)
-			r.confirmMerge(rt, true)
-			rt.ack()
-			r.failing.progress() // the session works
-			if rt.w == nil {
-				r.cfg.refused.stored(routerRefusal + r.ingressRef(rt.seq))
-				r.deadLettered.Add(1)
-				r.cfg.reasons.add(reasonOf(rt.reason))
-			} else {
-				r.routed.Add(1)
-				rt.w.failing.progress()
-				rt.w.lastRouted.Store(rt.seq)
-				r.cfg.OnRouted(rt.w.stream, ack.Sequence)
-			}
-		case err := <-rt.fut.Err():
-			rt.err = err
-			r.settleIndex(rt) // superseded by the records of the retried write
-			r.confirmMerge(rt, false)
-			if rt.invalid {
-				r.deferDeadLetter(rt)
-			} else {
-				r.fail(rt)
-			}
-		}
-		r.inflightN.Add(-1)
-		r.pending.Done()
-	}
-}
-
+// fail records that rt's write failed, starting the failure clocks, to be
+// retried by retryFailed.
 func (r *Router) fail(rt *routing) {
 	if rt.w != nil {
 		rt.w.failing.fail(r.epoch)
 	} else {
 		r.failing.fail(r.epoch)
 	}
-	r.mu.Lock()
-	r.failed = append(r.failed, rt)
-	r.mu.Unlock()
-	r.broken.Store(true)
-	select {
-	case r.kick <- struct{}{}:
-	default:
-	}
+	r.pipe.fail(rt)
 }
 
-// recover redoes failed writes in ingress order after every in-flight write
-// has settled, so each level stream stays in strict ingress order. A write
-// the server refuses for good (too large once delayd's headers are added) is
-// dead-lettered; any other failure is retried, with capped backoff, until it
-// is stored or ctx is done.
-func (r *Router) recover(ctx context.Context) error {
+// retryFailed redoes failed writes in ingress order after every in-flight
+// write has settled, so each level stream stays in strict ingress order. A
+// write the server refuses for good (too large once delayd's headers are
+// added) is dead-lettered; any other failure is retried, with capped
+// backoff, until it is stored or ctx is done.
+func (r *Router) retryFailed(ctx context.Context) error {
 	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
 	// The failure clocks run from the first failure (fail) until a write is
 	// confirmed: a retry round, even one whose writes are all sent, is not
 	// progress (they may fail again in the acker).
 	for round := 0; ; round++ {
-		r.flushIndex()
-		r.pending.Wait()
-		r.mu.Lock()
-		failed := r.failed
-		r.failed = nil
-		r.broken.Store(false)
-		r.mu.Unlock()
+		r.pipe.drain()
+		failed := r.pipe.takeFailed()
 		if len(failed) == 0 {
 			return nil
 		}
@@ -1167,18 +919,18 @@ func (r *Router) recover(ctx context.Context) error {
 		}
 		r.logger.Warn("level writes failed; retrying in order", slog.Int("count", len(failed)), slog.Any("error", failed[0].err))
 		if round > 0 && !backoff.sleep(ctx) {
-			r.requeue(failed)
+			r.pipe.requeue(failed)
 			return ctx.Err()
 		}
 		if err := r.syncTails(ctx); err != nil {
-			r.requeue(failed)
+			r.pipe.requeue(failed)
 			return err
 		}
 		for i, rt := range failed {
-			if r.broken.Load() {
+			if r.pipe.broken.Load() {
 				// A write failed before it was sent; submitting later
 				// messages of its level now would break ingress order.
-				r.requeue(failed[i:])
+				r.pipe.requeue(failed[i:])
 				break
 			}
 			if rt.w == nil || tooLarge(rt.err) {
@@ -1187,12 +939,12 @@ func (r *Router) recover(ctx context.Context) error {
 				// behind it may be written before it is stored.
 				w := rt.w
 				if err := r.deadLetterSync(ctx, rt); err != nil {
-					r.cfg.refused.refused(routerRefusal+r.ingressRef(rt.seq), err)
+					r.wiring.refused.refused(routerRefusal+r.ingressRef(rt.seq), err)
 					r.logger.Warn("dead-letter write failed; retrying", slog.Uint64("ingress_seq", rt.seq), slog.Any("error", err))
-					r.requeue(failed[i:])
+					r.pipe.requeue(failed[i:])
 					break
 				}
-				r.cfg.refused.stored(routerRefusal + r.ingressRef(rt.seq))
+				r.wiring.refused.stored(routerRefusal + r.ingressRef(rt.seq))
 				r.failing.progress()
 				if w != nil {
 					w.failing.progress()
@@ -1220,10 +972,11 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 	m := rt.msg
 	reason := rt.reason
 	if reason == nil {
-		// A level write refused for its size: build its dead letter once.
+		// A level write refused for its size: build its dead letter once,
+		// from the untouched ingress message.
 		reason = fmt.Errorf("%w: the level-stream write was refused: %v", ErrTooLarge, rt.err)
 		rt.reason = reason
-		rt.out = deadLetterMsg(m.Subject, rt.originalHeader(), m.Data, reason, r.ingressRef(rt.seq))
+		rt.out = deadLetterMsg(m.Subject, maps.Clone(m.Header), m.Data, reason, r.ingressRef(rt.seq))
 		r.logger.Warn("dead-lettering message too large for its level stream", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
 	}
 	if err := publishDeadLetter(ctx, r.js, rt.out); err != nil {
@@ -1233,23 +986,15 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 		// Its placement records point at a sequence another message will
 		// take: supersede them with "left delayd".
 		r.writeIndex(rt, "", 0)
-		r.flushIndex()
-		r.settleIndex(rt)
-		r.confirmMerge(rt, true)
+		r.pipe.flush()
+		r.pipe.settleIndex(rt)
+		r.settleMerges(rt, true)
 	}
 	r.deadLettered.Add(1)
-	r.cfg.reasons.add(reasonOf(reason))
+	r.wiring.reasons.add(reasonOf(reason))
 	rt.w = nil
 	rt.ack()
 	return nil
-}
-
-// requeue puts rts back to be retried.
-func (r *Router) requeue(rts []*routing) {
-	r.mu.Lock()
-	r.failed = append(rts, r.failed...)
-	r.mu.Unlock()
-	r.broken.Store(true)
 }
 
 // ingressRef is the derived id of an ingress message: unique across the

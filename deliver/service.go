@@ -286,32 +286,11 @@ func (s *Service) Run(ctx context.Context) error {
 		scanners[name] = scanner
 	}
 	rc := s.cfg.Router
-	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas, rc.reasons, rc.MaxDelay = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas, &s.reasons, s.cfg.MaxDelay
-	rc.refused = &s.refused
+	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas, rc.MaxDelay = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas, s.cfg.MaxDelay
 	rc.OnRouted = func(stream string, seq uint64) {
 		if sc := scanners[stream]; sc != nil {
 			sc.Written(seq)
 		}
-	}
-	rc.hopKey = s.hopKey
-	rc.committed = func(stream string) uint64 {
-		ctx, cancel := context.WithTimeout(ctx, opTimeout)
-		defer cancel()
-		off, err := store.Load(ctx, stream)
-		if err != nil {
-			return 0
-		}
-		return off
-	}
-	rc.passed = func(stream string) uint64 {
-		if sc := scanners[stream]; sc != nil {
-			return sc.passed.Load()
-		}
-		return 0
-	}
-	rc.pending = func(rec indexRecord) bool {
-		sc := scanners[rec.stream]
-		return sc != nil && sc.pendingAt(rec)
 	}
 	rc.Logger = s.logger.With(slog.String("component", "router"))
 	inflight := rc.MaxInFlight
@@ -319,7 +298,10 @@ func (s *Service) Run(ctx context.Context) error {
 		inflight = RouterMaxInFlightDefault
 	}
 	// Every level write is followed by one or two index writes.
-	router, err := NewRouter(mustJS(s.nc, 3*inflight+16), rc)
+	router, err := newRouter(mustJS(s.nc, 3*inflight+16), rc, routerWiring{
+		reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey,
+		scanners: serviceScanners{scanners: scanners, store: store},
+	})
 	if err != nil {
 		return err
 	}
@@ -558,4 +540,33 @@ func mustJS(nc *nats.Conn, maxPending int) jetstream.JetStream {
 		panic(err) // only invalid options fail, and these are constant
 	}
 	return js
+}
+
+// serviceScanners is the router's view of a Service's scanners
+// ([levelScanners]).
+type serviceScanners struct {
+	scanners map[string]*Scanner
+	store    *offsets.Store
+}
+
+func (v serviceScanners) pendingAt(rec indexRecord) bool {
+	sc := v.scanners[rec.stream]
+	return sc != nil && sc.pendingAt(rec)
+}
+
+func (v serviceScanners) passed(stream string) uint64 {
+	if sc := v.scanners[stream]; sc != nil {
+		return sc.passed.Load()
+	}
+	return 0
+}
+
+func (v serviceScanners) committed(ctx context.Context, stream string) uint64 {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	off, err := v.store.Load(ctx, stream)
+	if err != nil {
+		return 0
+	}
+	return off
 }

@@ -1,0 +1,84 @@
+package deliver
+
+import "sync"
+
+// mergeCache holds the placements of merge keys this process placed, so the
+// next message with a key and target is merged without an index lookup.
+// The router is the only writer of placements, so a key it placed is
+// current here until evicted (oldest first, beyond mergeCacheMax keys).
+//
+// It is safe for concurrent use, guarded by its own mutex: the router's
+// session goroutine adds and looks up keys, the write pipeline's acker
+// confirms them, and the scanners free the keys of cancelled messages.
+type mergeCache struct {
+	mu     sync.Mutex
+	flight map[string]indexRecord // placements whose level write is not confirmed yet
+	recent map[string]indexRecord // the latest confirmed placement of each key
+	order  []string               // recent's keys, oldest first, for eviction
+}
+
+func newMergeCache() *mergeCache {
+	return &mergeCache{flight: make(map[string]indexRecord), recent: make(map[string]indexRecord)}
+}
+
+// lookup returns the placement of merge-index key k: in flight first, then
+// confirmed. ok is false when the cache does not know k (the index may).
+func (c *mergeCache) lookup(k string) (rec indexRecord, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rec, ok = c.flight[k]; !ok {
+		rec, ok = c.recent[k]
+	}
+	return rec, ok
+}
+
+// submitted records a placement whose level write was sent.
+func (c *mergeCache) submitted(rec indexRecord) {
+	c.mu.Lock()
+	c.flight[rec.key] = rec
+	c.mu.Unlock()
+}
+
+// settled moves a placement from in flight to confirmed once its level
+// write is confirmed (ok), or forgets it when the write failed: it is routed
+// again, and must not merge into its own failed placement. A placement in
+// flight that a later one replaced is left alone.
+func (c *mergeCache) settled(rec indexRecord, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cur, inFlight := c.flight[rec.key]
+	if !inFlight || cur.stream != rec.stream || cur.seq != rec.seq {
+		return
+	}
+	delete(c.flight, rec.key)
+	if ok {
+		c.rememberLocked(rec)
+	}
+}
+
+// forget records that a merge key's message was cancelled: the key is free
+// (rec is its "cancelled" record).
+func (c *mergeCache) forget(rec indexRecord) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.flight, rec.key)
+	c.rememberLocked(rec)
+}
+
+// remember caches a confirmed placement (from the re-index at start).
+func (c *mergeCache) remember(rec indexRecord) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.rememberLocked(rec)
+}
+
+func (c *mergeCache) rememberLocked(rec indexRecord) {
+	if _, ok := c.recent[rec.key]; !ok {
+		if len(c.order) >= mergeCacheMax {
+			delete(c.recent, c.order[0])
+			c.order = c.order[1:]
+		}
+		c.order = append(c.order, rec.key)
+	}
+	c.recent[rec.key] = rec
+}
