@@ -295,4 +295,3 @@ func waitQuiet(t *testing.T, quiet, timeout time.Duration, what func() int) {
 		}
 	}
 }
-
