@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/offsets"
 )
 
 // delaydBinary builds cmd/delayd once per test binary.
@@ -118,8 +119,10 @@ func TestKill9(t *testing.T) {
 		early     atomic.Int64
 		coreTotal atomic.Int64
 	)
+	coreRec := newRecorder(t) // raw re-deliveries allowed: delayd crashes
 	sub, err := b.nc.Subscribe("kill.>", func(m *nats.Msg) {
 		now := time.Now()
+		coreRec.record(m, now)
 		coreTotal.Add(1)
 		if due, err := time.Parse(time.RFC3339Nano, m.Header.Get(deliver.HeaderDueAt)); err != nil || now.Before(due) {
 			early.Add(1)
@@ -135,6 +138,11 @@ func TestKill9(t *testing.T) {
 	defer func() { _ = sub.Unsubscribe() }()
 
 	p := b.startProcess(env...)
+	waitFor(t, 20*time.Second, "the offsets bucket", func() bool {
+		_, err := b.js.KeyValue(context.Background(), offsets.Bucket)
+		return err == nil
+	})
+	offs := watchOffsets(t, b.js)
 
 	// Publisher: async, bounded, over four levels (0 included).
 	pubDone := make(chan struct{})
@@ -150,7 +158,7 @@ func TestKill9(t *testing.T) {
 				if err == nil {
 					break
 				}
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // pacing a retry of a refused async publish
 			}
 			if i%2000 == 0 {
 				<-b.js.PublishAsyncComplete()
@@ -162,7 +170,7 @@ func TestKill9(t *testing.T) {
 
 	rng := rand.New(rand.NewPCG(1, 2))
 	for k := range kills {
-		time.Sleep(time.Duration(200+rng.IntN(800)) * time.Millisecond)
+		time.Sleep(time.Duration(200+rng.IntN(800)) * time.Millisecond) // let time pass: a random moment to kill at
 		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +184,7 @@ func TestKill9(t *testing.T) {
 		info, err := capture.Info(context.Background())
 		return err == nil && info.State.Msgs >= total
 	})
-	time.Sleep(time.Second) // late duplicates would show now
+	waitQuiet(t, time.Second, time.Minute, func() int { return int(coreTotal.Load()) }) // late duplicates would show now
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -203,6 +211,17 @@ func TestKill9(t *testing.T) {
 	if n := b.streamCount(deliver.IngressStream); n != 0 {
 		t.Errorf("ingress still holds %d messages", n)
 	}
+	streamRec := newRecorder(t)
+	for i := range total {
+		k := fmt.Sprint(i)
+		coreRec.expectKeys(k)
+		streamRec.expectKeys(k)
+	}
+	coreRec.checkNeverEarly()
+	coreRec.checkComplete()
+	streamRec.addStream(b.streamMsgs("KILLCAP"))
+	streamRec.checkAll()
+	t.Logf("%d offset updates, across %d kills", offs.check(), kills)
 }
 
 // TestKill9Cancel cancels half of 3,000 pending messages (levels and
@@ -376,7 +395,7 @@ func TestKill9Index(t *testing.T) {
 					}()
 					break
 				}
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // pacing a retry of a refused async publish
 			}
 			if i%1000 == 0 {
 				<-b.js.PublishAsyncComplete()
@@ -386,7 +405,7 @@ func TestKill9Index(t *testing.T) {
 	}()
 	rng := rand.New(rand.NewPCG(5, 6))
 	for range 6 {
-		time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond)
+		time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond) // let time pass: a random moment to kill at
 		_ = p.cmd.Process.Signal(syscall.SIGKILL)
 		_ = p.cmd.Wait()
 		p = b.startProcess(env...)
@@ -397,6 +416,9 @@ func TestKill9Index(t *testing.T) {
 	all := slices.Clone(seqs)
 	mu.Unlock()
 	slices.Sort(all)
+	if len(all) != total {
+		t.Errorf("%d of %d publishes acknowledged: the sample of cancels would shrink", len(all), total)
+	}
 	counts := map[string]int{}
 	var bad []uint64
 	for i := 0; i < len(all); i += 10 {

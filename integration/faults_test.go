@@ -198,7 +198,7 @@ func TestStartGrace(t *testing.T) {
 	b.startDelayd("100ms 200ms")
 	b.stopDelayd()
 	b.publish("delay.grace.overdue", []byte("overdue"), level(1))
-	time.Sleep(300 * time.Millisecond) // now overdue
+	time.Sleep(300 * time.Millisecond) // let time pass: the message (level 100ms) is now overdue
 	const grace = time.Second
 	started := time.Now()
 	b.startDelayd("100ms 200ms", func(cfg *deliver.Config) { cfg.StartGrace, cfg.GraceAtStart = grace, true })
@@ -229,14 +229,14 @@ func TestReconnectGrace(t *testing.T) {
 	b.publish("delay.rg.x", []byte("during the outage"), level(2))
 	b.srv.Shutdown()
 	b.srv.WaitForShutdown()
-	time.Sleep(1500 * time.Millisecond) // due while the server is away
+	time.Sleep(1500 * time.Millisecond) // let time pass: the message (level 1s) falls due while the server is away
 	back := time.Now()
 	b.srv = startServer(t, b.storeDir, port)
 	got := c.wait(t, 1, 15*time.Second)
 	if got[0].at.Before(back.Add(grace)) {
 		t.Errorf("delivered %s after the server came back, before the %s grace", got[0].at.Sub(back), grace)
 	}
-	time.Sleep(200 * time.Millisecond)
+	waitQuiet(t, 200*time.Millisecond, 10*time.Second, func() int { return len(c.snapshot()) }) // a duplicate would show now
 	if n := len(c.snapshot()); n != 1 {
 		t.Errorf("delivered %d times, want once", n)
 	}
@@ -255,14 +255,21 @@ func TestLevelStreamDeletedWhileRunning(t *testing.T) {
 		b.publish("delay.recreated.before", []byte("b"+strconv.Itoa(i)), level(2))
 	}
 	c.wait(t, 30, 10*time.Second)
-	time.Sleep(1500 * time.Millisecond) // a purge has run: the offset is well past 1
+	waitFor(t, 10*time.Second, "a purge of DELAYD_300MS (its first sequence past 1)", func() bool {
+		s, err := b.js.Stream(context.Background(), "DELAYD_300MS")
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(context.Background())
+		return err == nil && info.State.FirstSeq > 1 && b.scannerStats("DELAYD_300MS").Offset >= 30
+	})
 	if err := b.js.DeleteStream(context.Background(), "DELAYD_300MS"); err != nil {
 		t.Fatal(err)
 	}
 	// More than the old stream's offset, so a stale offset would skip some.
 	for i := range 45 {
 		b.publish("delay.recreated.after", []byte("a"+strconv.Itoa(i)), level(2))
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // let time pass: spread the store times
 	}
 	waitFor(t, 20*time.Second, "every message routed after the deletion delivered", func() bool {
 		n := 0
