@@ -205,7 +205,9 @@ func (r *recorder) checkAll() {
 // offsetWatch sees every value written to the offsets bucket
 // (DELAYD_OFFSETS) while it runs, in revision order, and checks that each
 // level's offset only moves forward. A deleted key (the level stream was
-// deleted, or a test reset it) starts that key afresh.
+// deleted, or a test reset it) starts that key afresh. The bucket keeps one
+// value per key, so a value overwritten before the watch reads it is not
+// seen: a brief regression can slip by, a lasting one cannot.
 type offsetWatch struct {
 	t       *testing.T
 	mu      sync.Mutex
