@@ -208,6 +208,12 @@ func TestKill9(t *testing.T) {
 	if early.Load() != 0 {
 		t.Errorf("%d deliveries arrived before Delay-Due-At", early.Load())
 	}
+	// README "At-least-once": a core subscriber's re-deliveries after a
+	// crash are at most the deliveries past the committed offset, one window
+	// of 512 per level; four levels here (0 included).
+	if redelivered, bound := raw-int64(distinct), int64(kills*4*deliver.ScannerWindowDefault); redelivered > bound {
+		t.Errorf("%d raw re-deliveries at the core subscriber over %d kills, more than one window of %d per level per kill (%d)", redelivered, kills, deliver.ScannerWindowDefault, bound)
+	}
 	if n := b.streamCount(deliver.IngressStream); n != 0 {
 		t.Errorf("ingress still holds %d messages", n)
 	}

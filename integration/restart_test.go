@@ -65,8 +65,8 @@ func TestServerRestart(t *testing.T) {
 	ticks1, t1 := cpuTicks(t, p.cmd.Process.Pid), time.Now()
 	busyRate := float64(busy1-busy0) / bt1.Sub(bt0).Seconds()
 	idleRate := float64(ticks1-ticks0) / t1.Sub(t0).Seconds()
-	t.Logf("CPU ticks/s: %.2f while routing and delivering (%d ticks in %s), %.2f while disconnected (%d ticks in %s)",
-		busyRate, busy1-busy0, bt1.Sub(bt0).Round(time.Millisecond), idleRate, ticks1-ticks0, t1.Sub(t0).Round(time.Millisecond))
+	t.Logf("CPU ticks/s: %.2f while routing and delivering (%d ticks in %s), %.2f while disconnected (%d ticks in %s, %.3f of a core)",
+		busyRate, busy1-busy0, bt1.Sub(bt0).Round(time.Millisecond), idleRate, ticks1-ticks0, t1.Sub(t0).Round(time.Millisecond), idleRate/100)
 	// Not spinning: disconnected, delayd uses under a tenth of the CPU rate
 	// of its own real work in this run (a busy loop uses at least as much).
 	if idleRate*10 > busyRate {
