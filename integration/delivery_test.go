@@ -25,12 +25,16 @@ func TestNeverEarly(t *testing.T) {
 	table := levels.MustParse("100ms 300ms 1s")
 	b.startDelayd(table.String())
 	c := b.collect("early.>")
+	rec := newRecorder(t)
+	rec.keyOf = func(m *nats.Msg) string { return m.Subject + "/" + string(m.Data) }
+	rec.subscribe(b.nc, "early.>")
 
 	const perLevel = 40
 	want := 0
 	for i := range perLevel {
 		for lvl := 0; lvl <= table.Len(); lvl++ {
 			b.publish(fmt.Sprintf("delay.early.%d", lvl), []byte(strconv.Itoa(i)), level(lvl))
+			rec.expectKeys(fmt.Sprintf("early.%d/%d", lvl, i))
 			want++
 		}
 		time.Sleep(5 * time.Millisecond) // spread ingress times
@@ -58,6 +62,11 @@ func TestNeverEarly(t *testing.T) {
 	if n := len(c.snapshot()); n != want {
 		t.Errorf("got %d deliveries, want exactly %d", n, want)
 	}
+	if n := rec.checkNeverEarly(); n != want {
+		t.Errorf("recorded %d deliveries, want %d", n, want)
+	}
+	rec.checkComplete()
+	rec.checkNoDuplicates() // a core target, and delayd did not crash
 }
 
 // TestFIFO checks that 1,000 messages at one level arrive in publish order.

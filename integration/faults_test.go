@@ -131,13 +131,12 @@ func TestOffsetsThatMakeNoSense(t *testing.T) {
 				}
 				return n >= 20
 			})
-			seen := map[string]int{}
+			rec := newRecorder(t)
 			for _, r := range c.snapshot() {
-				seen[string(r.msg.Data)]++
-				if due := parseTime(t, r.msg.Header, deliver.HeaderDueAt); r.at.Before(due) {
-					t.Errorf("%s delivered %s early", r.msg.Data, due.Sub(r.at))
-				}
+				rec.record(r.msg, r.at)
 			}
+			rec.checkNeverEarly()
+			seen := rec.counts()
 			for i := range 20 {
 				if seen["b"+strconv.Itoa(i)] != 1 {
 					t.Errorf("b%d delivered %d times, want 1", i, seen["b"+strconv.Itoa(i)])
