@@ -38,11 +38,11 @@ func TestClockSkew(t *testing.T) {
 				time.Sleep(10 * time.Millisecond) // let time pass: spread the store times
 			}
 			if skew < 0 {
-				// A marker sent straight to the subject half the skew after
-				// the last due time (the test's clock is the server's): a
-				// scanner going by its own clock, behind by the skew, would
-				// deliver after it.
-				time.Sleep(time.Until(lastDue.Add(-skew / 2)))
+				// A marker sent straight to the subject three quarters of
+				// the skew after the last due time (the test's clock is the
+				// server's): a scanner going by its own clock, behind by the
+				// skew, would deliver after it.
+				time.Sleep(time.Until(lastDue.Add(-skew * 3 / 4)))
 				if err := b.nc.Publish("skew.marker", []byte("marker")); err != nil {
 					t.Fatal(err)
 				}
@@ -51,7 +51,7 @@ func TestClockSkew(t *testing.T) {
 			var late []time.Duration
 			for i, r := range got {
 				if r.msg.Subject == "skew.marker" {
-					t.Errorf("the marker sent %s after the last due time arrived before %d of %d deliveries: a scanner clock behind by %s made them late by the skew", -skew/2, n-i, n, -skew)
+					t.Errorf("the marker sent %s after the last due time arrived before %d of %d deliveries: a scanner clock behind by %s made them late by the skew", -skew*3/4, n-i, n, -skew)
 					break
 				}
 				due := parseTime(t, r.msg.Header, deliver.HeaderDueAt)
