@@ -2,7 +2,6 @@ package deliver
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -14,37 +13,71 @@ import (
 	"github.com/delayd/delayd/offsets"
 )
 
-// pubAck is a PubAck outcome that resolves after a delay: the settle state
-// machine is driven with outcomes a real server produces only under faults
-// (a PubAck failing late, after a partial confirmation looked). The offsets
-// bucket and the connection are a real embedded nats-server.
-type pubAck struct {
-	ok  chan *jetstream.PubAck
-	err chan error
+// outcomes produces real PubAck futures from an embedded nats-server, one
+// kind per outcome the settle state machine must handle:
+//
+//   - ok: a publish stored by a stream;
+//   - full: a publish refused by a stream at its limits (MaxMsgs 1,
+//     discard new): the server's PubAck error, at once;
+//   - gone: a publish to the subject of a deleted stream: no responders, at
+//     once;
+//   - late: a publish to a subject a core subscriber takes but no stream
+//     stores, so no PubAck comes: the future fails with a PubAck timeout
+//     only after the publish-async timeout (300 ms), while it is awaited.
+//
+// A leader step-down cannot be produced here: a single server's streams
+// have no Raft group (the step-down API needs a cluster), and a clustered
+// server for a unit test would outweigh the test. Its client-visible
+// outcome, a PubAck that times out or fails, is what late and full give.
+type outcomes struct {
+	t  *testing.T
+	js jetstream.JetStream
 }
 
-func (f *pubAck) Ok() <-chan *jetstream.PubAck { return f.ok }
-func (f *pubAck) Err() <-chan error            { return f.err }
-func (f *pubAck) Msg() *nats.Msg               { return nil }
-
-func outcome(fail bool, after time.Duration) *pubAck {
-	f := &pubAck{ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
-	resolve := func() {
-		if fail {
-			f.err <- errors.New("puback timeout")
-		} else {
-			f.ok <- &jetstream.PubAck{}
+func newOutcomes(t *testing.T, nc *nats.Conn) *outcomes {
+	t.Helper()
+	ctx := context.Background()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range []jetstream.StreamConfig{
+		{Name: "OK", Subjects: []string{"ok.>"}, Storage: jetstream.MemoryStorage},
+		{Name: "FULL", Subjects: []string{"full.>"}, MaxMsgs: 1, Discard: jetstream.DiscardNew, Storage: jetstream.MemoryStorage},
+		{Name: "GONE", Subjects: []string{"gone.>"}, Storage: jetstream.MemoryStorage},
+	} {
+		if _, err := js.CreateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if after == 0 {
-		resolve()
-	} else {
-		time.AfterFunc(after, resolve)
+	if _, err := js.Publish(ctx, "full.x", nil); err != nil { // FULL is at its limit now
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, "GONE"); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := nc.SubscribeSync("late.>") // takes the publish, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return &outcomes{t: t, js: js}
+}
+
+// future publishes to kind's subject and returns its PubAck future.
+func (o *outcomes) future(kind string) jetstream.PubAckFuture {
+	o.t.Helper()
+	f, err := o.js.PublishAsync(kind+".x", []byte(kind))
+	if err != nil {
+		o.t.Fatal(err)
 	}
 	return f
 }
 
-func settleScanner(t *testing.T) *Scanner {
+func settleScanner(t *testing.T) (*Scanner, *outcomes) {
 	t.Helper()
 	srv := natstest.Start(t, nil)
 	nc, err := nats.Connect(srv.ClientURL())
@@ -62,22 +95,23 @@ func settleScanner(t *testing.T) *Scanner {
 		t.Fatal(err)
 	}
 	s.offset, s.committed, s.next = 9, 9, 15
-	return s
+	return s, newOutcomes(t, nc)
 }
 
 // TestSettleFirstLateFailure: a PubAck among the oldest half fails only
-// while it is awaited. Everything in flight must be settled with it, the
+// while it is awaited (a PubAck timeout), and a later one is refused by a
+// full stream. Everything in flight must be settled with it, the
 // scanner rewound to it, and later successes remembered, so that no
 // sequence is skipped and the offset never passes an undelivered message.
 func TestSettleFirstLateFailure(t *testing.T) {
 	t.Parallel()
-	s := settleScanner(t)
+	s, o := settleScanner(t)
 	s.inflight = []delivery{
-		{seq: 10, target: "t", fut: outcome(false, 0)},
-		{seq: 11, target: "t", fut: outcome(true, 30*time.Millisecond)},
-		{seq: 12, target: "t", fut: outcome(false, 0)},
-		{seq: 13, target: "t", fut: outcome(true, 0)},
-		{seq: 14, target: "t", fut: outcome(false, 0)},
+		{seq: 10, target: "ok.x", fut: o.future("ok")},
+		{seq: 11, target: "late.x", fut: o.future("late")},
+		{seq: 12, target: "ok.x", fut: o.future("ok")},
+		{seq: 13, target: "full.x", fut: o.future("full")},
+		{seq: 14, target: "ok.x", fut: o.future("ok")},
 	}
 	s.settleFirst(context.Background(), 2)
 	if s.offset != 10 || s.committed != 10 {
@@ -106,12 +140,12 @@ func TestSettleFirstLateFailure(t *testing.T) {
 // confirmed and the rest stay in flight, in order.
 func TestSettleFirstKeepsRestInFlight(t *testing.T) {
 	t.Parallel()
-	s := settleScanner(t)
+	s, o := settleScanner(t)
 	s.inflight = []delivery{
-		{seq: 10, target: "t", fut: outcome(false, 0)},
-		{seq: 11, target: "t", fut: outcome(false, 0)},
-		{seq: 12, target: "t", fut: outcome(false, 20*time.Millisecond)},
-		{seq: 13, target: "t", fut: outcome(false, 20*time.Millisecond)},
+		{seq: 10, target: "ok.x", fut: o.future("ok")},
+		{seq: 11, target: "ok.x", fut: o.future("ok")},
+		{seq: 12, target: "ok.x", fut: o.future("ok")},
+		{seq: 13, target: "ok.x", fut: o.future("ok")},
 	}
 	s.settleFirst(context.Background(), 2)
 	if s.offset != 11 {
@@ -127,5 +161,28 @@ func TestSettleFirstKeepsRestInFlight(t *testing.T) {
 	s.settle(context.Background())
 	if s.offset != 13 || len(s.inflight) != 0 {
 		t.Errorf("after settle: offset %d, in flight %d; want 13 and 0", s.offset, len(s.inflight))
+	}
+}
+
+// TestSettleDeletedTargetStream: a PubAck that fails at once with no
+// responders because the target stream was deleted, and no stream captures
+// the subject any more, is settled as a core subject without interest:
+// delivered to no one, not retried, and the offset passes it. (A stream that
+// exists but does not answer, electing a leader, is retried instead: that
+// needs a cluster to produce; see outcomes.)
+func TestSettleDeletedTargetStream(t *testing.T) {
+	t.Parallel()
+	s, o := settleScanner(t)
+	s.inflight = []delivery{
+		{seq: 10, target: "ok.x", fut: o.future("ok")},
+		{seq: 11, target: "gone.x", fut: o.future("gone")},
+		{seq: 12, target: "ok.x", fut: o.future("ok")},
+	}
+	s.settle(context.Background())
+	if s.offset != 12 || len(s.inflight) != 0 || len(s.done) != 0 {
+		t.Errorf("offset %d, in flight %d, remembered %v; want 12, 0 and none: a target without a stream is a core subject", s.offset, len(s.inflight), s.done)
+	}
+	if s.probing {
+		t.Error("probing after a settle without failure")
 	}
 }

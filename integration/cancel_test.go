@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/contract"
@@ -52,6 +53,8 @@ func TestCancel(t *testing.T) {
 	b := setup(t)
 	b.startDelayd("1s 2s")
 	c := b.collect("cancel.x")
+	rec := newRecorder(t)
+	rec.subscribe(b.nc, "cancel.x")
 
 	ids := make([]string, 100)
 	for i := range ids {
@@ -63,6 +66,7 @@ func TestCancel(t *testing.T) {
 		} else {
 			ids[i] = strconv.FormatUint(b.publish("delay.cancel.x", []byte(strconv.Itoa(i)), hdr), 10)
 		}
+		rec.expectKeys(strconv.Itoa(i))
 	}
 	cancelled := map[string]bool{}
 	for i := 0; i < len(ids); i += 4 { // 25 sequence ids
@@ -70,12 +74,14 @@ func TestCancel(t *testing.T) {
 			t.Fatalf("cancel %s: %q, want cancelled", ids[i], r)
 		}
 		cancelled[strconv.Itoa(i)] = true
+		rec.excused(strconv.Itoa(i), "cancelled")
 	}
 	for i := 1; i < len(ids); i += 4 { // 25 publisher ids
 		if r := b.cancel(ids[i]); r != delayd.Cancelled {
 			t.Fatalf("cancel %s: %q, want cancelled", ids[i], r)
 		}
 		cancelled[strconv.Itoa(i)] = true
+		rec.excused(strconv.Itoa(i), "cancelled")
 	}
 	if r := b.cancel(ids[1]); r != delayd.Cancelled {
 		t.Errorf("cancelling twice: %q, want cancelled again", r)
@@ -92,8 +98,10 @@ func TestCancel(t *testing.T) {
 	b.wantCancelReply(ids[1], "cancelled", "200")
 	b.wantCancelReply("no-such-id", "not found", "404")
 
-	c.wait(t, 50, 15*time.Second)
-	time.Sleep(500 * time.Millisecond) // nothing else may follow
+	// The last message published (99, not cancelled) is delivered last: the
+	// level is FIFO, so every message before it has been passed by then.
+	waitFor(t, 15*time.Second, "message 99 delivered", func() bool { return rec.counts()["99"] > 0 })
+	rec.checkAll()
 	got := c.snapshot()
 	if len(got) != 50 {
 		t.Fatalf("delivered %d, want exactly 50", len(got))
@@ -134,7 +142,7 @@ func TestCancelCascade(t *testing.T) {
 	hdr = nats.Header{contract.HeaderDuration: []string{"1500ms"}, "Nats-Msg-Id": []string{"restart-1"}}
 	b.publish("delay.cascade.cancel", []byte("restart"), hdr)
 	keep := b.publish("delay.cascade.cancel", []byte("keep"), nats.Header{contract.HeaderDuration: []string{"1500ms"}})
-	time.Sleep(700 * time.Millisecond) // past the first hop
+	waitFor(t, 10*time.Second, "past the first hop", func() bool { return b.forwarded() >= 3 })
 	if r := b.cancel(hop); r != delayd.Cancelled {
 		t.Fatalf("cancel after a hop: %q", r)
 	}
@@ -144,7 +152,8 @@ func TestCancelCascade(t *testing.T) {
 	b.stopDelayd()
 	b.startDelayd("200ms 500ms")
 	c.wait(t, 1, 10*time.Second)
-	time.Sleep(time.Second)
+	// Let time pass: the cancelled ones, due with keep, would show now.
+	waitQuiet(t, time.Second, 10*time.Second, func() int { return len(c.snapshot()) })
 	got := c.snapshot()
 	if len(got) != 1 || string(got[0].msg.Data) != "keep" {
 		var data []string
@@ -155,26 +164,24 @@ func TestCancelCascade(t *testing.T) {
 	}
 }
 
-// TestCancelRace sends each cancel at its message's due instant: every
-// message is delivered or cancelled, never both and never neither, and the
-// reply says which.
+// TestCancelRace sends each cancel around its message's due instant: every
+// message is delivered or cancelled, never both and never neither, the reply
+// says which, and both outcomes occur (the race is really run).
 func TestCancelRace(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startDelayd("100ms")
-	c := b.collect("race.x")
+	rec := newRecorder(t)
+	rec.subscribe(b.nc, "race.x")
 	const n = 200
 	replies := map[string]delayd.CancelResult{}
 	for i := range n {
 		seq := b.publish("delay.race.x", []byte(strconv.Itoa(i)), level(1))
-		// Around the due instant: 100 ms after the store, give or take.
-		time.Sleep(time.Duration(90+i%20) * time.Millisecond)
+		rec.expectKeys(strconv.Itoa(i))
+		// Let time pass: up to the due instant, 100 ms after the store, give
+		// or take.
+		time.Sleep(time.Duration(80+i%40) * time.Millisecond)
 		replies[strconv.Itoa(i)] = b.cancel(strconv.FormatUint(seq, 10))
-	}
-	time.Sleep(500 * time.Millisecond)
-	delivered := map[string]int{}
-	for _, r := range c.snapshot() {
-		delivered[string(r.msg.Data)]++
 	}
 	var nCancelled, nDelivered int
 	for i := range n {
@@ -182,19 +189,20 @@ func TestCancelRace(t *testing.T) {
 		switch replies[id] {
 		case delayd.Cancelled:
 			nCancelled++
-			if delivered[id] != 0 {
-				t.Errorf("message %s: reply cancelled, but delivered", id)
-			}
+			rec.excused(id, "cancelled")
 		case delayd.AlreadyDelivered:
 			nDelivered++
-			if delivered[id] != 1 {
-				t.Errorf("message %s: reply already delivered, delivered %d times", id, delivered[id])
-			}
 		default:
 			t.Errorf("message %s: reply %q", id, replies[id])
 		}
 	}
+	waitFor(t, 10*time.Second, fmt.Sprintf("%d deliveries", nDelivered), func() bool { return len(rec.snapshot()) >= nDelivered })
+	waitQuiet(t, 500*time.Millisecond, 10*time.Second, func() int { return len(rec.snapshot()) }) // a cancelled one delivered late would show now
 	t.Logf("%d tries at the due instant: %d cancelled, %d already delivered", n, nCancelled, nDelivered)
+	rec.checkAll() // each "already delivered" delivered once, each "cancelled" never
+	if nCancelled == 0 || nDelivered == 0 {
+		t.Errorf("%d cancelled, %d already delivered: want both outcomes of the race", nCancelled, nDelivered)
+	}
 }
 
 // TestMerge: 1,000 messages with 10 merge keys, published inside the
@@ -213,7 +221,8 @@ func TestMerge(t *testing.T) {
 	}
 	t.Logf("published 1,000 in %s", time.Since(start))
 	waitFor(t, 10*time.Second, "10 deliveries", func() bool { return b.streamCount("MERGE") >= 10 })
-	time.Sleep(500 * time.Millisecond)
+	// Every message in the level passed: nothing else will follow.
+	waitFor(t, 10*time.Second, "DELAYD_3S offset at its 10 messages", func() bool { return b.scannerStats("DELAYD_3S").Offset >= 10 })
 	msgs := b.streamMsgs("MERGE")
 	if len(msgs) != 10 {
 		t.Fatalf("delivered %d, want 10", len(msgs))
@@ -283,7 +292,8 @@ func TestCancelNumericIDs(t *testing.T) {
 		}
 	}
 	c.wait(t, 3, 10*time.Second)
-	time.Sleep(300 * time.Millisecond)
+	// Every message in the level passed: nothing else will follow.
+	waitFor(t, 10*time.Second, "DELAYD_2S offset at its 7 messages", func() bool { return b.scannerStats("DELAYD_2S").Offset >= 7 })
 	var got []string
 	for _, r := range c.snapshot() {
 		got = append(got, string(r.msg.Data))
@@ -365,14 +375,16 @@ func TestMergeCancelledCascade(t *testing.T) {
 	c := b.collect("mcc.x")
 	hdr := nats.Header{contract.HeaderDuration: []string{"1500ms"}, contract.HeaderMergeKey: []string{"k"}}
 	first := b.publish("delay.mcc.x", []byte("first"), hdr)
-	time.Sleep(700 * time.Millisecond) // past its first hop
+	firstDue := time.Now().Add(1500 * time.Millisecond)
+	waitFor(t, 10*time.Second, "past its first hop", func() bool { return b.forwarded() >= 1 })
 	if r := b.cancel(fmt.Sprint(first)); r != delayd.Cancelled {
 		t.Fatalf("cancel first: %q", r)
 	}
 	hdr = nats.Header{"Delay-Level": []string{"1"}, contract.HeaderMergeKey: []string{"k"}}
 	b.publish("delay.mcc.x", []byte("second"), hdr)
 	c.wait(t, 1, 10*time.Second)
-	time.Sleep(1500 * time.Millisecond) // the first's due time passes
+	time.Sleep(time.Until(firstDue)) // let time pass: the first's due time passes
+	waitQuiet(t, 300*time.Millisecond, 10*time.Second, func() int { return len(c.snapshot()) })
 	got := c.snapshot()
 	if len(got) != 1 || string(got[0].msg.Data) != "second" {
 		t.Errorf("delivered %d messages (first %q), want only second", len(got), got[0].msg.Data)
@@ -390,13 +402,13 @@ func TestMergeIntoCancelledHopAfterCommit(t *testing.T) {
 	c := b.collect("mch.x")
 	hdr := nats.Header{contract.HeaderDuration: []string{"6s"}, contract.HeaderMergeKey: []string{"k"}}
 	first := b.publish("delay.mch.x", []byte("first"), hdr)
-	time.Sleep(700 * time.Millisecond)
+	waitFor(t, 10*time.Second, "past its first hop", func() bool { return b.forwarded() >= 1 })
 	if r := b.cancel(fmt.Sprint(first)); r != delayd.Cancelled {
 		t.Fatalf("cancel first: %q", r)
 	}
 	for i := range 4 { // traffic in the level, so its offset commits are acknowledged
 		b.publish("delay.other.x", []byte(fmt.Sprint(i)), level(2))
-		time.Sleep(600 * time.Millisecond)
+		time.Sleep(600 * time.Millisecond) // let time pass: traffic spread over the level's delays
 	}
 	waitFor(t, 10*time.Second, "the tombstone deleted", func() bool { return b.streamCount(deliver.CancelStream) == 0 })
 	b.publish("delay.mch.x", []byte("second"), nats.Header{"Delay-Level": []string{"1"}, contract.HeaderMergeKey: []string{"k"}})
@@ -412,26 +424,49 @@ func TestMergeIntoCancelledHopAfterCommit(t *testing.T) {
 // TestHopIDNotGuessable: a publisher that sends a message with the
 // Nats-Msg-Id a cascading message's next hop would have under a guessable
 // scheme (first id + hop number) cannot make the hop be dropped as its
-// duplicate at ingress.
+// duplicate at ingress; and one that writes to a stream-bound target under
+// the id a pending message will be delivered with, guessed from an id it
+// saw delivered (same form, the other ingress sequence, with or without
+// the seen id's MAC), cannot make that delivery be dropped as its
+// duplicate. Delivery ids are "delayd-<ingress created>-<seq>-<MAC>" and
+// hop ids "delayd-hop-<MAC>" (deliver/hopauth.go); without the MAC the
+// guesses below would be exact.
 func TestHopIDNotGuessable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	b.createStream("SQUAT", "squat.>")
 	b.startDelayd("1s")
-	c := b.collect("squat.>")
 	info, err := b.js.Stream(context.Background(), deliver.IngressStream)
 	if err != nil {
 		t.Fatal(err)
 	}
 	created := info.CachedInfo().Created.UnixNano()
+
+	// An id the attacker sees delivered.
+	seen := b.publish("delay.squat.seen", []byte("seen"), level(0))
+	waitFor(t, 10*time.Second, "the seen message delivered", func() bool { return b.streamCount("SQUAT") == 1 })
+	seenID := b.streamMsgs("SQUAT")[0].Header.Get(contract.HeaderNatsMsgID)
+	prefix := fmt.Sprintf("delayd-%d-%d", created, seen)
+	if !strings.HasPrefix(seenID, prefix) {
+		t.Fatalf("delivered with Nats-Msg-Id %q, want the derived form %s…", seenID, prefix)
+	}
+	mac := strings.TrimPrefix(seenID, prefix)
+
 	seq := b.publish("delay.squat.victim", []byte("victim"), nats.Header{contract.HeaderDuration: []string{"1500ms"}})
-	for _, id := range []string{fmt.Sprintf("delayd-%d-%d-hop1", created, seq), fmt.Sprintf("delayd-%d-%d", created, seq)} {
+	victimRef := fmt.Sprintf("delayd-%d-%d", created, seq)
+	for _, id := range []string{victimRef + "-hop1", victimRef} { // at ingress: the hop's id under a guessable scheme
 		hdr := level(0)
 		hdr.Set("Nats-Msg-Id", id)
 		b.publish("delay.squat.attacker", []byte(id), hdr)
 	}
+	for _, id := range []string{victimRef, victimRef + mac} { // at the target, before the victim's delivery
+		if _, err := b.js.Publish(context.Background(), "squat.victim", []byte("squatter "+id), jetstream.WithMsgID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	waitFor(t, 10*time.Second, "the victim delivered", func() bool {
-		for _, r := range c.snapshot() {
-			if string(r.msg.Data) == "victim" {
+		for _, m := range b.streamMsgs("SQUAT") {
+			if string(m.Data) == "victim" {
 				return true
 			}
 		}
@@ -464,8 +499,14 @@ func TestCancelAnswersAfterLeaving(t *testing.T) {
 			select {
 			case <-stop:
 				return
-			case <-time.After(50 * time.Millisecond):
-				b.publish("delay.churn.x", nil, level(1))
+			case <-time.After(50 * time.Millisecond): // pacing the churn, not a correctness wait
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				_, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: "delay.churn.x", Header: level(1)})
+				cancel()
+				if err != nil {
+					t.Errorf("churn publish: %v", err) // not t.Fatal: this is not the test's goroutine
+					return
+				}
 			}
 		}
 	}()
@@ -479,7 +520,7 @@ func TestCancelAnswersAfterLeaving(t *testing.T) {
 		if r := b.cancel("leave-m"); r != delayd.Cancelled {
 			t.Fatalf("%s after leave-m left: %q, want cancelled", time.Since(left).Round(time.Millisecond), r)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // let time pass: ask again and again over 1.5 s
 	}
 	// Long after: the records are gone, the index does not grow.
 	waitFor(t, 20*time.Second, "leave-a forgotten", func() bool { return b.cancel("leave-a") == delayd.NotFound })

@@ -18,9 +18,9 @@ import (
 // TestAnyDelay publishes a seeded spread of Delay-Duration and
 // Delay-Deliver-At messages through two tables and checks that each is
 // delivered once, never before the time asked for, with Delay-Due-At the
-// time asked for, and late by less than the smallest level (plus
-// scheduling noise of a loaded CI machine); the lateness it logs is the
-// precision reached (the last stretch goes through the precision levels).
+// time asked for, and at the target before any message due more than half
+// the smallest level later (the last stretch goes through the precision levels);
+// the lateness it logs is the precision reached, asserted by no threshold.
 func TestAnyDelay(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -63,10 +63,16 @@ func anyDelay(t *testing.T, table string, smallest time.Duration, n, spread int)
 			wants[id] = want{d: d, byDur: true}
 		}
 		b.publish("delay.any.x", []byte(id), hdr)
-		time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
+		time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond) // let time pass: spread the store times
 	}
 	waitFor(t, 20*time.Second, "every message delivered", func() bool { return b.streamCount("ANYDELAY") >= uint64(len(wants)) })
-	time.Sleep(300 * time.Millisecond)
+	waitQuiet(t, 300*time.Millisecond, 10*time.Second, func() int { return int(b.streamCount("ANYDELAY")) }) // a late duplicate would show now
+	rec := newRecorder(t)
+	for id := range wants {
+		rec.expectKeys(id)
+	}
+	rec.addStream(b.streamMsgs("ANYDELAY"))
+	rec.checkAll()
 
 	var late []time.Duration
 	seen := map[string]int{}
@@ -110,8 +116,22 @@ func anyDelay(t *testing.T, table string, smallest time.Duration, n, spread int)
 	}
 	slices.Sort(late)
 	t.Logf("lateness over %d: p50=%s p99=%s max=%s; %d cascaded through levels", len(late), percentile(late, 50), percentile(late, 99), late[len(late)-1], hopped)
-	if mx := late[len(late)-1]; mx >= smallest+200*time.Millisecond {
-		t.Errorf("max lateness %s, want below the smallest level (%s) plus scheduling noise", mx, smallest)
+	// Precision as an ordering, not a clock threshold: the last stretch goes
+	// through precision levels no longer than what remains, so a message is
+	// at the target before any message due more than half the smallest level
+	// after it. (A last stretch held in the smallest level breaks this.)
+	msgs := b.streamMsgs("ANYDELAY")
+	inverted := 0
+	for _, a := range msgs {
+		dueA := parseTime(t, a.Header, contract.HeaderDueAt)
+		for _, c := range msgs {
+			if dueC := parseTime(t, c.Header, contract.HeaderDueAt); dueC.Sub(dueA) > smallest/2 && c.Sequence < a.Sequence {
+				if inverted++; inverted <= 5 {
+					t.Errorf("%s (due %s) stored after %s (due %s later): held past its due by a level longer than what remained",
+						a.Data, dueA.Format(time.RFC3339Nano), c.Data, dueC.Sub(dueA))
+				}
+			}
+		}
 	}
 	if hopped == 0 {
 		t.Error("no message cascaded: the spread should include delays past two levels")
@@ -153,34 +173,44 @@ func TestCascadeRestart(t *testing.T) {
 	capture := b.createStream("CASCADECAP", "cas.>")
 	const table = "100ms 300ms"
 	b.startDelayd(table)
+	offs := watchOffsets(t, b.js)
 	const n = 50
+	rec := newRecorder(t)
 	for i := range n {
 		h := nats.Header{contract.HeaderDuration: {"1500ms"}}
 		if i%2 == 0 {
 			h.Set("Nats-Msg-Id", "cas-"+strconv.Itoa(i))
 		}
 		b.publish("delay.cas.x", []byte(strconv.Itoa(i)), h)
+		rec.expectKeys(strconv.Itoa(i))
 	}
-	time.Sleep(450 * time.Millisecond) // mid-cascade: some hops done
+	lastDue := time.Now().Add(1500 * time.Millisecond)
+	// Mid-cascade: some hops done, nothing delivered yet.
+	waitFor(t, 10*time.Second, "a first hop", func() bool { return b.forwarded() > 0 })
+	if n := b.streamCount("CASCADECAP"); n != 0 {
+		t.Fatalf("%d captured before the stop: not mid-cascade", n)
+	}
 	b.stopDelayd()
-	time.Sleep(1500 * time.Millisecond) // the due times pass while delayd is down
+	time.Sleep(time.Until(lastDue)) // let time pass: the due times pass while delayd is down
 	b.startDelayd(table)
 	waitFor(t, 15*time.Second, "all captured", func() bool {
 		info, err := capture.Info(context.Background())
 		return err == nil && info.State.Msgs >= n
 	})
-	time.Sleep(500 * time.Millisecond)
-	ids := map[string]int{}
-	for _, m := range b.streamMsgs("CASCADECAP") {
-		ids[m.Header.Get("Nats-Msg-Id")]++
-		if due := parseTime(t, m.Header, contract.HeaderDueAt); m.Time.Before(due) {
-			t.Errorf("%s delivered %s early", m.Data, due.Sub(m.Time))
-		}
+	// Let time pass: a late duplicate would show now.
+	waitQuiet(t, 500*time.Millisecond, 10*time.Second, func() int { return int(b.streamCount("CASCADECAP")) })
+	msgs := b.streamMsgs("CASCADECAP")
+	rec.addStream(msgs)
+	rec.checkAll()
+	if n := offs.check(); n == 0 {
+		t.Error("no offset written")
+	}
+	for _, m := range msgs {
 		if d := parseTime(t, m.Header, contract.HeaderDueAt).Sub(parseTime(t, m.Header, contract.HeaderEnqueuedAt)); d != 1500*time.Millisecond {
 			t.Errorf("%s: due − enqueued = %s, want 1.5s across the hops", m.Data, d)
 		}
 	}
-	if len(ids) != n || b.streamCount("CASCADECAP") != n {
-		t.Errorf("captured %d messages with %d distinct ids, want %d of each", b.streamCount("CASCADECAP"), len(ids), n)
+	if len(msgs) != n {
+		t.Errorf("captured %d messages, want %d", len(msgs), n)
 	}
 }

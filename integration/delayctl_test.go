@@ -424,7 +424,7 @@ func fmtSeconds(p *float64) string {
 func TestDelayctlCancel(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.startDelayd("200ms 1h")
+	b.startDelayd("200ms 2s")
 	url := b.srv.ClientURL()
 	c := b.collect("ctl.cancel.>")
 
@@ -434,16 +434,23 @@ func TestDelayctlCancel(t *testing.T) {
 	delayctl(t, url, "cancel", "ctl.cancel.soon", id).want(t, 5, "not found") // another target's scope
 	delayctl(t, url, "cancel", "ctl.cancel.later", id).want(t, 0, "cancelled")
 	delayctl(t, url, "cancel", "--any", id).want(t, 0, "cancelled")
+	// A marker behind it in the same level: levels are FIFO, so once the
+	// marker is delivered the cancelled message's due has passed, and it
+	// would have been delivered first.
+	b.publish("delay.ctl.cancel.marker", []byte("marker"), level(2))
 
 	delayctl(t, url, "pub", "ctl.cancel.soon", "soon", "--level", "1", "--id", "soon-1").want(t, 0, "soon-1")
 	c.wait(t, 1, 10*time.Second)
 	delayctl(t, url, "cancel", "ctl.cancel.soon", "soon-1").want(t, 6, "already delivered")
 	delayctl(t, url, "cancel", "ctl.cancel.later", "soon-1").want(t, 5, "not found")
 	delayctl(t, url, "cancel", "ctl.cancel.soon", "no-such-id").want(t, 5, "not found")
-	for _, r := range c.snapshot() {
-		if string(r.msg.Data) != "soon" {
-			t.Errorf("delivered %q", r.msg.Data)
-		}
+	got := c.wait(t, 2, 15*time.Second)
+	var data []string
+	for _, r := range got {
+		data = append(data, string(r.msg.Data))
+	}
+	if !slices.Equal(data, []string{"soon", "marker"}) {
+		t.Errorf("delivered %q, want soon then marker (the cancelled message never)", data)
 	}
 }
 

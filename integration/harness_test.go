@@ -290,3 +290,26 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	i := int(float64(len(sorted)-1) * p / 100)
 	return sorted[i]
 }
+
+// scannerStats returns the running delayd's stats of one level stream, or
+// the zero value if it scans no such stream.
+func (b *testBundle) scannerStats(stream string) deliver.ScannerStats {
+	_, ss := b.svc.Stats()
+	for _, s := range ss {
+		if s.Stream == stream {
+			return s
+		}
+	}
+	return deliver.ScannerStats{}
+}
+
+// forwarded returns how many cascading messages the running delayd's
+// scanners moved on to a next level since it started.
+func (b *testBundle) forwarded() uint64 {
+	var n uint64
+	_, ss := b.svc.Stats()
+	for _, s := range ss {
+		n += s.Forwarded
+	}
+	return n
+}

@@ -1,0 +1,299 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/offsets"
+)
+
+// delivery is one message seen at a target.
+type delivery struct {
+	target string    // the subject it arrived on
+	id     string    // its Nats-Msg-Id
+	key    string    // the test's name for the message (its payload unless the recorder says otherwise)
+	at     time.Time // the target stream's store time, or the core subscriber's receive time
+	due    time.Time // its Delay-Due-At; zero if missing or malformed
+	level  string    // its Delay-Level header, if any
+}
+
+// recorder records the deliveries a test sees and checks the invariants of
+// README "Guarantees" on them, one check per method:
+//
+//   - never early: every delivery is stored (stream-bound target) or received
+//     (core subscriber) at or after its Delay-Due-At;
+//   - nothing lost: every expected key is delivered, or the test excused it
+//     (cancelled, dead-lettered);
+//   - duplicates only where the contract allows: none at a stream-bound
+//     target; at a core target only if the test says delayd crashed;
+//   - nothing unexpected: no key the test did not expect, and no excused key
+//     delivered.
+//
+// Receive times and store times are read on the test machine's clock, which
+// is also the embedded server's.
+type recorder struct {
+	t      *testing.T
+	keyOf  func(*nats.Msg) string
+	mu     sync.Mutex
+	got    []delivery
+	expect map[string]bool
+	excuse map[string]string // key -> why it need not arrive (and must not)
+}
+
+// newRecorder returns a recorder that names each message by its payload.
+func newRecorder(t *testing.T) *recorder {
+	return &recorder{t: t, keyOf: func(m *nats.Msg) string { return string(m.Data) }, expect: map[string]bool{}, excuse: map[string]string{}}
+}
+
+// record adds one delivery of m, seen at at.
+func (r *recorder) record(m *nats.Msg, at time.Time) {
+	d := delivery{target: m.Subject, key: r.keyOf(m), at: at}
+	if m.Header != nil {
+		d.id = m.Header.Get(contract.HeaderNatsMsgID)
+		d.level = m.Header.Get(contract.HeaderLevel)
+		d.due, _ = time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
+	}
+	r.mu.Lock()
+	r.got = append(r.got, d)
+	r.mu.Unlock()
+}
+
+// subscribe records every message on a core subject, with its receive time.
+func (r *recorder) subscribe(nc *nats.Conn, subject string) {
+	r.t.Helper()
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) { r.record(m, time.Now()) })
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	if err := nc.Flush(); err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { _ = sub.Unsubscribe() })
+}
+
+// addStream records every message of a target stream, with its store time.
+func (r *recorder) addStream(msgs []*jetstream.RawStreamMsg) {
+	for _, m := range msgs {
+		r.record(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}, m.Time)
+	}
+}
+
+// expectKeys says each key must be delivered (or excused).
+func (r *recorder) expectKeys(keys ...string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range keys {
+		r.expect[k] = true
+	}
+}
+
+// excused says key need not be delivered, and must not be, because why
+// (for example "cancelled").
+func (r *recorder) excused(key, why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.excuse[key] = why
+}
+
+func (r *recorder) snapshot() []delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.got)
+}
+
+// counts returns the number of deliveries per key.
+func (r *recorder) counts() map[string]int {
+	n := map[string]int{}
+	for _, d := range r.snapshot() {
+		n[d.key]++
+	}
+	return n
+}
+
+// checkNeverEarly fails for each delivery without a Delay-Due-At or seen
+// before it. It returns the number of deliveries checked.
+func (r *recorder) checkNeverEarly() int {
+	r.t.Helper()
+	got := r.snapshot()
+	bad := 0
+	for _, d := range got {
+		switch {
+		case d.due.IsZero():
+			bad++
+			if bad <= 10 {
+				r.t.Errorf("%s on %s: no valid %s", d.key, d.target, contract.HeaderDueAt)
+			}
+		case d.at.Before(d.due):
+			bad++
+			if bad <= 10 {
+				r.t.Errorf("%s on %s delivered %s early (due %s, seen %s)", d.key, d.target, d.due.Sub(d.at),
+					d.due.Format(time.RFC3339Nano), d.at.Format(time.RFC3339Nano))
+			}
+		}
+	}
+	if bad > 10 {
+		r.t.Errorf("%d deliveries early or without a due time in all", bad)
+	}
+	return len(got)
+}
+
+// checkComplete fails for each expected key neither delivered nor excused,
+// each excused key delivered, and each delivered key not expected.
+func (r *recorder) checkComplete() {
+	r.t.Helper()
+	n := r.counts()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var lost, unexpected, excusedButDelivered []string
+	for k := range r.expect {
+		if _, ok := r.excuse[k]; !ok && n[k] == 0 {
+			lost = append(lost, k)
+		}
+	}
+	for k, c := range n {
+		if why, ok := r.excuse[k]; ok {
+			excusedButDelivered = append(excusedButDelivered, fmt.Sprintf("%s (%s, delivered %d)", k, why, c))
+		} else if !r.expect[k] {
+			unexpected = append(unexpected, k)
+		}
+	}
+	for _, s := range []struct {
+		what string
+		keys []string
+	}{{"lost", lost}, {"delivered but not expected", unexpected}, {"delivered though excused", excusedButDelivered}} {
+		if len(s.keys) > 0 {
+			slices.Sort(s.keys)
+			r.t.Errorf("%d %s, e.g. %q", len(s.keys), s.what, s.keys[:min(len(s.keys), 10)])
+		}
+	}
+}
+
+// checkNoDuplicates fails for each key delivered more than once. Use it at a
+// stream-bound target, or at a core target when delayd did not crash.
+func (r *recorder) checkNoDuplicates() {
+	r.t.Helper()
+	var dup []string
+	for k, c := range r.counts() {
+		if c > 1 {
+			dup = append(dup, fmt.Sprintf("%s×%d", k, c))
+		}
+	}
+	if len(dup) > 0 {
+		slices.Sort(dup)
+		r.t.Errorf("%d keys delivered more than once, e.g. %q", len(dup), dup[:min(len(dup), 10)])
+	}
+}
+
+// checkAll runs every check: never early, complete, no duplicates.
+func (r *recorder) checkAll() {
+	r.t.Helper()
+	r.checkNeverEarly()
+	r.checkComplete()
+	r.checkNoDuplicates()
+}
+
+// offsetWatch sees every value written to the offsets bucket
+// (DELAYD_OFFSETS) while it runs, in revision order, and checks that each
+// level's offset only moves forward. A deleted key (the level stream was
+// deleted, or a test reset it) starts that key afresh. The bucket keeps one
+// value per key, so a value overwritten before the watch reads it is not
+// seen: a brief regression can slip by, a lasting one cannot.
+type offsetWatch struct {
+	t       *testing.T
+	mu      sync.Mutex
+	last    map[string]uint64
+	updates int
+	back    []string
+	stop    func()
+	done    chan struct{}
+}
+
+// watchOffsets starts an offsetWatch on js; it stops at cleanup or by check.
+// The bucket must exist (delayd started once).
+func watchOffsets(t *testing.T, js jetstream.JetStream) *offsetWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	kv, err := js.KeyValue(ctx, offsets.Bucket)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	o := &offsetWatch{t: t, last: map[string]uint64{}, done: make(chan struct{})}
+	o.stop = func() { _ = w.Stop(); cancel() }
+	go func() {
+		defer close(o.done)
+		for e := range w.Updates() {
+			if e == nil {
+				continue // the end of the initial values
+			}
+			o.mu.Lock()
+			o.updates++
+			if e.Operation() != jetstream.KeyValuePut {
+				delete(o.last, e.Key())
+				o.mu.Unlock()
+				continue
+			}
+			v, err := strconv.ParseUint(string(e.Value()), 10, 64)
+			if err == nil {
+				if prev, ok := o.last[e.Key()]; ok && v < prev {
+					o.back = append(o.back, fmt.Sprintf("%s: %d after %d (revision %d)", e.Key(), v, prev, e.Revision()))
+				}
+				o.last[e.Key()] = v
+			}
+			o.mu.Unlock()
+		}
+	}()
+	t.Cleanup(o.stop)
+	return o
+}
+
+// check stops the watch and fails if an offset moved back. It returns the
+// number of updates seen.
+func (o *offsetWatch) check() int {
+	o.t.Helper()
+	o.stop()
+	select {
+	case <-o.done:
+	case <-time.After(10 * time.Second):
+		o.t.Error("offset watch did not stop")
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.back) > 0 {
+		o.t.Errorf("offsets moved back %d times, e.g. %q", len(o.back), o.back[:min(len(o.back), 10)])
+	}
+	return o.updates
+}
+
+// waitQuiet waits until what() stops changing for quiet, with a deadline.
+// It stands for "any late arrival would show now": quiet is time that must
+// pass for an absence to mean something, not a wait for an event.
+func waitQuiet(t *testing.T, quiet, timeout time.Duration, what func() int) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	last, since := what(), time.Now()
+	for time.Since(since) < quiet {
+		if time.Now().After(deadline) {
+			t.Fatalf("still changing after %s", timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if n := what(); n != last {
+			last, since = n, time.Now()
+		}
+	}
+}
