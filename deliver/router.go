@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -171,11 +172,11 @@ type Router struct {
 	failing   failClock    // sessions or dead letters of placed messages failing; see Healthy
 	epoch     time.Time    // the failure clocks' origin (monotonic reading)
 	inflightN atomic.Int64 // writes handed to the acker and not settled yet
-	tails     *batchReader
+	tails     *jswire.BatchReader
 
 	group       *indexGroup // index records not yet written (router goroutine)
 	mergeMu     sync.Mutex
-	index       *batchReader           // index lookups (router goroutine)
+	index       *jswire.BatchReader    // index lookups (router goroutine)
 	mergeFlight map[string]indexRecord // merge keys' placements whose level write is not confirmed yet
 	mergeRecent map[string]indexRecord // the latest confirmed placement of merge keys placed by this process
 	mergeOrder  []string               // mergeRecent's keys, oldest first, for eviction
@@ -273,9 +274,9 @@ func (rt *routing) originalHeader() nats.Header {
 	return h
 }
 
-func (rt *routing) ack() { _ = rt.msg.Respond(ackAck) }
+func (rt *routing) ack() { _ = rt.msg.Respond(jswire.AckAck) }
 
-func (rt *routing) inProgress() { _ = rt.msg.Respond(ackInProgress) }
+func (rt *routing) inProgress() { _ = rt.msg.Respond(jswire.AckProgress) }
 
 // NewRouter returns a router. The streams must exist; see [Service].
 func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
@@ -335,17 +336,17 @@ func (r *Router) Stats() RouterStats {
 // without duplicates, on the next start) and returns nil. It survives server
 // restarts and reconnects; it returns an error only for a bad setup.
 func (r *Router) Run(ctx context.Context) error {
-	tails, err := newBatchReader(r.js.Conn(), tailBatch)
+	tails, err := jswire.NewBatchReader(r.js.Conn(), tailBatch)
 	if err != nil {
 		return err
 	}
-	defer tails.close()
+	defer tails.Close()
 	r.tails = tails
-	index, err := newBatchReader(r.js.Conn(), indexBatch)
+	index, err := jswire.NewBatchReader(r.js.Conn(), indexBatch)
 	if err != nil {
 		return err
 	}
-	defer index.close()
+	defer index.Close()
 	r.index = index
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
@@ -395,16 +396,16 @@ func (r *Router) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create ingress consumer: %w", err)
 	}
-	pull, err := newPullLoop(r.js.Conn(), IngressStream, RouterConsumer, r.cfg.Batch, 0)
+	pull, err := jswire.NewPull(r.js.Conn(), IngressStream, RouterConsumer, r.cfg.Batch, 0)
 	if err != nil {
 		return err
 	}
 	// The fresh consumer redelivers every unacked message: dead letters
 	// still refused are recorded again when they are.
 	r.cfg.refused.forget(routerRefusal)
-	stop := context.AfterFunc(ctx, pull.stop)
+	stop := context.AfterFunc(ctx, pull.Stop)
 	defer stop()
-	defer pull.stop()
+	defer pull.Stop()
 
 	r.inflight = make(chan *routing, r.cfg.MaxInFlight)
 	ackerDone := make(chan struct{})
@@ -421,7 +422,7 @@ func (r *Router) session(ctx context.Context) error {
 				return err
 			}
 		}
-		m, err := pull.next(ctx, r.kick, false, 0)
+		m, err := pull.Next(ctx, r.kick, false, 0)
 		if m == nil && err == nil {
 			// Nothing waiting: store the index records routed so far.
 			r.flushIndex()
@@ -431,9 +432,9 @@ func (r *Router) session(ctx context.Context) error {
 			if r.inflightN.Load() == 0 && !r.broken.Load() {
 				r.progress()
 			}
-			m, err = pull.next(ctx, r.kick, true, 0)
+			m, err = pull.Next(ctx, r.kick, true, 0)
 		}
-		if errors.Is(err, errWoken) {
+		if errors.Is(err, jswire.ErrWoken) {
 			continue // a write failed: recover before the next message
 		}
 		if err != nil {
@@ -514,7 +515,7 @@ func (r *Router) lastIngressRef(ctx context.Context, stream string, st jetstream
 		}
 		rctx, cancel := context.WithTimeout(ctx, opTimeout)
 		var err error
-		buf, err = r.tails.read(rctx, stream, buf[:0], from, int(to-from+1), 1<<20)
+		buf, err = r.tails.Read(rctx, stream, buf[:0], from, int(to-from+1), 1<<20)
 		cancel()
 		if err != nil {
 			return 0, fmt.Errorf("level stream %s tail: %w", stream, err)
@@ -583,7 +584,7 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 		for from <= w.expected {
 			rctx, cancel := context.WithTimeout(ctx, opTimeout)
 			var err error
-			buf, err = r.index.read(rctx, w.stream, buf[:0], from, indexBatch, 1<<20)
+			buf, err = r.index.Read(rctx, w.stream, buf[:0], from, indexBatch, 1<<20)
 			cancel()
 			if err != nil {
 				return fmt.Errorf("re-index %s: %w", w.stream, err)
@@ -626,14 +627,14 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 
 // route classifies one ingress message and starts its write.
 func (r *Router) route(m *nats.Msg) {
-	meta, ok := parseAck(m.Reply)
+	meta, ok := jswire.ParseAck(m.Reply)
 	if !ok {
 		r.logger.Error("ingress message with an unreadable ack subject", slog.String("reply", m.Reply))
-		_ = m.Respond(ackTerm)
+		_ = m.Respond(jswire.AckTerm)
 		return
 	}
-	rt := &routing{msg: m, seq: meta.streamSeq}
-	lvl, target, due, err := r.classify(m, meta.stored)
+	rt := &routing{msg: m, seq: meta.StreamSeq}
+	lvl, target, due, err := r.classify(m, meta.Stored)
 	if err == nil {
 		rt.merge, err = mergeKeyOf(m.Header)
 	}
@@ -659,7 +660,7 @@ func (r *Router) route(m *nats.Msg) {
 		return
 	}
 	rt.w = w
-	r.levelMsg(rt, target, meta.stored, due)
+	r.levelMsg(rt, target, meta.Stored, due)
 	r.submit(rt)
 }
 
@@ -718,7 +719,7 @@ func (r *Router) mergeInto(target, key string) bool {
 // (purged from the level) counts as placed: its record is the latest, so it
 // has not been placed again yet.
 func (r *Router) placed(ctx context.Context, rec indexRecord, target, key string) (bool, error) {
-	msgs, err := r.index.read(ctx, rec.stream, nil, rec.seq, 1, 1)
+	msgs, err := r.index.Read(ctx, rec.stream, nil, rec.seq, 1, 1)
 	if err != nil {
 		return false, err
 	}
@@ -1073,8 +1074,8 @@ const routerRefusal = "router:"
 func (r *Router) deferDeadLetter(rt *routing) {
 	r.cfg.refused.refused(routerRefusal+r.ingressRef(rt.seq), rt.err)
 	delay := 5 * time.Second
-	if meta, ok := parseAck(rt.msg.Reply); ok && meta.delivered < 6 {
-		delay = min(delay, 100*time.Millisecond<<meta.delivered)
+	if meta, ok := jswire.ParseAck(rt.msg.Reply); ok && meta.Delivered < 6 {
+		delay = min(delay, 100*time.Millisecond<<meta.Delivered)
 	}
 	r.logger.Warn("dead-letter write refused; the message stays in ingress and is tried again",
 		slog.String("subject", rt.msg.Subject), slog.Uint64("ingress_seq", rt.seq), slog.Duration("retry_in", delay), slog.Any("error", rt.err))
