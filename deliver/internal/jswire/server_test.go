@@ -367,7 +367,7 @@ func TestPullReissues(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			second := b.waitFor(t, requests, "a request after the status", func(*nats.Msg) bool { return true })
+			second := b.waitFor(t, requests, "second request (after the status)", func(*nats.Msg) bool { return true })
 			if err := b.nc.PublishRequest("$JS.API.CONSUMER.MSG.NEXT.ORDERS."+real, second.Reply, second.Data); err != nil {
 				t.Fatal(err)
 			}
