@@ -122,3 +122,21 @@ func FuzzParseAck(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkParseAck measures reading one data message's metadata, as the
+// router and the scanners do for every message, in both formats.
+func BenchmarkParseAck(b *testing.B) {
+	for _, reply := range []string{
+		"$JS.ACK.DELAYD_INGRESS.delayd-router.1.4242.4242.1795990280677514429.0",
+		"$JS.ACK._.ACCHASH.DELAYD_INGRESS.delayd-router.1.4242.4242.1795990280677514429.0",
+	} {
+		b.Run(strconv.Itoa(strings.Count(reply, ".")+1)+"tokens", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, ok := ParseAck(reply); !ok {
+					b.Fatal("bad ack subject")
+				}
+			}
+		})
+	}
+}
