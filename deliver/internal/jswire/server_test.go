@@ -245,10 +245,11 @@ func TestPullMissingHeartbeat(t *testing.T) {
 	next := "$JS.API.CONSUMER.MSG.NEXT.ORDERS.reader"
 	requests := b.watch(t, next)
 
-	// The other client's request holds the slot for 2 s.
+	// The other client's request holds the slot for 4 s: long enough that
+	// the Pull's first request finds it taken.
 	blocker := b.nc.NewInbox()
 	blocked := b.watch(t, blocker)
-	if err := b.nc.PublishRequest(next, blocker, []byte(`{"batch":1,"expires":2000000000}`)); err != nil {
+	if err := b.nc.PublishRequest(next, blocker, []byte(`{"batch":1,"expires":4000000000}`)); err != nil {
 		t.Fatal(err)
 	}
 	for {
