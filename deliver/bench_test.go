@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -46,7 +47,7 @@ func BenchmarkClassify(b *testing.B) {
 	m := ingressMsg()
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, ok := parseAck(m.Reply); !ok {
+		if _, ok := jswire.ParseAck(m.Reply); !ok {
 			b.Fatal("bad ack subject")
 		}
 		hop := checkHop(r.wiring.hopKey, m.Subject, m.Header)
@@ -102,7 +103,7 @@ func BenchmarkDeliveryMsg(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		m := levelStreamMsg() // included: the client allocates this per message too
-		if _, ok := parseAck(m.Reply); !ok {
+		if _, ok := jswire.ParseAck(m.Reply); !ok {
 			b.Fatal("bad ack subject")
 		}
 		target, due := s.parse(m, time.Time{})

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -154,7 +155,7 @@ func (s *Scanner) decideCancel(ctx context.Context, rec indexRecord) (cancelAnsw
 	// there is the one asked for.
 	rctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	buf, err := s.reader.read(rctx, s.cfg.Stream, nil, seq, 1, 1)
+	buf, err := s.reader.Read(rctx, s.cfg.Stream, nil, seq, 1, 1)
 	switch {
 	case err != nil:
 		return 0, err
@@ -236,7 +237,7 @@ func (s *Scanner) loadTombstones(ctx context.Context, offset uint64) error {
 	clear(s.cancelled)
 	s.tombMin = math.MaxUint64
 	s.cancelMu.Unlock()
-	err := s.reader.eachOnSubject(ctx, CancelStream, cancelSubjects+s.cfg.Stream, s.cfg.Batch, func(m *nats.Msg, at uint64) {
+	err := s.reader.EachOnSubject(ctx, CancelStream, cancelSubjects+s.cfg.Stream, s.cfg.Batch, opTimeout, func(m *nats.Msg, at uint64) {
 		t, ok := decodeTombstone(m.Data, at)
 		if !ok {
 			// Not one delayd wrote: it cancels nothing and stays until an
@@ -286,12 +287,12 @@ func (s *Scanner) dropTombstones(acked uint64) {
 // index records must be written (unless a later placement of the same id
 // is the latest record by now), so a later cancel still answers cancelled.
 func (s *Scanner) runJanitor(ctx context.Context) {
-	reader, err := newBatchReader(s.nc, indexBatch)
+	reader, err := jswire.NewBatchReader(s.nc, indexBatch)
 	if err != nil {
 		s.logger.Error("cancel tombstone janitor", slog.Any("error", err))
 		return
 	}
-	defer reader.close()
+	defer reader.Close()
 	for {
 		var t *tombstone
 		select {
@@ -315,7 +316,7 @@ func (s *Scanner) runJanitor(ctx context.Context) {
 }
 
 // retire writes t's missing index records and deletes the tombstone.
-func (s *Scanner) retire(ctx context.Context, reader *batchReader, t *tombstone) error {
+func (s *Scanner) retire(ctx context.Context, reader *jswire.BatchReader, t *tombstone) error {
 	if !t.indexed {
 		for _, key := range []string{t.key, t.mergeKey} {
 			if key == "" {
@@ -385,12 +386,12 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs 
 			_ = sub.Unsubscribe()
 		}
 	}()
-	var readers []*batchReader
+	var readers []*jswire.BatchReader
 	for range cancelWorkers {
-		reader, err := newBatchReader(s.nc, indexBatch)
+		reader, err := jswire.NewBatchReader(s.nc, indexBatch)
 		if err != nil {
 			for _, r := range readers {
-				r.close()
+				r.Close()
 			}
 			return err
 		}
@@ -400,7 +401,7 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs 
 	defer wg.Wait()
 	for _, reader := range readers {
 		wg.Go(func() {
-			defer reader.close()
+			defer reader.Close()
 			for {
 				select {
 				case <-ctx.Done():
@@ -475,7 +476,7 @@ func (s *Service) subscribeCancel(ctx context.Context) ([]*nats.Subscription, ch
 // for the unscoped one: a message with another target is treated exactly
 // as an unknown id (it is not found, and it does not make an id ambiguous),
 // so a scoped request tells nothing about other targets' messages.
-func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *batchReader, id, scope string) (string, error) {
+func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, id, scope string) (string, error) {
 	id = strings.TrimSpace(id)
 	var keys []string
 	if id != "" {
@@ -591,7 +592,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *ba
 // message is in the unscoped form's scope "". A record without a target
 // (written before records carried it) is checked against the level message
 // it places; one that placed none (left delayd) is out of any scope.
-func (s *Service) inScope(ctx context.Context, reader *batchReader, rec indexRecord, scope string) (bool, error) {
+func (s *Service) inScope(ctx context.Context, reader *jswire.BatchReader, rec indexRecord, scope string) (bool, error) {
 	switch {
 	case scope == "":
 		return true, nil
@@ -602,7 +603,7 @@ func (s *Service) inScope(ctx context.Context, reader *batchReader, rec indexRec
 	}
 	rctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	msgs, err := reader.read(rctx, rec.stream, nil, rec.seq, 1, 1)
+	msgs, err := reader.Read(rctx, rec.stream, nil, rec.seq, 1, 1)
 	if err != nil {
 		return false, err
 	}

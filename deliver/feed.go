@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver/internal/jswire"
 )
 
 // feedInactiveThreshold is how long the server keeps a scanner's consumer
@@ -33,7 +35,7 @@ type feed struct {
 	name    string
 	batch   int
 	bytes   int
-	pull    *pullLoop
+	pull    *jswire.Pull
 	started bool
 }
 
@@ -65,7 +67,7 @@ func (f *feed) reset(ctx context.Context, from uint64) error {
 	}
 	// A pull's byte limit must leave room for the largest message the
 	// server accepts, or that message could never be pulled.
-	pull, err := newPullLoop(f.nc, f.stream, f.name, f.batch, max(f.bytes, 2*int(f.nc.MaxPayload())))
+	pull, err := jswire.NewPull(f.nc, f.stream, f.name, f.batch, max(f.bytes, 2*int(f.nc.MaxPayload())))
 	if err != nil {
 		return err
 	}
@@ -74,16 +76,16 @@ func (f *feed) reset(ctx context.Context, from uint64) error {
 }
 
 // next returns the next message and its stream sequence and store time. A
-// receive on wake returns errWoken. With
+// receive on wake returns [jswire.ErrWoken]. With
 // block unset it returns a nil message at once when none is buffered; with a
 // positive timeout it returns a nil message once that long has passed.
-func (f *feed) next(ctx context.Context, wake <-chan struct{}, block bool, timeout time.Duration) (*nats.Msg, ackMeta, error) {
+func (f *feed) next(ctx context.Context, wake <-chan struct{}, block bool, timeout time.Duration) (*nats.Msg, jswire.AckMeta, error) {
 	for {
-		m, err := f.pull.next(ctx, wake, block, timeout)
+		m, err := f.pull.Next(ctx, wake, block, timeout)
 		if err != nil || m == nil {
-			return nil, ackMeta{}, err
+			return nil, jswire.AckMeta{}, err
 		}
-		meta, ok := parseAck(m.Reply)
+		meta, ok := jswire.ParseAck(m.Reply)
 		if !ok {
 			continue
 		}
@@ -93,7 +95,7 @@ func (f *feed) next(ctx context.Context, wake <-chan struct{}, block bool, timeo
 
 func (f *feed) close() {
 	if f.pull != nil {
-		f.pull.stop()
+		f.pull.Stop()
 		f.pull = nil
 	}
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver/internal/jswire"
 )
 
 // The id index: where each pending message is, by id and by merge key.
@@ -221,8 +223,8 @@ func (g *indexGroup) stored() error {
 
 // lookupIndex returns the latest record for key. ok is false when there is
 // none.
-func lookupIndex(ctx context.Context, reader *batchReader, key string) (rec indexRecord, ok bool, err error) {
-	err = reader.eachOnSubject(ctx, IndexStream, indexSubject(key), indexBatch, func(m *nats.Msg, at uint64) {
+func lookupIndex(ctx context.Context, reader *jswire.BatchReader, key string) (rec indexRecord, ok bool, err error) {
+	err = reader.EachOnSubject(ctx, IndexStream, indexSubject(key), indexBatch, opTimeout, func(m *nats.Msg, at uint64) {
 		decodeIndexRecords(m.Data, func(r indexRecord) {
 			if r.key == key && at >= rec.at {
 				r.at = at // later records in one message are later placements

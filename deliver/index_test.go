@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -134,11 +135,11 @@ func TestTrimIndex(t *testing.T) {
 	if err := trimIndex(ctx, js, times[3], 10*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	reader, err := newBatchReader(nc, indexBatch)
+	reader, err := jswire.NewBatchReader(nc, indexBatch)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer reader.close()
+	defer reader.Close()
 	for i := range 6 {
 		_, ok, err := lookupIndex(ctx, reader, userKey(fmt.Sprint("k", i)))
 		if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -210,8 +211,8 @@ type Router struct {
 	failing failClock // sessions or dead letters of placed messages failing; see Healthy
 	epoch   time.Time // the failure clocks' origin (monotonic reading)
 
-	tails *batchReader // level streams' tails (Run's goroutine)
-	index *batchReader // index lookups (Run's goroutine)
+	tails *jswire.BatchReader // level streams' tails (Run's goroutine)
+	index *jswire.BatchReader // index lookups (Run's goroutine)
 
 	routed, deadLettered, clamped, skipped, merged atomic.Uint64
 }
@@ -266,9 +267,9 @@ type routing struct {
 	group  *indexGroup // the index write holding them
 }
 
-func (rt *routing) ack() { _ = rt.msg.Respond(ackAck) }
+func (rt *routing) ack() { _ = rt.msg.Respond(jswire.AckAck) }
 
-func (rt *routing) inProgress() { _ = rt.msg.Respond(ackInProgress) }
+func (rt *routing) inProgress() { _ = rt.msg.Respond(jswire.AckProgress) }
 
 // NewRouter returns a router on its own, outside a [Service], for example
 // to measure routing alone. The streams must exist; see [Service]. Such a
@@ -350,17 +351,17 @@ func (r *Router) Stats() RouterStats {
 // without duplicates, on the next start) and returns nil. It survives server
 // restarts and reconnects; it returns an error only for a bad setup.
 func (r *Router) Run(ctx context.Context) error {
-	tails, err := newBatchReader(r.js.Conn(), tailBatch)
+	tails, err := jswire.NewBatchReader(r.js.Conn(), tailBatch)
 	if err != nil {
 		return err
 	}
-	defer tails.close()
+	defer tails.Close()
 	r.tails = tails
-	index, err := newBatchReader(r.js.Conn(), indexBatch)
+	index, err := jswire.NewBatchReader(r.js.Conn(), indexBatch)
 	if err != nil {
 		return err
 	}
-	defer index.close()
+	defer index.Close()
 	r.index = index
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
@@ -414,16 +415,16 @@ func (r *Router) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create ingress consumer: %w", err)
 	}
-	pull, err := newPullLoop(r.js.Conn(), IngressStream, RouterConsumer, r.cfg.Batch, 0)
+	pull, err := jswire.NewPull(r.js.Conn(), IngressStream, RouterConsumer, r.cfg.Batch, 0)
 	if err != nil {
 		return err
 	}
 	// The fresh consumer redelivers every unacked message: dead letters
 	// still refused are recorded again when they are.
 	r.wiring.refused.forget(routerRefusal)
-	stop := context.AfterFunc(ctx, pull.stop)
+	stop := context.AfterFunc(ctx, pull.Stop)
 	defer stop()
-	defer pull.stop()
+	defer pull.Stop()
 
 	for {
 		if r.pipe.broken.Load() {
@@ -431,7 +432,7 @@ func (r *Router) session(ctx context.Context) error {
 				return err
 			}
 		}
-		m, err := pull.next(ctx, r.pipe.kick, false, 0)
+		m, err := pull.Next(ctx, r.pipe.kick, false, 0)
 		if m == nil && err == nil {
 			// Nothing waiting: store the index records routed so far.
 			r.pipe.flush()
@@ -440,9 +441,9 @@ func (r *Router) session(ctx context.Context) error {
 			if r.pipe.idle() {
 				r.progress()
 			}
-			m, err = pull.next(ctx, r.pipe.kick, true, 0)
+			m, err = pull.Next(ctx, r.pipe.kick, true, 0)
 		}
-		if errors.Is(err, errWoken) {
+		if errors.Is(err, jswire.ErrWoken) {
 			continue // a write failed: retry before the next message
 		}
 		if err != nil {
@@ -524,7 +525,7 @@ func (r *Router) lastIngressRef(ctx context.Context, stream string, st jetstream
 		}
 		rctx, cancel := context.WithTimeout(ctx, opTimeout)
 		var err error
-		buf, err = r.tails.read(rctx, stream, buf[:0], from, int(to-from+1), 1<<20)
+		buf, err = r.tails.Read(rctx, stream, buf[:0], from, int(to-from+1), 1<<20)
 		cancel()
 		if err != nil {
 			return 0, fmt.Errorf("level stream %s tail: %w", stream, err)
@@ -593,7 +594,7 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 		for from <= w.expected {
 			rctx, cancel := context.WithTimeout(ctx, opTimeout)
 			var err error
-			buf, err = r.index.read(rctx, w.stream, buf[:0], from, indexBatch, 1<<20)
+			buf, err = r.index.Read(rctx, w.stream, buf[:0], from, indexBatch, 1<<20)
 			cancel()
 			if err != nil {
 				return fmt.Errorf("re-index %s: %w", w.stream, err)
@@ -636,15 +637,15 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 
 // route classifies one ingress message and starts its write.
 func (r *Router) route(ctx context.Context, m *nats.Msg) {
-	meta, ok := parseAck(m.Reply)
+	meta, ok := jswire.ParseAck(m.Reply)
 	if !ok {
 		r.logger.Error("ingress message with an unreadable ack subject", slog.String("reply", m.Reply))
-		_ = m.Respond(ackTerm)
+		_ = m.Respond(jswire.AckTerm)
 		return
 	}
-	rt := &routing{msg: m, seq: meta.streamSeq}
+	rt := &routing{msg: m, seq: meta.StreamSeq}
 	hop := checkHop(r.wiring.hopKey, m.Subject, m.Header)
-	p, err := r.classifier.classify(m.Subject, m.Header, meta.stored, hop)
+	p, err := r.classifier.classify(m.Subject, m.Header, meta.Stored, hop)
 	if p.Clamped {
 		r.clamped.Add(1)
 		r.logger.Warn("delay level above the table, clamped to the highest level",
@@ -689,7 +690,7 @@ func (r *Router) route(ctx context.Context, m *nats.Msg) {
 	}
 	rt.w = w
 	var due time.Time
-	rt.out, due = levelMessage(m.Header, m.Data, p, w.subject, meta.stored, r.ingressRef(rt.seq))
+	rt.out, due = levelMessage(m.Header, m.Data, p, w.subject, meta.Stored, r.ingressRef(rt.seq))
 	rt.setIndex(w.stream, p, due)
 	r.submit(rt)
 }
@@ -752,7 +753,7 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 // (purged from the level) counts as placed: its record is the latest, so it
 // has not been placed again yet.
 func (r *Router) placed(ctx context.Context, rec indexRecord, target, key string) (bool, error) {
-	msgs, err := r.index.read(ctx, rec.stream, nil, rec.seq, 1, 1)
+	msgs, err := r.index.Read(ctx, rec.stream, nil, rec.seq, 1, 1)
 	if err != nil {
 		return false, err
 	}
@@ -878,8 +879,8 @@ const routerRefusal = "router:"
 func (r *Router) deferDeadLetter(rt *routing) {
 	r.wiring.refused.refused(routerRefusal+r.ingressRef(rt.seq), rt.err)
 	delay := 5 * time.Second
-	if meta, ok := parseAck(rt.msg.Reply); ok && meta.delivered < 6 {
-		delay = min(delay, 100*time.Millisecond<<meta.delivered)
+	if meta, ok := jswire.ParseAck(rt.msg.Reply); ok && meta.Delivered < 6 {
+		delay = min(delay, 100*time.Millisecond<<meta.Delivered)
 	}
 	r.logger.Warn("dead-letter write refused; the message stays in ingress and is tried again",
 		slog.String("subject", rt.msg.Subject), slog.Uint64("ingress_seq", rt.seq), slog.Duration("retry_in", delay), slog.Any("error", rt.err))

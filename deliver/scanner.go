@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
 )
@@ -185,7 +186,7 @@ type Scanner struct {
 	js      jetstream.JetStream
 	cfg     ScannerConfig
 	logger  *slog.Logger
-	reader  *batchReader
+	reader  *jswire.BatchReader
 	stream  jetstream.Stream
 	subject string // "delayd.level.<NAME>."
 
@@ -209,7 +210,7 @@ type Scanner struct {
 	resetFeed      bool      // the feed must restart at next
 	feedFresh      bool      // no message read since the feed restarted
 	head           *nats.Msg // the message being waited for or delivered
-	headMeta       ackMeta
+	headMeta       jswire.AckMeta
 	probing        bool                // after a failure: one delivery at a time
 	done           map[uint64]struct{} // confirmed after an earlier failure; skipped on re-read
 	unsure         map[uint64]struct{} // failed behind an earlier failure, maybe stored at the target; sent again
@@ -446,12 +447,12 @@ func (s *Scanner) Stats() ScannerStats {
 // flight, commits the offset and returns nil. It survives server restarts,
 // retrying with capped, jittered backoff.
 func (s *Scanner) Run(ctx context.Context) error {
-	reader, err := newBatchReader(s.nc, s.cfg.Batch)
+	reader, err := jswire.NewBatchReader(s.nc, s.cfg.Batch)
 	if err != nil {
 		return err
 	}
 	s.reader = reader
-	defer reader.close()
+	defer reader.Close()
 	s.feed = newFeed(s.nc, s.js, s.cfg.Stream, s.cfg.Batch, s.cfg.BatchBytes)
 	defer s.feed.close()
 	jctx, stopJanitor := context.WithCancel(ctx)
@@ -633,7 +634,7 @@ func (s *Scanner) step(ctx context.Context) error {
 				m, meta, err = s.feed.next(ctx, s.wake, true, 0)
 			}
 		}
-		if errors.Is(err, errWoken) {
+		if errors.Is(err, jswire.ErrWoken) {
 			return nil // a cancel request: decided at the top of the next step
 		}
 		if err != nil {
@@ -644,23 +645,23 @@ func (s *Scanner) step(ctx context.Context) error {
 			s.resetFeed = true
 			return err
 		}
-		if meta.streamSeq < s.next {
+		if meta.StreamSeq < s.next {
 			return nil // read again after a reset
 		}
 		fresh := s.feedFresh
 		s.feedFresh = false
-		if meta.streamSeq > s.next && !fresh {
+		if meta.StreamSeq > s.next && !fresh {
 			// A level stream has no gaps above its purged prefix, so a
 			// sequence skipped mid-stream was lost on the way (a full
 			// client buffer): read again from next.
-			s.logger.Warn("level stream read skipped a sequence; reading again", slog.Uint64("want", s.next), slog.Uint64("got", meta.streamSeq))
+			s.logger.Warn("level stream read skipped a sequence; reading again", slog.Uint64("want", s.next), slog.Uint64("got", meta.StreamSeq))
 			s.resetFeed = true
 			return nil
 		}
 		s.head, s.headMeta = m, meta
-		s.observeClock(ctx, meta.streamSeq, meta.stored)
+		s.observeClock(ctx, meta.StreamSeq, meta.Stored)
 	}
-	m, seq := s.head, s.headMeta.streamSeq
+	m, seq := s.head, s.headMeta.StreamSeq
 	if _, ok := s.done[seq]; ok {
 		// Confirmed before an earlier delivery failed: not sent again.
 		delete(s.done, seq)
@@ -673,7 +674,7 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.afterPublish(ctx)
 		return nil
 	}
-	target, due := s.parse(m, s.headMeta.stored)
+	target, due := s.parse(m, s.headMeta.Stored)
 	if s.srv.stale() {
 		s.refreshClock(ctx)
 	}
@@ -1063,7 +1064,7 @@ func (s *Scanner) failed(ctx context.Context, d delivery, err error) {
 	s.retries.Add(1)
 	if permanent(err) && n >= s.cfg.MaxAttempts {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-		buf, rerr := s.reader.read(rctx, s.cfg.Stream, nil, d.seq, 1, 1)
+		buf, rerr := s.reader.Read(rctx, s.cfg.Stream, nil, d.seq, 1, 1)
 		cancel()
 		if rerr == nil && len(buf) == 1 {
 			if seq, _ := strconv.ParseUint(buf[0].Header.Get(hdrJSSequence), 10, 64); seq == d.seq {

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
 )
@@ -355,11 +356,11 @@ func (s *Service) Run(ctx context.Context) error {
 // are kept, and a cancel still gets its true answer.
 func (s *Service) trimIndex(ctx context.Context) error {
 	js := mustJS(s.nc, 0)
-	reader, err := newBatchReader(s.nc, 1)
+	reader, err := jswire.NewBatchReader(s.nc, 1)
 	if err != nil {
 		return err
 	}
-	defer reader.close()
+	defer reader.Close()
 	keep := cmp.Or(s.cfg.IndexKeep, IndexKeep)
 	t := time.NewTicker(min(indexTrimEvery, keep/4))
 	defer t.Stop()
@@ -416,7 +417,7 @@ const indexStoreSkew = 5 * time.Second
 // index record of a message not yet handed off is older. The server's time
 // is read first, so a message stored during the reads is newer than it.
 // It costs a stream info and a direct get per level.
-func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, reader *batchReader) (time.Time, error) {
+func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader) (time.Time, error) {
 	oldest := serverNow(ctx, js)
 	if oldest.IsZero() {
 		return oldest, errors.New("no server time")
@@ -431,7 +432,7 @@ func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, rea
 	for _, sc := range scanners {
 		rctx, cancel := context.WithTimeout(ctx, opTimeout)
 		var err error
-		buf, err = reader.read(rctx, sc.cfg.Stream, buf[:0], sc.committedA.Load()+1, 1, 1)
+		buf, err = reader.Read(rctx, sc.cfg.Stream, buf[:0], sc.committedA.Load()+1, 1, 1)
 		cancel()
 		if err != nil {
 			return time.Time{}, err

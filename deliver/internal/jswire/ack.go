@@ -1,0 +1,78 @@
+package jswire
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Ack bodies of the JetStream consumer protocol, sent as the reply to a
+// data message's $JS.ACK subject.
+var (
+	// AckAck acknowledges a message: it is done.
+	AckAck = []byte("+ACK")
+	// AckProgress resets the message's ack wait: still working on it.
+	AckProgress = []byte("+WPI")
+	// AckTerm ends the message's deliveries without processing it.
+	AckTerm = []byte("+TERM")
+)
+
+// AckPrefix begins every JetStream data message's reply subject.
+const AckPrefix = "$JS.ACK."
+
+// AckMeta holds the fields of a $JS.ACK reply subject delayd uses.
+type AckMeta struct {
+	// StreamSeq is the message's sequence in its stream.
+	StreamSeq uint64
+	// Stored is when the server stored the message (the server's clock,
+	// nanosecond precision).
+	Stored time.Time
+	// Delivered counts the consumer's deliveries of the message, this one
+	// included: 1 on the first.
+	Delivered uint64
+}
+
+// ParseAck reads the metadata of a JetStream data message from its reply
+// subject, in either of the server's two formats:
+//
+//	$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>                          (9 tokens)
+//	$JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>] (11 or 12 tokens)
+//
+// ts is the store time in Unix nanoseconds. ok is false for any other
+// token count, a subject not starting with [AckPrefix], or a delivered, sseq
+// or ts token that is not a decimal number; the cseq and pending tokens
+// are not read.
+func ParseAck(reply string) (meta AckMeta, ok bool) {
+	rest, ok := strings.CutPrefix(reply, AckPrefix)
+	if !ok {
+		return AckMeta{}, false
+	}
+	var tok [12]string
+	n := 0
+	for n < len(tok) {
+		i := strings.IndexByte(rest, '.')
+		if i < 0 {
+			tok[n] = rest
+			n++
+			break
+		}
+		tok[n], rest = rest[:i], rest[i+1:]
+		n++
+	}
+	var f []string
+	switch n {
+	case 7: // v1: stream consumer delivered sseq dseq ts pending
+		f = tok[2:7]
+	case 9, 10: // v2: domain acchash stream consumer delivered sseq dseq ts pending [token]
+		f = tok[4:9]
+	default:
+		return AckMeta{}, false
+	}
+	delivered, err1 := strconv.ParseUint(f[0], 10, 64)
+	sseq, err2 := strconv.ParseUint(f[1], 10, 64)
+	ts, err3 := strconv.ParseInt(f[3], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return AckMeta{}, false
+	}
+	return AckMeta{StreamSeq: sseq, Stored: time.Unix(0, ts), Delivered: delivered}, true
+}

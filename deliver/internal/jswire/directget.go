@@ -1,0 +1,139 @@
+package jswire
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// HeaderSequence is the header JetStream adds to every message a direct
+// get returns: its stream sequence, in decimal.
+const HeaderSequence = "Nats-Sequence"
+
+// BatchReader reads streams by sequence with JetStream's batched direct get
+// ($JS.API.DIRECT.GET.<stream>, nats-server 2.11+; the stream needs
+// AllowDirect). It is stateless on the server: there is no consumer to
+// create, keep alive or lose while a reader waits hours between reads, and
+// one request returns a whole batch.
+//
+// It tells a stored message from a status by the Nats-Sequence header the
+// server adds to every stored message, never by a Status header, which a
+// publisher could set.
+//
+// A BatchReader is owned by one goroutine at a time: its reads share one
+// inbox subscription, and a read discards replies to any other request, so
+// two concurrent reads would lose each other's messages. [BatchReader.Close]
+// may be called from any goroutine.
+type BatchReader struct {
+	nc    *nats.Conn
+	inbox string // prefix; each request replies to inbox.<n>
+	sub   *nats.Subscription
+	ch    chan *nats.Msg
+	reqID atomic.Uint64
+}
+
+// NewBatchReader subscribes an inbox for reads of up to maxBatch messages
+// each (larger reads work, but replies beyond the buffer are dropped by the
+// client as a slow consumer). The error is the subscription's.
+func NewBatchReader(nc *nats.Conn, maxBatch int) (*BatchReader, error) {
+	inbox := nc.NewInbox()
+	// One request is in flight at a time; room for it and a late one.
+	ch := make(chan *nats.Msg, 2*maxBatch+16)
+	sub, err := nc.ChanSubscribe(inbox+".*", ch)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe direct-get inbox: %w", err)
+	}
+	return &BatchReader{nc: nc, inbox: inbox, sub: sub, ch: ch}, nil
+}
+
+// Close unsubscribes the inbox.
+func (r *BatchReader) Close() { _ = r.sub.Unsubscribe() }
+
+// Read appends to dst up to n messages of stream with sequence >= from, in
+// sequence order, at most about maxBytes of payload, and returns dst. Fewer
+// than n means the stream holds no more at or after from, or maxBytes was
+// reached. Each returned message keeps JetStream's Nats-Sequence
+// ([HeaderSequence]), Nats-Subject and Nats-Time-Stamp headers.
+//
+// Errors: ctx's error, wrapped, when ctx is done before the batch ends (dst
+// then holds what came); [nats.ErrNoResponders], wrapped, when no server
+// answers (no such stream, or it does not allow direct gets); a status
+// error for any other status reply.
+func (r *BatchReader) Read(ctx context.Context, stream string, dst []*nats.Msg, from uint64, n, maxBytes int) ([]*nats.Msg, error) {
+	return r.ReadSubject(ctx, stream, "", dst, from, n, maxBytes)
+}
+
+// EachOnSubject calls fn with every message of stream on subject and its
+// stream sequence, in sequence order, reading n at a time (n > 0), each read
+// within perRead. It returns the first read's error, wrapped as by
+// [BatchReader.Read]; fn may have seen messages by then.
+func (r *BatchReader) EachOnSubject(ctx context.Context, stream, subject string, n int, perRead time.Duration, fn func(m *nats.Msg, seq uint64)) error {
+	var buf []*nats.Msg
+	for from := uint64(1); ; {
+		rctx, cancel := context.WithTimeout(ctx, perRead)
+		var err error
+		buf, err = r.ReadSubject(rctx, stream, subject, buf[:0], from, n, 1<<20)
+		cancel()
+		if err != nil {
+			return err
+		}
+		for _, m := range buf {
+			seq, _ := strconv.ParseUint(m.Header.Get(HeaderSequence), 10, 64)
+			from = max(from, seq+1)
+			fn(m, seq)
+		}
+		if len(buf) < n {
+			return nil
+		}
+	}
+}
+
+// ReadSubject is [BatchReader.Read] restricted to messages on subject (a
+// literal subject, or "" for all), with JetStream's next_by_subj.
+func (r *BatchReader) ReadSubject(ctx context.Context, stream, subject string, dst []*nats.Msg, from uint64, n, maxBytes int) ([]*nats.Msg, error) {
+	id := r.reqID.Add(1)
+	reply := r.inbox + "." + strconv.FormatUint(id, 10)
+	var req [160]byte
+	b := append(req[:0], `{"seq":`...)
+	b = strconv.AppendUint(b, from, 10)
+	if subject != "" {
+		b = append(b, `,"next_by_subj":`...)
+		b = strconv.AppendQuote(b, subject)
+	}
+	b = append(b, `,"batch":`...)
+	b = strconv.AppendInt(b, int64(n), 10)
+	b = append(b, `,"max_bytes":`...)
+	b = strconv.AppendInt(b, int64(maxBytes), 10)
+	b = append(b, '}')
+	if err := r.nc.PublishMsg(&nats.Msg{Subject: "$JS.API.DIRECT.GET." + stream, Reply: reply, Data: b}); err != nil {
+		return dst, fmt.Errorf("direct get: %w", err)
+	}
+	for {
+		var m *nats.Msg
+		select {
+		case <-ctx.Done():
+			return dst, fmt.Errorf("direct get: %w", ctx.Err())
+		case m = <-r.ch:
+		}
+		if m.Subject != reply {
+			continue // a late reply to an earlier, abandoned request
+		}
+		if m.Header.Get(HeaderSequence) == "" {
+			// A status, not a message: every stored message comes back with
+			// Nats-Sequence, and level messages carry no user Nats-* header.
+			switch m.Header.Get("Status") {
+			case "204", "404": // end of batch; nothing at or after from
+				return dst, nil
+			case "503":
+				return dst, fmt.Errorf("direct get: %w", nats.ErrNoResponders)
+			default:
+				return dst, fmt.Errorf("direct get: unexpected reply: status %q %s", m.Header.Get("Status"), m.Header.Get("Description"))
+			}
+		}
+		dst = append(dst, m)
+	}
+}

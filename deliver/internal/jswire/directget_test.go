@@ -1,0 +1,184 @@
+package jswire
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// seqs returns the Nats-Sequence of each message.
+func seqs(t *testing.T, msgs []*nats.Msg) []uint64 {
+	t.Helper()
+	out := make([]uint64, len(msgs))
+	for i, m := range msgs {
+		n, err := strconv.ParseUint(m.Header.Get(HeaderSequence), 10, 64)
+		if err != nil {
+			t.Fatalf("message %d: %s %q", i, HeaderSequence, m.Header.Get(HeaderSequence))
+		}
+		out[i] = n
+	}
+	return out
+}
+
+func span(from, to uint64) []uint64 {
+	var out []uint64
+	for s := from; s <= to; s++ {
+		out = append(out, s)
+	}
+	return out
+}
+
+// TestBatchReaderRead checks that a read returns exactly the requested
+// range of a real stream, in order, with its metadata headers; that stored
+// messages imitating the end-of-batch statuses are messages; and how the
+// end of the stream and a missing stream read.
+func TestBatchReaderRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.stream(t, "ORDERS")
+	const n = 20
+	for i := 1; i <= n; i++ {
+		m := &nats.Msg{Subject: fmt.Sprintf("orders.%c", 'a'+i%2), Data: fmt.Appendf(nil, "m%d", i)}
+		switch i {
+		case 7: // imitates "nothing at or after from"
+			m.Data, m.Header = nil, nats.Header{"Status": {"404"}, "Description": {"Message Not Found"}}
+		case 8: // imitates "end of batch"
+			m.Data, m.Header = nil, nats.Header{"Status": {"204"}, "Description": {"EOB"}}
+		case 9: // imitates no responders
+			m.Data, m.Header = nil, nats.Header{"Status": {"503"}}
+		}
+		b.publish(t, m)
+	}
+	r, err := NewBatchReader(b.nc, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	read := func(from uint64, count int) []*nats.Msg {
+		t.Helper()
+		msgs, err := r.Read(b.ctx, "ORDERS", nil, from, count, 1<<20)
+		if err != nil {
+			t.Fatalf("Read(%d, %d): %v", from, count, err)
+		}
+		return msgs
+	}
+	for _, tc := range []struct {
+		from  uint64
+		count int
+		want  []uint64
+	}{
+		{1, 1, span(1, 1)},
+		{5, 7, span(5, 11)},
+		{18, 7, span(18, 20)},
+		{20, 1, span(20, 20)},
+		{21, 5, nil},
+		{1, n, span(1, n)},
+	} {
+		got := seqs(t, read(tc.from, tc.count))
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Fatalf("Read(%d, %d) = %v, want %v", tc.from, tc.count, got, tc.want)
+		}
+	}
+	msgs := read(1, n)
+	for i, m := range msgs {
+		if m.Header.Get("Nats-Subject") != fmt.Sprintf("orders.%c", 'a'+(i+1)%2) || m.Header.Get("Nats-Time-Stamp") == "" {
+			t.Fatalf("message %d: headers %v", i+1, m.Header)
+		}
+	}
+	if msgs[6].Header.Get("Status") != "404" || msgs[7].Header.Get("Status") != "204" || len(msgs[8].Data) != 0 {
+		t.Fatalf("imitations: %v %v %v", msgs[6].Header, msgs[7].Header, msgs[8].Header)
+	}
+	// dst is appended to.
+	dst := read(3, 1)
+	dst, err = r.Read(b.ctx, "ORDERS", dst, 12, 2, 1<<20)
+	if err != nil || fmt.Sprint(seqs(t, dst)) != "[3 12 13]" {
+		t.Fatalf("appending read: %v, %v", seqs(t, dst), err)
+	}
+	// By subject: every second message.
+	onB, err := r.ReadSubject(b.ctx, "ORDERS", "orders.b", nil, 4, 3, 1<<20)
+	if err != nil || fmt.Sprint(seqs(t, onB)) != "[5 7 9]" {
+		t.Fatalf("ReadSubject: %v, %v", seqs(t, onB), err)
+	}
+	if _, err := r.Read(b.ctx, "MISSING", nil, 1, 1, 1); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("missing stream: %v, want ErrNoResponders", err)
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	cancel()
+	if _, err := r.Read(ctx, "ORDERS", nil, 1, 1, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("done context: %v, want context.Canceled", err)
+	}
+	// A late reply to the abandoned read is not taken for the next read's.
+	if got := seqs(t, read(15, 1)); fmt.Sprint(got) != "[15]" {
+		t.Fatalf("read after an abandoned one: %v", got)
+	}
+}
+
+// TestEachOnSubject checks that EachOnSubject pages through every message
+// on a subject, in order, and nothing else, one direct get per page: for a
+// count that is not a multiple of the page size, and one that is.
+func TestEachOnSubject(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.stream(t, "IDX")
+	var onA, onC []uint64
+	for i := range 46 {
+		subj := "idx.b"
+		switch {
+		case i%2 == 0:
+			subj = "idx.a"
+		case i%3 == 0 && len(onC) < 8:
+			subj = "idx.c"
+		}
+		seq := b.publish(t, &nats.Msg{Subject: subj, Data: []byte(subj)})
+		switch subj {
+		case "idx.a":
+			onA = append(onA, seq)
+		case "idx.c":
+			onC = append(onC, seq)
+		}
+	}
+	r, err := NewBatchReader(b.nc, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	requests := b.watch(t, "$JS.API.DIRECT.GET.IDX")
+	for _, tc := range []struct {
+		subject string
+		want    []uint64
+		pages   int
+	}{
+		{"idx.a", onA, 6}, // 23 messages: 5 full pages and one of 3
+		{"idx.c", onC, 3}, // 8 messages: 2 full pages and an empty one
+		{"idx.none", nil, 1},
+	} {
+		var got []uint64
+		err := r.EachOnSubject(b.ctx, "IDX", tc.subject, 4, 10*time.Second, func(m *nats.Msg, seq uint64) {
+			if string(m.Data) != tc.subject || m.Header.Get(HeaderSequence) != strconv.FormatUint(seq, 10) {
+				t.Fatalf("%s: message %d: %q %v", tc.subject, seq, m.Data, m.Header)
+			}
+			got = append(got, seq)
+		})
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Fatalf("%s: %v, %v; want %v", tc.subject, got, err, tc.want)
+		}
+		// Every request was routed to the watcher before the last reply.
+		if err := b.nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(requests); n != tc.pages {
+			t.Fatalf("%s: %d direct gets, want %d", tc.subject, n, tc.pages)
+		}
+		for len(requests) > 0 {
+			<-requests
+		}
+	}
+	if err := r.EachOnSubject(b.ctx, "MISSING", "x", 4, 10*time.Second, func(*nats.Msg, uint64) {}); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("missing stream: %v", err)
+	}
+}
