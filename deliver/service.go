@@ -35,10 +35,13 @@ const (
 
 // Config configures a [Service].
 type Config struct {
-	// Prefix is the ingress subject prefix, e.g. "delay". Required.
+	// Prefix is the ingress subject prefix: publishers write to
+	// "<Prefix>.<target>". Optional. Default [contract.PrefixDefault]
+	// ("delay").
 	Prefix string
 
-	// Levels is the level table. Required.
+	// Levels is the level table. Optional. Default [levels.Default] (the 18
+	// levels 1s ... 2h of RocketMQ 4).
 	Levels levels.Table
 
 	// Targets is the operator's allow and deny lists of target subject
@@ -117,8 +120,9 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if cfg.Replicas == 0 {
 		cfg.Replicas = 1
 	}
-	if cfg.Prefix == "" || cfg.Levels.Len() == 0 {
-		return nil, errors.New("deliver: Prefix and Levels are required")
+	cfg.Prefix = cmp.Or(cfg.Prefix, contract.PrefixDefault)
+	if cfg.Levels.Len() == 0 {
+		cfg.Levels = levels.Default()
 	}
 	if cfg.Replicas < 1 {
 		return nil, fmt.Errorf("deliver: replicas %d: must be at least 1", cfg.Replicas)
