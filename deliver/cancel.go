@@ -327,11 +327,18 @@ func (s *Scanner) skipCancelled(m *nats.Msg, seq uint64) bool {
 	return true
 }
 
-// reservedHead returns the reservation of the due head seq, if a cancel of
-// it is in flight: the scanner must wait for its outcome before passing it.
-func (s *Scanner) reservedHead(seq uint64) *reservation {
-	_, _, r := s.book.lookup(seq)
-	return r
+// cancelHolds is the last look at the due head seq before it is handed
+// off (delivered or forwarded): it reports true if the head must be looked
+// at again instead. A cancel may have reserved it, or turned its
+// reservation into a tombstone, since skipCancelled looked: a reserved
+// head is held until the cancel's outcome is known (awaitCancel), a
+// tombstoned one is skipped at the next look.
+func (s *Scanner) cancelHolds(ctx context.Context, seq uint64) bool {
+	_, tombstoned, r := s.book.lookup(seq)
+	if r != nil {
+		s.awaitCancel(ctx, r)
+	}
+	return tombstoned || r != nil
 }
 
 // loadTombstones reads the level's tombstones at start. Those the offset

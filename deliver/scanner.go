@@ -690,9 +690,8 @@ func (s *Scanner) step(ctx context.Context) error {
 		}
 		// Moving on is its hand-off: a hop that keeps failing stalls the level.
 		s.headFellDue(hopDue)
-		if r := s.reservedHead(seq); r != nil {
-			s.awaitCancel(ctx, r) // then decided again: skipped if cancelled
-			return nil
+		if s.cancelHolds(ctx, seq) {
+			return nil // looked at again: skipped if cancelled
 		}
 		s.head = nil
 		s.next = seq + 1
@@ -747,11 +746,8 @@ func (s *Scanner) step(ctx context.Context) error {
 		return s.sleep(ctx, min(wait, clockRefresh))
 	}
 	s.headFellDue(due)
-	if r := s.reservedHead(seq); r != nil {
-		// A cancel of the due head is writing its tombstone: its outcome
-		// decides, then the head is looked at again (skipped if cancelled).
-		s.awaitCancel(ctx, r)
-		return nil
+	if s.cancelHolds(ctx, seq) {
+		return nil // looked at again: skipped if cancelled
 	}
 	s.head = nil
 	s.next = seq + 1
