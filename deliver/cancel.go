@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,27 +36,43 @@ const (
 
 type cancelReq struct {
 	rec   indexRecord
-	reply chan cancelResult
+	reply chan cancelDecision
 }
 
-type cancelResult struct {
-	answer cancelAnswer
-	err    error
+// cancelDecision is the scanner goroutine's answer to a cancelReq. With
+// answerReserved, res is the sequence's reservation, and startTail and
+// startedAt are the scanner's, to tell a message perhaps delivered before
+// a crash (see [Scanner.completeCancel]). With answerRetry and a non-nil
+// wait, another cancel of the sequence is in flight: ask again once wait
+// is closed.
+type cancelDecision struct {
+	answer    cancelAnswer
+	res       *reservation
+	wait      <-chan struct{}
+	startTail uint64
+	startedAt time.Time
 }
+
+// answerReserved is a decision only the scanner gives to requestCancel:
+// the sequence is not passed and is reserved for the requester's I/O.
+const answerReserved cancelAnswer = -1
+
+// cancelGrace is how long past a reservation's deadline the scanner waits
+// for its outcome before it takes the sequence back and delivers it.
+const cancelGrace = time.Second
 
 // tombstone is a cancelled level message's record in [CancelStream]:
-// "<level seq>\n<index key>\n<merge index key>".
+// "<level seq>\n<index key>\n<merge index key>". It is a value: the state
+// that changes (indexed, with the janitor) lives in [cancelBook].
 type tombstone struct {
 	seq      uint64
 	key      string // the message's index key, checked when the scanner reaches it
 	mergeKey string // its merge key's index key, "" if none
 	target   string // its target subject (not encoded: known when cancelled, else from the index)
 	at       uint64 // the tombstone's sequence in CancelStream
-	indexed  bool   // its "cancelled" index records are written
-	dropping bool   // handed to the janitor
 }
 
-func (t *tombstone) encode() []byte {
+func (t tombstone) encode() []byte {
 	return []byte(strconv.FormatUint(t.seq, 10) + "\n" + t.key + "\n" + t.mergeKey)
 }
 
@@ -69,38 +84,59 @@ func clip(b []byte, n int) string {
 	return strconv.Quote(string(b))
 }
 
-func decodeTombstone(data []byte, at uint64) (*tombstone, bool) {
+func decodeTombstone(data []byte, at uint64) (tombstone, bool) {
 	f := strings.SplitN(string(data), "\n", 3)
 	if len(f) < 2 {
-		return nil, false
+		return tombstone{}, false
 	}
 	seq, err := strconv.ParseUint(f[0], 10, 64)
 	if err != nil || f[1] == "" {
-		return nil, false
+		return tombstone{}, false
 	}
-	t := &tombstone{seq: seq, key: f[1], at: at}
+	t := tombstone{seq: seq, key: f[1], at: at}
 	if len(f) == 3 {
 		t.mergeKey = f[2]
 	}
 	return t, true
 }
 
-// requestCancel asks the scanner's goroutine to cancel the message rec
-// places in its stream. The decision is made there, between deliveries, so
-// a message is either handed to its target or cancelled, never both.
-func (s *Scanner) requestCancel(ctx context.Context, rec indexRecord) (cancelAnswer, error) {
-	req := cancelReq{rec: rec, reply: make(chan cancelResult, 1)}
-	select {
-	case s.cancels <- req:
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	s.nudge()
-	select {
-	case res := <-req.reply:
-		return res.answer, res.err
-	case <-ctx.Done():
-		return 0, ctx.Err()
+// requestCancel cancels the message rec places in this level, on the
+// caller's goroutine (a cancel worker), reading with reader. The scanner's
+// goroutine only decides, between two deliveries, whether the sequence is
+// passed (handed off: the answer) or not; if not, it reserves the
+// sequence, and the I/O (the read that checks the message, the tombstone
+// write and its PubAck) happens here, so a slow write holds no delivery
+// but this message's own. A message is either handed to its target or
+// cancelled, never both (README "Cancel").
+func (s *Scanner) requestCancel(ctx context.Context, reader *jswire.BatchReader, rec indexRecord) (cancelAnswer, error) {
+	for {
+		req := cancelReq{rec: rec, reply: make(chan cancelDecision, 1)}
+		select {
+		case s.cancels <- req:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		s.nudge()
+		var d cancelDecision
+		select {
+		case d = <-req.reply:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		switch {
+		case d.answer == answerReserved:
+			return s.completeCancel(ctx, reader, rec, d)
+		case d.answer == answerRetry && d.wait != nil:
+			// Another cancel of this sequence is writing: its outcome
+			// decides this one.
+			select {
+			case <-d.wait:
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		default:
+			return d.answer, nil
+		}
 	}
 }
 
@@ -112,63 +148,89 @@ func (s *Scanner) nudge() {
 	}
 }
 
-// serveCancels decides the queued cancel requests.
-func (s *Scanner) serveCancels(ctx context.Context) {
+// serveCancels decides the queued cancel requests. It runs on the
+// scanner's goroutine and does no I/O.
+func (s *Scanner) serveCancels() {
 	for {
 		select {
 		case req := <-s.cancels:
-			a, err := s.decideCancel(ctx, req.rec)
-			req.reply <- cancelResult{a, err}
+			req.reply <- s.decideCancel(req.rec)
 		default:
 			return
 		}
 	}
 }
 
-// decideCancel runs on the scanner's goroutine. A sequence below next has
-// been handed off (delivered, or forwarded to its next level); so may have
-// one retried after an ambiguous failure, or one that was due before a
-// restart (delivered before a crash, its offset not committed): those
-// answer as handed off and are delivered (again) as usual. Any other is
-// pending: a durable tombstone makes the scanner skip it when it gets
-// there, also after a restart.
-func (s *Scanner) decideCancel(ctx context.Context, rec indexRecord) (cancelAnswer, error) {
+// decideCancel runs on the scanner's goroutine, between two deliveries. A
+// sequence below next has been handed off (delivered, or forwarded to its
+// next level); so may have one retried after an ambiguous failure: those
+// answer as handed off and are delivered (again) as usual. A cancelled or
+// reserved one answers from [cancelBook]. Any other is reserved: the
+// scanner does not pass it until the requester's tombstone write has an
+// outcome ([Scanner.awaitCancel]).
+func (s *Scanner) decideCancel(rec indexRecord) cancelDecision {
 	seq := rec.seq
-	s.cancelMu.Lock()
-	_, done := s.cancelled[seq]
-	s.cancelMu.Unlock()
-	if done {
-		return answerCancelled, nil
-	}
-	handedOff := func() cancelAnswer {
-		if rec.hop {
-			return answerForwarded
-		}
-		return answerDelivered
+	_, tombstoned, r := s.book.lookup(seq)
+	switch {
+	case tombstoned:
+		return cancelDecision{answer: answerCancelled}
+	case r != nil:
+		return cancelDecision{answer: answerRetry, wait: r.done}
 	}
 	_, confirmed := s.done[seq]
 	_, unsure := s.unsure[seq]
 	if seq < s.next || confirmed || unsure || s.attempts[seq] > 0 {
-		return handedOff(), nil
+		return cancelDecision{answer: handedOff(rec)}
 	}
-	// The record names a sequence the router predicted: check the message
-	// there is the one asked for.
-	rctx, cancel := context.WithTimeout(ctx, opTimeout)
+	return cancelDecision{
+		answer:    answerReserved,
+		res:       s.book.reserve(seq, time.Now().Add(opTimeout)),
+		startTail: s.startTail,
+		startedAt: s.startedAt,
+	}
+}
+
+// handedOff is the answer for a message rec places that left this level.
+func handedOff(rec indexRecord) cancelAnswer {
+	if rec.hop {
+		return answerForwarded
+	}
+	return answerDelivered
+}
+
+// completeCancel does a reserved cancel's I/O on the requester's
+// goroutine, by the reservation's deadline. The record names a sequence
+// the router predicted: the message there is checked to be the one asked
+// for. One that was due before the scanner (re)started may have been
+// delivered before a crash, its offset not committed: it answers as handed
+// off and is delivered (again) as usual. Otherwise a durable tombstone is
+// written (waiting for its PubAck), and only then does the reservation
+// become the tombstone and the answer "cancelled". If anything fails, the
+// reservation is released and the message is delivered as usual.
+func (s *Scanner) completeCancel(ctx context.Context, reader *jswire.BatchReader, rec indexRecord, d cancelDecision) (answer cancelAnswer, err error) {
+	r := d.res
+	kept := false
+	defer func() {
+		if !kept {
+			s.book.release(r)
+		}
+	}()
+	rctx, cancel := context.WithDeadline(ctx, r.deadline)
 	defer cancel()
-	buf, err := s.reader.Read(rctx, s.cfg.Stream, nil, seq, 1, 1)
+	buf, err := reader.Read(rctx, s.cfg.Stream, nil, rec.seq, 1, 1)
 	switch {
 	case err != nil:
 		return 0, err
 	case len(buf) == 0:
 		return answerRetry, nil // the level write is not stored yet
-	case buf[0].Header.Get(hdrJSSequence) != strconv.FormatUint(seq, 10) || levelKey(buf[0].Header) != rec.key:
+	case buf[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.seq, 10) || levelKey(buf[0].Header) != rec.key:
 		return answerGone, nil
 	}
 	m := buf[0]
-	if due, _ := LevelDue(m.Header); seq <= s.startTail && !due.After(s.startedAt.Add(time.Second)) {
-		return handedOff(), nil // perhaps delivered before a crash
+	if due, _ := LevelDue(m.Header); rec.seq <= d.startTail && !due.After(d.startedAt.Add(time.Second)) {
+		return handedOff(rec), nil // perhaps delivered before a crash
 	}
-	t := &tombstone{seq: seq, key: rec.key, target: strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)}
+	t := tombstone{seq: rec.seq, key: rec.key, target: strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)}
 	if mk := m.Header.Get(hdrMerge); mk != "" {
 		t.mergeKey = mergeKey(t.target, mk)
 	}
@@ -177,22 +239,54 @@ func (s *Scanner) decideCancel(ctx context.Context, rec indexRecord) (cancelAnsw
 		return 0, fmt.Errorf("cancel tombstone: %w", err)
 	}
 	t.at = ack.Sequence
-	s.cancelMu.Lock()
-	s.cancelled[seq] = t
-	s.tombMin = min(s.tombMin, seq)
-	s.cancelMu.Unlock()
+	if kept = s.book.resolve(r, t); !kept {
+		// The scanner waited past the deadline and took the sequence
+		// back: it is delivered. The late tombstone must not cancel a
+		// delivery again after a restart.
+		s.logger.Warn("cancel tombstone stored after its deadline; the message is delivered", slog.Uint64("seq", rec.seq))
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		defer cancel()
+		if st, err := s.js.Stream(dctx, CancelStream); err == nil {
+			_ = st.DeleteMsg(dctx, t.at)
+		}
+		return handedOff(rec), nil
+	}
 	s.cancelledN.Add(1)
 	// Later cancels of this id answer from the index, also once the
 	// tombstone is gone, and its merge key is free. (If this fails, the
 	// janitor writes them before it deletes the tombstone.)
-	t.indexed = s.writeGone(rctx, t) == nil
-	s.logger.Debug("message cancelled", slog.Uint64("seq", seq), slog.String("key", rec.key[1:]))
+	ictx, icancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	defer icancel()
+	if s.writeGone(ictx, t) == nil {
+		s.book.markIndexed(t.seq)
+	}
+	s.logger.Debug("message cancelled", slog.Uint64("seq", rec.seq), slog.String("key", rec.key[1:]))
 	return answerCancelled, nil
+}
+
+// awaitCancel waits, on the scanner's goroutine, for the outcome of the
+// cancel that reserved the due head r.seq: until it is resolved or
+// released, a cancel request arrives (to be decided), ctx is done, or r's
+// deadline plus cancelGrace passes; then the scanner takes the sequence
+// back and delivers it (the late tombstone is not taken). It never does
+// the cancel's I/O itself.
+func (s *Scanner) awaitCancel(ctx context.Context, r *reservation) {
+	t := time.NewTimer(time.Until(r.deadline) + cancelGrace)
+	defer t.Stop()
+	select {
+	case <-r.done:
+	case <-s.wake:
+	case <-ctx.Done():
+	case <-t.C:
+		if s.book.expire(r) {
+			s.logger.Warn("cancel tombstone write not answered in time; delivering", slog.Uint64("seq", r.seq))
+		}
+	}
 }
 
 // writeGone writes the "cancelled" index records of t, and tells the router
 // its merge key is free.
-func (s *Scanner) writeGone(ctx context.Context, t *tombstone) error {
+func (s *Scanner) writeGone(ctx context.Context, t tombstone) error {
 	for _, key := range []string{t.key, t.mergeKey} {
 		if key == "" {
 			continue
@@ -211,9 +305,7 @@ func (s *Scanner) writeGone(ctx context.Context, t *tombstone) error {
 // skipCancelled reports whether the head at seq is cancelled, and if so
 // passes it without delivering it.
 func (s *Scanner) skipCancelled(m *nats.Msg, seq uint64) bool {
-	s.cancelMu.Lock()
-	t, ok := s.cancelled[seq]
-	s.cancelMu.Unlock()
+	t, ok, _ := s.book.lookup(seq)
 	if !ok {
 		return false
 	}
@@ -230,13 +322,24 @@ func (s *Scanner) skipCancelled(m *nats.Msg, seq uint64) bool {
 	return true
 }
 
+// cancelHolds is the last look at the due head seq before it is handed
+// off (delivered or forwarded): it reports true if the head must be looked
+// at again instead. A cancel may have reserved it, or turned its
+// reservation into a tombstone, since skipCancelled looked: a reserved
+// head is held until the cancel's outcome is known (awaitCancel), a
+// tombstoned one is skipped at the next look.
+func (s *Scanner) cancelHolds(ctx context.Context, seq uint64) bool {
+	_, tombstoned, r := s.book.lookup(seq)
+	if r != nil {
+		s.awaitCancel(ctx, r)
+	}
+	return tombstoned || r != nil
+}
+
 // loadTombstones reads the level's tombstones at start. Those the offset
 // has passed go to the janitor; the rest are skipped when reached.
 func (s *Scanner) loadTombstones(ctx context.Context, offset uint64) error {
-	s.cancelMu.Lock()
-	clear(s.cancelled)
-	s.tombMin = math.MaxUint64
-	s.cancelMu.Unlock()
+	s.book.reset()
 	err := s.reader.EachOnSubject(ctx, CancelStream, cancelSubjects+s.cfg.Stream, s.cfg.Batch, opTimeout, func(m *nats.Msg, at uint64) {
 		t, ok := decodeTombstone(m.Data, at)
 		if !ok {
@@ -246,10 +349,7 @@ func (s *Scanner) loadTombstones(ctx context.Context, offset uint64) error {
 				slog.Uint64("tombstone_seq", at), slog.String("value", clip(m.Data, 64)))
 			return
 		}
-		s.cancelMu.Lock()
-		s.cancelled[t.seq] = t // indexed unknown: the janitor checks
-		s.tombMin = min(s.tombMin, t.seq)
-		s.cancelMu.Unlock()
+		s.book.load(t) // indexed unknown: the janitor checks
 	})
 	if err != nil {
 		return fmt.Errorf("cancel tombstones: %w", err)
@@ -261,25 +361,14 @@ func (s *Scanner) loadTombstones(ctx context.Context, offset uint64) error {
 // dropTombstones hands the tombstones the acknowledged offset has passed
 // to the janitor, which deletes them: from then on they cost nothing.
 func (s *Scanner) dropTombstones(acked uint64) {
-	s.cancelMu.Lock()
-	defer s.cancelMu.Unlock()
-	if acked < s.tombMin {
-		return
-	}
-	s.tombMin = math.MaxUint64
-	for seq, t := range s.cancelled {
-		if seq <= acked && !t.dropping {
-			select {
-			case s.janitor <- t:
-				t.dropping = true
-				continue
-			default: // the janitor is behind: next time
-			}
+	s.book.drop(acked, func(r retiree) bool {
+		select {
+		case s.janitor <- r:
+			return true
+		default: // the janitor is behind: next time
+			return false
 		}
-		if !t.dropping {
-			s.tombMin = min(s.tombMin, seq)
-		}
-	}
+	})
 }
 
 // runJanitor deletes the tombstones dropTombstones hands it, off the
@@ -294,30 +383,26 @@ func (s *Scanner) runJanitor(ctx context.Context) {
 	}
 	defer reader.Close()
 	for {
-		var t *tombstone
+		var r retiree
 		select {
 		case <-ctx.Done():
 			return
-		case t = <-s.janitor:
+		case r = <-s.janitor:
 		}
 		jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-		err := s.retire(jctx, reader, t)
+		err := s.retire(jctx, reader, r)
 		cancel()
-		s.cancelMu.Lock()
-		if err == nil {
-			delete(s.cancelled, t.seq)
-		} else {
-			t.dropping = false
-			s.tombMin = min(s.tombMin, t.seq)
-			s.logger.Warn("cancel tombstone not deleted; retrying later", slog.Uint64("seq", t.seq), slog.Any("error", err))
+		s.book.retired(r.t.seq, err == nil)
+		if err != nil {
+			s.logger.Warn("cancel tombstone not deleted; retrying later", slog.Uint64("seq", r.t.seq), slog.Any("error", err))
 		}
-		s.cancelMu.Unlock()
 	}
 }
 
-// retire writes t's missing index records and deletes the tombstone.
-func (s *Scanner) retire(ctx context.Context, reader *jswire.BatchReader, t *tombstone) error {
-	if !t.indexed {
+// retire writes r's missing index records and deletes the tombstone.
+func (s *Scanner) retire(ctx context.Context, reader *jswire.BatchReader, r retiree) error {
+	t := r.t
+	if !r.indexed {
 		for _, key := range []string{t.key, t.mergeKey} {
 			if key == "" {
 				continue
@@ -339,7 +424,7 @@ func (s *Scanner) retire(ctx context.Context, reader *jswire.BatchReader, t *tom
 				}
 			}
 		}
-		t.indexed = true
+		s.book.markIndexed(t.seq)
 	}
 	if err := s.tombstones.DeleteMsg(ctx, t.at); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return err
@@ -348,18 +433,15 @@ func (s *Scanner) retire(ctx context.Context, reader *jswire.BatchReader, t *tom
 }
 
 // pendingAt reports whether the message rec places in this level has not
-// been handed to its target and is not cancelled; a cascading message
-// forwarded to its next level counts as pending until its due time (a
-// cancel of it on its next level writes a newer "cancelled" record). The
-// router calls it to merge; the answer may be overtaken by the scanner at
-// once, which is the merge's semantics: the later message arrived while the
-// first was pending.
+// been handed to its target and is not cancelled (a cancel in flight
+// counts as pending); a cascading message forwarded to its next level
+// counts as pending until its due time (a cancel of it on its next level
+// writes a newer "cancelled" record). The router calls it to merge; the
+// answer may be overtaken by the scanner at once, which is the merge's
+// semantics: the later message arrived while the first was pending.
 func (s *Scanner) pendingAt(rec indexRecord) bool {
-	s.cancelMu.Lock()
-	_, cancelled := s.cancelled[rec.seq]
-	s.cancelMu.Unlock()
 	switch {
-	case cancelled:
+	case s.book.cancelled(rec.seq):
 		return false
 	case rec.seq > s.passed.Load():
 		return true
@@ -550,7 +632,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 				s.cancelNotFound.Add(1)
 				return contract.CancelReplyNotFound, nil
 			}
-			answer, err := sc.requestCancel(ctx, rec)
+			answer, err := sc.requestCancel(ctx, reader, rec)
 			if err != nil {
 				return "", err
 			}

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -237,12 +236,10 @@ type Scanner struct {
 	headDue      atomic.Int64  // unix ns of a due head not yet delivered; 0 if none
 	lastProgress atomic.Int64  // Clock.Mono reading: the last offset move, no due head, or a head falling due
 
-	cancels    chan cancelReq // cancel requests, decided on the scanner's goroutine
-	wake       chan struct{}  // wakes the scanner from a wait to decide them
-	cancelMu   sync.Mutex     // guards cancelled (the router reads it to merge)
-	cancelled  map[uint64]*tombstone
-	tombMin    uint64           // no tombstone below it waits for the janitor
-	janitor    chan *tombstone  // tombstones to delete (runJanitor)
+	cancels    chan cancelReq   // cancel requests, decided on the scanner's goroutine (no I/O there)
+	wake       chan struct{}    // wakes the scanner from a wait to decide them
+	book       *cancelBook      // tombstones and reservations: the one owner of cancel state
+	janitor    chan retiree     // tombstones to delete (runJanitor)
 	tombstones jetstream.Stream // CancelStream
 	startTail  uint64           // the level stream's last sequence at start
 	idMAC      *idMAC           // derives delivery ids (scanner goroutine)
@@ -280,18 +277,18 @@ func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scan
 	name := strings.TrimPrefix(cfg.Stream, levels.StreamPrefix)
 	sc := &Scanner{
 		nc: nc, js: js, cfg: cfg,
-		logger:    cfg.Logger.With(slog.String("stream", cfg.Stream)),
-		subject:   levelSubjects + name + ".",
-		attempts:  make(map[uint64]int),
-		cancels:   make(chan cancelReq, 64),
-		wake:      make(chan struct{}, 1),
-		cancelled: make(map[uint64]*tombstone),
-		janitor:   make(chan *tombstone, 1024),
-		done:      make(map[uint64]struct{}),
-		unsure:    make(map[uint64]struct{}),
-		backoff:   newBackoff(100*time.Millisecond, 5*time.Second),
-		delay:     delay,
-		srv:       &serverClock{clock: cfg.Clock},
+		logger:   cfg.Logger.With(slog.String("stream", cfg.Stream)),
+		subject:  levelSubjects + name + ".",
+		attempts: make(map[uint64]int),
+		cancels:  make(chan cancelReq, 64),
+		wake:     make(chan struct{}, 1),
+		book:     newCancelBook(),
+		janitor:  make(chan retiree, 1024),
+		done:     make(map[uint64]struct{}),
+		unsure:   make(map[uint64]struct{}),
+		backoff:  newBackoff(100*time.Millisecond, 5*time.Second),
+		delay:    delay,
+		srv:      &serverClock{clock: cfg.Clock},
 	}
 	if !cfg.StartedAt.IsZero() {
 		sc.graceFrom.Store(int64(cfg.Clock.Mono()-max(time.Since(cfg.StartedAt), 0)) + 1)
@@ -605,7 +602,7 @@ func redeliveryNote(first, last uint64) string {
 
 // step delivers the head if it is due, or waits for it.
 func (s *Scanner) step(ctx context.Context) error {
-	s.serveCancels(ctx)
+	s.serveCancels()
 	if s.resetFeed {
 		if !s.sameStream(ctx) {
 			return nil
@@ -695,6 +692,9 @@ func (s *Scanner) step(ctx context.Context) error {
 		}
 		// Moving on is its hand-off: a hop that keeps failing stalls the level.
 		s.headFellDue(hopDue)
+		if s.cancelHolds(ctx, seq) {
+			return nil // looked at again: skipped if cancelled
+		}
 		s.head = nil
 		s.next = seq + 1
 		s.passed.Store(seq)
@@ -748,6 +748,9 @@ func (s *Scanner) step(ctx context.Context) error {
 		return s.sleep(ctx, min(wait, clockRefresh))
 	}
 	s.headFellDue(due)
+	if s.cancelHolds(ctx, seq) {
+		return nil // looked at again: skipped if cancelled
+	}
 	s.head = nil
 	s.next = seq + 1
 	s.passed.Store(seq)

@@ -42,6 +42,15 @@
 //     each due 1 s after it is published (delayd: table "1s", level 1, to a
 //     core subscriber; native: "@at publish time + 1 s" to the stream).
 //     msgs_per_s is the publish rate achieved; lateness = arrival − due.
+//   - cancel-storm, cancel-storm-off (delayd, core): the steady workload
+//     (table "1s", every message with a Nats-Msg-Id) run twice on fresh
+//     servers, without cancels (cancel-storm-off) and with -cancel-rate
+//     cancel requests per second at that level (cancel-storm): a quarter
+//     unknown ids, a quarter messages delivered already, half messages
+//     pending. Lateness as in steady; a message answered "cancelled" is not
+//     counted lost (one answered "cancelled" and delivered is counted in
+//     cancelled_and_delivered). The cancel-storm row has the answers and
+//     p99_ratio, its lateness p99 over cancel-storm-off's.
 //   - pending (delayd and native): -pending-n messages waiting 2 h.
 //     heap_bytes_per_pending = (heap after publishing and routing − heap
 //     before) / N, whole process (server included), each heap read after
@@ -79,15 +88,17 @@ const (
 	PayloadDefault        = 128
 	SteadyRateDefault     = 10_000
 	SteadyDurationDefault = 30 * time.Second
-	BurstNDefault         = 100_000
-	PendingNDefault       = 100_000
+	// CancelRateDefault is the cancel storm's cancel requests per second.
+	CancelRateDefault = 2_000
+	BurstNDefault     = 100_000
+	PendingNDefault   = 100_000
 	// SettleDefault is how long the pending scenario waits before a heap
 	// reading: past the file store's 10 s block cache expiry.
 	SettleDefault = 11 * time.Second
 )
 
 // scenarioNames are the scenarios, in the order they run.
-var scenarioNames = []string{"raw", "ingest", "burst", "steady", "pending"}
+var scenarioNames = []string{"raw", "ingest", "burst", "steady", "cancel-storm", "pending"}
 
 // config is the harness's configuration; the flags set it.
 type config struct {
@@ -95,6 +106,7 @@ type config struct {
 	Payload        int           // payload bytes, at least 12
 	SteadyRate     int           // steady: msg/s offered
 	SteadyDuration time.Duration // steady: publishing time
+	CancelRate     int           // cancel-storm: cancel requests per second
 	BurstN         int           // burst message count
 	PendingN       int           // pending message count
 	Scenarios      []string      // subset of scenarioNames; empty = all
@@ -104,8 +116,8 @@ type config struct {
 }
 
 func (c *config) validate() error {
-	if c.N < 1 || c.BurstN < 1 || c.PendingN < 1 || c.SteadyRate < 1 || c.SteadyDuration <= 0 {
-		return errors.New("-n, -burst-n, -pending-n, -steady-rate and -steady-duration must be positive")
+	if c.N < 1 || c.BurstN < 1 || c.PendingN < 1 || c.SteadyRate < 1 || c.SteadyDuration <= 0 || c.CancelRate < 1 {
+		return errors.New("-n, -burst-n, -pending-n, -steady-rate, -steady-duration and -cancel-rate must be positive")
 	}
 	if c.Payload < idxWidth {
 		return fmt.Errorf("-payload %d: must be at least %d (the index is written in the first %d bytes)", c.Payload, idxWidth, idxWidth)
@@ -129,6 +141,7 @@ func main() {
 	fs.IntVar(&cfg.Payload, "payload", PayloadDefault, "payload bytes")
 	fs.IntVar(&cfg.SteadyRate, "steady-rate", SteadyRateDefault, "steady: messages per second offered")
 	fs.DurationVar(&cfg.SteadyDuration, "steady-duration", SteadyDurationDefault, "steady: how long to publish")
+	fs.IntVar(&cfg.CancelRate, "cancel-rate", CancelRateDefault, "cancel-storm: cancel requests per second (the level takes -steady-rate msg/s for -steady-duration)")
 	fs.IntVar(&cfg.BurstN, "burst-n", BurstNDefault, "burst: messages all due at the same instant")
 	fs.IntVar(&cfg.PendingN, "pending-n", PendingNDefault, "pending: messages waiting 2h")
 	scen := fs.String("scenarios", strings.Join(scenarioNames, ","), "comma-separated subset of "+strings.Join(scenarioNames, ","))
@@ -233,6 +246,8 @@ func (b *bench) scenario(ctx context.Context, name string) ([]result, []string, 
 		return b.burst(ctx)
 	case "steady":
 		return b.steady(ctx)
+	case "cancel-storm":
+		return b.cancelStorm(ctx)
 	case "pending":
 		return b.pending(ctx)
 	}

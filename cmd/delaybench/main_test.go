@@ -18,7 +18,7 @@ func TestSmoke(t *testing.T) {
 	}
 	cfg := config{
 		N: 1000, Payload: PayloadDefault, BurstN: 1000, PendingN: 1000,
-		SteadyRate: 500, SteadyDuration: 2 * time.Second,
+		SteadyRate: 500, SteadyDuration: 2 * time.Second, CancelRate: 100,
 		JSON: true, CommandLine: "delaybench (smoke test)",
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -38,6 +38,9 @@ func TestSmoke(t *testing.T) {
 			continue // a note
 		}
 		seen[r.Scenario+"/"+r.System+"/"+r.Target] = true
+		if r.Cancels != nil && (r.Cancels.Both != 0 || r.Cancels.Cancelled == 0) {
+			t.Errorf("%s: cancels %+v: want some cancelled and none cancelled and delivered", r.Scenario, *r.Cancels)
+		}
 		if r.Lost != 0 || r.Early != 0 {
 			t.Errorf("%s %s %s: lost=%d early=%d (note: %s)", r.Scenario, r.System, r.Target, r.Lost, r.Early, r.Note)
 		}
@@ -46,6 +49,7 @@ func TestSmoke(t *testing.T) {
 		"raw-publish/raw/stream", "raw-read/raw/stream", "ingest/delayd/stream",
 		"burst/delayd/core", "burst/delayd/stream", "burst/native/stream",
 		"steady/delayd/core", "steady/native/stream",
+		"cancel-storm-off/delayd/core", "cancel-storm/delayd/core",
 		"pending/delayd/core", "pending-own/delayd/", "pending/native/stream",
 	} {
 		if !seen[want] {

@@ -27,7 +27,11 @@ type result struct {
 	HeapPerPending *float64 `json:"heap_bytes_per_pending,omitempty"`
 	// HeapBytes is the heap difference the row measures (pending rows only).
 	HeapBytes *int64 `json:"heap_bytes,omitempty"`
-	Note      string `json:"note,omitempty"`
+	// Cancels is what the cancel requests were answered (cancel-storm rows only).
+	Cancels *cancelCounts `json:"cancels,omitempty"`
+	// P99Ratio is lateness p99 with cancels over p99 without (cancel-storm row only).
+	P99Ratio *float64 `json:"p99_ratio,omitempty"`
+	Note     string   `json:"note,omitempty"`
 }
 
 // lateness is a distribution in milliseconds, over every message.
@@ -112,8 +116,8 @@ func (o *output) header() {
 	fmt.Fprintf(o.w, "delaybench  %s  %s/%s  NumCPU=%d  %s  nats-server %s (embedded, in-process)\n",
 		time.Now().Format(time.RFC3339), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), server.VERSION)
 	fmt.Fprintf(o.w, "command: %s\n", o.cfg.CommandLine)
-	fmt.Fprintf(o.w, "payload %d B; n=%d burst-n=%d steady %d msg/s for %s; pending-n=%d; lateness in ms over every message\n\n",
-		o.cfg.Payload, o.cfg.N, o.cfg.BurstN, o.cfg.SteadyRate, o.cfg.SteadyDuration, o.cfg.PendingN)
+	fmt.Fprintf(o.w, "payload %d B; n=%d burst-n=%d steady %d msg/s for %s; cancel-rate %d/s; pending-n=%d; lateness in ms over every message\n\n",
+		o.cfg.Payload, o.cfg.N, o.cfg.BurstN, o.cfg.SteadyRate, o.cfg.SteadyDuration, o.cfg.CancelRate, o.cfg.PendingN)
 	fmt.Fprintln(o.tw, "scenario\tsystem\ttarget\tn\tmsgs/s\tp50 ms\tp99 ms\tmax ms\tlost\tearly\theap B/pending\t")
 }
 
