@@ -584,7 +584,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 	// A message published before this request is in the ingress stream at
 	// or below its last sequence; once the router has acked everything up
 	// to there, its index record is readable.
-	caughtUp, err := waitRouted(ctx, js, s.refused.routerWaiting)
+	caughtUp, err := s.routed.wait(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -693,35 +693,6 @@ func (s *Service) inScope(ctx context.Context, reader *jswire.BatchReader, rec i
 		return false, nil
 	}
 	return msgs[0].Header.Get(hdrJSSubject) == levelSubjects+strings.TrimPrefix(rec.stream, levels.StreamPrefix)+"."+scope, nil
-}
-
-// waitRouted waits until the router has acked every ingress message up to
-// the ingress stream's last sequence now, for at most cancelWaitRouted. It
-// reports whether it got there. Invalid messages whose dead letter
-// DELAYD_DLQ refuses stay in ingress (see Router.deferDeadLetter): when
-// waiting() says every message left is one of them, it got there too.
-func waitRouted(ctx context.Context, js jetstream.JetStream, waiting func() int) (bool, error) {
-	stream, err := js.Stream(ctx, IngressStream)
-	if err != nil {
-		return false, fmt.Errorf("ingress stream: %w", err)
-	}
-	upTo := stream.CachedInfo().State.LastSeq
-	deadline := time.Now().Add(cancelWaitRouted)
-	for wait := 2 * time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
-		st := stream.CachedInfo().State
-		if st.Msgs == 0 || st.FirstSeq > upTo || st.Msgs <= uint64(waiting()) {
-			return true, nil
-		}
-		if time.Now().After(deadline) {
-			return false, nil
-		}
-		if err := sleepCtx(ctx, wait); err != nil {
-			return false, err
-		}
-		if _, err := stream.Info(ctx); err != nil {
-			return false, fmt.Errorf("ingress stream: %w", err)
-		}
-	}
 }
 
 // CancelStats returns the cancel API's answers since start.

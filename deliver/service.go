@@ -109,7 +109,8 @@ type Service struct {
 
 	cancelCancelled, cancelNotFound, cancelDelivered atomic.Uint64
 
-	hopKey hopKey // set by setup
+	hopKey hopKey      // set by setup
+	routed *routedGate // shared by the cancel workers; set by Run
 }
 
 // New returns a service on nc. Nothing touches the server until Run.
@@ -336,7 +337,10 @@ func (s *Service) Run(ctx context.Context) error {
 		wg.Go(func() { errs <- sc.Run(runCtx) })
 	}
 	wg.Go(func() { errs <- router.Run(runCtx) })
-	wg.Go(func() { errs <- s.serveCancel(runCtx, mustJS(s.nc, 0), cancelSubs, cancelCh) })
+	cancelJS := mustJS(s.nc, 0)
+	s.routed = newRoutedGate(cancelJS, s.refused.routerWaiting)
+	wg.Go(func() { s.routed.run(runCtx) })
+	wg.Go(func() { errs <- s.serveCancel(runCtx, cancelJS, cancelSubs, cancelCh) })
 	wg.Go(func() { errs <- s.trimIndex(runCtx) })
 	s.ready.Store(true)
 	s.logger.Info("delayd scheduling", slog.String("ingress", s.cfg.Prefix+".>"), slog.Int("level_streams", len(streams)))
