@@ -825,3 +825,40 @@ func TestAuthREADMECancelScope(t *testing.T) {
 		t.Errorf("orders got a delivery %q on %s: its messages were cancelled or an hour away", m.Data, m.Subject)
 	}
 }
+
+// TestAuthREADMEDelayctl runs the built delayctl as the README permissions example's orders user: pub needs only
+// what delayd.Publish needs (no JetStream API), cancel works in its own scope, and a request or publish the server
+// refuses fails at once with "permission denied" naming the subject, instead of waiting for its timeout.
+func TestAuthREADMEDelayctl(t *testing.T) {
+	srv := secReadmeServer(t)
+	dnc := secMustConnect(t, map[string]string{
+		"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": "delayd", "DELAYD_NATS_PASSWORD": delaydPassword,
+	})
+	secRunDelaydTable(t, dnc, contract.TargetPolicy{Allow: []string{"orders.>", "billing.>"}}, "1s 1h")
+	orders := map[string]string{
+		"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": "orders", "DELAYD_NATS_PASSWORD": ordersPassword,
+		"DELAYD_LEVELS": "1s 1h",
+	}
+
+	pub := delayctlEnv(t, orders, "pub", "orders.close", "close order 42", "--level", "2")
+	pub.want(t, 0, "published to delay.orders.close")
+	id := strings.TrimSpace(pub.stdout)
+	delayctlEnv(t, orders, "cancel", "orders.close", id).want(t, 0, "cancelled")
+
+	// Refused by the server: another tenant's cancel scope, the operator's unscoped form, another tenant's
+	// ingress subject. Each fails with the violation, not "no answer ... within 30s" or a PubAck timeout.
+	for _, tc := range []struct {
+		args    []string
+		subject string
+	}{
+		{[]string{"cancel", "billing.charge", id}, "delayd.api.cancel.billing.charge"},
+		{[]string{"cancel", "--any", id}, "delayd.api.cancel"},
+		{[]string{"pub", "billing.charge", "x", "--level", "1"}, "delay.billing.charge"},
+	} {
+		r := delayctlEnv(t, orders, tc.args...)
+		r.want(t, 1, "permission denied", fmt.Sprintf("may not publish to %q", tc.subject))
+		if strings.Contains(r.stderr, "no answer") || strings.Contains(r.stderr, "timeout") {
+			t.Errorf("delayctl %s waited for its timeout: %s", strings.Join(tc.args, " "), r.stderr)
+		}
+	}
+}
