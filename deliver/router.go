@@ -1049,7 +1049,12 @@ func (r *Router) rememberMerge(rec indexRecord) {
 // deadLetter starts the write of an ingress message to DELAYD_DLQ.
 func (r *Router) deadLetter(rt *routing, reason error) {
 	m := rt.msg
-	r.logger.Warn("dead-lettering invalid message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
+	// Once per message: a redelivery (its dead letter was refused) logs at debug.
+	logLevel := slog.LevelWarn
+	if meta, ok := parseAck(m.Reply); ok && meta.delivered > 1 {
+		logLevel = slog.LevelDebug
+	}
+	r.logger.Log(context.Background(), logLevel, "dead-lettering invalid message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
 	rt.w, rt.reason = nil, reason
 	rt.out = deadLetterMsg(m.Subject, rt.originalHeader(), m.Data, reason, r.ingressRef(rt.seq))
 	fut, err := r.js.PublishMsgAsync(rt.out)
@@ -1079,12 +1084,16 @@ const routerRefusal = "router:"
 // stream, so routing the messages behind it keeps every level stream in
 // ingress order. Nothing is acked before its dead letter is stored.
 func (r *Router) deferDeadLetter(rt *routing) {
-	r.cfg.refused.refused(routerRefusal+r.ingressRef(rt.seq), rt.err)
+	first := r.cfg.refused.refused(routerRefusal+r.ingressRef(rt.seq), rt.err)
 	delay := 5 * time.Second
 	if meta, ok := parseAck(rt.msg.Reply); ok && meta.delivered < 6 {
 		delay = min(delay, 100*time.Millisecond<<meta.delivered)
 	}
-	r.logger.Warn("dead-letter write refused; the message stays in ingress and is tried again",
+	logLevel := slog.LevelWarn // the first refusal of this dead letter; its retries at debug
+	if !first {
+		logLevel = slog.LevelDebug
+	}
+	r.logger.Log(context.Background(), logLevel, "dead-letter write refused; the message stays in ingress and is tried again",
 		slog.String("subject", rt.msg.Subject), slog.Uint64("ingress_seq", rt.seq), slog.Duration("retry_in", delay), slog.Any("error", rt.err))
 	_ = rt.msg.Respond(fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds()))
 }
@@ -1187,8 +1196,11 @@ func (r *Router) recover(ctx context.Context) error {
 				// behind it may be written before it is stored.
 				w := rt.w
 				if err := r.deadLetterSync(ctx, rt); err != nil {
-					r.cfg.refused.refused(routerRefusal+r.ingressRef(rt.seq), err)
-					r.logger.Warn("dead-letter write failed; retrying", slog.Uint64("ingress_seq", rt.seq), slog.Any("error", err))
+					logLevel := slog.LevelWarn // the first refusal; its retries at debug
+					if !r.cfg.refused.refused(routerRefusal+r.ingressRef(rt.seq), err) {
+						logLevel = slog.LevelDebug
+					}
+					r.logger.Log(ctx, logLevel, "dead-letter write failed; retrying", slog.Uint64("ingress_seq", rt.seq), slog.Any("error", err))
 					r.requeue(failed[i:])
 					break
 				}
