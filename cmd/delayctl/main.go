@@ -135,8 +135,8 @@ func (a *app) rootCmd() *cobra.Command {
 		Short: "Operate a running delayd: levels, stats, publish, cancel, dead letters",
 		Long: `delayctl is the operator CLI of delayd, delayed delivery for NATS JetStream.
 
-It connects to delayd's NATS server as delayd does: DELAYD_NATS_URL (default
-` + config.ClientURLDefault + `, delayd's embedded server), DELAYD_NATS_USER and
+It connects to delayd's NATS server as delayd does: DELAYD_NATS_URL (when empty:
+nats://<DELAYD_LISTEN>, delayd's embedded server; with neither, ` + config.ClientURLDefault + `), DELAYD_NATS_USER and
 DELAYD_NATS_PASSWORD, DELAYD_NATS_TOKEN, DELAYD_NATS_NKEY_SEED, DELAYD_NATS_CREDS,
 DELAYD_NATS_TLS_CA, DELAYD_NATS_TLS_CERT and DELAYD_NATS_TLS_KEY. It reads
 DELAYD_PREFIX and DELAYD_LEVELS as delayd does: set them as delayd has them.
