@@ -2,12 +2,14 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver"
 )
@@ -51,5 +53,45 @@ func TestDeadLetterRefusedLogsOnce(t *testing.T) {
 	if got := count("dead-letter write refused"); got > n {
 		t.Errorf("%d warnings \"dead-letter write refused\" for %d messages (%d refusals): want one per message\n%s",
 			got, n, b.svc.DLQRefusals().Failures, logs)
+	}
+}
+
+// TestDeliveryRetryLogsThrottled: a target stream at its limits (max_msgs 1, discard new, already full) refuses a
+// due message, and the scanner retries it. Its first failed attempt and every 10th are logged at warn, the others
+// at debug, so 12 or more retries log at most 2 warnings (README, Failing targets).
+func TestDeliveryRetryLogsThrottled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: "FULLLOG", Subjects: []string{"fulllog.>"}, MaxMsgs: 1, Discard: jetstream.DiscardNew,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.js.Publish(ctx, "fulllog.before", []byte("already here")); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncWriter{w: &bytes.Buffer{}}
+	b.startDelayd("100ms", func(c *deliver.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	b.publish("delay.fulllog.x", []byte("refused"), level(1))
+	retries := func() uint64 {
+		_, scanners := b.svc.Stats()
+		var n uint64
+		for _, s := range scanners {
+			n += s.Retries
+		}
+		return n
+	}
+	waitFor(t, 60*time.Second, "12 retries", func() bool { return retries() >= 12 })
+	n := 0
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, `msg="delivery failed; retrying"`) {
+			n++
+		}
+	}
+	if n < 1 || n > 2 {
+		t.Errorf("%d warnings \"delivery failed; retrying\" for %d retries of one message: want 1 or 2\n%s", n, retries(), logs)
 	}
 }
