@@ -153,7 +153,7 @@ Flags override the variables.
 	root.CompletionOptions.DisableDefaultCmd = true
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &codeError{code: exitUsage, err: err} })
 	f := root.PersistentFlags()
-	f.StringVarP(&a.server, "server", "s", "", "NATS server URL(s), comma-separated (env DELAYD_NATS_URL; default "+config.ClientURLDefault+")")
+	f.StringVarP(&a.server, "server", "s", "", "NATS server URL(s), comma-separated (env DELAYD_NATS_URL; default nats://<DELAYD_LISTEN>, or "+config.ClientURLDefault+")")
 	f.StringVar(&a.creds, "creds", "", "path of a .creds file (env DELAYD_NATS_CREDS)")
 	f.StringVar(&a.user, "user", "", "user name, with --password (env DELAYD_NATS_USER)")
 	f.StringVar(&a.password, "password", "", "password (env DELAYD_NATS_PASSWORD)")
