@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/kelseyhightower/envconfig"
 	"github.com/nats-io/nats.go"
@@ -10,18 +11,23 @@ import (
 	"github.com/delayd/delayd/levels"
 )
 
-// ClientURLDefault is the server a client of delayd (delayctl) connects to when DELAYD_NATS_URL is empty: the
-// embedded server's default listen address, [ListenDefault].
+// ClientURLDefault is the server a client of delayd (delayctl) connects to when DELAYD_NATS_URL and DELAYD_LISTEN
+// are empty: the embedded server's default listen address, [ListenDefault].
 const ClientURLDefault = "nats://" + ListenDefault
 
 // Client is the part of [Config] that a client of a running delayd needs, such as the delayctl operator CLI: where
 // the NATS server is, how to authenticate to it, and delayd's ingress prefix and level table. [LoadClient] reads it
 // from the same DELAYD_* variables delayd reads, and only those, so a client never fails on a delayd-only variable
-// (DELAYD_LISTEN, DELAYD_STORE_DIR, ...).
+// (DELAYD_STORE_DIR, DELAYD_REPLICAS, ...).
 type Client struct {
 	// NATSURL is the server list, as [Config].NATSURL.
-	// Optional. Default [ClientURLDefault] (delayd's embedded server; unlike delayd, a client never embeds one).
+	// Optional. Default nats://<Listen> when Listen is set (a shell with an embedded delayd's environment reaches
+	// its server), else [ClientURLDefault] (unlike delayd, a client never embeds a server).
 	NATSURL string `envconfig:"DELAYD_NATS_URL"`
+
+	// Listen is the embedded server's listen address, as [Config].Listen: host:port. It is used only when NATSURL
+	// is empty; an unspecified host (0.0.0.0, ::, empty) is reached on 127.0.0.1. Optional. Default: none.
+	Listen string `envconfig:"DELAYD_LISTEN"`
 
 	// Levels is delayd's level table, as [Config].Levels. Optional. Default [levels.DefaultTable].
 	Levels levels.Table `envconfig:"DELAYD_LEVELS"`
@@ -55,6 +61,13 @@ func LoadClient(overrides ...func(*Client)) (Client, error) {
 	for _, o := range overrides {
 		o(&c)
 	}
+	if c.NATSURL == "" && c.Listen != "" {
+		url, err := listenURL(c.Listen)
+		if err != nil {
+			return Client{}, &VarError{Var: "DELAYD_LISTEN", Value: c.Listen, Reason: err.Error() + " (used as the server to connect to, since DELAYD_NATS_URL is empty)"}
+		}
+		c.NATSURL = url
+	}
 	if c.NATSURL == "" {
 		c.NATSURL = ClientURLDefault
 	}
@@ -68,6 +81,18 @@ func LoadClient(overrides ...func(*Client)) (Client, error) {
 		return Client{}, err
 	}
 	return c, nil
+}
+
+// listenURL is the client URL of an embedded server listening on listen (host:port).
+func listenURL(listen string) (string, error) {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", fmt.Errorf("want host:port: %w", err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return "nats://" + net.JoinHostPort(host, port), nil
 }
 
 // Validate checks the server list, the prefix, the level table and the authentication and TLS settings as

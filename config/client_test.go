@@ -30,11 +30,47 @@ func TestLoadClientDefaults(t *testing.T) {
 func TestLoadClientIgnoresServerVars(t *testing.T) {
 	clearEnv(t)
 	t.Setenv("DELAYD_REPLICAS", "9")
-	t.Setenv("DELAYD_LISTEN", "nonsense")
+	t.Setenv("DELAYD_STORE_DIR", "")
 	t.Setenv("DELAYD_LOG_LEVEL", "loud")
 
 	if _, err := LoadClient(); err != nil {
 		t.Fatalf("LoadClient: %v", err)
+	}
+}
+
+// TestLoadClientListen: with DELAYD_NATS_URL empty, a client connects to DELAYD_LISTEN, the embedded server's
+// address (an unspecified host on loopback); DELAYD_NATS_URL wins over it; a bad DELAYD_LISTEN names the variable.
+func TestLoadClientListen(t *testing.T) {
+	for _, tc := range []struct{ listen, url, want string }{
+		{"127.0.0.1:4333", "", "nats://127.0.0.1:4333"},
+		{"0.0.0.0:4334", "", "nats://127.0.0.1:4334"},
+		{"[::]:4335", "", "nats://127.0.0.1:4335"},
+		{":4336", "", "nats://127.0.0.1:4336"},
+		{"[::1]:4337", "", "nats://[::1]:4337"},
+		{"127.0.0.1:4333", "nats://nats.example.com:4222", "nats://nats.example.com:4222"},
+		{"", "", ClientURLDefault},
+	} {
+		clearEnv(t)
+		t.Setenv("DELAYD_LISTEN", tc.listen)
+		t.Setenv("DELAYD_NATS_URL", tc.url)
+		c, err := LoadClient()
+		if err != nil || c.NATSURL != tc.want {
+			t.Errorf("DELAYD_LISTEN=%q DELAYD_NATS_URL=%q: NATSURL %q, %v; want %q", tc.listen, tc.url, c.NATSURL, err, tc.want)
+		}
+	}
+	// A --server flag (an override) wins too.
+	clearEnv(t)
+	t.Setenv("DELAYD_LISTEN", "127.0.0.1:4333")
+	if c, err := LoadClient(func(c *Client) { c.NATSURL = "nats://10.0.0.1:4222" }); err != nil || c.NATSURL != "nats://10.0.0.1:4222" {
+		t.Errorf("override: NATSURL %q, %v", c.NATSURL, err)
+	}
+
+	clearEnv(t)
+	t.Setenv("DELAYD_LISTEN", "nonsense")
+	_, err := LoadClient()
+	var ve *VarError
+	if !errors.As(err, &ve) || ve.Var != "DELAYD_LISTEN" {
+		t.Errorf("DELAYD_LISTEN=nonsense: %v, want an error naming DELAYD_LISTEN", err)
 	}
 }
 

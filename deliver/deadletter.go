@@ -170,10 +170,12 @@ type refusal struct{ first, last time.Time }
 const refusalForgotten = 2 * time.Minute
 
 // refused records a failed write of the dead letter named key (the
-// scanner's stream, or the router's ingress reference).
-func (d *dlqRefusals) refused(key string, err error) {
+// scanner's stream, or the router's ingress reference). It reports whether
+// this is the key's first refusal (it was not waiting), so that callers log
+// the first at warn and its retries at debug.
+func (d *dlqRefusals) refused(key string, err error) (first bool) {
 	if d == nil {
-		return
+		return true
 	}
 	d.failures.Add(1)
 	d.mu.Lock()
@@ -189,6 +191,7 @@ func (d *dlqRefusals) refused(key string, err error) {
 	r.last = now
 	d.waiting[key] = r
 	d.lastErr = err
+	return !ok
 }
 
 // stored records that the dead letter named key is stored.

@@ -849,7 +849,12 @@ func (r *Router) tailSynced(stream string, seq uint64) { r.cfg.OnRouted(stream, 
 // deadLetter sends the write of an ingress message to DELAYD_DLQ.
 func (r *Router) deadLetter(rt *routing, reason error) {
 	m := rt.msg
-	r.logger.Warn("dead-lettering invalid message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
+	// Once per message: a redelivery (its dead letter was refused) logs at debug.
+	logLevel := slog.LevelWarn
+	if meta, ok := jswire.ParseAck(m.Reply); ok && meta.Delivered > 1 {
+		logLevel = slog.LevelDebug
+	}
+	r.logger.Log(context.Background(), logLevel, "dead-lettering invalid message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
 	rt.w, rt.reason = nil, reason
 	rt.out = deadLetterMsg(m.Subject, maps.Clone(m.Header), m.Data, reason, r.ingressRef(rt.seq))
 	fut, err := r.js.PublishMsgAsync(rt.out)
@@ -877,12 +882,16 @@ const routerRefusal = "router:"
 // stream, so routing the messages behind it keeps every level stream in
 // ingress order. Nothing is acked before its dead letter is stored.
 func (r *Router) deferDeadLetter(rt *routing) {
-	r.wiring.refused.refused(routerRefusal+r.ingressRef(rt.seq), rt.err)
+	first := r.wiring.refused.refused(routerRefusal+r.ingressRef(rt.seq), rt.err)
 	delay := 5 * time.Second
 	if meta, ok := jswire.ParseAck(rt.msg.Reply); ok && meta.Delivered < 6 {
 		delay = min(delay, 100*time.Millisecond<<meta.Delivered)
 	}
-	r.logger.Warn("dead-letter write refused; the message stays in ingress and is tried again",
+	logLevel := slog.LevelWarn // the first refusal of this dead letter; its retries at debug
+	if !first {
+		logLevel = slog.LevelDebug
+	}
+	r.logger.Log(context.Background(), logLevel, "dead-letter write refused; the message stays in ingress and is tried again",
 		slog.String("subject", rt.msg.Subject), slog.Uint64("ingress_seq", rt.seq), slog.Duration("retry_in", delay), slog.Any("error", rt.err))
 	_ = rt.msg.Respond(fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds()))
 }
@@ -940,8 +949,11 @@ func (r *Router) retryFailed(ctx context.Context) error {
 				// behind it may be written before it is stored.
 				w := rt.w
 				if err := r.deadLetterSync(ctx, rt); err != nil {
-					r.wiring.refused.refused(routerRefusal+r.ingressRef(rt.seq), err)
-					r.logger.Warn("dead-letter write failed; retrying", slog.Uint64("ingress_seq", rt.seq), slog.Any("error", err))
+					logLevel := slog.LevelWarn // the first refusal; its retries at debug
+					if !r.wiring.refused.refused(routerRefusal+r.ingressRef(rt.seq), err) {
+						logLevel = slog.LevelDebug
+					}
+					r.logger.Log(ctx, logLevel, "dead-letter write failed; retrying", slog.Uint64("ingress_seq", rt.seq), slog.Any("error", err))
 					r.pipe.requeue(failed[i:])
 					break
 				}

@@ -1077,7 +1077,13 @@ func (s *Scanner) failed(ctx context.Context, d delivery, err error) {
 			}
 		}
 	}
-	s.logger.Warn("delivery failed; retrying", slog.String("target", d.target), slog.Uint64("seq", d.seq), slog.Int("attempt", n), slog.Any("error", err))
+	// The first attempt and every 10th at warn, the others at debug: a target
+	// that refuses for minutes logs a line a minute, not one per retry.
+	logLevel := slog.LevelWarn
+	if n > 1 && n%10 != 0 {
+		logLevel = slog.LevelDebug
+	}
+	s.logger.Log(ctx, logLevel, "delivery failed; retrying", slog.String("target", d.target), slog.Uint64("seq", d.seq), slog.Int("attempt", n), slog.Any("error", err))
 	s.backoff.cur = min(time.Duration(n)*100*time.Millisecond, 5*time.Second)
 	s.backoff.sleep(ctx)
 }
@@ -1125,8 +1131,11 @@ func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reaso
 		}
 		// Nothing passes it until its dead letter is stored: the level
 		// waits (and reports itself stalled), the other levels go on.
-		s.cfg.refused.refused(s.cfg.Stream, err)
-		s.logger.Error("dead-letter write failed; retrying", slog.Uint64("seq", seq), slog.Any("error", err))
+		logLevel := slog.LevelError // the first refusal; its retries at debug
+		if !s.cfg.refused.refused(s.cfg.Stream, err) {
+			logLevel = slog.LevelDebug
+		}
+		s.logger.Log(ctx, logLevel, "dead-letter write failed; retrying", slog.Uint64("seq", seq), slog.Any("error", err))
 		if !backoff.sleep(ctx) {
 			s.cfg.refused.stored(s.cfg.Stream) // not waiting any more: read again at the next start
 			// Stopping: the message stays past the offset and is read,

@@ -122,7 +122,13 @@ func secMustConnect(t *testing.T, env map[string]string) *nats.Conn {
 // secRunDelayd runs a delayd service with levels "1s" on nc and waits until it is ready.
 func secRunDelayd(t *testing.T, nc *nats.Conn, policy contract.TargetPolicy) *deliver.Service {
 	t.Helper()
-	svc, err := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("1s"), Targets: policy, Logger: testLogger(t)})
+	return secRunDelaydTable(t, nc, policy, "1s")
+}
+
+// secRunDelaydTable is secRunDelayd with the level table table.
+func secRunDelaydTable(t *testing.T, nc *nats.Conn, policy contract.TargetPolicy, table string) *deliver.Service {
+	t.Helper()
+	svc, err := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse(table), Targets: policy, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -551,29 +557,32 @@ func secReadmeServer(t *testing.T) *server.Server {
 
 // TestAuthREADMEPermissions runs the README's permissions example: a server configured with it, delayd connected
 // as its delayd user with DELAYD_ALLOW_TARGETS matching, and an application user that may only schedule orders.
+// It exercises everything delayd does under its user: a level delivery, a cascading Delay-Duration (its hop is a
+// publish to the ingress prefix), a dead letter, the id index and a tombstone (a cancel), the offsets bucket, and
+// the info, stats and cancel APIs, with their replies; delayd must hit no permissions violation.
 func TestAuthREADMEPermissions(t *testing.T) {
 	srv := secReadmeServer(t)
 
-	delayd := secMustConnect(t, map[string]string{
+	dnc := secMustConnect(t, map[string]string{
 		"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": "delayd", "DELAYD_NATS_PASSWORD": delaydPassword,
 	})
 	var (
 		mu        sync.Mutex
 		asyncErrs []error
 	)
-	delayd.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	dnc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		mu.Lock()
 		asyncErrs = append(asyncErrs, err)
 		mu.Unlock()
 	})
-	svc := secRunDelayd(t, delayd, contract.TargetPolicy{Allow: []string{"orders.>", "billing.>"}})
+	svc := secRunDelaydTable(t, dnc, contract.TargetPolicy{Allow: []string{"orders.>", "billing.>"}}, "1s 1h")
 	stopStats, err := svc.StartStatsAPI()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = stopStats() }()
 	// The stats API answers under these permissions (asked here by the delayd user itself).
-	if m, err := delayd.Request(contract.StatsSubject, nil, 5*time.Second); err != nil || !strings.Contains(string(m.Data), `"levels"`) {
+	if m, err := dnc.Request(contract.StatsSubject, nil, 5*time.Second); err != nil || !strings.Contains(string(m.Data), `"levels"`) {
 		t.Errorf("stats API under the README's permissions: %v", err)
 	}
 
@@ -583,6 +592,75 @@ func TestAuthREADMEPermissions(t *testing.T) {
 	violations := make(chan error, 16)
 	orders.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err })
 	secExpectDelivery(t, orders, orders, "orders.close")
+	ordersJS, err := jetstream.New(orders)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer rcancel()
+
+	// The info API answers the orders user (delayd.Publish's client-side checks).
+	if info, err := delayd.FetchInfo(rctx, orders); err != nil || info.Prefix != "delay" {
+		t.Errorf("info API as the orders user: %+v, %v", info, err)
+	}
+
+	// A cascading message: 1.5 s waits at the 1s level, then moves on through the ingress stream (delayd publishes
+	// it to delay.orders.remind again) and the precision levels. It arrives, not early, after at least one hop.
+	remind, err := orders.SubscribeSync("orders.remind")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = orders.Flush()
+	if _, err := delayd.Publish(rctx, ordersJS, "orders.remind", []byte("cascade"), delayd.WithDuration(1500*time.Millisecond)); err != nil {
+		t.Fatalf("publish a cascading message as orders: %v", err)
+	}
+	if m, err := remind.NextMsg(20 * time.Second); err != nil {
+		t.Errorf("cascading message not delivered under the README's permissions: %v", err)
+	} else {
+		due, enq := parseTime(t, m.Header, delayd.HeaderDueAt), parseTime(t, m.Header, delayd.HeaderEnqueuedAt)
+		if due.Sub(enq) != 1500*time.Millisecond || time.Now().Before(due) {
+			t.Errorf("cascade delivered at %s, enqueued %s, due %s", time.Now(), enq, due)
+		}
+		if m.Header.Get(delayd.HeaderHops) == "" {
+			t.Errorf("cascade delivered without %s: it did not move on", delayd.HeaderHops)
+		}
+	}
+
+	// A cancel as orders: the router's id index and the scanner's tombstone are written under delayd's user.
+	pending, err := delayd.Publish(rctx, ordersJS, "orders.close", []byte("cancel me"), delayd.WithLevel(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := delayd.Cancel(rctx, orders, "orders.close", pending); err != nil || r != delayd.Cancelled {
+		t.Errorf("orders cancelling its own %s: %q, %v; want cancelled", pending, r, err)
+	}
+
+	// A dead letter: an invalid level is written to DELAYD_DLQ.
+	if _, err := ordersJS.PublishMsg(rctx, &nats.Msg{Subject: "delay.orders.bad", Data: []byte("bad"), Header: nats.Header{delayd.HeaderLevel: {"x"}}}); err != nil {
+		t.Fatal(err)
+	}
+	djs, err := jetstream.New(dnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlq, err := djs.Stream(rctx, deliver.DLQStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "a dead letter of delay.orders.bad", func() bool {
+		m, err := dlq.GetLastMsgForSubject(rctx, "delayd.dlq.level")
+		return err == nil && m.Header.Get(delayd.HeaderSubject) == "delay.orders.bad"
+	})
+
+	// The offsets bucket holds the 1s level's committed offset.
+	kv, err := djs.KeyValue(rctx, "DELAYD_OFFSETS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "an offset of DELAYD_1S", func() bool {
+		e, err := kv.Get(rctx, "DELAYD_1S")
+		return err == nil && len(e.Value()) > 0 && string(e.Value()) != "0"
+	})
 
 	// The orders user cannot schedule a payment: the server refuses the publish, and the ingress stream does not
 	// get it.
@@ -598,7 +676,7 @@ func TestAuthREADMEPermissions(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("publish to delay.payments.refund was not refused")
 	}
-	js, err := jetstream.New(delayd)
+	js, err := jetstream.New(dnc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -610,13 +688,16 @@ func TestAuthREADMEPermissions(t *testing.T) {
 		t.Errorf("ingress holds delay.payments.refund (or the lookup failed): %v", err)
 	}
 
-	// delayd itself ran without a permissions violation.
+	// delayd itself ran without a permissions violation, and dead-lettered nothing as undeliverable.
 	mu.Lock()
 	defer mu.Unlock()
 	for _, err := range asyncErrs {
 		if errors.Is(err, nats.ErrPermissionViolation) {
 			t.Errorf("delayd hit a permissions violation: %v", err)
 		}
+	}
+	if m, err := dlq.GetLastMsgForSubject(rctx, "delayd.dlq.undeliverable"); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("an undeliverable dead letter (or the lookup failed): %v, %v", m, err)
 	}
 }
 
@@ -742,5 +823,42 @@ func TestAuthREADMECancelScope(t *testing.T) {
 	}
 	if m, err := ordersDelivered.NextMsg(1500 * time.Millisecond); err == nil {
 		t.Errorf("orders got a delivery %q on %s: its messages were cancelled or an hour away", m.Data, m.Subject)
+	}
+}
+
+// TestAuthREADMEDelayctl runs the built delayctl as the README permissions example's orders user: pub needs only
+// what delayd.Publish needs (no JetStream API), cancel works in its own scope, and a request or publish the server
+// refuses fails at once with "permission denied" naming the subject, instead of waiting for its timeout.
+func TestAuthREADMEDelayctl(t *testing.T) {
+	srv := secReadmeServer(t)
+	dnc := secMustConnect(t, map[string]string{
+		"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": "delayd", "DELAYD_NATS_PASSWORD": delaydPassword,
+	})
+	secRunDelaydTable(t, dnc, contract.TargetPolicy{Allow: []string{"orders.>", "billing.>"}}, "1s 1h")
+	orders := map[string]string{
+		"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": "orders", "DELAYD_NATS_PASSWORD": ordersPassword,
+		"DELAYD_LEVELS": "1s 1h",
+	}
+
+	pub := delayctlEnv(t, orders, "pub", "orders.close", "close order 42", "--level", "2")
+	pub.want(t, 0, "published to delay.orders.close")
+	id := strings.TrimSpace(pub.stdout)
+	delayctlEnv(t, orders, "cancel", "orders.close", id).want(t, 0, "cancelled")
+
+	// Refused by the server: another tenant's cancel scope, the operator's unscoped form, another tenant's
+	// ingress subject. Each fails with the violation, not "no answer ... within 30s" or a PubAck timeout.
+	for _, tc := range []struct {
+		args    []string
+		subject string
+	}{
+		{[]string{"cancel", "billing.charge", id}, "delayd.api.cancel.billing.charge"},
+		{[]string{"cancel", "--any", id}, "delayd.api.cancel"},
+		{[]string{"pub", "billing.charge", "x", "--level", "1"}, "delay.billing.charge"},
+	} {
+		r := delayctlEnv(t, orders, tc.args...)
+		r.want(t, 1, "permission denied", fmt.Sprintf("may not publish to %q", tc.subject))
+		if strings.Contains(r.stderr, "no answer") || strings.Contains(r.stderr, "timeout") {
+			t.Errorf("delayctl %s waited for its timeout: %s", strings.Join(tc.args, " "), r.stderr)
+		}
 	}
 }

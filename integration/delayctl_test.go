@@ -46,6 +46,16 @@ type ctlResult struct {
 // delayctl runs the delayctl binary against url (none if ""), with no other DELAYD_* variable set.
 func delayctl(t *testing.T, url string, args ...string) ctlResult {
 	t.Helper()
+	env := map[string]string{}
+	if url != "" {
+		env["DELAYD_NATS_URL"] = url
+	}
+	return delayctlEnv(t, env, args...)
+}
+
+// delayctlEnv runs the delayctl binary with exactly the DELAYD_* variables of env set.
+func delayctlEnv(t *testing.T, env map[string]string, args ...string) ctlResult {
+	t.Helper()
 	bin, err := delayctlBinary()
 	if err != nil {
 		t.Fatal(err)
@@ -58,8 +68,8 @@ func delayctl(t *testing.T, url string, args ...string) ctlResult {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	if url != "" {
-		cmd.Env = append(cmd.Env, "DELAYD_NATS_URL="+url)
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"syscall"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/delayd/delayd/config"
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/levels"
 )
@@ -78,7 +80,11 @@ func main() {
 
 // run executes delayctl with args and returns its exit code.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	app := &app{stdin: stdin, stdout: stdout, stderr: stderr}
+	// A permissions violation the server reports for a subject delayctl waits on ends the run at once (see
+	// [app.asyncError]), instead of when the request's timeout passes.
+	ctx, abort := context.WithCancelCause(ctx)
+	defer abort(nil)
+	app := &app{stdin: stdin, stdout: stdout, stderr: stderr, abort: abort}
 	root := app.rootCmd()
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -90,6 +96,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	if err == nil {
 		return exitOK
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, nats.ErrPermissionViolation) {
+		err = &codeError{code: exitError, err: cause}
 	}
 	code := exitCode(err)
 	if !app.running {
@@ -113,7 +122,8 @@ type app struct {
 	server, creds, user, password, token, nkey, tlsCA, tlsCert, tlsKey, prefix, levels string
 	timeout                                                                            time.Duration
 
-	running bool // a command's PersistentPreRunE was reached: flags and arguments parsed
+	running bool                    // a command's PersistentPreRunE was reached: flags and arguments parsed
+	abort   context.CancelCauseFunc // ends the run's context with a cause
 	cfg     config.Client
 	nc      *nats.Conn
 	js      jetstream.JetStream
@@ -125,8 +135,8 @@ func (a *app) rootCmd() *cobra.Command {
 		Short: "Operate a running delayd: levels, stats, publish, cancel, dead letters",
 		Long: `delayctl is the operator CLI of delayd, delayed delivery for NATS JetStream.
 
-It connects to delayd's NATS server as delayd does: DELAYD_NATS_URL (default
-` + config.ClientURLDefault + `, delayd's embedded server), DELAYD_NATS_USER and
+It connects to delayd's NATS server as delayd does: DELAYD_NATS_URL (when empty:
+nats://<DELAYD_LISTEN>, delayd's embedded server; with neither, ` + config.ClientURLDefault + `), DELAYD_NATS_USER and
 DELAYD_NATS_PASSWORD, DELAYD_NATS_TOKEN, DELAYD_NATS_NKEY_SEED, DELAYD_NATS_CREDS,
 DELAYD_NATS_TLS_CA, DELAYD_NATS_TLS_CERT and DELAYD_NATS_TLS_KEY. It reads
 DELAYD_PREFIX and DELAYD_LEVELS as delayd does: set them as delayd has them.
@@ -143,7 +153,7 @@ Flags override the variables.
 	root.CompletionOptions.DisableDefaultCmd = true
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &codeError{code: exitUsage, err: err} })
 	f := root.PersistentFlags()
-	f.StringVarP(&a.server, "server", "s", "", "NATS server URL(s), comma-separated (env DELAYD_NATS_URL; default "+config.ClientURLDefault+")")
+	f.StringVarP(&a.server, "server", "s", "", "NATS server URL(s), comma-separated (env DELAYD_NATS_URL; default nats://<DELAYD_LISTEN>, or "+config.ClientURLDefault+")")
 	f.StringVar(&a.creds, "creds", "", "path of a .creds file (env DELAYD_NATS_CREDS)")
 	f.StringVar(&a.user, "user", "", "user name, with --password (env DELAYD_NATS_USER)")
 	f.StringVar(&a.password, "password", "", "password (env DELAYD_NATS_PASSWORD)")
@@ -211,7 +221,7 @@ func (a *app) connect() error {
 	if err != nil {
 		return withCode(exitUsage, "bad configuration: %w", err)
 	}
-	opts = append(opts, nats.Name("delayctl"), nats.Timeout(a.timeout), nats.MaxReconnects(0))
+	opts = append(opts, nats.Name("delayctl"), nats.Timeout(a.timeout), nats.MaxReconnects(0), nats.ErrorHandler(a.asyncError))
 	nc, err := nats.Connect(a.cfg.NATSURL, opts...)
 	if err != nil {
 		return withCode(exitConnect, "cannot connect to %s: is delayd running? (%v)", config.RedactURLs(a.cfg.NATSURL), err)
@@ -223,6 +233,40 @@ func (a *app) connect() error {
 	}
 	a.nc, a.js = nc, js
 	return nil
+}
+
+// errPermissionDenied is the cause of a run ended by a permissions violation.
+var errPermissionDenied = errors.New("permission denied")
+
+// violationRe finds the subject of a permissions violation nats.go reports:
+// `Permissions Violation for Publish to "delayd.api.cancel.orders.close"`.
+var violationRe = regexp.MustCompile(`Permissions Violation for (Publish|Subscription) to "([^"]*)"`)
+
+// asyncError is the connection's async error handler. A permissions violation is the server refusing a publish
+// or subscription of delayctl's NATS user; nats.go reports it only here (a request to a denied subject is not
+// answered, so it would wait for its whole timeout). Every such publish is a request delayctl waits on, so the
+// violation ends the run at once, with exit code 1, unless it names an optional request whose caller copes
+// without an answer: the info API (delayd.Publish then makes only the checks that need no configuration) and the
+// stats API (stats shows the counters as unknown).
+func (a *app) asyncError(_ *nats.Conn, _ *nats.Subscription, err error) {
+	if !errors.Is(err, nats.ErrPermissionViolation) {
+		return
+	}
+	verb, subject := "", ""
+	if m := violationRe.FindStringSubmatch(err.Error()); m != nil {
+		verb, subject = m[1], m[2]
+	}
+	if verb == "Publish" && (subject == contract.InfoSubject || subject == contract.StatsSubject) {
+		return
+	}
+	what := "the server refused a publish or subscription"
+	switch verb {
+	case "Publish":
+		what = fmt.Sprintf("this NATS user may not publish to %q", subject)
+	case "Subscription":
+		what = fmt.Sprintf("this NATS user may not subscribe to %q", subject)
+	}
+	a.abort(fmt.Errorf("%w: %s (%w)", errPermissionDenied, what, err))
 }
 
 // ctx returns a context for one request.

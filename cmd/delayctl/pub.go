@@ -15,6 +15,7 @@ import (
 
 	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver"
 )
 
 func (a *app) pubCmd() *cobra.Command {
@@ -121,7 +122,9 @@ that need no configuration are made (the ingress stream keeps the message for wh
 				return withCode(exitUsage, "target %q: %v", subject, err)
 			}
 
-			if _, err := a.requireIngress(cmd.Context()); err != nil {
+			// No stream info: pub needs only what delayd.Publish needs (the ingress subject, _INBOX.> for the
+			// PubAck, delayd.api.info), so a publisher's NATS user without JetStream API permissions can use it.
+			if err := a.connect(); err != nil {
 				return err
 			}
 			ctx, cancel := a.reqCtx(cmd.Context())
@@ -129,7 +132,7 @@ that need no configuration are made (the ingress stream keeps the message for wh
 			id, err := delayd.Publish(ctx, a.js, subject, data, opts...)
 			switch {
 			case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
-				return withCode(exitNoStreams, "no delayd stream captures %s.%s: is delayd running with DELAYD_PREFIX=%s? (%v)", a.cfg.Prefix, subject, a.cfg.Prefix, err)
+				return withCode(exitNoStreams, "no delayd streams on this server (%s missing): no stream captures %s.%s; is delayd running with DELAYD_PREFIX=%s and this account? (%v)", deliver.IngressStream, a.cfg.Prefix, subject, a.cfg.Prefix, err)
 			case errors.Is(err, delayd.ErrInvalidLevel), errors.Is(err, delayd.ErrInvalidDelay), errors.Is(err, contract.ErrInvalidTarget), errors.Is(err, contract.ErrForbiddenTarget),
 				errors.Is(err, contract.ErrDeniedTarget), errors.Is(err, delayd.ErrTooLarge), errors.Is(err, delayd.ErrPrefixMismatch):
 				// Refused before publishing: the running delayd would dead-letter it.

@@ -15,15 +15,31 @@ import (
 // startEmbedded starts a nats-server with JetStream on DELAYD_LISTEN, storing
 // in DELAYD_STORE_DIR. It installs no signal handlers (delayd owns shutdown)
 // and logs through delayd's logger.
-func startEmbedded(cfg config.Config, logger *slog.Logger) (*server.Server, error) {
+//
+// Before the server touches the store, it locks DELAYD_STORE_DIR (see
+// [lockStore]) and checks that DELAYD_LISTEN is free: a second delayd on the
+// same store fails at once, naming the variable and the holder's PID, and
+// never starts JetStream on a store another server is using. The caller
+// releases the returned lock after [shutdownEmbedded].
+func startEmbedded(cfg config.Config, logger *slog.Logger) (*server.Server, *storeLock, error) {
 	host, portText, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("DELAYD_LISTEN=%q: %w", cfg.Listen, err)
+		return nil, nil, fmt.Errorf("DELAYD_LISTEN=%q: %w", cfg.Listen, err)
 	}
 	port, err := strconv.Atoi(portText)
 	if err != nil {
-		return nil, fmt.Errorf("DELAYD_LISTEN=%q: bad port: %w", cfg.Listen, err)
+		return nil, nil, fmt.Errorf("DELAYD_LISTEN=%q: bad port: %w", cfg.Listen, err)
 	}
+	lock, err := lockStore(cfg.StoreDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		lock.Release()
+		return nil, nil, fmt.Errorf("DELAYD_LISTEN=%q: cannot listen (another server on this address?): %w", cfg.Listen, err)
+	}
+	_ = ln.Close()
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		logger.Warn("embedded nats-server listens beyond loopback without authentication", slog.String("listen", cfg.Listen))
 	}
@@ -36,15 +52,18 @@ func startEmbedded(cfg config.Config, logger *slog.Logger) (*server.Server, erro
 		NoSigs:     true,
 	})
 	if err != nil {
-		return nil, err
+		lock.Release()
+		return nil, nil, err
 	}
 	srv.SetLoggerV2(&serverLogger{l: logger.With(slog.String("component", "nats-server"))}, false, false, false)
 	go srv.Start()
 	if !srv.ReadyForConnections(30 * time.Second) {
 		srv.Shutdown()
-		return nil, fmt.Errorf("not ready for connections on %s within 30s (is the port in use? DELAYD_LISTEN=%q)", cfg.Listen, cfg.Listen)
+		srv.WaitForShutdown()
+		lock.Release()
+		return nil, nil, fmt.Errorf("not ready for connections on %s within 30s (is the port in use? DELAYD_LISTEN=%q)", cfg.Listen, cfg.Listen)
 	}
-	return srv, nil
+	return srv, lock, nil
 }
 
 func shutdownEmbedded(srv *server.Server, logger *slog.Logger) {

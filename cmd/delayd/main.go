@@ -72,11 +72,13 @@ func run() int {
 		url = cfg.NATSURL
 	)
 	if url == "" {
-		srv, err = startEmbedded(cfg, logger)
+		var lock *storeLock
+		srv, lock, err = startEmbedded(cfg, logger)
 		if err != nil {
 			logger.Error("embedded nats-server failed to start", slog.Any("error", err))
 			return exitError
 		}
+		defer lock.Release() // after the server's shutdown below (defers run last first)
 		defer shutdownEmbedded(srv, logger)
 		url = srv.ClientURL()
 		opts = append(opts, nats.InProcessServer(srv))
