@@ -3,6 +3,7 @@ package deliver
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -87,14 +88,6 @@ type ScannerConfig struct {
 	// scanner's goroutine: keep it cheap (a histogram observation). Optional.
 	OnDelivery func(lateness time.Duration)
 
-	reasons *reasonCounts // dead letters by reason (set by Service)
-	refused *dlqRefusals  // dead letters DELAYD_DLQ refused (set by Service)
-	hopKey  hopKey        // signs cascading messages moving on (set by Service)
-
-	// mergeGone tells the router a merge key's message was cancelled, so
-	// the key is free (set by Service).
-	mergeGone func(indexRecord)
-
 	// Batch, BatchBytes, Window, PurgeEvery and MaxAttempts are optional;
 	// defaults are the Scanner*Default constants.
 	Batch       int
@@ -145,6 +138,47 @@ func (c *ScannerConfig) validate() error {
 	return nil
 }
 
+// scannerWiring is what a scanner shares with the rest of delayd. A
+// [Service] fills it from its own state; [NewScanner] fills it for a
+// scanner on its own.
+type scannerWiring struct {
+	// reasons counts dead letters by reason, shared with the router.
+	// Required.
+	reasons *reasonCounts
+
+	// refused tracks the dead letters DELAYD_DLQ refused, shared with the
+	// router. Required.
+	refused *dlqRefusals
+
+	// hopKey signs cascading messages moving on to their next level, so
+	// that the router trusts their first id, enqueue time and hop count,
+	// and derives delivery ids. Required.
+	hopKey hopKey
+
+	// mergeGone tells the router a merge key's message was cancelled or
+	// left delayd, so the key is free. It runs on the scanner's goroutine.
+	// Optional: nil tells no one (a scanner without a router).
+	mergeGone func(indexRecord)
+}
+
+func (w *scannerWiring) validate() error {
+	switch {
+	case w.reasons == nil:
+		return errors.New("deliver: scanner: dead-letter reason counts are required")
+	case w.refused == nil:
+		return errors.New("deliver: scanner: dead-letter refusals are required")
+	case len(w.hopKey) == 0:
+		return errors.New("deliver: scanner: a hop key is required")
+	}
+	return nil
+}
+
+// scannerSettings are a scanner's config and its wiring, as validated.
+type scannerSettings struct {
+	ScannerConfig
+	scannerWiring
+}
+
 // ScannerStats are a scanner's counters and position.
 type ScannerStats struct {
 	Stream       string
@@ -183,28 +217,25 @@ type ScannerStats struct {
 type Scanner struct {
 	nc      *nats.Conn
 	js      jetstream.JetStream
-	cfg     ScannerConfig
+	cfg     scannerSettings
 	logger  *slog.Logger
 	reader  *jswire.BatchReader
 	stream  jetstream.Stream
 	subject string // "delayd.level.<NAME>."
 
 	offset         uint64 // last confirmed sequence
-	committed      uint64
 	purgedTo       uint64
 	lastPurge      time.Duration // monotonic reading of the last purge
 	next           uint64        // next sequence to read
 	inflight       []delivery
 	attempts       map[uint64]int
-	graceFrom      atomic.Int64           // monotonic reading + 1 of the start or reconnect; 0 if none
-	seenReconnects uint64                 // the connection's reconnect count at the last look
-	reconnLook     time.Duration          // monotonic reading when it was looked at
-	sawDisconnect  bool                   // a core delivery found the connection down
-	restart        bool                   // start over: the stream is not the one the offset belongs to
-	replaced       bool                   // the stored offset belongs to a deleted stream
-	created        time.Time              // the level stream's creation time
-	commitFut      jetstream.PubAckFuture // the pending offset write
-	commitSeq      uint64                 // the offset it writes
+	graceFrom      atomic.Int64  // monotonic reading + 1 of the start or reconnect; 0 if none
+	seenReconnects uint64        // the connection's reconnect count at the last look
+	reconnLook     time.Duration // monotonic reading when it was looked at
+	sawDisconnect  bool          // a core delivery found the connection down
+	restart        bool          // start over: the stream is not the one the offset belongs to
+	replaced       bool          // the stored offset belongs to a deleted stream
+	created        time.Time     // the level stream's creation time
 	feed           *feed
 	resetFeed      bool      // the feed must restart at next
 	feedFresh      bool      // no message read since the feed restarted
@@ -230,9 +261,13 @@ type Scanner struct {
 	obsSeq    uint64
 	obsStored time.Time
 
+	// commits writes the offset, one write in flight behind the
+	// deliveries it confirms; the scanner's goroutine commits.
+	commits    *offsets.Committer
+	tombsAcked uint64 // the acknowledged offset tombstones were last dropped to
+
 	steps        atomic.Uint64
 	lastSeq      atomic.Uint64 // the level stream's last sequence, as far as known
-	ackedOffset  atomic.Uint64 // the last offset the KV bucket acknowledged
 	headDue      atomic.Int64  // unix ns of a due head not yet delivered; 0 if none
 	lastProgress atomic.Int64  // Clock.Mono reading: the last offset move, no due head, or a head falling due
 
@@ -249,7 +284,6 @@ type Scanner struct {
 
 	delivered, deadLettered, retries, forwarded atomic.Uint64
 	lastLateness                                atomic.Int64
-	committedA                                  atomic.Uint64
 }
 
 // delivery is one hand-off awaiting confirmation.
@@ -263,11 +297,27 @@ type delivery struct {
 	err       error // the PubAck's error, once taken from the future
 }
 
-// NewScanner returns a scanner for one level stream. js must have been
-// created with a publish-async timeout so that every PubAck future resolves.
+// NewScanner returns a scanner for one level stream on its own, outside a
+// [Service], for example to measure delivery alone. js must have been
+// created with a publish-async timeout so that every PubAck future
+// resolves. Such a scanner signs the cascading messages it moves on with a
+// hop key of its own, random, so a router trusts none of their hop headers;
+// it tells no router that a merge key is free; and it counts dead letters
+// only in [Scanner.Stats]. A [Service] builds its scanners with its hop
+// key, dead-letter accounting and router.
 func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scanner, error) {
+	key := make(hopKey, hopKeySize)
+	_, _ = rand.Read(key) // never fails (crypto/rand)
+	return newScanner(nc, js, cfg, scannerWiring{reasons: &reasonCounts{}, refused: &dlqRefusals{}, hopKey: key})
+}
+
+// newScanner returns a scanner wired to the rest of delayd.
+func newScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig, wiring scannerWiring) (*Scanner, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := wiring.validate(); err != nil {
 		return nil, err
 	}
 	delay, ok := levels.ParseStreamName(cfg.Stream)
@@ -275,9 +325,15 @@ func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scan
 		return nil, fmt.Errorf("deliver: scanner: %q is not a level stream name", cfg.Stream)
 	}
 	name := strings.TrimPrefix(cfg.Stream, levels.StreamPrefix)
+	logger := cfg.Logger.With(slog.String("stream", cfg.Stream))
+	commits, err := offsets.NewCommitter(cfg.Offsets, offsets.CommitterConfig{Stream: cfg.Stream, Timeout: opTimeout, Logger: logger})
+	if err != nil {
+		return nil, fmt.Errorf("deliver: scanner: %w", err)
+	}
 	sc := &Scanner{
-		nc: nc, js: js, cfg: cfg,
-		logger:   cfg.Logger.With(slog.String("stream", cfg.Stream)),
+		nc: nc, js: js, cfg: scannerSettings{cfg, wiring},
+		logger:   logger,
+		commits:  commits,
 		subject:  levelSubjects + name + ".",
 		attempts: make(map[uint64]int),
 		cancels:  make(chan cancelReq, 64),
@@ -428,11 +484,11 @@ func (s *Scanner) Stalled() bool {
 // Stats returns the scanner's counters.
 func (s *Scanner) Stats() ScannerStats {
 	return ScannerStats{
-		Stream: s.cfg.Stream, Offset: s.committedA.Load(), Delivered: s.delivered.Load(),
+		Stream: s.cfg.Stream, Offset: s.commits.Committed(), Delivered: s.delivered.Load(),
 		DeadLettered: s.deadLettered.Load(), Retries: s.retries.Load(), Forwarded: s.forwarded.Load(),
 		Cancelled:    s.cancelledN.Load(),
-		Pending:      sat(s.lastSeq.Load(), s.committedA.Load()),
-		CommitLag:    sat(s.committedA.Load(), s.ackedOffset.Load()),
+		Pending:      sat(s.lastSeq.Load(), s.commits.Committed()),
+		CommitLag:    sat(s.commits.Committed(), s.commits.Acked()),
 		OldestDueAge: s.oldestDueAge(),
 		LastLateness: time.Duration(s.lastLateness.Load()),
 		ClockBound:   s.srv.lead(),
@@ -498,6 +554,11 @@ func (s *Scanner) Run(ctx context.Context) error {
 func (s *Scanner) start(outer context.Context) error {
 	ctx, cancel := context.WithTimeout(outer, opTimeout)
 	defer cancel()
+	// An offset write of the previous start lands before the offset is
+	// loaded (and corrected if it belongs to a deleted stream).
+	if err := s.commits.Settle(ctx); err != nil && ctx.Err() != nil {
+		return err
+	}
 	stream, err := s.js.Stream(ctx, s.cfg.Stream)
 	if err != nil {
 		return fmt.Errorf("level stream: %w", err)
@@ -573,9 +634,9 @@ func (s *Scanner) start(outer context.Context) error {
 	}
 	s.passed.Store(off)
 	s.startTail, s.startedAt = st.LastSeq, s.srv.now()
-	s.offset, s.committed, s.purgedTo = off, off, first
-	s.committedA.Store(off)
-	s.ackedOffset.Store(off)
+	s.offset, s.purgedTo = off, first
+	s.commits.Reset(off)
+	s.tombsAcked = off // loadTombstones drops those up to off
 	s.next = off + 1
 	s.resetFeed = true
 	s.Written(st.LastSeq)
@@ -620,10 +681,10 @@ func (s *Scanner) step(ctx context.Context) error {
 			if !s.quiesce(ctx, !s.probing) {
 				return nil // a delivery failed and was rewound
 			}
-			if s.committed > s.purgedTo {
+			if s.commits.Committed() > s.purgedTo {
 				// A purge is due once the level has been quiet a moment.
 				if m, meta, err = s.feed.next(ctx, s.wake, true, s.cfg.PurgeEvery); err == nil && m == nil {
-					s.checkCommit(false) // acknowledged by now: the commit lag reads 0 while idle
+					s.settleCommit(ctx) // acknowledged by now, normally: the purge goes up to it
 					s.purge(ctx, true)
 				}
 			}
@@ -698,7 +759,7 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.head = nil
 		s.next = seq + 1
 		s.passed.Store(seq)
-		if err := s.forward(m, seq, target, due); err != nil {
+		if err := s.forward(ctx, m, seq, target, due); err != nil {
 			return err
 		}
 		s.afterPublish(ctx)
@@ -795,7 +856,7 @@ func (s *Scanner) hopDue(m *nats.Msg) (time.Time, bool) {
 // id and hop number, keyed by delayd's secret) makes the ingress stream drop
 // a repeat after a crash. The message keeps its first id, enqueue time and
 // publisher id.
-func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time) error {
+func (s *Scanner) forward(ctx context.Context, m *nats.Msg, seq uint64, target string, due time.Time) error {
 	h := m.Header
 	origin := h.Get(hdrOrigin)
 	if origin == "" {
@@ -823,9 +884,9 @@ func (s *Scanner) forward(m *nats.Msg, seq uint64, target string, due time.Time)
 	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
 			// Refused before sending: confirm what precedes it, then dead-letter.
-			s.settle(context.Background())
+			s.settle(ctx)
 			if s.next == seq+1 {
-				s.deadLetter(context.Background(), m, seq, fmt.Errorf("%w: the cascading message exceeds the server's max payload", ErrTooLarge))
+				s.deadLetter(ctx, m, seq, fmt.Errorf("%w: the cascading message exceeds the server's max payload", ErrTooLarge))
 			}
 			return nil
 		}
@@ -942,6 +1003,8 @@ func (s *Scanner) settleFirst(ctx context.Context, n int) {
 	if n < len(s.inflight) && s.firstFailure(n) {
 		n = len(s.inflight)
 	}
+	// Deliveries already sent are confirmed even when ctx ends (a stop):
+	// on a fresh context bounded by opTimeout, keeping ctx's values.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer cancel()
 	// One flush confirms every core publish sent before it; it is done the
@@ -1066,6 +1129,8 @@ func (s *Scanner) failed(ctx context.Context, d delivery, err error) {
 	n := s.attempts[d.seq]
 	s.retries.Add(1)
 	if permanent(err) && n >= s.cfg.MaxAttempts {
+		// Its dead letter is written even when ctx ends (see deadLetter),
+		// so it is read on a fresh context bounded by opTimeout.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		buf, rerr := s.reader.Read(rctx, s.cfg.Stream, nil, d.seq, 1, 1)
 		cancel()
@@ -1124,6 +1189,8 @@ func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reaso
 	dl := deadLetterMsg(subject, m.Header, m.Data, reason, id)
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
+		// Each attempt finishes even when ctx ends (a stop), bounded by
+		// opTimeout in publishDeadLetter; ctx ends the retries below.
 		err := publishDeadLetter(context.WithoutCancel(ctx), s.js, dl)
 		if err == nil {
 			s.cfg.refused.stored(s.cfg.Stream)
@@ -1158,69 +1225,45 @@ func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reaso
 	s.settle(ctx)
 }
 
-// commit starts persisting the offset if it moved, without waiting: the
-// write is pipelined behind the deliveries it confirms. The previous
-// commit's outcome is checked here, and the last one is awaited at shutdown.
-func (s *Scanner) commit(context.Context) {
-	s.checkCommit(false)
-	if s.offset == s.committed {
-		return
-	}
-	fut, err := s.cfg.Offsets.CommitAsync(s.cfg.Stream, s.offset)
-	if err != nil {
+// commit hands the offset to the committer if it moved, without waiting:
+// the write is pipelined behind the deliveries it confirms (one in flight,
+// the latest offset next; see [offsets.Committer]).
+func (s *Scanner) commit(ctx context.Context) {
+	s.noteAcked()
+	if err := s.commits.Commit(ctx, s.offset); err != nil {
 		s.logger.Warn("offset commit failed", slog.Uint64("offset", s.offset), slog.Any("error", err))
-		return
-	}
-	// A pending older write is superseded: writes are stored in order, so it
-	// is acknowledged by the time the newer one is.
-	s.commitFut, s.commitSeq = fut, s.offset
-	s.committed = s.offset
-	s.committedA.Store(s.offset)
-}
-
-// checkCommit logs a failed offset write. It waits for the pending one if
-// wait is set.
-func (s *Scanner) checkCommit(wait bool) {
-	if s.commitFut == nil {
-		return
-	}
-	if wait {
-		select {
-		case <-s.commitFut.Ok():
-			s.acked(s.commitSeq)
-		case err := <-s.commitFut.Err():
-			s.logger.Warn("offset commit failed", slog.Uint64("offset", s.committed), slog.Any("error", err))
-		case <-time.After(opTimeout):
-			s.logger.Warn("offset commit unconfirmed at shutdown", slog.Uint64("offset", s.committed))
-		}
-		s.commitFut = nil
-		return
-	}
-	select {
-	case <-s.commitFut.Ok():
-		s.acked(s.commitSeq)
-		s.commitFut = nil
-	case err := <-s.commitFut.Err():
-		s.logger.Warn("offset commit failed; the next one supersedes it", slog.Uint64("offset", s.committed), slog.Any("error", err))
-		s.commitFut = nil
-	default:
 	}
 }
 
-// acked records an offset write the KV bucket acknowledged. Tombstones of
-// cancelled messages it passed are no longer needed.
-func (s *Scanner) acked(offset uint64) {
-	s.ackedOffset.Store(offset)
-	s.dropTombstones(offset)
+// settleCommit waits, at most opTimeout, until the committed offset is
+// acknowledged (or its write failed; the committer logged it). The scanner
+// calls it when idle, before a purge: the commit lag reads 0 while idle.
+func (s *Scanner) settleCommit(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, opTimeout)
+	_ = s.commits.Settle(cctx)
+	cancel()
+	s.noteAcked()
+}
+
+// noteAcked drops the tombstones of cancelled messages the acknowledged
+// offset passed: they are no longer needed.
+func (s *Scanner) noteAcked() {
+	if a := s.commits.Acked(); a != s.tombsAcked {
+		s.tombsAcked = a
+		s.dropTombstones(a)
+	}
 }
 
 // sleep waits d, or until ctx is done or a cancel request wakes the scanner.
 func (s *Scanner) sleep(ctx context.Context, d time.Duration) error { return sleepWake(ctx, s.wake, d) }
 
-// purge removes the delivered prefix, keeping the last committed message.
+// purge removes the delivered prefix up to the acknowledged offset,
+// keeping the message at it: a purge never passes an offset the KV bucket
+// has not stored.
 func (s *Scanner) purge(ctx context.Context, idle bool) {
 	mono := s.cfg.Clock.Mono()
-	if ctx.Err() != nil || s.committed <= s.purgedTo || (!idle && mono-s.lastPurge < s.cfg.PurgeEvery) {
+	acked := s.commits.Acked()
+	if ctx.Err() != nil || acked <= s.purgedTo || (!idle && mono-s.lastPurge < s.cfg.PurgeEvery) {
 		return
 	}
 	s.lastPurge = mono // a failing purge is not retried in a tight loop either
@@ -1231,11 +1274,11 @@ func (s *Scanner) purge(ctx context.Context, idle bool) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	if err := s.stream.Purge(pctx, jetstream.WithPurgeSequence(s.committed)); err != nil {
-		s.logger.Warn("purge failed", slog.Uint64("below", s.committed), slog.Any("error", err))
+	if err := s.stream.Purge(pctx, jetstream.WithPurgeSequence(acked)); err != nil {
+		s.logger.Warn("purge failed", slog.Uint64("below", acked), slog.Any("error", err))
 		return
 	}
-	s.purgedTo = s.committed
+	s.purgedTo = acked
 }
 
 // sameStream reports whether the level stream is still the one the scanner
@@ -1250,7 +1293,7 @@ func (s *Scanner) sameStream(ctx context.Context) bool {
 		s.logger.Warn("level stream gone; starting over")
 	case err != nil:
 		return true // unknown: the caller's own request will fail or succeed
-	case !info.Created.Equal(s.created) || s.committed > info.State.LastSeq:
+	case !info.Created.Equal(s.created) || s.commits.Committed() > info.State.LastSeq:
 		s.logger.Warn("level stream recreated; starting over")
 	default:
 		return true
@@ -1259,14 +1302,22 @@ func (s *Scanner) sameStream(ctx context.Context) bool {
 	return false
 }
 
-// shutdown confirms and commits what is in flight when Run ends.
+// shutdown confirms and commits what is in flight when Run ends. Run's
+// context is done by then, so it works on fresh contexts, each bounded by
+// opTimeout: one to confirm the deliveries and purge, one to wait for the
+// offset write.
 func (s *Scanner) shutdown() {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	s.settle(ctx)
-	s.checkCommit(true)
+	cctx, ccancel := context.WithTimeout(context.Background(), opTimeout)
+	if err := s.commits.Settle(cctx); err != nil && cctx.Err() != nil {
+		s.logger.Warn("offset commit unconfirmed at shutdown", slog.Uint64("offset", s.commits.Committed()))
+	}
+	ccancel()
+	s.noteAcked()
 	s.purge(ctx, true) // the delivered prefix goes with a clean stop
-	s.logger.Debug("scanner stopped", slog.Uint64("offset", s.committed))
+	s.logger.Debug("scanner stopped", slog.Uint64("offset", s.commits.Committed()))
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error { return sleepWake(ctx, nil, d) }
@@ -1299,6 +1350,7 @@ func (s *Scanner) leftDelayd(ctx context.Context, key, merge, target string) {
 		if rec.key == "" {
 			continue
 		}
+		// Written even when ctx ends: the message did leave delayd.
 		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		_, err := s.js.PublishMsg(ictx, rec.msg())
 		cancel()

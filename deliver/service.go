@@ -262,13 +262,7 @@ func (s *Service) Run(ctx context.Context) error {
 	scanners := make(map[string]*Scanner, len(streams))
 	for _, name := range streams {
 		sc := s.cfg.Scanner
-		sc.Stream, sc.Offsets, sc.Targets, sc.reasons, sc.Prefix, sc.hopKey = name, store, targets, &s.reasons, s.cfg.Prefix, s.hopKey
-		sc.refused = &s.refused
-		sc.mergeGone = func(rec indexRecord) {
-			if r := routerRef.Load(); r != nil {
-				r.forgetMerge(rec)
-			}
-		}
+		sc.Stream, sc.Offsets, sc.Targets, sc.Prefix = name, store, targets, s.cfg.Prefix
 		if s.cfg.OnDelivery != nil {
 			stream := name
 			sc.OnDelivery = func(l time.Duration) { s.cfg.OnDelivery(stream, l) }
@@ -285,7 +279,14 @@ func (s *Service) Run(ctx context.Context) error {
 		if window == 0 {
 			window = ScannerWindowDefault
 		}
-		scanner, err := NewScanner(s.nc, mustJS(s.nc, window+16), sc)
+		scanner, err := newScanner(s.nc, mustJS(s.nc, window+16), sc, scannerWiring{
+			reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey,
+			mergeGone: func(rec indexRecord) {
+				if r := routerRef.Load(); r != nil {
+					r.forgetMerge(rec)
+				}
+			},
+		})
 		if err != nil {
 			return err
 		}
@@ -440,7 +441,7 @@ func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, rea
 	for _, sc := range scanners {
 		rctx, cancel := context.WithTimeout(ctx, opTimeout)
 		var err error
-		buf, err = reader.Read(rctx, sc.cfg.Stream, buf[:0], sc.committedA.Load()+1, 1, 1)
+		buf, err = reader.Read(rctx, sc.cfg.Stream, buf[:0], sc.commits.Committed()+1, 1, 1)
 		cancel()
 		if err != nil {
 			return time.Time{}, err

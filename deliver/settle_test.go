@@ -94,7 +94,8 @@ func settleScanner(t *testing.T) (*Scanner, *outcomes) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.offset, s.committed, s.next = 9, 9, 15
+	s.offset, s.next = 9, 15
+	s.commits.Reset(9)
 	return s, newOutcomes(t, nc)
 }
 
@@ -114,8 +115,8 @@ func TestSettleFirstLateFailure(t *testing.T) {
 		{seq: 14, target: "ok.x", fut: o.future("ok")},
 	}
 	s.settleFirst(context.Background(), 2)
-	if s.offset != 10 || s.committed != 10 {
-		t.Errorf("offset %d committed %d, want 10 and 10: it must stop before the failed 11", s.offset, s.committed)
+	if s.offset != 10 || s.commits.Committed() != 10 {
+		t.Errorf("offset %d committed %d, want 10 and 10: it must stop before the failed 11", s.offset, s.commits.Committed())
 	}
 	if s.next != 11 {
 		t.Errorf("next = %d, want 11 (rewound to the first failure)", s.next)

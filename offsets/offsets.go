@@ -6,7 +6,9 @@
 // subject). After any restart a scanner resumes at offset+1, so only messages
 // past the last committed offset are delivered again. This is RocketMQ 4's
 // ScheduleMessageService offset table, except that delayd commits after every
-// confirmed batch instead of every 10 s.
+// confirmed batch instead of every 10 s. A scanner commits through a
+// [Committer], which keeps one write in flight behind the deliveries it
+// confirms.
 //
 // Each key is a level stream's name (for example "DELAYD_5S") and each value is
 // the sequence as decimal text, so operators can read and fix it with any KV
@@ -42,7 +44,6 @@ type Config struct {
 type Store struct {
 	kv       jetstream.KeyValue
 	kvStream jetstream.Stream // the bucket's stream, for delete markers
-	js       jetstream.JetStream
 	logger   *slog.Logger
 
 	mu   sync.Mutex
@@ -75,7 +76,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("offsets: bucket %s: %w", Bucket, err)
 	}
-	return &Store{kv: kv, kvStream: kvStream, js: js, logger: logger, last: make(map[string]uint64)}, nil
+	return &Store{kv: kv, kvStream: kvStream, logger: logger, last: make(map[string]uint64)}, nil
 }
 
 // Load returns the committed offset of a level stream. It returns an error
@@ -123,31 +124,8 @@ func (s *Store) Commit(ctx context.Context, stream string, seq uint64) error {
 	if ok && seq < last {
 		return fmt.Errorf("%w: %s from %d to %d", ErrRegress, stream, last, seq)
 	}
-	return s.put(ctx, stream, seq)
-}
-
-// CommitAsync starts storing seq as the stream's offset and returns at once
-// with the write's PubAck future, or nil when seq is already the offset.
-// Writes from one connection are stored in order, so the latest wins; a
-// write lost in a crash only means a few more re-deliveries, never a loss,
-// since an offset is committed only after its hand-offs were confirmed.
-// Moving it backwards returns [ErrRegress].
-func (s *Store) CommitAsync(stream string, seq uint64) (jetstream.PubAckFuture, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	last, ok := s.last[stream]
-	if ok && seq == last {
-		return nil, nil
-	}
-	if ok && seq < last {
-		return nil, fmt.Errorf("%w: %s from %d to %d", ErrRegress, stream, last, seq)
-	}
-	fut, err := s.js.PublishAsync("$KV."+Bucket+"."+stream, strconv.AppendUint(nil, seq, 10))
-	if err != nil {
-		return nil, fmt.Errorf("offsets: commit %s=%d: %w", stream, seq, err)
-	}
-	s.last[stream] = seq
-	return fut, nil
+	_, err := s.put(ctx, stream, seq)
+	return err
 }
 
 // Correct stores seq as the stream's offset even if it moves backwards, and
@@ -156,16 +134,20 @@ func (s *Store) CommitAsync(stream string, seq uint64) (jetstream.PubAckFuture, 
 // first, or corrupt).
 func (s *Store) Correct(ctx context.Context, stream string, seq uint64, reason string) error {
 	s.logger.Warn("offset corrected", slog.String("stream", stream), slog.Uint64("offset", seq), slog.String("reason", reason))
-	return s.put(ctx, stream, seq)
+	_, err := s.put(ctx, stream, seq)
+	return err
 }
 
-func (s *Store) put(ctx context.Context, stream string, seq uint64) error {
+// put stores seq as the stream's offset and returns the KV revision the
+// write got (the PubAck's sequence).
+func (s *Store) put(ctx context.Context, stream string, seq uint64) (uint64, error) {
 	var buf [20]byte
-	if _, err := s.kv.Put(ctx, stream, strconv.AppendUint(buf[:0], seq, 10)); err != nil {
-		return fmt.Errorf("offsets: commit %s=%d: %w", stream, seq, err)
+	rev, err := s.kv.Put(ctx, stream, strconv.AppendUint(buf[:0], seq, 10))
+	if err != nil {
+		return 0, fmt.Errorf("offsets: commit %s=%d: %w", stream, seq, err)
 	}
 	s.mu.Lock()
 	s.last[stream] = seq
 	s.mu.Unlock()
-	return nil
+	return rev, nil
 }

@@ -17,6 +17,7 @@ import (
 
 // testBundle is one test's server, JetStream client and offsets store.
 type testBundle struct {
+	nc    *nats.Conn
 	js    jetstream.JetStream
 	kv    jetstream.KeyValue // the DELAYD_OFFSETS bucket, read directly
 	store *offsets.Store
@@ -49,7 +50,7 @@ func setup(t *testing.T) *testBundle {
 	if err != nil {
 		t.Fatalf("bucket %s not created: %v", offsets.Bucket, err)
 	}
-	return &testBundle{js: js, kv: kv, store: store}
+	return &testBundle{nc: nc, js: js, kv: kv, store: store}
 }
 
 func ctx(t *testing.T) context.Context {
