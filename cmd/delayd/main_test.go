@@ -167,3 +167,69 @@ func TestReadyzStalledLevel(t *testing.T) {
 		t.Fatalf("FULL holds %s %q, want full.x \"due\"", m.Subject, m.Data)
 	}
 }
+
+// TestHealthzReadyz: /healthz answers 200 while the process serves, whatever
+// the service's state; /readyz answers 503 with the reason before the
+// service has set up, 200 "ready" once it runs, and 503 naming the
+// connection once the NATS server is gone.
+func TestHealthzReadyz(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	svc, err := deliver.New(nc, deliver.Config{Levels: levels.MustParse("1s")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(newMux(svc, metrics.New(svc, nc)))
+	t.Cleanup(hs.Close)
+	healthz := func() (int, string) {
+		t.Helper()
+		resp, err := http.Get(hs.URL + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	waitReadyz := func(want int, wantBody string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			code, body := readyz(t, hs.URL)
+			if code == want && strings.Contains(body, wantBody) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("/readyz %d %q, want %d with %q", code, body, want, wantBody)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	if code, body := healthz(); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("/healthz before Run: %d %q, want 200 \"ok\\n\"", code, body)
+	}
+	if code, body := readyz(t, hs.URL); code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "not ready: ") {
+		t.Errorf("/readyz before Run: %d %q, want 503 \"not ready: ...\"", code, body)
+	}
+
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	t.Cleanup(func() {
+		stop()
+		<-done
+	})
+	waitReadyz(http.StatusOK, "ready\n")
+
+	srv.Shutdown()
+	waitReadyz(http.StatusServiceUnavailable, "NATS connection down")
+	if code, _ := healthz(); code != http.StatusOK {
+		t.Errorf("/healthz with the server gone: %d, want 200 (the process is alive)", code)
+	}
+}
