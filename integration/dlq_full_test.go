@@ -60,7 +60,7 @@ func (b *testBundle) ingressCount(filter string) uint64 {
 // ingress stream drains.
 func TestDeadLetterStreamRefuses(t *testing.T) {
 	if testing.Short() {
-		t.Skip("waits for the 30 s stall threshold")
+		t.Skip("waits for the 30 s stall threshold: skipped when testing.Short()")
 	}
 	t.Parallel()
 	b := setup(t)

@@ -17,7 +17,7 @@ import (
 // the stream takes the write, which is then delivered.
 func TestRouterLevelWriteRefused(t *testing.T) {
 	if testing.Short() {
-		t.Skip("waits for the 30 s stall threshold")
+		t.Skip("waits for the 30 s stall threshold: skipped when testing.Short()")
 	}
 	t.Parallel()
 	b := setup(t)

@@ -39,7 +39,7 @@ func readyz(t *testing.T, url string) (int, string) {
 // has room, when the message is delivered once.
 func TestReadyzStalledLevel(t *testing.T) {
 	if testing.Short() {
-		t.Skip("waits for the 30 s stall threshold")
+		t.Skip("waits for the 30 s stall threshold: skipped when testing.Short()")
 	}
 	srv := natstest.Start(t, nil)
 	ctx := context.Background()
