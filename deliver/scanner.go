@@ -223,29 +223,26 @@ type Scanner struct {
 	stream  jetstream.Stream
 	subject string // "delayd.level.<NAME>."
 
-	offset         uint64 // last confirmed sequence
-	purgedTo       uint64
-	lastPurge      time.Duration // monotonic reading of the last purge
-	next           uint64        // next sequence to read
-	inflight       []delivery
-	attempts       map[uint64]int
-	graceFrom      atomic.Int64  // monotonic reading + 1 of the start or reconnect; 0 if none
-	seenReconnects uint64        // the connection's reconnect count at the last look
-	reconnLook     time.Duration // monotonic reading when it was looked at
-	sawDisconnect  bool          // a core delivery found the connection down
-	restart        bool          // start over: the stream is not the one the offset belongs to
-	replaced       bool          // the stored offset belongs to a deleted stream
-	created        time.Time     // the level stream's creation time
-	feed           *feed
-	resetFeed      bool      // the feed must restart at next
-	feedFresh      bool      // no message read since the feed restarted
-	head           *nats.Msg // the message being waited for or delivered
-	headMeta       jswire.AckMeta
-	probing        bool                // after a failure: one delivery at a time
-	done           map[uint64]struct{} // confirmed after an earlier failure; skipped on re-read
-	unsure         map[uint64]struct{} // failed behind an earlier failure, maybe stored at the target; sent again
-	backoff        *backoff
-	delay          time.Duration
+	offset    uint64 // last confirmed sequence
+	purgedTo  uint64
+	lastPurge time.Duration // monotonic reading of the last purge
+	next      uint64        // next sequence to read
+	inflight  []delivery
+	attempts  map[uint64]int
+	grace     *coreGrace // the start and reconnect grace of core deliveries
+	restart   bool       // start over: the stream is not the one the offset belongs to
+	replaced  bool       // the stored offset belongs to a deleted stream
+	created   time.Time  // the level stream's creation time
+	feed      *feed
+	resetFeed bool      // the feed must restart at next
+	feedFresh bool      // no message read since the feed restarted
+	head      *nats.Msg // the message being waited for or delivered
+	headMeta  jswire.AckMeta
+	probing   bool                // after a failure: one delivery at a time
+	done      map[uint64]struct{} // confirmed after an earlier failure; skipped on re-read
+	unsure    map[uint64]struct{} // failed behind an earlier failure, maybe stored at the target; sent again
+	backoff   *backoff
+	delay     time.Duration
 
 	// srv estimates the server's clock, a lower bound: a message stored at
 	// server time ts and read at monotonic reading m proves the server's
@@ -345,9 +342,7 @@ func newScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig, wiring
 		backoff:  newBackoff(100*time.Millisecond, 5*time.Second),
 		delay:    delay,
 		srv:      &serverClock{clock: cfg.Clock},
-	}
-	if !cfg.StartedAt.IsZero() {
-		sc.graceFrom.Store(int64(cfg.Clock.Mono()-max(time.Since(cfg.StartedAt), 0)) + 1)
+		grace:    newCoreGrace(cfg.Clock, cfg.StartGrace, cfg.StartedAt),
 	}
 	return sc, nil
 }
@@ -381,27 +376,8 @@ func sat(a, b uint64) uint64 {
 // Reconnected tells the scanner its connection came back after an outage:
 // core subscribers are reconnecting too, so deliveries to core subjects
 // that fell due while the server was away wait the start grace from now.
-func (s *Scanner) Reconnected() {
-	if s.cfg.StartGrace > 0 {
-		s.graceFrom.Store(int64(s.cfg.Clock.Mono()) + 1)
-	}
-}
-
-// graceHold returns how much longer a core delivery due at due waits the
-// start grace: it fell due before the start or last reconnect (by the
-// server's clock), and StartGrace has not passed since (by the monotonic
-// clock). 0 if it does not wait.
-func (s *Scanner) graceHold(due, now time.Time) time.Duration {
-	from := s.graceFrom.Load()
-	if from == 0 || s.cfg.StartGrace <= 0 {
-		return 0
-	}
-	since := s.cfg.Clock.Mono() - time.Duration(from-1)
-	if since >= s.cfg.StartGrace || !due.Before(now.Add(-since)) {
-		return 0
-	}
-	return s.cfg.StartGrace - since
-}
+// Safe from any goroutine.
+func (s *Scanner) Reconnected() { s.grace.reconnected() }
 
 // observeClock tightens the estimate of the server's clock with a level
 // message's sequence and store time, read just now. A later sequence stored
@@ -640,7 +616,7 @@ func (s *Scanner) start(outer context.Context) error {
 	s.next = off + 1
 	s.resetFeed = true
 	s.Written(st.LastSeq)
-	s.seenReconnects = s.nc.Stats().Reconnects
+	s.grace.started(s.nc.Stats().Reconnects)
 	s.progress()
 	s.logger.Debug("scanner started", slog.Uint64("offset", off), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("pending", st.LastSeq-off))
 	if s.tombstones, err = s.js.Stream(ctx, CancelStream); err != nil {
@@ -772,7 +748,7 @@ func (s *Scanner) step(ctx context.Context) error {
 		// core subscribers have reconnected. And a reconnect since the last
 		// look starts the grace for what fell due meanwhile.
 		if !s.nc.IsConnected() {
-			s.sawDisconnect = true
+			s.grace.disconnected()
 			s.headFellDue(due)
 			if !s.quiesce(ctx, false) { // the head is due: no progress
 				return nil
@@ -781,18 +757,12 @@ func (s *Scanner) step(ctx context.Context) error {
 		}
 		// A reconnect this scanner saw happen, or one that happened while it
 		// slept (the reconnect count, looked at no more than every 50 ms).
-		if mono := s.cfg.Clock.Mono(); s.sawDisconnect || mono-s.reconnLook > 50*time.Millisecond {
-			s.reconnLook = mono
-			if r := s.nc.Stats().Reconnects; r != s.seenReconnects || s.sawDisconnect {
-				s.seenReconnects, s.sawDisconnect = r, false
-				s.Reconnected()
-			}
-		}
+		s.grace.look(func() uint64 { return s.nc.Stats().Reconnects })
 	}
 	wait := due.Sub(now)
 	held := false // a due core delivery held for the grace is still a due head: reconnects are not progress
 	if !bound {
-		if grace := s.graceHold(due, now); grace > 0 {
+		if grace := s.grace.hold(due, now); grace > 0 {
 			if !due.After(now) {
 				s.headFellDue(due)
 				held = true
