@@ -177,9 +177,7 @@ func (s *Scanner) decideCancel(rec indexRecord) cancelDecision {
 	case r != nil:
 		return cancelDecision{answer: answerRetry, wait: r.done}
 	}
-	_, confirmed := s.done[seq]
-	_, unsure := s.unsure[seq]
-	if seq < s.next || confirmed || unsure || s.attempts[seq] > 0 {
+	if seq < s.next || s.win.tried(seq) {
 		return cancelDecision{answer: handedOff(rec)}
 	}
 	return cancelDecision{
@@ -318,7 +316,7 @@ func (s *Scanner) skipCancelled(m *nats.Msg, seq uint64) bool {
 	s.head = nil
 	s.next = seq + 1
 	s.passed.Store(seq)
-	s.inflight = append(s.inflight, delivery{seq: seq, confirmed: true})
+	s.win.passOver(seq)
 	return true
 }
 

@@ -223,29 +223,22 @@ type Scanner struct {
 	stream  jetstream.Stream
 	subject string // "delayd.level.<NAME>."
 
-	offset         uint64 // last confirmed sequence
-	purgedTo       uint64
-	lastPurge      time.Duration // monotonic reading of the last purge
-	next           uint64        // next sequence to read
-	inflight       []delivery
-	attempts       map[uint64]int
-	graceFrom      atomic.Int64  // monotonic reading + 1 of the start or reconnect; 0 if none
-	seenReconnects uint64        // the connection's reconnect count at the last look
-	reconnLook     time.Duration // monotonic reading when it was looked at
-	sawDisconnect  bool          // a core delivery found the connection down
-	restart        bool          // start over: the stream is not the one the offset belongs to
-	replaced       bool          // the stored offset belongs to a deleted stream
-	created        time.Time     // the level stream's creation time
-	feed           *feed
-	resetFeed      bool      // the feed must restart at next
-	feedFresh      bool      // no message read since the feed restarted
-	head           *nats.Msg // the message being waited for or delivered
-	headMeta       jswire.AckMeta
-	probing        bool                // after a failure: one delivery at a time
-	done           map[uint64]struct{} // confirmed after an earlier failure; skipped on re-read
-	unsure         map[uint64]struct{} // failed behind an earlier failure, maybe stored at the target; sent again
-	backoff        *backoff
-	delay          time.Duration
+	offset    uint64 // last confirmed sequence
+	purgedTo  uint64
+	lastPurge time.Duration // monotonic reading of the last purge
+	next      uint64        // next sequence to read
+	grace     *coreGrace    // the start and reconnect grace of core deliveries
+	restart   bool          // start over: the stream is not the one the offset belongs to
+	replaced  bool          // the stored offset belongs to a deleted stream
+	created   time.Time     // the level stream's creation time
+	feed      *feed
+	resetFeed bool      // the feed must restart at next
+	feedFresh bool      // no message read since the feed restarted
+	head      *nats.Msg // the message being waited for or delivered
+	headMeta  jswire.AckMeta
+	win       *window // the confirmation window: deliveries in flight and their outcomes
+	backoff   *backoff
+	delay     time.Duration
 
 	// srv estimates the server's clock, a lower bound: a message stored at
 	// server time ts and read at monotonic reading m proves the server's
@@ -286,17 +279,6 @@ type Scanner struct {
 	lastLateness                                atomic.Int64
 }
 
-// delivery is one hand-off awaiting confirmation.
-type delivery struct {
-	seq    uint64
-	target string
-	fut    jetstream.PubAckFuture // nil for a core subject
-
-	confirmed bool  // nothing to wait for: dead-lettered, or confirmed earlier
-	hop       bool  // a cascading message moved on, not a delivery
-	err       error // the PubAck's error, once taken from the future
-}
-
 // NewScanner returns a scanner for one level stream on its own, outside a
 // [Service], for example to measure delivery alone. js must have been
 // created with a publish-async timeout so that every PubAck future
@@ -332,22 +314,18 @@ func newScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig, wiring
 	}
 	sc := &Scanner{
 		nc: nc, js: js, cfg: scannerSettings{cfg, wiring},
-		logger:   logger,
-		commits:  commits,
-		subject:  levelSubjects + name + ".",
-		attempts: make(map[uint64]int),
-		cancels:  make(chan cancelReq, 64),
-		wake:     make(chan struct{}, 1),
-		book:     newCancelBook(),
-		janitor:  make(chan retiree, 1024),
-		done:     make(map[uint64]struct{}),
-		unsure:   make(map[uint64]struct{}),
-		backoff:  newBackoff(100*time.Millisecond, 5*time.Second),
-		delay:    delay,
-		srv:      &serverClock{clock: cfg.Clock},
-	}
-	if !cfg.StartedAt.IsZero() {
-		sc.graceFrom.Store(int64(cfg.Clock.Mono()-max(time.Since(cfg.StartedAt), 0)) + 1)
+		logger:  logger,
+		commits: commits,
+		subject: levelSubjects + name + ".",
+		cancels: make(chan cancelReq, 64),
+		wake:    make(chan struct{}, 1),
+		book:    newCancelBook(),
+		janitor: make(chan retiree, 1024),
+		win:     newWindow(cfg.Window),
+		backoff: newBackoff(100*time.Millisecond, 5*time.Second),
+		delay:   delay,
+		srv:     &serverClock{clock: cfg.Clock},
+		grace:   newCoreGrace(cfg.Clock, cfg.StartGrace, cfg.StartedAt),
 	}
 	return sc, nil
 }
@@ -381,27 +359,8 @@ func sat(a, b uint64) uint64 {
 // Reconnected tells the scanner its connection came back after an outage:
 // core subscribers are reconnecting too, so deliveries to core subjects
 // that fell due while the server was away wait the start grace from now.
-func (s *Scanner) Reconnected() {
-	if s.cfg.StartGrace > 0 {
-		s.graceFrom.Store(int64(s.cfg.Clock.Mono()) + 1)
-	}
-}
-
-// graceHold returns how much longer a core delivery due at due waits the
-// start grace: it fell due before the start or last reconnect (by the
-// server's clock), and StartGrace has not passed since (by the monotonic
-// clock). 0 if it does not wait.
-func (s *Scanner) graceHold(due, now time.Time) time.Duration {
-	from := s.graceFrom.Load()
-	if from == 0 || s.cfg.StartGrace <= 0 {
-		return 0
-	}
-	since := s.cfg.Clock.Mono() - time.Duration(from-1)
-	if since >= s.cfg.StartGrace || !due.Before(now.Add(-since)) {
-		return 0
-	}
-	return s.cfg.StartGrace - since
-}
+// Safe from any goroutine.
+func (s *Scanner) Reconnected() { s.grace.reconnected() }
 
 // observeClock tightens the estimate of the server's clock with a level
 // message's sequence and store time, read just now. A later sequence stored
@@ -564,10 +523,8 @@ func (s *Scanner) start(outer context.Context) error {
 		return fmt.Errorf("level stream: %w", err)
 	}
 	s.stream, s.created = stream, stream.CachedInfo().Created
-	s.head, s.inflight, s.probing = nil, s.inflight[:0], false
-	clear(s.done)
-	clear(s.attempts)
-	clear(s.unsure)
+	s.head = nil
+	s.win.reset()
 	s.freshFrom(stream.CachedInfo())
 	st := stream.CachedInfo().State
 	first := st.FirstSeq // with no messages, FirstSeq is LastSeq+1
@@ -640,7 +597,7 @@ func (s *Scanner) start(outer context.Context) error {
 	s.next = off + 1
 	s.resetFeed = true
 	s.Written(st.LastSeq)
-	s.seenReconnects = s.nc.Stats().Reconnects
+	s.grace.started(s.nc.Stats().Reconnects)
 	s.progress()
 	s.logger.Debug("scanner started", slog.Uint64("offset", off), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("pending", st.LastSeq-off))
 	if s.tombstones, err = s.js.Stream(ctx, CancelStream); err != nil {
@@ -678,7 +635,7 @@ func (s *Scanner) step(ctx context.Context) error {
 		if err == nil && m == nil {
 			// Nothing buffered: confirm and commit before blocking. A
 			// failed delivery that was rewound is still the due head.
-			if !s.quiesce(ctx, !s.probing) {
+			if !s.quiesce(ctx, !s.win.probing) {
 				return nil // a delivery failed and was rewound
 			}
 			if s.commits.Committed() > s.purgedTo {
@@ -720,12 +677,10 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.observeClock(ctx, meta.StreamSeq, meta.Stored)
 	}
 	m, seq := s.head, s.headMeta.StreamSeq
-	if _, ok := s.done[seq]; ok {
+	if s.win.skipDone(seq) {
 		// Confirmed before an earlier delivery failed: not sent again.
-		delete(s.done, seq)
 		s.head = nil
 		s.next = seq + 1
-		s.inflight = append(s.inflight, delivery{seq: seq, confirmed: true})
 		return nil
 	}
 	if s.skipCancelled(m, seq) {
@@ -772,7 +727,7 @@ func (s *Scanner) step(ctx context.Context) error {
 		// core subscribers have reconnected. And a reconnect since the last
 		// look starts the grace for what fell due meanwhile.
 		if !s.nc.IsConnected() {
-			s.sawDisconnect = true
+			s.grace.disconnected()
 			s.headFellDue(due)
 			if !s.quiesce(ctx, false) { // the head is due: no progress
 				return nil
@@ -781,18 +736,12 @@ func (s *Scanner) step(ctx context.Context) error {
 		}
 		// A reconnect this scanner saw happen, or one that happened while it
 		// slept (the reconnect count, looked at no more than every 50 ms).
-		if mono := s.cfg.Clock.Mono(); s.sawDisconnect || mono-s.reconnLook > 50*time.Millisecond {
-			s.reconnLook = mono
-			if r := s.nc.Stats().Reconnects; r != s.seenReconnects || s.sawDisconnect {
-				s.seenReconnects, s.sawDisconnect = r, false
-				s.Reconnected()
-			}
-		}
+		s.grace.look(func() uint64 { return s.nc.Stats().Reconnects })
 	}
 	wait := due.Sub(now)
 	held := false // a due core delivery held for the grace is still a due head: reconnects are not progress
 	if !bound {
-		if grace := s.graceHold(due, now); grace > 0 {
+		if grace := s.grace.hold(due, now); grace > 0 {
 			if !due.After(now) {
 				s.headFellDue(due)
 				held = true
@@ -830,9 +779,9 @@ func (s *Scanner) step(ctx context.Context) error {
 // afterPublish confirms deliveries as the window requires.
 func (s *Scanner) afterPublish(ctx context.Context) {
 	switch {
-	case s.probing:
+	case s.win.probing:
 		s.settle(ctx)
-	case len(s.inflight) >= s.cfg.Window:
+	case s.win.full():
 		s.settleFirst(ctx, s.cfg.Window/2)
 		s.purge(ctx, false)
 	}
@@ -890,11 +839,11 @@ func (s *Scanner) forward(ctx context.Context, m *nats.Msg, seq uint64, target s
 			}
 			return nil
 		}
-		s.next, s.head, s.resetFeed, s.probing = seq, nil, true, true
+		s.next, s.head, s.resetFeed, s.win.probing = seq, nil, true, true
 		return fmt.Errorf("forward to %q: %w", m.Subject, err)
 	}
 	s.forwarded.Add(1)
-	s.inflight = append(s.inflight, delivery{seq: seq, target: m.Subject, fut: fut, hop: true})
+	s.win.add(delivery{seq: seq, target: m.Subject, fut: fut, hop: true})
 	return nil
 }
 
@@ -976,10 +925,10 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 		}
 		// Not sent: rewind so it is read and tried again. It stays the
 		// due head (probing) until it is handed off.
-		s.next, s.head, s.resetFeed, s.probing = seq, nil, true, true
+		s.next, s.head, s.resetFeed, s.win.probing = seq, nil, true, true
 		return fmt.Errorf("publish to %q: %w", target, err)
 	}
-	s.inflight = append(s.inflight, d)
+	s.win.add(d)
 	return nil
 }
 
@@ -989,19 +938,19 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 // until the target takes it. Deliveries after the failed one that were
 // confirmed anyway are remembered and not sent again, so a failing target
 // costs no flood of re-deliveries.
-func (s *Scanner) settle(ctx context.Context) { s.settleFirst(ctx, len(s.inflight)) }
+func (s *Scanner) settle(ctx context.Context) { s.settleFirst(ctx, len(s.win.inflight)) }
 
 // settleFirst confirms the oldest n in-flight deliveries and commits the
 // offset past them, leaving the rest in flight so the pipeline to the
 // target never drains while the window is full. A failure among them
 // settles everything, as settle does.
 func (s *Scanner) settleFirst(ctx context.Context, n int) {
-	if len(s.inflight) == 0 {
+	if len(s.win.inflight) == 0 {
 		s.commit(ctx)
 		return
 	}
-	if n < len(s.inflight) && s.firstFailure(n) {
-		n = len(s.inflight)
+	if n < len(s.win.inflight) && s.win.firstFailure(n) {
+		n = len(s.win.inflight)
 	}
 	// Deliveries already sent are confirmed even when ctx ends (a stop):
 	// on a fresh context bounded by opTimeout, keeping ctx's values.
@@ -1031,7 +980,7 @@ func (s *Scanner) settleFirst(ctx context.Context, n int) {
 		failedErr error
 	)
 	for i := 0; i < n; i++ {
-		d := s.inflight[i]
+		d := s.win.inflight[i]
 		var err error
 		switch {
 		case d.confirmed:
@@ -1061,72 +1010,40 @@ func (s *Scanner) settleFirst(ctx context.Context, n int) {
 				}
 			}
 		}
-		switch {
-		case err != nil && failedErr == nil:
+		switch s.win.record(d, err, failedErr != nil) {
+		case outFailed:
 			failed, failedErr = d, err
 			// Everything behind it is settled too, so that the rewind
 			// leaves nothing in flight and successes are remembered.
-			n = len(s.inflight)
-		case err != nil:
-			// Also failed: it is behind the first failure and is sent again.
-			// The failure may be ambiguous (a PubAck timeout of a stored
-			// write): a cancel must not count it as pending meanwhile.
-			s.unsure[d.seq] = struct{}{}
-		case failedErr == nil:
+			n = len(s.win.inflight)
+		case outPassed:
 			s.offset = d.seq
 			s.headDue.Store(0)
 			s.progress()
-			if !d.confirmed {
-				if !d.hop {
-					s.delivered.Add(1)
-				}
-				delete(s.attempts, d.seq)
-				if len(s.unsure) > 0 {
-					delete(s.unsure, d.seq)
-				}
+			if !d.confirmed && !d.hop {
+				s.delivered.Add(1)
 			}
-		case !d.confirmed:
-			s.done[d.seq] = struct{}{}
+		case outRemembered:
 			if !d.hop {
 				s.delivered.Add(1)
 			}
 		}
 	}
-	rest := copy(s.inflight, s.inflight[n:])
-	clear(s.inflight[rest:])
-	s.inflight = s.inflight[:rest]
+	s.win.drop(n)
 	s.commit(ctx)
 	if failedErr == nil {
-		s.probing = false
+		s.win.probing = false
 		return
 	}
 	s.failed(ctx, failed, failedErr)
-}
-
-// firstFailure reports whether one of the oldest n in-flight PubAcks has
-// already failed, without waiting.
-func (s *Scanner) firstFailure(n int) bool {
-	for i, d := range s.inflight[:n] {
-		if d.fut == nil {
-			continue
-		}
-		select {
-		case err := <-d.fut.Err():
-			s.inflight[i].err = err // consumed from the future: kept here
-			return true
-		default:
-		}
-	}
-	return false
 }
 
 // failed handles the first delivery of a window that was not confirmed: it
 // is dead-lettered when its target refused it permanently and often enough,
 // otherwise retried after a capped backoff.
 func (s *Scanner) failed(ctx context.Context, d delivery, err error) {
-	s.next, s.head, s.resetFeed, s.probing = d.seq, nil, true, true
-	s.attempts[d.seq]++
-	n := s.attempts[d.seq]
+	s.next, s.head, s.resetFeed = d.seq, nil, true
+	n := s.win.failedAgain(d.seq)
 	s.retries.Add(1)
 	if permanent(err) && n >= s.cfg.MaxAttempts {
 		// Its dead letter is written even when ctx ends (see deadLetter),
@@ -1136,7 +1053,7 @@ func (s *Scanner) failed(ctx context.Context, d delivery, err error) {
 		cancel()
 		if rerr == nil && len(buf) == 1 {
 			if seq, _ := strconv.ParseUint(buf[0].Header.Get(hdrJSSequence), 10, 64); seq == d.seq {
-				delete(s.attempts, d.seq)
+				s.win.forgetAttempts(d.seq)
 				s.deadLetter(ctx, buf[0], d.seq, fmt.Errorf("target %q refused it %d times: %w", d.target, n, err))
 				return
 			}
@@ -1221,7 +1138,7 @@ func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reaso
 	s.cfg.reasons.add(reasonOf(reason))
 	s.next = max(s.next, seq+1)
 	s.passed.Store(max(s.passed.Load(), seq))
-	s.inflight = append(s.inflight, delivery{seq: seq, confirmed: true})
+	s.win.passOver(seq)
 	s.settle(ctx)
 }
 

@@ -107,7 +107,7 @@ func settleScanner(t *testing.T) (*Scanner, *outcomes) {
 func TestSettleFirstLateFailure(t *testing.T) {
 	t.Parallel()
 	s, o := settleScanner(t)
-	s.inflight = []delivery{
+	s.win.inflight = []delivery{
 		{seq: 10, target: "ok.x", fut: o.future("ok")},
 		{seq: 11, target: "late.x", fut: o.future("late")},
 		{seq: 12, target: "ok.x", fut: o.future("ok")},
@@ -121,18 +121,18 @@ func TestSettleFirstLateFailure(t *testing.T) {
 	if s.next != 11 {
 		t.Errorf("next = %d, want 11 (rewound to the first failure)", s.next)
 	}
-	if len(s.inflight) != 0 {
-		t.Errorf("still in flight after a failure: %v", s.inflight)
+	if len(s.win.inflight) != 0 {
+		t.Errorf("still in flight after a failure: %v", s.win.inflight)
 	}
 	var done []uint64
-	for seq := range s.done {
+	for seq := range s.win.done {
 		done = append(done, seq)
 	}
 	slices.Sort(done)
 	if !slices.Equal(done, []uint64{12, 14}) {
 		t.Errorf("remembered as confirmed %v, want [12 14] (13 failed and is sent again)", done)
 	}
-	if !s.probing {
+	if !s.win.probing {
 		t.Error("not probing after a failure")
 	}
 }
@@ -142,7 +142,7 @@ func TestSettleFirstLateFailure(t *testing.T) {
 func TestSettleFirstKeepsRestInFlight(t *testing.T) {
 	t.Parallel()
 	s, o := settleScanner(t)
-	s.inflight = []delivery{
+	s.win.inflight = []delivery{
 		{seq: 10, target: "ok.x", fut: o.future("ok")},
 		{seq: 11, target: "ok.x", fut: o.future("ok")},
 		{seq: 12, target: "ok.x", fut: o.future("ok")},
@@ -153,15 +153,15 @@ func TestSettleFirstKeepsRestInFlight(t *testing.T) {
 		t.Errorf("offset = %d, want 11", s.offset)
 	}
 	var left []uint64
-	for _, d := range s.inflight {
+	for _, d := range s.win.inflight {
 		left = append(left, d.seq)
 	}
 	if !slices.Equal(left, []uint64{12, 13}) {
 		t.Errorf("left in flight %v, want [12 13]", left)
 	}
 	s.settle(context.Background())
-	if s.offset != 13 || len(s.inflight) != 0 {
-		t.Errorf("after settle: offset %d, in flight %d; want 13 and 0", s.offset, len(s.inflight))
+	if s.offset != 13 || len(s.win.inflight) != 0 {
+		t.Errorf("after settle: offset %d, in flight %d; want 13 and 0", s.offset, len(s.win.inflight))
 	}
 }
 
@@ -174,16 +174,16 @@ func TestSettleFirstKeepsRestInFlight(t *testing.T) {
 func TestSettleDeletedTargetStream(t *testing.T) {
 	t.Parallel()
 	s, o := settleScanner(t)
-	s.inflight = []delivery{
+	s.win.inflight = []delivery{
 		{seq: 10, target: "ok.x", fut: o.future("ok")},
 		{seq: 11, target: "gone.x", fut: o.future("gone")},
 		{seq: 12, target: "ok.x", fut: o.future("ok")},
 	}
 	s.settle(context.Background())
-	if s.offset != 12 || len(s.inflight) != 0 || len(s.done) != 0 {
-		t.Errorf("offset %d, in flight %d, remembered %v; want 12, 0 and none: a target without a stream is a core subject", s.offset, len(s.inflight), s.done)
+	if s.offset != 12 || len(s.win.inflight) != 0 || len(s.win.done) != 0 {
+		t.Errorf("offset %d, in flight %d, remembered %v; want 12, 0 and none: a target without a stream is a core subject", s.offset, len(s.win.inflight), s.win.done)
 	}
-	if s.probing {
+	if s.win.probing {
 		t.Error("probing after a settle without failure")
 	}
 }
