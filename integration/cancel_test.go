@@ -102,6 +102,9 @@ func TestCancel(t *testing.T) {
 	// level is FIFO, so every message before it has been passed by then.
 	waitFor(t, 15*time.Second, "message 99 delivered", func() bool { return rec.counts()["99"] > 0 })
 	rec.checkAll()
+	// c is a second subscription: its callbacks run on a goroutine of their
+	// own and may trail rec's.
+	waitFor(t, 10*time.Second, "50 deliveries at the second subscriber", func() bool { return len(c.snapshot()) >= 50 })
 	got := c.snapshot()
 	if len(got) != 50 {
 		t.Fatalf("delivered %d, want exactly 50", len(got))

@@ -74,6 +74,9 @@ func TestMergeKeyPerTarget(t *testing.T) {
 	waitFor(t, 10*time.Second, "3 messages routed or merged", func() bool { rs, _ := b.svc.Stats(); return rs.Routed+rs.Merged == 3 })
 	rs, _ := b.svc.Stats()
 	waitFor(t, 10*time.Second, "DELAYD_500MS offset past its messages", func() bool { return b.scannerStats("DELAYD_500MS").Offset >= rs.Routed })
+	// The offset passes on the flush round trip; the subscription's callback
+	// may still be on its way.
+	waitFor(t, 10*time.Second, "2 deliveries received", func() bool { return len(rec.snapshot()) >= 2 })
 	rec.checkAll()
 	if rs, _ := b.svc.Stats(); rs.Merged != 1 || rs.Routed != 2 {
 		t.Errorf("merged %d, routed %d; want 1 and 2 (the key is per target)", rs.Merged, rs.Routed)
