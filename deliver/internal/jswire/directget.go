@@ -68,8 +68,10 @@ func (r *BatchReader) Read(ctx context.Context, stream string, dst []*nats.Msg, 
 }
 
 // EachOnSubject calls fn with every message of stream on subject and its
-// stream sequence, in sequence order, reading n at a time (n > 0), each read
-// within perRead. It returns the first read's error, wrapped as by
+// stream sequence, in sequence order, reading n at a time (n > 0, at most
+// 1 MiB of messages a read), each read within perRead. It reads on until
+// the server counts no more matching messages (Nats-Num-Pending 0), so a
+// page cut short by its 1 MiB does not end the walk. It returns the first read's error, wrapped as by
 // [BatchReader.Read]; fn may have seen messages by then.
 func (r *BatchReader) EachOnSubject(ctx context.Context, stream, subject string, n int, perRead time.Duration, fn func(m *nats.Msg, seq uint64)) error {
 	var buf []*nats.Msg
@@ -86,11 +88,27 @@ func (r *BatchReader) EachOnSubject(ctx context.Context, stream, subject string,
 			from = max(from, seq+1)
 			fn(m, seq)
 		}
+		if len(buf) == 0 {
+			return nil
+		}
+		// A page ends short of n at the end of the subject, or at the
+		// read's 1 MiB: the last message's Nats-Num-Pending (the matching
+		// messages after it, as the server counted them) tells which.
+		if np, err := strconv.ParseUint(buf[len(buf)-1].Header.Get(headerNumPending), 10, 64); err == nil {
+			if np == 0 {
+				return nil
+			}
+			continue
+		}
 		if len(buf) < n {
 			return nil
 		}
 	}
 }
+
+// headerNumPending is the header of a batched direct get's message that
+// counts the messages matching the request after it.
+const headerNumPending = "Nats-Num-Pending"
 
 // ReadSubject is [BatchReader.Read] restricted to messages on subject (a
 // literal subject, or "" for all), with JetStream's next_by_subj.

@@ -154,7 +154,7 @@ func TestEachOnSubject(t *testing.T) {
 		pages   int
 	}{
 		{"idx.a", onA, 6}, // 23 messages: 5 full pages and one of 3
-		{"idx.c", onC, 3}, // 8 messages: 2 full pages and an empty one
+		{"idx.c", onC, 2}, // 8 messages: 2 full pages; the last says none are pending
 		{"idx.none", nil, 1},
 	} {
 		var got []uint64
@@ -180,5 +180,34 @@ func TestEachOnSubject(t *testing.T) {
 	}
 	if err := r.EachOnSubject(b.ctx, "MISSING", "x", 4, 10*time.Second, func(*nats.Msg, uint64) {}); !errors.Is(err, nats.ErrNoResponders) {
 		t.Fatalf("missing stream: %v", err)
+	}
+}
+
+// TestEachOnSubjectMaxBytes: pages cut short by a read's 1 MiB (here 30
+// messages of 200 KB on one subject, read 16 at a time: about 5 a page) do
+// not end the walk; every message is seen once, in order.
+func TestEachOnSubjectMaxBytes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.stream(t, "BIG")
+	big := make([]byte, 200<<10)
+	var want []uint64
+	for range 30 {
+		want = append(want, b.publish(t, &nats.Msg{Subject: "big.a", Data: big}))
+		b.publish(t, &nats.Msg{Subject: "big.other", Data: []byte("x")})
+	}
+	r, err := NewBatchReader(b.nc, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var got []uint64
+	if err := r.EachOnSubject(b.ctx, "BIG", "big.a", 16, 10*time.Second, func(m *nats.Msg, seq uint64) {
+		got = append(got, seq)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("saw %d of %d messages: %v, want %v", len(got), len(want), got, want)
 	}
 }
