@@ -352,21 +352,8 @@ func TestValidatePrefix(t *testing.T) {
 	}
 }
 
-// validConfig returns a Config with the defaults.
-func validConfig() Config {
-	return Config{
-		Listen:     ListenDefault,
-		StoreDir:   StoreDirDefault,
-		Levels:     levels.Default(),
-		Prefix:     PrefixDefault,
-		HTTPAddr:   HTTPAddrDefault,
-		Replicas:   ReplicasDefault,
-		LogFormat:  LogFormatDefault,
-		LogLevel:   LogLevelDefault,
-		StartGrace: StartGraceDefault,
-		MaxDelay:   MaxDelayDefault,
-	}
-}
+// validConfig returns the configuration of an empty environment.
+func validConfig() Config { return defaults() }
 
 func TestMaxDelay(t *testing.T) {
 	clearEnv(t)

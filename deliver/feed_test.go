@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver/internal/jswire"
@@ -20,16 +19,7 @@ import (
 // with jswire.ErrConsumerDeleted when the consumer goes.
 func TestFeed(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t, nil)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := natstest.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const stream = "DELAYD_FEEDTEST"

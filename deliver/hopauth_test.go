@@ -9,9 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/offsets"
 )
@@ -23,13 +20,7 @@ import (
 // bucket and key and says how to recover.
 func TestLoadHopKey(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t, nil)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	_, js := natstest.Connect(t)
 	ctx := context.Background()
 	discard := slog.New(slog.DiscardHandler)
 	if _, err := offsets.New(ctx, js, offsets.Config{}); err != nil {

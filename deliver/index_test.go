@@ -9,8 +9,6 @@ import (
 
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/internal/natstest"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestIndexRecordsRoundTrip(t *testing.T) {
@@ -106,13 +104,7 @@ func FuzzIndexRecords(f *testing.F) {
 // lookups still find what is left.
 func TestTrimIndex(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t, nil)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	nc, js := natstest.Connect(t)
 	ctx := context.Background()
 	if err := ensureIndexStreams(ctx, js, 1); err != nil {
 		t.Fatal(err)

@@ -19,7 +19,6 @@ import (
 type recordingSink struct {
 	mu     sync.Mutex
 	events []string
-	p      *writePipeline
 }
 
 func (s *recordingSink) add(e string) {
@@ -45,13 +44,7 @@ func (s *recordingSink) tailSynced(stream string, seq uint64) {
 // tail reports in their place, and their index records stored.
 func TestWritePipelineNeverWaitsOnAnOpenGroup(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t, nil)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	_, js := natstest.Connect(t)
 	ctx := context.Background()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}}); err != nil {
 		t.Fatal(err)

@@ -5,9 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/offsets"
 )
@@ -18,13 +15,7 @@ import (
 // built on its own has all of it, of its own.
 func TestScannerWiringRequired(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t, nil)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	nc, js := natstest.Connect(t)
 	store, err := offsets.New(context.Background(), js, offsets.Config{})
 	if err != nil {
 		t.Fatal(err)

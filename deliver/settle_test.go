@@ -79,13 +79,7 @@ func (o *outcomes) future(kind string) jetstream.PubAckFuture {
 
 func settleScanner(t *testing.T) (*Scanner, *outcomes) {
 	t.Helper()
-	srv := natstest.Start(t, nil)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	nc, js := natstest.Connect(t)
 	store, err := offsets.New(context.Background(), js, offsets.Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Options are the defaults every test server uses: loopback, a free port
@@ -33,4 +35,21 @@ func Start(t testing.TB, opts *server.Options) *server.Server {
 	}
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
 	return srv
+}
+
+// Connect starts a server with [Options] (as [Start] with nil) and returns
+// a connection to it, closed when the test ends, and its JetStream context.
+func Connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	srv := Start(t, nil)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
 }
