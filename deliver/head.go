@@ -11,12 +11,22 @@ import (
 const heldDisconnectedWait = 50 * time.Millisecond
 
 // headView is what a scanner knows of its head when it decides what to do
-// with it ([headView.decide]). The scanner fills it on its goroutine, asking
-// only what decide reads, in this order: the due time, the server's clock,
-// the hop, then for a message delivered from this level whether its target
-// is stream-bound, for a due core delivery whether the connection is down
-// (or else [coreGrace.look]), and for a core delivery the grace's hold.
-// Facts decide does not read for a head may be left zero.
+// with it: [headView.decide] is the scanner's head state machine (wait for
+// due, hold, move on, deliver), pure, so its rules read in one place and are
+// tested without a server. The scanner gathers the view, with the I/O that
+// takes (reading the server's clock, the connection's state), decides, and
+// carries the [headAction] out (confirming, sleeping, publishing).
+//
+// Ownership: values on the scanner's goroutine; nothing is kept between
+// heads. The state the view is read from belongs to the other parts:
+// [serverClock], [coreGrace], [TargetIndex].
+//
+// The scanner asks only what decide reads, in this order: the due time, the
+// server's clock, the hop; for a message delivered from this level whether
+// its target is stream-bound; for a due core delivery whether the
+// connection is down (or else [coreGrace.look]); for a core delivery not
+// found disconnected the grace's hold. Facts not asked for a head are left
+// zero, and decide does not read them.
 type headView struct {
 	due    time.Time // the delivery's due time, server time (Delay-Due-At)
 	now    time.Time // the server's clock, estimated: a lower bound ([serverClock.now])
@@ -96,13 +106,7 @@ func (a headAction) idle() bool { return a.kind == headWait }
 // delivered), once a last look shows no cancel holds it.
 func (a headAction) handOff() bool { return a.kind == headForward || a.kind == headDeliver }
 
-// decide returns what to do with the head. It is pure: the scanner gathers
-// the view (with its I/O: reading the server's clock, the connection's
-// state) and carries the action out (confirming, sleeping, publishing).
-//
-// Ownership: a value on the scanner's goroutine.
-//
-// The rules, in order:
+// decide returns what to do with the head. The rules, in order:
 //   - A cascading message waits until hopDue, then moves on; where it goes
 //     is its next level's business, so no target fact counts.
 //   - A due core delivery is held while the connection is down.
@@ -111,9 +115,10 @@ func (a headAction) handOff() bool { return a.kind == headForward || a.kind == h
 //   - Otherwise a head waits until its due time, then is delivered, late by
 //     now - due.
 //
-// A head not decided here: one confirmed after an earlier failure
-// ([window.skipDone]) or cancelled ([Scanner.skipCancelled]) is passed over
-// before the view is gathered, by the part that owns the fact, in one call.
+// Every wait is at most clockRefresh. A head not decided here: one
+// confirmed after an earlier failure ([window.skipDone]) or cancelled
+// ([Scanner.skipCancelled]) is passed over before the view is gathered, by
+// the part that owns the fact, in one call.
 func (v headView) decide() headAction {
 	if v.hop {
 		if wait := v.hopDue.Sub(v.now); wait > 0 {
