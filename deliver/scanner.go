@@ -1,7 +1,6 @@
 package deliver
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -687,90 +686,66 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.afterPublish(ctx)
 		return nil
 	}
+	// The view of the head, asking only what decide reads (see headView).
 	target, due := s.parse(m, s.headMeta.Stored)
+	v := headView{due: due}
 	if s.srv.stale() {
 		s.refreshClock(ctx)
 	}
-	now := s.srv.now() // the server's clock, estimated
-	hopDue, hop := s.hopDue(m)
-	if when := cmp.Or(hopDue, due); when.After(now) && s.srv.uncertain(when) {
+	v.now = s.srv.now()
+	v.hopDue, v.hop = s.hopDue(m)
+	if when := v.waitsFor(); when.After(v.now) && s.srv.uncertain(when) {
 		// Due but for the drift allowed since an older observation.
 		s.refreshClock(ctx)
-		now = s.srv.now()
+		v.now = s.srv.now()
 	}
-	if hop {
-		// A cascading message: at the end of this level's wait it moves on.
-		if wait := hopDue.Sub(now); wait > 0 {
-			if !s.quiesce(ctx, true) {
-				return nil
-			}
-			return s.sleep(ctx, min(wait, clockRefresh))
-		}
-		// Moving on is its hand-off: a hop that keeps failing stalls the level.
-		s.headFellDue(hopDue)
-		if s.cancelHolds(ctx, seq) {
-			return nil // looked at again: skipped if cancelled
-		}
-		s.head = nil
-		s.next = seq + 1
-		s.passed.Store(seq)
-		if err := s.forward(ctx, m, seq, target, due); err != nil {
-			return err
-		}
-		s.afterPublish(ctx)
-		return nil
+	if !v.hop {
+		v.bound = s.cfg.Targets.bound(target)
 	}
-	bound := s.cfg.Targets.bound(target) // stream-bound: confirmed by PubAck, never held
-	if !due.After(now) && !bound {
-		// A core delivery is due. Not while disconnected: nats.go would
-		// buffer it and send it the instant the connection is back, before
-		// core subscribers have reconnected. And a reconnect since the last
-		// look starts the grace for what fell due meanwhile.
-		if !s.nc.IsConnected() {
-			s.grace.disconnected()
-			s.headFellDue(due)
-			if !s.quiesce(ctx, false) { // the head is due: no progress
-				return nil
-			}
-			return s.sleep(ctx, 50*time.Millisecond)
-		}
-		// A reconnect this scanner saw happen, or one that happened while it
-		// slept (the reconnect count, looked at no more than every 50 ms).
-		s.grace.look(func() uint64 { return s.nc.Stats().Reconnects })
-	}
-	wait := due.Sub(now)
-	held := false // a due core delivery held for the grace is still a due head: reconnects are not progress
-	if !bound {
-		if grace := s.grace.hold(due, now); grace > 0 {
-			if !due.After(now) {
-				s.headFellDue(due)
-				held = true
-			}
-			wait = max(wait, grace)
+	if v.coreDue() {
+		if v.disconnected = !s.nc.IsConnected(); v.disconnected {
+			s.grace.disconnected() // the next look starts the grace
+		} else {
+			// A reconnect this scanner saw happen, or one that happened
+			// while it slept (the reconnect count, looked at no more than
+			// every 50 ms), starts the grace for what fell due meanwhile.
+			s.grace.look(func() uint64 { return s.nc.Stats().Reconnects })
 		}
 	}
-	if wait > 0 {
-		if !s.quiesce(ctx, !held) {
+	if !v.hop && !v.bound && !v.disconnected {
+		v.grace = s.grace.hold(v.due, v.now)
+	}
+	a := v.decide()
+	if !a.handOff() {
+		if !a.idle() {
+			s.headFellDue(a.fellDue) // held: a due head, and no progress
+		}
+		if !s.quiesce(ctx, a.idle()) {
 			return nil // a delivery failed and was rewound: read it again
 		}
-		// Wake at least every clockRefresh to read the server's clock
-		// again, so that a step of the server's own clock is followed.
-		return s.sleep(ctx, min(wait, clockRefresh))
+		return s.sleep(ctx, a.wait)
 	}
-	s.headFellDue(due)
+	// A due head: a hand-off (moving on, for a hop) that keeps failing
+	// stalls the level.
+	s.headFellDue(a.fellDue)
 	if s.cancelHolds(ctx, seq) {
 		return nil // looked at again: skipped if cancelled
 	}
 	s.head = nil
 	s.next = seq + 1
 	s.passed.Store(seq)
-	lateness := now.Sub(due)
-	s.lastLateness.Store(int64(lateness))
-	if s.cfg.OnDelivery != nil {
-		s.cfg.OnDelivery(lateness)
-	}
-	if err := s.publish(ctx, m, seq, target, bound); err != nil {
-		return err
+	if a.kind == headForward {
+		if err := s.forward(ctx, m, seq, target, v.due); err != nil {
+			return err
+		}
+	} else {
+		s.lastLateness.Store(int64(a.lateness))
+		if s.cfg.OnDelivery != nil {
+			s.cfg.OnDelivery(a.lateness)
+		}
+		if err := s.publish(ctx, m, seq, target, v.bound); err != nil {
+			return err
+		}
 	}
 	s.afterPublish(ctx)
 	return nil
