@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/levels"
 )
@@ -35,7 +36,7 @@ const (
 )
 
 type cancelReq struct {
-	rec   indexRecord
+	rec   index.Record
 	reply chan cancelDecision
 }
 
@@ -61,43 +62,12 @@ const answerReserved cancelAnswer = -1
 // for its outcome before it takes the sequence back and delivers it.
 const cancelGrace = time.Second
 
-// tombstone is a cancelled level message's record in [CancelStream]:
-// "<level seq>\n<index key>\n<merge index key>". It is a value: the state
-// that changes (indexed, with the janitor) lives in [cancelBook].
-type tombstone struct {
-	seq      uint64
-	key      string // the message's index key, checked when the scanner reaches it
-	mergeKey string // its merge key's index key, "" if none
-	target   string // its target subject (not encoded: known when cancelled, else from the index)
-	at       uint64 // the tombstone's sequence in CancelStream
-}
-
-func (t tombstone) encode() []byte {
-	return []byte(strconv.FormatUint(t.seq, 10) + "\n" + t.key + "\n" + t.mergeKey)
-}
-
 // clip quotes at most n bytes of b for a log line.
 func clip(b []byte, n int) string {
 	if len(b) > n {
 		return strconv.Quote(string(b[:n])) + "…"
 	}
 	return strconv.Quote(string(b))
-}
-
-func decodeTombstone(data []byte, at uint64) (tombstone, bool) {
-	f := strings.SplitN(string(data), "\n", 3)
-	if len(f) < 2 {
-		return tombstone{}, false
-	}
-	seq, err := strconv.ParseUint(f[0], 10, 64)
-	if err != nil || f[1] == "" {
-		return tombstone{}, false
-	}
-	t := tombstone{seq: seq, key: f[1], at: at}
-	if len(f) == 3 {
-		t.mergeKey = f[2]
-	}
-	return t, true
 }
 
 // requestCancel cancels the message rec places in this level, on the
@@ -108,7 +78,7 @@ func decodeTombstone(data []byte, at uint64) (tombstone, bool) {
 // write and its PubAck) happens here, so a slow write holds no delivery
 // but this message's own. A message is either handed to its target or
 // cancelled, never both (README "Cancel").
-func (s *Scanner) requestCancel(ctx context.Context, reader *jswire.BatchReader, rec indexRecord) (cancelAnswer, error) {
+func (s *Scanner) requestCancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record) (cancelAnswer, error) {
 	for {
 		req := cancelReq{rec: rec, reply: make(chan cancelDecision, 1)}
 		select {
@@ -168,8 +138,8 @@ func (s *Scanner) serveCancels() {
 // reserved one answers from [cancelBook]. Any other is reserved: the
 // scanner does not pass it until the requester's tombstone write has an
 // outcome ([Scanner.awaitCancel]).
-func (s *Scanner) decideCancel(rec indexRecord) cancelDecision {
-	seq := rec.seq
+func (s *Scanner) decideCancel(rec index.Record) cancelDecision {
+	seq := rec.Seq
 	_, tombstoned, r := s.book.lookup(seq)
 	switch {
 	case tombstoned:
@@ -189,8 +159,8 @@ func (s *Scanner) decideCancel(rec indexRecord) cancelDecision {
 }
 
 // handedOff is the answer for a message rec places that left this level.
-func handedOff(rec indexRecord) cancelAnswer {
-	if rec.hop {
+func handedOff(rec index.Record) cancelAnswer {
+	if rec.Hop {
 		return answerForwarded
 	}
 	return answerDelivered
@@ -205,7 +175,7 @@ func handedOff(rec indexRecord) cancelAnswer {
 // written (waiting for its PubAck), and only then does the reservation
 // become the tombstone and the answer "cancelled". If anything fails, the
 // reservation is released and the message is delivered as usual.
-func (s *Scanner) completeCancel(ctx context.Context, reader *jswire.BatchReader, rec indexRecord, d cancelDecision) (answer cancelAnswer, err error) {
+func (s *Scanner) completeCancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record, d cancelDecision) (answer cancelAnswer, err error) {
 	r := d.res
 	kept := false
 	defer func() {
@@ -215,37 +185,37 @@ func (s *Scanner) completeCancel(ctx context.Context, reader *jswire.BatchReader
 	}()
 	rctx, cancel := context.WithDeadline(ctx, r.deadline)
 	defer cancel()
-	buf, err := reader.Read(rctx, s.cfg.Stream, nil, rec.seq, 1, 1)
+	buf, err := reader.Read(rctx, s.cfg.Stream, nil, rec.Seq, 1, 1)
 	switch {
 	case err != nil:
 		return 0, err
 	case len(buf) == 0:
 		return answerRetry, nil // the level write is not stored yet
-	case buf[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.seq, 10) || levelKey(buf[0].Header) != rec.key:
+	case buf[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.Seq, 10) || levelKey(buf[0].Header) != rec.Key:
 		return answerGone, nil
 	}
 	m := buf[0]
-	if due, _ := LevelDue(m.Header); rec.seq <= d.startTail && !due.After(d.startedAt.Add(time.Second)) {
+	if due, _ := LevelDue(m.Header); rec.Seq <= d.startTail && !due.After(d.startedAt.Add(time.Second)) {
 		return handedOff(rec), nil // perhaps delivered before a crash
 	}
-	t := tombstone{seq: rec.seq, key: rec.key, target: strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)}
+	t := index.Tombstone{Seq: rec.Seq, Key: rec.Key, Target: strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)}
 	if mk := m.Header.Get(hdrMerge); mk != "" {
-		t.mergeKey = mergeKey(t.target, mk)
+		t.MergeKey = index.MergeKey(t.Target, mk)
 	}
-	ack, err := s.js.PublishMsg(rctx, &nats.Msg{Subject: cancelSubjects + s.cfg.Stream, Data: t.encode()})
+	ack, err := s.js.PublishMsg(rctx, &nats.Msg{Subject: index.TombstoneSubject(s.cfg.Stream), Data: t.Encode()})
 	if err != nil {
 		return 0, fmt.Errorf("cancel tombstone: %w", err)
 	}
-	t.at = ack.Sequence
+	t.At = ack.Sequence
 	if kept = s.book.resolve(r, t); !kept {
 		// The scanner waited past the deadline and took the sequence
 		// back: it is delivered. The late tombstone must not cancel a
 		// delivery again after a restart.
-		s.logger.Warn("cancel tombstone stored after its deadline; the message is delivered", slog.Uint64("seq", rec.seq))
+		s.logger.Warn("cancel tombstone stored after its deadline; the message is delivered", slog.Uint64("seq", rec.Seq))
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		defer cancel()
 		if st, err := s.js.Stream(dctx, CancelStream); err == nil {
-			_ = st.DeleteMsg(dctx, t.at)
+			_ = st.DeleteMsg(dctx, t.At)
 		}
 		return handedOff(rec), nil
 	}
@@ -256,9 +226,9 @@ func (s *Scanner) completeCancel(ctx context.Context, reader *jswire.BatchReader
 	ictx, icancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer icancel()
 	if s.writeGone(ictx, t) == nil {
-		s.book.markIndexed(t.seq)
+		s.book.markIndexed(t.Seq)
 	}
-	s.logger.Debug("message cancelled", slog.Uint64("seq", rec.seq), slog.String("key", rec.key[1:]))
+	s.logger.Debug("message cancelled", slog.Uint64("seq", rec.Seq), slog.String("key", rec.Key[1:]))
 	return answerCancelled, nil
 }
 
@@ -284,18 +254,18 @@ func (s *Scanner) awaitCancel(ctx context.Context, r *reservation) {
 
 // writeGone writes the "cancelled" index records of t, and tells the router
 // its merge key is free.
-func (s *Scanner) writeGone(ctx context.Context, t tombstone) error {
-	for _, key := range []string{t.key, t.mergeKey} {
+func (s *Scanner) writeGone(ctx context.Context, t index.Tombstone) error {
+	for _, key := range []string{t.Key, t.MergeKey} {
 		if key == "" {
 			continue
 		}
-		if _, err := s.js.PublishMsg(ctx, indexRecord{key: key, gone: true, target: t.target}.msg()); err != nil {
+		if _, err := s.js.PublishMsg(ctx, index.Record{Key: key, Gone: true, Target: t.Target}.Msg()); err != nil {
 			s.logger.Warn("id index write failed", slog.Any("error", err))
 			return err
 		}
 	}
-	if t.mergeKey != "" && s.cfg.mergeGone != nil {
-		s.cfg.mergeGone(indexRecord{key: t.mergeKey, gone: true, target: t.target})
+	if t.MergeKey != "" && s.cfg.mergeGone != nil {
+		s.cfg.mergeGone(index.Record{Key: t.MergeKey, Gone: true, Target: t.Target})
 	}
 	return nil
 }
@@ -307,7 +277,7 @@ func (s *Scanner) skipCancelled(m *nats.Msg, seq uint64) bool {
 	if !ok {
 		return false
 	}
-	if t.key != levelKey(m.Header) {
+	if t.Key != levelKey(m.Header) {
 		// Not the message the tombstone was written for (a stream deleted
 		// and recreated under it): it is delivered.
 		s.logger.Warn("cancel tombstone does not match the message at its sequence; delivering", slog.Uint64("seq", seq))
@@ -338,8 +308,8 @@ func (s *Scanner) cancelHolds(ctx context.Context, seq uint64) bool {
 // has passed go to the janitor; the rest are skipped when reached.
 func (s *Scanner) loadTombstones(ctx context.Context, offset uint64) error {
 	s.book.reset()
-	err := s.reader.EachOnSubject(ctx, CancelStream, cancelSubjects+s.cfg.Stream, s.cfg.Batch, opTimeout, func(m *nats.Msg, at uint64) {
-		t, ok := decodeTombstone(m.Data, at)
+	err := s.reader.EachOnSubject(ctx, CancelStream, index.TombstoneSubject(s.cfg.Stream), s.cfg.Batch, opTimeout, func(m *nats.Msg, at uint64) {
+		t, ok := index.DecodeTombstone(m.Data, at)
 		if !ok {
 			// Not one delayd wrote: it cancels nothing and stays until an
 			// operator removes it (README "State in NATS").
@@ -374,7 +344,7 @@ func (s *Scanner) dropTombstones(acked uint64) {
 // index records must be written (unless a later placement of the same id
 // is the latest record by now), so a later cancel still answers cancelled.
 func (s *Scanner) runJanitor(ctx context.Context) {
-	reader, err := jswire.NewBatchReader(s.nc, indexBatch)
+	reader, err := jswire.NewBatchReader(s.nc, index.Batch)
 	if err != nil {
 		s.logger.Error("cancel tombstone janitor", slog.Any("error", err))
 		return
@@ -390,9 +360,9 @@ func (s *Scanner) runJanitor(ctx context.Context) {
 		jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		err := s.retire(jctx, reader, r)
 		cancel()
-		s.book.retired(r.t.seq, err == nil)
+		s.book.retired(r.t.Seq, err == nil)
 		if err != nil {
-			s.logger.Warn("cancel tombstone not deleted; retrying later", slog.Uint64("seq", r.t.seq), slog.Any("error", err))
+			s.logger.Warn("cancel tombstone not deleted; retrying later", slog.Uint64("seq", r.t.Seq), slog.Any("error", err))
 		}
 	}
 }
@@ -401,30 +371,30 @@ func (s *Scanner) runJanitor(ctx context.Context) {
 func (s *Scanner) retire(ctx context.Context, reader *jswire.BatchReader, r retiree) error {
 	t := r.t
 	if !r.indexed {
-		for _, key := range []string{t.key, t.mergeKey} {
+		for _, key := range []string{t.Key, t.MergeKey} {
 			if key == "" {
 				continue
 			}
-			latest, ok, err := lookupIndex(ctx, reader, key)
+			latest, ok, err := index.Lookup(ctx, reader, key, opTimeout)
 			if err != nil {
 				return err
 			}
-			if ok && !latest.gone && (latest.stream != s.cfg.Stream || latest.seq != t.seq) {
+			if ok && !latest.Gone && (latest.Stream != s.cfg.Stream || latest.Seq != t.Seq) {
 				continue // the id or key was placed again since: that placement is not cancelled
 			}
-			if !ok || !latest.gone {
-				target := t.target // known if cancelled by this process, else the placement's
+			if !ok || !latest.Gone {
+				target := t.Target // known if cancelled by this process, else the placement's
 				if target == "" {
-					target = latest.target
+					target = latest.Target
 				}
-				if _, err := s.js.PublishMsg(ctx, indexRecord{key: key, gone: true, target: target}.msg()); err != nil {
+				if _, err := s.js.PublishMsg(ctx, index.Record{Key: key, Gone: true, Target: target}.Msg()); err != nil {
 					return err
 				}
 			}
 		}
-		s.book.markIndexed(t.seq)
+		s.book.markIndexed(t.Seq)
 	}
-	if err := s.tombstones.DeleteMsg(ctx, t.at); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if err := s.tombstones.DeleteMsg(ctx, t.At); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return err
 	}
 	return nil
@@ -437,16 +407,16 @@ func (s *Scanner) retire(ctx context.Context, reader *jswire.BatchReader, r reti
 // writes a newer "cancelled" record). The router calls it to merge; the
 // answer may be overtaken by the scanner at once, which is the merge's
 // semantics: the later message arrived while the first was pending.
-func (s *Scanner) pendingAt(rec indexRecord) bool {
+func (s *Scanner) pendingAt(rec index.Record) bool {
 	switch {
-	case s.book.cancelled(rec.seq):
+	case s.book.cancelled(rec.Seq):
 		return false
-	case rec.seq > s.passed.Load():
+	case rec.Seq > s.passed.Load():
 		return true
 	default:
 		// By the server's clock; erring towards "not pending", which costs
 		// a merge, never a message merged into one already delivered.
-		return rec.hop && rec.due.After(s.srv.upper())
+		return rec.Hop && rec.Due.After(s.srv.upper())
 	}
 }
 
@@ -468,7 +438,7 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs 
 	}()
 	var readers []*jswire.BatchReader
 	for range cancelWorkers {
-		reader, err := jswire.NewBatchReader(s.nc, indexBatch)
+		reader, err := jswire.NewBatchReader(s.nc, index.Batch)
 		if err != nil {
 			for _, r := range readers {
 				r.Close()
@@ -562,15 +532,15 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 	if id != "" {
 		// Every reading of the id: as a publisher's id, and as what its
 		// form says (a sequence, or "seq:"/"id:" with the rest).
-		keys = []string{userKey(id)}
+		keys = []string{index.UserKey(id)}
 		if rest, ok := strings.CutPrefix(id, "seq:"); ok {
 			if n, err := strconv.ParseUint(rest, 10, 64); err == nil {
-				keys = append(keys, seqKey(n))
+				keys = append(keys, index.SeqKey(n))
 			}
 		} else if rest, ok := strings.CutPrefix(id, "id:"); ok && rest != "" {
-			keys = append(keys, userKey(rest))
+			keys = append(keys, index.UserKey(rest))
 		} else if n, err := strconv.ParseUint(id, 10, 64); err == nil {
-			keys = append(keys, seqKey(n))
+			keys = append(keys, index.SeqKey(n))
 		}
 	}
 	if len(keys) == 0 {
@@ -587,12 +557,12 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 		return "", err
 	}
 	var (
-		rec  indexRecord
+		rec  index.Record
 		ok   bool
 		seen uint64
 	)
 	for _, key := range keys {
-		r, found, err := lookupIndex(ctx, reader, key)
+		r, found, err := index.Lookup(ctx, reader, key, opTimeout)
 		if err != nil {
 			return "", err
 		}
@@ -614,17 +584,17 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 	deadline := time.Now().Add(cancelWaitRouted)
 	pause := 2 * time.Millisecond
 	for {
-		if ok && rec.gone {
+		if ok && rec.Gone {
 			s.cancelCancelled.Add(1)
 			return contract.CancelReplyCancelled, nil // cancelled before
 		}
-		if !ok || rec.stream == "" {
+		if !ok || rec.Stream == "" {
 			s.cancelNotFound.Add(1)
 			return contract.CancelReplyNotFound, nil
 		}
-		if rec.at > seen {
+		if rec.At > seen {
 			s.mu.Lock()
-			sc := s.scanners[rec.stream]
+			sc := s.scanners[rec.Stream]
 			s.mu.Unlock()
 			if sc == nil {
 				s.cancelNotFound.Add(1)
@@ -645,7 +615,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 				s.cancelNotFound.Add(1)
 				return contract.CancelReplyNotFound, nil
 			case answerForwarded:
-				seen = rec.at
+				seen = rec.At
 			case answerRetry: // the level write is not stored yet: ask again
 			}
 		}
@@ -657,7 +627,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 			return "", err
 		}
 		pause = min(2*pause, 100*time.Millisecond)
-		if rec, ok, err = lookupIndex(ctx, reader, rec.key); err != nil {
+		if rec, ok, err = index.Lookup(ctx, reader, rec.Key, opTimeout); err != nil {
 			return "", err
 		}
 		if ok {
@@ -672,25 +642,25 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 // message is in the unscoped form's scope "". A record without a target
 // (written before records carried it) is checked against the level message
 // it places; one that placed none (left delayd) is out of any scope.
-func (s *Service) inScope(ctx context.Context, reader *jswire.BatchReader, rec indexRecord, scope string) (bool, error) {
+func (s *Service) inScope(ctx context.Context, reader *jswire.BatchReader, rec index.Record, scope string) (bool, error) {
 	switch {
 	case scope == "":
 		return true, nil
-	case rec.target != "":
-		return rec.target == scope, nil
-	case rec.stream == "":
+	case rec.Target != "":
+		return rec.Target == scope, nil
+	case rec.Stream == "":
 		return false, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	msgs, err := reader.Read(rctx, rec.stream, nil, rec.seq, 1, 1)
+	msgs, err := reader.Read(rctx, rec.Stream, nil, rec.Seq, 1, 1)
 	if err != nil {
 		return false, err
 	}
-	if len(msgs) == 0 || msgs[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.seq, 10) || levelKey(msgs[0].Header) != rec.key {
+	if len(msgs) == 0 || msgs[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.Seq, 10) || levelKey(msgs[0].Header) != rec.Key {
 		return false, nil
 	}
-	return msgs[0].Header.Get(hdrJSSubject) == levelSubjects+strings.TrimPrefix(rec.stream, levels.StreamPrefix)+"."+scope, nil
+	return msgs[0].Header.Get(hdrJSSubject) == levelSubjects+strings.TrimPrefix(rec.Stream, levels.StreamPrefix)+"."+scope, nil
 }
 
 // CancelStats returns the cancel API's answers since start.

@@ -4,6 +4,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/delayd/delayd/deliver/internal/index"
 )
 
 // cancelBook is one level's cancel state: the tombstones of its cancelled
@@ -27,7 +29,7 @@ type cancelBook struct {
 // tombEntry is a tombstone and its mutable state, which only the book
 // touches.
 type tombEntry struct {
-	t        tombstone
+	t        index.Tombstone
 	indexed  bool // its "cancelled" index records are written
 	dropping bool // handed to the janitor
 }
@@ -47,13 +49,13 @@ func newCancelBook() *cancelBook {
 }
 
 // lookup returns seq's tombstone or its reservation, if any.
-func (b *cancelBook) lookup(seq uint64) (t tombstone, tombstoned bool, r *reservation) {
+func (b *cancelBook) lookup(seq uint64) (t index.Tombstone, tombstoned bool, r *reservation) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if e, ok := b.tombs[seq]; ok {
 		return e.t, true, nil
 	}
-	return tombstone{}, false, b.reserved[seq]
+	return index.Tombstone{}, false, b.reserved[seq]
 }
 
 // cancelled reports whether seq has a tombstone.
@@ -77,15 +79,15 @@ func (b *cancelBook) reserve(seq uint64, deadline time.Time) *reservation {
 // resolve turns r into the tombstone t (cancelled) and reports true, or
 // reports false if r has expired (the scanner passed the sequence: it is
 // delivered).
-func (b *cancelBook) resolve(r *reservation, t tombstone) bool {
+func (b *cancelBook) resolve(r *reservation, t index.Tombstone) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.reserved[r.seq] != r {
 		return false
 	}
 	delete(b.reserved, r.seq)
-	b.tombs[t.seq] = &tombEntry{t: t}
-	b.min = min(b.min, t.seq)
+	b.tombs[t.Seq] = &tombEntry{t: t}
+	b.min = min(b.min, t.Seq)
 	close(r.done)
 	return true
 }
@@ -126,11 +128,11 @@ func (b *cancelBook) reset() {
 
 // load adds a tombstone read from [CancelStream]; whether its index
 // records are written is unknown, so the janitor checks.
-func (b *cancelBook) load(t tombstone) {
+func (b *cancelBook) load(t index.Tombstone) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.tombs[t.seq] = &tombEntry{t: t}
-	b.min = min(b.min, t.seq)
+	b.tombs[t.Seq] = &tombEntry{t: t}
+	b.min = min(b.min, t.Seq)
 }
 
 // markIndexed records that seq's "cancelled" index records are written.
@@ -144,7 +146,7 @@ func (b *cancelBook) markIndexed(seq uint64) {
 
 // retiree is a tombstone handed to the janitor.
 type retiree struct {
-	t       tombstone
+	t       index.Tombstone
 	indexed bool
 }
 

@@ -121,3 +121,19 @@ func TestLoadHopKey(t *testing.T) {
 		t.Errorf("rotation not logged as a warning: %q", logged.String())
 	}
 }
+
+func TestDeliveryIDStable(t *testing.T) {
+	t.Parallel()
+	k := hopKey("0123456789abcdef0123456789abcdef")
+	m := k.newIDMAC()
+	a, b := m.deliveryID("delayd-1-2"), m.deliveryID("delayd-1-3")
+	if a != k.deliveryID("delayd-1-2") || a == b || !strings.HasPrefix(a, "delayd-1-2-") || len(a) != len("delayd-1-2-")+12 {
+		t.Errorf("delivery ids %q, %q", a, b)
+	}
+	if other := hopKey("another key").deliveryID("delayd-1-2"); other == a {
+		t.Errorf("the id does not depend on the key: %q", other)
+	}
+	if got := hopKey(nil).deliveryID("delayd-1-2"); got != "delayd-1-2" {
+		t.Errorf("without a key: %q", got)
+	}
+}

@@ -1,6 +1,14 @@
 package deliver
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/delayd/delayd/deliver/internal/index"
+)
+
+// mergeCacheMax bounds the router's cache of the latest placement of each
+// merge key it placed (about 100 bytes an entry).
+const mergeCacheMax = 1 << 16
 
 // mergeCache holds the placements of merge keys this process placed, so the
 // next message with a key and target is merged without an index lookup.
@@ -12,18 +20,18 @@ import "sync"
 // confirms them, and the scanners free the keys of cancelled messages.
 type mergeCache struct {
 	mu     sync.Mutex
-	flight map[string]indexRecord // placements whose level write is not confirmed yet
-	recent map[string]indexRecord // the latest confirmed placement of each key
-	order  []string               // recent's keys, oldest first, for eviction
+	flight map[string]index.Record // placements whose level write is not confirmed yet
+	recent map[string]index.Record // the latest confirmed placement of each key
+	order  []string                // recent's keys, oldest first, for eviction
 }
 
 func newMergeCache() *mergeCache {
-	return &mergeCache{flight: make(map[string]indexRecord), recent: make(map[string]indexRecord)}
+	return &mergeCache{flight: make(map[string]index.Record), recent: make(map[string]index.Record)}
 }
 
 // lookup returns the placement of merge-index key k: in flight first, then
 // confirmed. ok is false when the cache does not know k (the index may).
-func (c *mergeCache) lookup(k string) (rec indexRecord, ok bool) {
+func (c *mergeCache) lookup(k string) (rec index.Record, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if rec, ok = c.flight[k]; !ok {
@@ -33,9 +41,9 @@ func (c *mergeCache) lookup(k string) (rec indexRecord, ok bool) {
 }
 
 // submitted records a placement whose level write was sent.
-func (c *mergeCache) submitted(rec indexRecord) {
+func (c *mergeCache) submitted(rec index.Record) {
 	c.mu.Lock()
-	c.flight[rec.key] = rec
+	c.flight[rec.Key] = rec
 	c.mu.Unlock()
 }
 
@@ -43,14 +51,14 @@ func (c *mergeCache) submitted(rec indexRecord) {
 // write is confirmed (ok), or forgets it when the write failed: it is routed
 // again, and must not merge into its own failed placement. A placement in
 // flight that a later one replaced is left alone.
-func (c *mergeCache) settled(rec indexRecord, ok bool) {
+func (c *mergeCache) settled(rec index.Record, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cur, inFlight := c.flight[rec.key]
-	if !inFlight || cur.stream != rec.stream || cur.seq != rec.seq {
+	cur, inFlight := c.flight[rec.Key]
+	if !inFlight || cur.Stream != rec.Stream || cur.Seq != rec.Seq {
 		return
 	}
-	delete(c.flight, rec.key)
+	delete(c.flight, rec.Key)
 	if ok {
 		c.rememberLocked(rec)
 	}
@@ -58,27 +66,27 @@ func (c *mergeCache) settled(rec indexRecord, ok bool) {
 
 // forget records that a merge key's message was cancelled: the key is free
 // (rec is its "cancelled" record).
-func (c *mergeCache) forget(rec indexRecord) {
+func (c *mergeCache) forget(rec index.Record) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.flight, rec.key)
+	delete(c.flight, rec.Key)
 	c.rememberLocked(rec)
 }
 
 // remember caches a confirmed placement (from the re-index at start).
-func (c *mergeCache) remember(rec indexRecord) {
+func (c *mergeCache) remember(rec index.Record) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.rememberLocked(rec)
 }
 
-func (c *mergeCache) rememberLocked(rec indexRecord) {
-	if _, ok := c.recent[rec.key]; !ok {
+func (c *mergeCache) rememberLocked(rec index.Record) {
+	if _, ok := c.recent[rec.Key]; !ok {
 		if len(c.order) >= mergeCacheMax {
 			delete(c.recent, c.order[0])
 			c.order = c.order[1:]
 		}
-		c.order = append(c.order, rec.key)
+		c.order = append(c.order, rec.Key)
 	}
-	c.recent[rec.key] = rec
+	c.recent[rec.Key] = rec
 }

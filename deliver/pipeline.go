@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver/internal/index"
 )
 
 // ackSink is what the write pipeline's acker reports to, in ingress order,
@@ -45,7 +47,7 @@ type writePipeline struct {
 	queue    int // the acker queue's capacity
 
 	// Submitting goroutine only.
-	group   *indexGroup     // the open index group, nil if none
+	group   *index.Group    // the open index group, nil if none
 	held    []ackItem       // writes behind the open group, not handed to the acker yet
 	toAcker chan<- ackItem  // the acker's queue, sent to only by hand
 	done    <-chan struct{} // closed when the acker has returned
@@ -73,7 +75,7 @@ type ackItem struct {
 func newWritePipeline(js jetstream.JetStream, logger *slog.Logger, sink ackSink, maxInFlight int) *writePipeline {
 	// Up to groupMax writes wait for their group, so the acker's queue
 	// holds the rest of maxInFlight.
-	groupMax := max(1, min(indexGroupMax, maxInFlight/2))
+	groupMax := max(1, min(index.GroupMax, maxInFlight/2))
 	return &writePipeline{
 		js: js, logger: logger, sink: sink, groupMax: groupMax, queue: max(0, maxInFlight-groupMax),
 		kick: make(chan struct{}, 1),
@@ -102,15 +104,14 @@ func (p *writePipeline) stop() {
 // message is waiting, and before a retry or the end of a session.
 func (p *writePipeline) addIndex(rt *routing, stream string, seq uint64) {
 	if p.group == nil {
-		p.group = newIndexGroup()
+		p.group = index.NewGroup()
 	}
 	for i := range rt.nIndex {
 		rec := &rt.index[i]
-		rec.stream, rec.seq = stream, seq
-		p.group.add(*rec)
+		rec.Stream, rec.Seq = stream, seq
+		p.group.Add(*rec)
 	}
 	rt.group = p.group
-	p.group.n++
 }
 
 // sent queues rt, whose write was sent (rt.fut), for the acker.
@@ -141,7 +142,7 @@ func (p *writePipeline) enqueue(it ackItem) {
 // held behind it to the acker.
 func (p *writePipeline) flush() {
 	if p.group != nil {
-		p.group.flush(p.js)
+		p.group.Flush(p.js)
 		p.group = nil
 	}
 	for i, it := range p.held {
@@ -197,7 +198,7 @@ func (p *writePipeline) acker(in <-chan ackItem, done chan<- struct{}) {
 // settleIndex waits until rt's index records are stored.
 func (p *writePipeline) settleIndex(rt *routing) {
 	if rt.group != nil {
-		if err := rt.group.stored(); err != nil {
+		if err := rt.group.Stored(); err != nil {
 			p.indexErrors.Add(1)
 			p.logger.Warn("id index write failed; the message cannot be cancelled", slog.Any("error", err))
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/internal/natstest"
 )
 
@@ -49,7 +50,7 @@ func TestWritePipelineNeverWaitsOnAnOpenGroup(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ensureIndexStreams(ctx, js, 1); err != nil {
+	if err := index.EnsureStreams(ctx, js, 1); err != nil {
 		t.Fatal(err)
 	}
 	sink := &recordingSink{}
@@ -71,7 +72,7 @@ func TestWritePipelineNeverWaitsOnAnOpenGroup(t *testing.T) {
 				panic(err)
 			}
 			rt := &routing{seq: i, fut: fut, nIndex: 1}
-			rt.index[0] = indexRecord{key: seqKey(i), target: "x"}
+			rt.index[0] = index.Record{Key: index.SeqKey(i), Target: "x"}
 			p.addIndex(rt, "T", i)
 			p.sent(rt)
 			want = append(want, "ok "+strconv.FormatUint(i, 10))

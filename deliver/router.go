@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/levels"
 )
@@ -157,7 +158,7 @@ type levelScanners interface {
 	// pendingAt reports whether the level message rec places has not been
 	// handed to its target yet and is not cancelled; rec's hop and due
 	// come from its index record. Merging asks it.
-	pendingAt(rec indexRecord) bool
+	pendingAt(rec index.Record) bool
 
 	// passed returns the highest sequence stream's scanner handed off.
 	passed(stream string) uint64
@@ -262,9 +263,9 @@ type routing struct {
 	// may pass it while its dead letter is refused (see deferDeadLetter).
 	invalid bool
 
-	index  [2]indexRecord // the placement's records: by id, and by merge key if any
+	index  [2]index.Record // the placement's records: by id, and by merge key if any
 	nIndex int
-	group  *indexGroup // the index write holding them
+	group  *index.Group // the index write holding them
 }
 
 func (rt *routing) ack() { _ = rt.msg.Respond(jswire.AckAck) }
@@ -357,12 +358,12 @@ func (r *Router) Run(ctx context.Context) error {
 	}
 	defer tails.Close()
 	r.tails = tails
-	index, err := jswire.NewBatchReader(r.js.Conn(), indexBatch)
+	lookups, err := jswire.NewBatchReader(r.js.Conn(), index.Batch)
 	if err != nil {
 		return err
 	}
-	defer index.Close()
-	r.index = index
+	defer lookups.Close()
+	r.index = lookups
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
 		began := time.Now()
@@ -577,7 +578,7 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 		return nil
 	}
 	window := uint64(r.cfg.MaxInFlight + 2*r.cfg.Batch)
-	g := newIndexGroup()
+	g := index.NewGroup()
 	n := 0
 	var buf []*nats.Msg
 	for _, w := range r.writers {
@@ -594,7 +595,7 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 		for from <= w.expected {
 			rctx, cancel := context.WithTimeout(ctx, opTimeout)
 			var err error
-			buf, err = r.index.Read(rctx, w.stream, buf[:0], from, indexBatch, 1<<20)
+			buf, err = r.index.Read(rctx, w.stream, buf[:0], from, index.Batch, 1<<20)
 			cancel()
 			if err != nil {
 				return fmt.Errorf("re-index %s: %w", w.stream, err)
@@ -613,11 +614,11 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 				_, hop := m.Header[hdrHopDue]
 				target := strings.TrimPrefix(m.Header.Get(hdrJSSubject), w.subject)
 				if key := levelKey(m.Header); key != "" {
-					g.add(indexRecord{key: key, stream: w.stream, seq: seq, hop: hop, due: due, target: target})
+					g.Add(index.Record{Key: key, Stream: w.stream, Seq: seq, Hop: hop, Due: due, Target: target})
 				}
 				if mk := m.Header.Get(hdrMerge); mk != "" {
-					rec := indexRecord{key: mergeKey(target, mk), stream: w.stream, seq: seq, hop: hop, due: due, target: target}
-					g.add(rec)
+					rec := index.Record{Key: index.MergeKey(target, mk), Stream: w.stream, Seq: seq, Hop: hop, Due: due, Target: target}
+					g.Add(rec)
 					r.merges.remember(rec)
 				}
 				n++
@@ -627,8 +628,8 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 	if n == 0 {
 		return nil
 	}
-	g.flush(r.js)
-	if err := g.stored(); err != nil {
+	g.Flush(r.js)
+	if err := g.Stored(); err != nil {
 		return fmt.Errorf("re-index: %w", err)
 	}
 	r.logger.Info("re-indexed level messages whose ingress message was not acked", slog.Int("messages", n))
@@ -711,10 +712,10 @@ func headerFold(h nats.Header, name string) string {
 // ingress sequence) and by merge key.
 func (rt *routing) setIndex(stream string, p placement, due time.Time) {
 	_, hops := rt.out.Header[hdrHopDue]
-	rt.index[0] = indexRecord{key: levelKey(rt.out.Header), stream: stream, hop: hops, due: due, target: p.Target}
+	rt.index[0] = index.Record{Key: levelKey(rt.out.Header), Stream: stream, Hop: hops, Due: due, Target: p.Target}
 	rt.nIndex = 1
 	if p.Merge != "" {
-		rt.index[1] = indexRecord{key: mergeKey(p.Target, p.Merge), stream: stream, hop: hops, due: due, target: p.Target}
+		rt.index[1] = index.Record{Key: index.MergeKey(p.Target, p.Merge), Stream: stream, Hop: hops, Due: due, Target: p.Target}
 		rt.nIndex = 2
 	}
 }
@@ -728,21 +729,21 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 	if r.wiring.scanners == nil {
 		return false, nil
 	}
-	k := mergeKey(target, key)
+	k := index.MergeKey(target, key)
 	rec, ok := r.merges.lookup(k)
 	if !ok {
 		ctx, cancel := context.WithTimeout(ctx, opTimeout)
 		defer cancel()
 		var err error
-		rec, ok, err = lookupIndex(ctx, r.index, k)
-		if err == nil && ok && rec.stream != "" && !rec.gone {
+		rec, ok, err = index.Lookup(ctx, r.index, k, opTimeout)
+		if err == nil && ok && rec.Stream != "" && !rec.Gone {
 			ok, err = r.placed(ctx, rec, target, key)
 		}
 		if err != nil {
 			return false, err
 		}
 	}
-	return ok && rec.stream != "" && !rec.gone && r.wiring.scanners.pendingAt(rec), nil
+	return ok && rec.Stream != "" && !rec.Gone && r.wiring.scanners.pendingAt(rec), nil
 }
 
 // placed reports whether an index record of merge key key for target names
@@ -752,15 +753,15 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 // empty, or holds another message. A message that already hopped on
 // (purged from the level) counts as placed: its record is the latest, so it
 // has not been placed again yet.
-func (r *Router) placed(ctx context.Context, rec indexRecord, target, key string) (bool, error) {
-	msgs, err := r.index.Read(ctx, rec.stream, nil, rec.seq, 1, 1)
+func (r *Router) placed(ctx context.Context, rec index.Record, target, key string) (bool, error) {
+	msgs, err := r.index.Read(ctx, rec.Stream, nil, rec.Seq, 1, 1)
 	if err != nil {
 		return false, err
 	}
-	if len(msgs) == 0 || msgs[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.seq, 10) {
-		return rec.hop && r.wiring.scanners != nil && rec.seq <= r.wiring.scanners.passed(rec.stream), nil
+	if len(msgs) == 0 || msgs[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.Seq, 10) {
+		return rec.Hop && r.wiring.scanners != nil && rec.Seq <= r.wiring.scanners.passed(rec.Stream), nil
 	}
-	prefix := levelSubjects + strings.TrimPrefix(rec.stream, levels.StreamPrefix) + "."
+	prefix := levelSubjects + strings.TrimPrefix(rec.Stream, levels.StreamPrefix) + "."
 	subject := msgs[0].Header.Get(hdrJSSubject)
 	return msgs[0].Header.Get(hdrMerge) == key && strings.HasPrefix(subject, prefix) && subject[len(prefix):] == target, nil
 }
@@ -796,7 +797,7 @@ func (r *Router) submit(rt *routing) {
 func (r *Router) writeIndex(rt *routing, stream string, seq uint64) {
 	r.pipe.addIndex(rt, stream, seq)
 	for _, rec := range rt.index[:rt.nIndex] {
-		if rec.key[0] == 'm' {
+		if index.IsMergeKey(rec.Key) {
 			r.merges.submitted(rec)
 		}
 	}
@@ -806,7 +807,7 @@ func (r *Router) writeIndex(rt *routing, stream string, seq uint64) {
 // its level write is confirmed (ok), or forgets it when the write failed.
 func (r *Router) settleMerges(rt *routing, ok bool) {
 	for _, rec := range rt.index[:rt.nIndex] {
-		if rec.key[0] == 'm' {
+		if index.IsMergeKey(rec.Key) {
 			r.merges.settled(rec, ok)
 		}
 	}
@@ -814,7 +815,7 @@ func (r *Router) settleMerges(rt *routing, ok bool) {
 
 // forgetMerge records that a merge key's message was cancelled: the key is
 // free (rec is its "cancelled" record). Scanners call it.
-func (r *Router) forgetMerge(rec indexRecord) { r.merges.forget(rec) }
+func (r *Router) forgetMerge(rec index.Record) { r.merges.forget(rec) }
 
 // writeConfirmed is the acker's report of a stored write ([ackSink]).
 func (r *Router) writeConfirmed(rt *routing, ack *jetstream.PubAck) {

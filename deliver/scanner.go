@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
@@ -157,7 +158,7 @@ type scannerWiring struct {
 	// mergeGone tells the router a merge key's message was cancelled or
 	// left delayd, so the key is free. It runs on the scanner's goroutine.
 	// Optional: nil tells no one (a scanner without a router).
-	mergeGone func(indexRecord)
+	mergeGone func(index.Record)
 }
 
 func (w *scannerWiring) validate() error {
@@ -1234,22 +1235,22 @@ func sleepWake(ctx context.Context, wake <-chan struct{}, d time.Duration) error
 // leftDelayd writes "left delayd" index records (no placement) for a
 // message's id key and merge key, and frees the merge key in the router.
 func (s *Scanner) leftDelayd(ctx context.Context, key, merge, target string) {
-	recs := []indexRecord{{key: key, target: target}}
+	recs := []index.Record{{Key: key, Target: target}}
 	if merge != "" {
-		recs = append(recs, indexRecord{key: mergeKey(target, merge), target: target})
+		recs = append(recs, index.Record{Key: index.MergeKey(target, merge), Target: target})
 	}
 	for _, rec := range recs {
-		if rec.key == "" {
+		if rec.Key == "" {
 			continue
 		}
 		// Written even when ctx ends: the message did leave delayd.
 		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-		_, err := s.js.PublishMsg(ictx, rec.msg())
+		_, err := s.js.PublishMsg(ictx, rec.Msg())
 		cancel()
 		if err != nil {
 			s.logger.Warn("id index write failed", slog.Any("error", err))
 		}
-		if rec.key[0] == 'm' && s.cfg.mergeGone != nil {
+		if index.IsMergeKey(rec.Key) && s.cfg.mergeGone != nil {
 			s.cfg.mergeGone(rec)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
@@ -281,7 +282,7 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		scanner, err := newScanner(s.nc, mustJS(s.nc, window+16), sc, scannerWiring{
 			reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey,
-			mergeGone: func(rec indexRecord) {
+			mergeGone: func(rec index.Record) {
 				if r := routerRef.Load(); r != nil {
 					r.forgetMerge(rec)
 				}
@@ -407,7 +408,10 @@ func (s *Service) trimIndex(ctx context.Context) error {
 		if cutoff.IsZero() {
 			continue
 		}
-		if err := trimIndex(ctx, js, cutoff, indexStoreSkew); err != nil && ctx.Err() == nil {
+		tctx, cancel := context.WithTimeout(ctx, opTimeout)
+		err = index.Trim(tctx, js, cutoff, indexStoreSkew)
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			s.logger.Warn("id index trim failed", slog.Any("error", err))
 		}
 	}
@@ -427,7 +431,9 @@ const indexStoreSkew = 5 * time.Second
 // is read first, so a message stored during the reads is newer than it.
 // It costs a stream info and a direct get per level.
 func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader) (time.Time, error) {
-	oldest := serverNow(ctx, js)
+	nctx, cancel := context.WithTimeout(ctx, opTimeout)
+	oldest := index.ServerNow(nctx, js)
+	cancel()
 	if oldest.IsZero() {
 		return oldest, errors.New("no server time")
 	}
@@ -485,7 +491,7 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, error) {
 	}); err != nil {
 		return nil, nil, fmt.Errorf("stream %s: %w", DLQStream, err)
 	}
-	if err := ensureIndexStreams(ctx, js, r); err != nil {
+	if err := index.EnsureStreams(ctx, js, r); err != nil {
 		return nil, nil, err
 	}
 	want := append([]levels.Level{{}}, s.cfg.Levels.Levels()...)
@@ -559,8 +565,8 @@ type serviceScanners struct {
 	store    *offsets.Store
 }
 
-func (v serviceScanners) pendingAt(rec indexRecord) bool {
-	sc := v.scanners[rec.stream]
+func (v serviceScanners) pendingAt(rec index.Record) bool {
+	sc := v.scanners[rec.Stream]
 	return sc != nil && sc.pendingAt(rec)
 }
 

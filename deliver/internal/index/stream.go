@@ -1,0 +1,130 @@
+package index
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver/internal/jswire"
+)
+
+// EnsureStreams creates or updates [Stream] and [CancelStream] with
+// replicas replicas: file storage, limits retention, direct gets allowed,
+// a 100 ms duplicate window. The error names the stream that failed.
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, replicas int) error {
+	for _, cfg := range []jetstream.StreamConfig{{
+		Name:        Stream,
+		Description: "delayd id index: where each pending message is, for cancel and merge",
+		Subjects:    []string{subjectPrefix + ">"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+		AllowDirect: true,
+		Duplicates:  100 * time.Millisecond,
+	}, {
+		Name:        CancelStream,
+		Description: "delayd cancel tombstones: cancelled messages not yet passed by their level",
+		Subjects:    []string{tombstoneSubjectPrefix + ">"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+		AllowDirect: true,
+		Duplicates:  100 * time.Millisecond,
+	}} {
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("stream %s: %w", cfg.Name, err)
+		}
+	}
+	return nil
+}
+
+// Lookup returns the latest record for key: the one in the newest message
+// of key's slot, and the last of its records in that message; rec.At is
+// that message's sequence in [Stream]. ok is false when the slot holds no
+// record for key. It reads with reader ([Batch] messages at a time, each
+// read within perRead), so reader is the caller's goroutine's for the
+// call. A message that does not decode yields its records before the
+// malformed one ([DecodeRecords]); the rest of the slot still answers.
+// The error is the read's, wrapped as "index lookup: ...".
+func Lookup(ctx context.Context, reader *jswire.BatchReader, key string, perRead time.Duration) (rec Record, ok bool, err error) {
+	err = reader.EachOnSubject(ctx, Stream, Subject(key), Batch, perRead, func(m *nats.Msg, at uint64) {
+		DecodeRecords(m.Data, func(r Record) {
+			if r.Key == key && at >= rec.At {
+				r.At = at // later records in one message are later placements
+				rec, ok = r, true
+			}
+		})
+	})
+	if err != nil {
+		return Record{}, false, fmt.Errorf("index lookup: %w", err)
+	}
+	return rec, ok, nil
+}
+
+// ServerNow is the server's clock, from [Stream]'s info (its reply's
+// timestamp); zero if the server does not answer before ctx is done.
+func ServerNow(ctx context.Context, js jetstream.JetStream) time.Time {
+	stream, err := js.Stream(ctx, Stream)
+	if err != nil {
+		return time.Time{}
+	}
+	return stream.CachedInfo().TimeStamp
+}
+
+// Trim purges the records of [Stream] stored more than keep before cutoff,
+// a server time; a zero cutoff is the server's time now (from the stream
+// info's reply; nothing is purged if it has none). It purges by sequence:
+// every record below the first one stored at or after cutoff - keep, or
+// every record if none is that new. Errors are the server requests'
+// (stream info, the time lookup by direct get, the purge).
+func Trim(ctx context.Context, js jetstream.JetStream, cutoff time.Time, keep time.Duration) error {
+	stream, err := js.Stream(ctx, Stream)
+	if err != nil {
+		return err
+	}
+	if cutoff.IsZero() {
+		cutoff = stream.CachedInfo().TimeStamp // the server's clock, not delayd's
+		if cutoff.IsZero() {
+			return nil
+		}
+	}
+	cutoff = cutoff.Add(-keep)
+	// The first record at or after cutoff: everything below it goes.
+	first, err := firstAtOrAfter(ctx, js, cutoff)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		// Nothing that new: every record is older than cutoff.
+		info, err := stream.Info(ctx)
+		if err != nil {
+			return err
+		}
+		first = info.State.LastSeq + 1
+	} else if err != nil {
+		return err
+	}
+	if first <= 1 {
+		return nil
+	}
+	return stream.Purge(ctx, jetstream.WithPurgeSequence(first))
+}
+
+// firstAtOrAfter returns the sequence of the index's first record stored at
+// or after t; [jetstream.ErrMsgNotFound] if there is none.
+func firstAtOrAfter(ctx context.Context, js jetstream.JetStream, t time.Time) (uint64, error) {
+	req := fmt.Sprintf(`{"start_time":%q}`, t.UTC().Format(time.RFC3339Nano))
+	resp, err := js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET."+Stream, []byte(req))
+	if err != nil {
+		return 0, err
+	}
+	if seq := resp.Header.Get(jswire.HeaderSequence); seq != "" {
+		return strconv.ParseUint(seq, 10, 64)
+	}
+	if resp.Header.Get("Status") == "404" {
+		return 0, jetstream.ErrMsgNotFound
+	}
+	return 0, fmt.Errorf("index time lookup: status %q %s", resp.Header.Get("Status"), resp.Header.Get("Description"))
+}
