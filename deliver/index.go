@@ -221,10 +221,14 @@ func (g *indexGroup) stored() error {
 	return g.err
 }
 
+// lookupPage is how many index messages a lookup reads a time (reader
+// must be made for it).
+const lookupPage = indexBatch
+
 // lookupIndex returns the latest record for key. ok is false when there is
 // none.
 func lookupIndex(ctx context.Context, reader *jswire.BatchReader, key string) (rec indexRecord, ok bool, err error) {
-	err = reader.EachOnSubject(ctx, IndexStream, indexSubject(key), indexBatch, opTimeout, func(m *nats.Msg, at uint64) {
+	err = reader.EachOnSubject(ctx, IndexStream, indexSubject(key), lookupPage, opTimeout, func(m *nats.Msg, at uint64) {
 		decodeIndexRecords(m.Data, func(r indexRecord) {
 			if r.key == key && at >= rec.at {
 				r.at = at // later records in one message are later placements
