@@ -16,7 +16,7 @@ import (
 // sentinel and ErrCancelReply and keeps the text it always had.
 func TestCancelAnswer(t *testing.T) {
 	t.Parallel()
-	sentinels := []error{ErrAmbiguousID, ErrRouterBehind, ErrCancelFailed}
+	sentinels := []error{ErrAmbiguousID, ErrRouterBehind, ErrCancelBusy, ErrCancelFailed}
 	tests := []struct {
 		name   string
 		status string // "" for no Delay-Status header
@@ -29,6 +29,7 @@ func TestCancelAnswer(t *testing.T) {
 		{"already delivered", "409", "already delivered", AlreadyDelivered, nil},
 		{"ambiguous id", "400", "error: ambiguous id \"2\": it names two messages", "", ErrAmbiguousID},
 		{"router behind", "503", "error: the router has not yet placed every message published before this cancel; try again", "", ErrRouterBehind},
+		{"busy", "429", "error: busy: too many cancel requests waiting; try again", "", ErrCancelBusy},
 		{"failed", "500", "error: stream info: timeout", "", ErrCancelFailed},
 		{"unknown code", "418", "teapot", "", ErrCancelFailed},
 		{"the code decides, not the text", "404", "cancelled", NotFound, nil},

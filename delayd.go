@@ -109,8 +109,8 @@ func (r CancelResult) Err() error {
 // publish to the subject: the server drops the request and reports
 // nats.ErrPermissionViolation to nc's error handler; a [*CancelError] for
 // an error answer, which [errors.Is] matches against [ErrCancelReply] and
-// the answer's sentinel: [ErrRouterBehind] (try again), [ErrAmbiguousID]
-// or [ErrCancelFailed]. [NotFound] and [AlreadyDelivered] are answers, not
+// the answer's sentinel: [ErrRouterBehind] or [ErrCancelBusy] (try
+// again), [ErrAmbiguousID] or [ErrCancelFailed]. [NotFound] and [AlreadyDelivered] are answers, not
 // errors: [CancelResult.Err] maps them to [ErrNotFound] and
 // [ErrAlreadyDelivered].
 func Cancel(ctx context.Context, nc *nats.Conn, target, id string) (CancelResult, error) {
@@ -168,8 +168,8 @@ func cancelAnswer(m *nats.Msg) (CancelResult, error) {
 // CancelError is the error [Cancel] and [CancelAny] return for an error
 // answer of the cancel API, or for a reply they do not know. [errors.Is]
 // matches it against [ErrCancelReply] always, and against the sentinel of
-// its Status: [ErrAmbiguousID] (400), [ErrRouterBehind] (503) or
-// [ErrCancelFailed] (500, or any other code).
+// its Status: [ErrAmbiguousID] (400), [ErrCancelBusy] (429),
+// [ErrRouterBehind] (503) or [ErrCancelFailed] (500, or any other code).
 type CancelError struct {
 	// Status is the answer's code (README, Cancel), 0 for a reply without
 	// one: a delayd from before the codes, or not delayd's reply.
@@ -193,8 +193,14 @@ func (e *CancelError) Is(target error) bool {
 		return e.Status == contract.CancelStatusBadRequest
 	case ErrRouterBehind:
 		return e.Status == contract.CancelStatusRouterBehind
+	case ErrCancelBusy:
+		return e.Status == contract.CancelStatusBusy
 	case ErrCancelFailed:
-		return e.Status != 0 && e.Status != contract.CancelStatusBadRequest && e.Status != contract.CancelStatusRouterBehind
+		switch e.Status {
+		case 0, contract.CancelStatusBadRequest, contract.CancelStatusRouterBehind, contract.CancelStatusBusy:
+			return false
+		}
+		return true
 	}
 	return false
 }

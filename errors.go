@@ -88,6 +88,12 @@ var (
 	// so the answer is not known yet. Send the request again.
 	ErrRouterBehind = errors.New("delayd: cancel: the router is behind; try again")
 
+	// ErrCancelBusy is matched by a [*CancelError] of code 429: more
+	// cancel requests were waiting than delayd works through promptly (a
+	// cancel storm), so this one was answered at once without a look.
+	// Send it again after a pause.
+	ErrCancelBusy = errors.New("delayd: cancel: busy; try again")
+
 	// ErrCancelFailed is matched by a [*CancelError] of code 500 (or any
 	// code it does not know): delayd could not decide, for example a
 	// stream operation failed. Send the request again.

@@ -32,6 +32,11 @@ const (
 	// CancelStatusDelivered is the code of [CancelReplyDelivered]: too late,
 	// the message was handed to its target.
 	CancelStatusDelivered = 409
+	// CancelStatusBusy is the code of the error answer given at once when
+	// more cancel requests wait than delayd works through promptly (a
+	// cancel storm): the request was not looked at; try again after a
+	// pause. Like HTTP's 429 Too Many Requests.
+	CancelStatusBusy = 429
 	// CancelStatusError is the code of any other error answer: delayd could
 	// not decide (a stream or KV operation failed); try again.
 	CancelStatusError = 500

@@ -423,6 +423,9 @@ func (s *Scanner) pendingAt(rec index.Record) bool {
 // CancelStats counts the cancel API's answers.
 type CancelStats struct {
 	Cancelled, NotFound, AlreadyDelivered uint64
+	// Busy counts requests answered [ErrCancelBusy] without a look: they
+	// arrived while [CancelQueueMax] waited.
+	Busy uint64
 }
 
 // serveCancel answers cancel requests on [contract.CancelSubject] until ctx is done,
@@ -490,15 +493,32 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs 
 
 const cancelWorkers = 4
 
+// CancelQueueMax is how many cancel requests wait for a cancel worker at
+// most. One that arrives while the queue is full is answered at once with
+// [ErrCancelBusy] (code 429), without being looked at: under a storm every
+// request gets a prompt answer, none is dropped unanswered, and the work
+// (and its share of the CPU the deliveries need) stays bounded.
+const CancelQueueMax = 256
+
 // subscribeCancel subscribes to [contract.CancelSubject] and the scoped
 // "delayd.api.cancel.>" ([contract.CancelSubjectFor]), queue group "delayd", and
 // waits until the server has the subscriptions, so a request sent once the
-// service is ready finds a responder.
+// service is ready finds a responder. Requests go to the returned queue,
+// at most [CancelQueueMax]; the subscriptions' goroutines answer the rest
+// busy.
 func (s *Service) subscribeCancel(ctx context.Context) ([]*nats.Subscription, chan *nats.Msg, error) {
-	ch := make(chan *nats.Msg, 1024)
+	ch := make(chan *nats.Msg, CancelQueueMax)
+	enqueue := func(m *nats.Msg) {
+		select {
+		case ch <- m:
+		default:
+			s.cancelBusy.Add(1)
+			_ = m.RespondMsg(cancelReplyMsg(contract.CancelReplyErrorPrefix+ErrCancelBusy.Error(), ErrCancelBusy))
+		}
+	}
 	var subs []*nats.Subscription
 	for _, subject := range []string{contract.CancelSubject, contract.CancelSubject + ".>"} {
-		sub, err := s.nc.ChanQueueSubscribe(subject, "delayd", ch)
+		sub, err := s.nc.QueueSubscribe(subject, "delayd", enqueue)
 		if err != nil {
 			for _, sub := range subs {
 				_ = sub.Unsubscribe()
@@ -665,5 +685,5 @@ func (s *Service) inScope(ctx context.Context, reader *jswire.BatchReader, rec i
 
 // CancelStats returns the cancel API's answers since start.
 func (s *Service) CancelStats() CancelStats {
-	return CancelStats{Cancelled: s.cancelCancelled.Load(), NotFound: s.cancelNotFound.Load(), AlreadyDelivered: s.cancelDelivered.Load()}
+	return CancelStats{Cancelled: s.cancelCancelled.Load(), NotFound: s.cancelNotFound.Load(), AlreadyDelivered: s.cancelDelivered.Load(), Busy: s.cancelBusy.Load()}
 }

@@ -26,6 +26,8 @@ func cancelStatus(body string, err error) int {
 	switch {
 	case errors.Is(err, ErrRouterBehind):
 		return contract.CancelStatusRouterBehind
+	case errors.Is(err, ErrCancelBusy):
+		return contract.CancelStatusBusy
 	case errors.Is(err, ErrAmbiguousID):
 		return contract.CancelStatusBadRequest
 	case err != nil:

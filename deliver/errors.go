@@ -48,4 +48,11 @@ var (
 	// or "id:N" says which. The cancel API answers it with code
 	// [contract.CancelStatusBadRequest].
 	ErrAmbiguousID = errors.New("ambiguous id")
+
+	// ErrCancelBusy is the cancel API's answer (code 429,
+	// [contract.CancelStatusBusy]) to a request that arrives while
+	// [CancelQueueMax] requests already wait: it is answered at once,
+	// not looked at, so a storm of cancels gets prompt answers instead of
+	// timeouts and costs the deliveries nothing. Try again after a pause.
+	ErrCancelBusy = errors.New("busy: too many cancel requests waiting; try again")
 )

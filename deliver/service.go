@@ -108,7 +108,7 @@ type Service struct {
 	scanners map[string]*Scanner
 	ready    atomic.Bool
 
-	cancelCancelled, cancelNotFound, cancelDelivered atomic.Uint64
+	cancelCancelled, cancelNotFound, cancelDelivered, cancelBusy atomic.Uint64
 
 	hopKey hopKey      // set by setup
 	routed *routedGate // shared by the cancel workers; set by Run

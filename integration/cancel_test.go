@@ -575,3 +575,116 @@ func TestCancelScopeOldRecords(t *testing.T) {
 		t.Errorf("unscoped cancel of legacy-2: %q, want cancelled", r)
 	}
 }
+
+// TestCancelStormAnswered: a burst of cancel requests far beyond what
+// delayd works through at once gets an answer for every request, none
+// dropped: those beyond the queue (deliver.CancelQueueMax) are answered
+// busy (429) at once, the others with their real answer; a pending message
+// answered cancelled is never delivered, and the busy ones can be sent
+// again and then answer as usual.
+func TestCancelStormAnswered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelayd("2s")
+	rec := newRecorder(t)
+	rec.subscribe(b.nc, "storm.x")
+	const pending, requests = 100, 4000
+	for i := range pending {
+		hdr := level(1)
+		hdr.Set("Nats-Msg-Id", fmt.Sprintf("storm-%d", i))
+		b.publish("delay.storm.x", []byte(strconv.Itoa(i)), hdr)
+		rec.expectKeys(strconv.Itoa(i))
+	}
+	// A connection of its own, with no limit on pending replies, so the
+	// client drops none of them.
+	nc, err := nats.Connect(b.srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	inbox := nats.NewInbox()
+	replies := make(chan *nats.Msg, requests)
+	sub, err := nc.Subscribe(inbox+".*", func(m *nats.Msg) { replies <- m })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	// Every 40th request cancels a pending message (spread over the
+	// storm, so some of them find the queue full), the others an unknown
+	// id.
+	const every = requests / pending
+	msgOf := func(k int) (int, bool) { return k / every, k%every == every-1 }
+	id := func(k int) string {
+		if j, ok := msgOf(k); ok {
+			return fmt.Sprintf("storm-%d", j)
+		}
+		return fmt.Sprintf("no-such-%d", k)
+	}
+	for k := range requests {
+		if err := nc.PublishMsg(&nats.Msg{Subject: delayd.CancelSubject, Reply: inbox + "." + strconv.Itoa(k), Data: []byte(id(k))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[int]*nats.Msg{}
+	deadline := time.After(60 * time.Second)
+	for len(got) < requests {
+		select {
+		case m := <-replies:
+			k, _ := strconv.Atoi(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:])
+			got[k] = m
+		case <-deadline:
+			t.Fatalf("%d of %d cancel requests answered within 60 s: the rest were dropped", len(got), requests)
+		}
+	}
+	busy := 0
+	var retry []int
+	for k, m := range got {
+		body, status := string(m.Data), m.Header.Get(contract.HeaderStatus)
+		j, isPending := msgOf(k)
+		switch {
+		case status == "429":
+			busy++
+			if body != "error: busy: too many cancel requests waiting; try again" {
+				t.Errorf("request %d: busy answer %q", k, body)
+			}
+			if isPending {
+				retry = append(retry, k)
+			}
+		case isPending:
+			if body != "cancelled" || status != "200" {
+				t.Errorf("request %d for pending %s: %q %s, want cancelled 200", k, id(k), body, status)
+			}
+			rec.excused(strconv.Itoa(j), "cancelled")
+		default:
+			if body != "not found" || status != "404" {
+				t.Errorf("request %d for unknown %s: %q %s, want not found 404", k, id(k), body, status)
+			}
+		}
+	}
+	if busy == 0 {
+		t.Fatalf("no request was answered busy: %d requests did not fill the queue of %d, so the storm was not one", requests, deliver.CancelQueueMax)
+	}
+	// Sent again one at a time, the busy ones answer as usual.
+	for _, k := range retry {
+		if r := b.cancel(id(k)); r != delayd.Cancelled {
+			t.Errorf("cancel %s again after busy: %q, want cancelled", id(k), r)
+		}
+		j, _ := msgOf(k)
+		rec.excused(strconv.Itoa(j), "cancelled")
+	}
+	t.Logf("%d requests: %d busy (%d of them for pending messages, sent again)", requests, busy, len(retry))
+	if st := b.svc.CancelStats(); st.Busy != uint64(busy) {
+		t.Errorf("CancelStats().Busy = %d, want %d", st.Busy, busy)
+	}
+	// A last message, not cancelled: the level is FIFO, so once it is
+	// delivered every cancelled one before it has been passed.
+	b.publish("delay.storm.x", []byte("last"), level(1))
+	rec.expectKeys("last")
+	waitFor(t, 15*time.Second, "the last message delivered", func() bool { return rec.counts()["last"] > 0 })
+	rec.checkAll()
+}

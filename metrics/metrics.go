@@ -61,7 +61,7 @@ func New(svc *deliver.Service, nc *nats.Conn) *Metrics {
 		reconnects:   prometheus.NewDesc("delayd_nats_reconnects_total", "Reconnections of delayd's NATS connection.", nil, nil),
 		ready:        prometheus.NewDesc("delayd_ready", "1 when /readyz would answer 200.", nil, nil),
 		cancelled:    prometheus.NewDesc("delayd_cancelled_total", "Pending messages cancelled through the cancel API (delayd.api.cancel.<target>, delayd.api.cancel), by the level that held them.", lv, nil),
-		cancels:      prometheus.NewDesc("delayd_cancel_requests_total", "Answers of the cancel API, by result: cancelled, not_found, already_delivered.", []string{"result"}, nil),
+		cancels:      prometheus.NewDesc("delayd_cancel_requests_total", "Answers of the cancel API, by result: cancelled, not_found, already_delivered, busy (answered 429 at once: too many waiting).", []string{"result"}, nil),
 		merged:       prometheus.NewDesc("delayd_merged_total", "Messages merged into a pending message with the same Delay-Merge-Key and target (their payloads dropped).", nil, nil),
 		indexErrors:  prometheus.NewDesc("delayd_index_errors_total", "Id index writes that failed: those messages answer \"not found\" to a cancel.", nil, nil),
 		dlqFailures:  prometheus.NewDesc("delayd_dead_letter_failures_total", "Dead-letter writes DELAYD_DLQ refused (every attempt); each is retried until stored.", nil, nil),
@@ -107,6 +107,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.cancels, prometheus.CounterValue, float64(cs.Cancelled), "cancelled")
 	ch <- prometheus.MustNewConstMetric(m.cancels, prometheus.CounterValue, float64(cs.NotFound), "not_found")
 	ch <- prometheus.MustNewConstMetric(m.cancels, prometheus.CounterValue, float64(cs.AlreadyDelivered), "already_delivered")
+	ch <- prometheus.MustNewConstMetric(m.cancels, prometheus.CounterValue, float64(cs.Busy), "busy")
 	ch <- prometheus.MustNewConstMetric(m.merged, prometheus.CounterValue, float64(rs.Merged))
 	ch <- prometheus.MustNewConstMetric(m.indexErrors, prometheus.CounterValue, float64(rs.IndexErrors))
 	ch <- prometheus.MustNewConstMetric(m.routed, prometheus.CounterValue, float64(rs.Routed))

@@ -21,7 +21,8 @@ type cancelCounts struct {
 	Cancelled        int `json:"cancelled"`         // answered "cancelled"
 	NotFound         int `json:"not_found"`         // answered "not found"
 	AlreadyDelivered int `json:"already_delivered"` // answered "already delivered"
-	Errors           int `json:"errors"`            // answered "error: …"
+	Busy             int `json:"busy"`              // answered busy (429) at once: the queue was full
+	Errors           int `json:"errors"`            // answered "error: …" otherwise
 	Unanswered       int `json:"unanswered"`        // no reply within 30 s of the end
 	// Both counts messages answered "cancelled" and delivered anyway: a
 	// broken guarantee, always 0.
@@ -132,8 +133,8 @@ func (b *bench) cancelStormRun(ctx context.Context, rate int) (result, error) {
 			}
 		}
 		row.Cancels = &c
-		row.Note = fmt.Sprintf("%d cancels/s offered: %d sent, %d cancelled, %d not found, %d already delivered, %d errors, %d unanswered, %d cancelled and delivered",
-			rate, c.Offered, c.Cancelled, c.NotFound, c.AlreadyDelivered, c.Errors, c.Unanswered, c.Both)
+		row.Note = fmt.Sprintf("%d cancels/s offered: %d sent, %d cancelled, %d not found, %d already delivered, %d busy, %d errors, %d unanswered, %d cancelled and delivered",
+			rate, c.Offered, c.Cancelled, c.NotFound, c.AlreadyDelivered, c.Busy, c.Errors, c.Unanswered, c.Both)
 	} else {
 		row.Note = "no cancels"
 	}
@@ -155,6 +156,7 @@ type stormer struct {
 	mu      sync.Mutex
 	targets []int          // request k's message index; -1 for an unknown id
 	replies map[int]string // request k's reply
+	status  map[int]string // request k's Delay-Status
 }
 
 func newStormer(e *env, rate, msgRate int) (*stormer, error) {
@@ -162,7 +164,7 @@ func newStormer(e *env, rate, msgRate int) (*stormer, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &stormer{nc: nc, inbox: nats.NewInbox(), rate: rate, msgRate: msgRate, replies: map[int]string{}}
+	s := &stormer{nc: nc, inbox: nats.NewInbox(), rate: rate, msgRate: msgRate, replies: map[int]string{}, status: map[int]string{}}
 	sub, err := nc.Subscribe(s.inbox+".*", func(m *nats.Msg) {
 		k, err := strconv.Atoi(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:])
 		if err != nil {
@@ -170,6 +172,7 @@ func newStormer(e *env, rate, msgRate int) (*stormer, error) {
 		}
 		s.mu.Lock()
 		s.replies[k] = string(m.Data)
+		s.status[k] = m.Header.Get(contract.HeaderStatus)
 		s.mu.Unlock()
 	})
 	if err != nil {
@@ -261,8 +264,10 @@ func (s *stormer) counts() cancelCounts {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := cancelCounts{Offered: len(s.targets), Unanswered: len(s.targets) - len(s.replies)}
-	for _, r := range s.replies {
+	for k, r := range s.replies {
 		switch {
+		case s.status[k] == strconv.Itoa(contract.CancelStatusBusy):
+			c.Busy++
 		case r == contract.CancelReplyCancelled:
 			c.Cancelled++
 		case r == contract.CancelReplyNotFound:

@@ -36,37 +36,36 @@ type AckMeta struct {
 // subject, in either of the server's two formats:
 //
 //	$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>                          (9 tokens)
-//	$JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>] (11 or 12 tokens)
+//	$JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>...] (11 or more tokens)
 //
-// ts is the store time in Unix nanoseconds. ok is false for any other
-// token count, a subject not starting with [AckPrefix], or a delivered, sseq
-// or ts token that is not a decimal number; the cseq and pending tokens
-// are not read.
+// ts is the store time in Unix nanoseconds. Like nats.go
+// (internal/parser.GetMetadataFields), a v2 subject is valid with 11
+// tokens or more: tokens after the 11th (today one random token) are not
+// read, so a server that adds one does not make every message unreadable.
+// ok is false for 10 tokens or fewer than 9, a subject not starting with
+// [AckPrefix], or a delivered, sseq or ts token that is not a decimal
+// number; the cseq and pending tokens are not read.
 func ParseAck(reply string) (meta AckMeta, ok bool) {
 	rest, ok := strings.CutPrefix(reply, AckPrefix)
 	if !ok {
 		return AckMeta{}, false
 	}
-	var tok [12]string
-	n := 0
-	for n < len(tok) {
-		i := strings.IndexByte(rest, '.')
-		if i < 0 {
-			tok[n] = rest
-			n++
-			break
-		}
-		tok[n], rest = rest[:i], rest[i+1:]
-		n++
-	}
-	var f []string
-	switch n {
-	case 7: // v1: stream consumer delivered sseq dseq ts pending
-		f = tok[2:7]
-	case 9, 10: // v2: domain acchash stream consumer delivered sseq dseq ts pending [token]
-		f = tok[4:9]
+	n := strings.Count(rest, ".") + 1 // tokens after the prefix
+	var skip int                      // tokens before <stream>
+	switch {
+	case n == 7: // v1: stream consumer delivered sseq dseq ts pending
+	case n >= 9: // v2: domain acchash stream consumer delivered sseq dseq ts pending [token...]
+		skip = 2
 	default:
 		return AckMeta{}, false
+	}
+	var f [5]string // delivered sseq dseq ts pending
+	for range skip + 1 {
+		_, rest, _ = strings.Cut(rest, ".") // past domain, acchash, stream
+	}
+	_, rest, _ = strings.Cut(rest, ".") // past consumer
+	for i := range f {
+		f[i], rest, _ = strings.Cut(rest, ".")
 	}
 	delivered, err1 := strconv.ParseUint(f[0], 10, 64)
 	sseq, err2 := strconv.ParseUint(f[1], 10, 64)

@@ -35,8 +35,10 @@ func TestParseAck(t *testing.T) {
 		{"flow control subject", "$JS.FC.S.C.1.2.3.4.5", false, AckMeta{}},
 		{"8 tokens", "$JS.ACK.S.C.1.2.3.4", false, AckMeta{}},
 		{"10 tokens", "$JS.ACK.S.C.1.2.3.4.5.6", false, AckMeta{}},
-		{"13 tokens", "$JS.ACK.d.h.S.C.1.2.3.4.5.r.x", false, AckMeta{}},
-		{"14 tokens", "$JS.ACK.d.h.S.C.1.2.3.4.5.r.x.y", false, AckMeta{}},
+		// Like nats.go: a v2 subject is valid with 11 tokens or more, so a
+		// token a later server adds does not make every message unreadable.
+		{"13 tokens", "$JS.ACK.d.h.S.C.1.2.3.4.5.r.x", true, AckMeta{StreamSeq: 2, Stored: time.Unix(0, 4), Delivered: 1}},
+		{"14 tokens", "$JS.ACK.d.h.S.C.1.2.3.4.5.r.x.y", true, AckMeta{StreamSeq: 2, Stored: time.Unix(0, 4), Delivered: 1}},
 		{"delivered not a number", "$JS.ACK.S.C.one.2.3.4.5", false, AckMeta{}},
 		{"sseq not a number", "$JS.ACK.S.C.1.two.3.4.5", false, AckMeta{}},
 		{"ts not a number", "$JS.ACK.S.C.1.2.3.four.5", false, AckMeta{}},
@@ -66,10 +68,10 @@ func refParseAck(reply string) (AckMeta, bool) {
 		return AckMeta{}, false
 	}
 	var off int
-	switch len(tok) {
-	case 9:
+	switch n := len(tok); {
+	case n == 9:
 		off = 2
-	case 11, 12:
+	case n >= 11:
 		off = 4
 	default:
 		return AckMeta{}, false
