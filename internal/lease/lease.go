@@ -234,8 +234,8 @@ type term struct {
 	renewing chan struct{} // closed when the renew goroutine ends
 
 	// Guarded by Lease.mu.
-	rev   uint64      // revision of this term's last successful write
-	fence time.Time   // last successful write's send time + TTL - margin
+	rev     uint64      // revision of this term's last successful write
+	fence   time.Time   // last successful write's send time + TTL - margin
 	timer   *time.Timer // fires at fence
 	ended   bool
 	endedAt time.Time // when ended was set

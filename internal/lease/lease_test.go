@@ -315,4 +315,3 @@ func TestConfigErrors(t *testing.T) {
 		t.Errorf("valid config refused: %v", err)
 	}
 }
-
