@@ -512,24 +512,20 @@ func (l *Lease) renew(t *term) {
 // revision has been unchanged for TTL. It returns nil once held, ctx's
 // error if ctx ends first. Failed reads and writes are logged and retried.
 func (l *Lease) Acquire(ctx context.Context) error {
-	w, err := l.kv.Watch(ctx, l.key, jetstream.UpdatesOnly())
-	var updates <-chan jetstream.KeyValueEntry
-	if err == nil {
-		defer func() { _ = w.Stop() }()
-		updates = w.Updates()
-	} else {
-		l.logger.Warn("lease watch failed; polling", slog.Any("error", err))
+	if _, valid := l.Held(); valid {
+		return nil
 	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	changed := make(chan struct{}, 1)
+	go l.watch(wctx, changed)
 	wait := time.NewTimer(0)
 	defer wait.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case _, ok := <-updates:
-			if !ok {
-				updates = nil // the watch ended: poll
-			}
+		case <-changed:
 		case <-wait.C:
 		}
 		actx, cancel := context.WithTimeout(ctx, l.ttl)
@@ -591,4 +587,33 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.logger.Debug("lease released", slog.Uint64("epoch", t.epoch))
 	return nil
+}
+
+// watch signals changed (without blocking) at every update of the key
+// until ctx ends. Creating the watch needs a JetStream consumer, which can
+// wait for a meta leader; it runs here so that Acquire polls meanwhile, and
+// a watch that fails or ends leaves Acquire polling.
+func (l *Lease) watch(ctx context.Context, changed chan<- struct{}) {
+	w, err := l.kv.Watch(ctx, l.key, jetstream.UpdatesOnly())
+	if err != nil {
+		if ctx.Err() == nil {
+			l.logger.Warn("lease watch failed; polling", slog.Any("error", err))
+		}
+		return
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}
+	}
 }
