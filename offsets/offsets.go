@@ -10,8 +10,8 @@
 // [Committer], which keeps one write in flight behind the deliveries it
 // confirms.
 //
-// With several replicas, one owns each level stream (a lease, README
-// "Replicas"), and the offset key's KV revision is its fencing token: a new
+// With several replicas, one owns each level stream (through a lease in
+// the DELAYD_LEASES bucket), and the offset key's KV revision is its fencing token: a new
 // owner [Store.Bump]s the key, and a [Committer] with
 // [CommitterConfig.Fenced] writes each offset as a compare-and-set at the
 // revision of its previous write, so a paused old owner's next commit fails
