@@ -479,6 +479,11 @@ func (l *Lease) renew(t *term) {
 			continue
 		}
 		l.mu.Lock()
+		if t.ended {
+			// A renewal now would only make contenders wait T more.
+			l.mu.Unlock()
+			return
+		}
 		rev, fence := t.rev, t.fence
 		l.mu.Unlock()
 		// A renewal answered after the fence would still be valid (its
