@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/offsets"
 )
 
@@ -207,5 +208,49 @@ func TestFencedCreateRace(t *testing.T) {
 	}
 	if e := b.raw(t, "DELAYD_5S"); string(e.Value()) != "4" {
 		t.Fatalf("stored %q, want 4", e.Value())
+	}
+}
+
+// TestFencedCommitR3: on a 3-node cluster with an R3 offsets bucket (whose
+// stream reports a failed compare-and-set with another error code than a
+// single server), an old owner's commit after a new owner's bump still
+// fails with ErrFenced, and the new owner's offset stays.
+func TestFencedCommitR3(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster; skipped under testing.Short()")
+	}
+	t.Parallel()
+	c := natstest.StartCluster(t, 3)
+	var rs []*replica
+	for i := range 2 {
+		_, js := c.Connect(i)
+		store, err := offsets.New(ctx(t), js, offsets.Config{Replicas: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cm, err := offsets.NewCommitter(store, offsets.CommitterConfig{Stream: "DELAYD_5S", Timeout: 5 * time.Second, Fenced: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs = append(rs, &replica{store: store, c: cm})
+	}
+	old, next := rs[0], rs[1]
+	old.c.ResetAt(0, 0)
+	if err := old.commit(t, 10); err != nil {
+		t.Fatal(err)
+	}
+	off, rev, err := next.store.Bump(ctx(t), "DELAYD_5S")
+	if err != nil || off != 10 {
+		t.Fatalf("Bump = %d, %v; want 10", off, err)
+	}
+	next.c.ResetAt(off, rev)
+	if err := next.commit(t, 15); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.commit(t, 12); !errors.Is(err, offsets.ErrFenced) {
+		t.Fatalf("old owner's commit after the bump on R3 = %v, want ErrFenced", err)
+	}
+	if got, err := next.store.Load(ctx(t), "DELAYD_5S"); err != nil || got != 15 {
+		t.Fatalf("stored offset %d, %v; want the new owner's 15", got, err)
 	}
 }
