@@ -83,6 +83,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -132,6 +134,48 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (
 		return nil, fmt.Errorf("lease: create bucket %s: %w", BucketName, err)
 	}
 	return &Bucket{kv: kv}, nil
+}
+
+// Entry is one lease key's stored state, for observability (delayctl
+// stats, /metrics): who holds what, at which epoch. It says nothing about
+// whether the holder is still valid: only the holder can tell.
+type Entry struct {
+	// Key is the lease's key, e.g. "level.DELAYD_5S".
+	Key string
+	// Value is the decoded value; zero if Err is set.
+	Value Value
+	// Revision is the key's KV revision.
+	Revision uint64
+	// Err wraps [ErrCorrupt] when the stored value does not decode.
+	Err error
+}
+
+// Leases returns every lease key's entry, sorted by key; keys deleted or
+// purged by hand are left out. It returns an error if the bucket cannot be
+// read.
+func (b *Bucket) Leases(ctx context.Context) ([]Entry, error) {
+	w, err := b.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("lease: list %s: %w", BucketName, err)
+	}
+	defer func() { _ = w.Stop() }()
+	latest := make(map[string]jetstream.KeyValueEntry)
+	for e := range w.Updates() {
+		if e == nil {
+			break // the current values are all delivered
+		}
+		latest[e.Key()] = e // a key written while listing comes again, newer
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("lease: list %s: %w", BucketName, err)
+	}
+	out := make([]Entry, 0, len(latest))
+	for k, e := range latest {
+		v, derr := DecodeValue(e.Value())
+		out = append(out, Entry{Key: k, Value: v, Revision: e.Revision(), Err: derr})
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
+	return out, nil
 }
 
 // Value is a lease key's value: who holds it, at which epoch. Encoded as

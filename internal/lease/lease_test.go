@@ -315,3 +315,47 @@ func TestConfigErrors(t *testing.T) {
 		t.Errorf("valid config refused: %v", err)
 	}
 }
+
+// TestLeasesLists: Leases lists every lease key with its holder, epoch and
+// revision, a released one with an empty holder, and an unreadable value
+// with ErrCorrupt; a key deleted by hand is left out.
+func TestLeasesLists(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := testCtx(t, 10*time.Second)
+	if es, err := b.bucket.Leases(ctx); err != nil || len(es) != 0 {
+		t.Fatalf("Leases of an empty bucket = %v, %v; want none", es, err)
+	}
+	r := newLease(t, b.bucket, "router", "A", time.Minute, 0)
+	l := newLease(t, b.bucket, "level.DELAYD_5S", "B", time.Minute, 0)
+	acquire(t, r, 5*time.Second)
+	acquire(t, l, 5*time.Second)
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.kv.Put(ctx, "janitor", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.kv.Put(ctx, "gone", Value{Holder: "C", Epoch: 1}.encode()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.kv.Delete(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	es, err := b.bucket.Leases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 3 || es[0].Key != "janitor" || es[1].Key != "level.DELAYD_5S" || es[2].Key != "router" {
+		t.Fatalf("Leases = %+v; want janitor, level.DELAYD_5S, router", es)
+	}
+	if !errors.Is(es[0].Err, ErrCorrupt) {
+		t.Errorf("janitor: Err %v, want ErrCorrupt", es[0].Err)
+	}
+	if v := es[1].Value; v.Holder != "" || v.Epoch != 1 || es[1].Err != nil {
+		t.Errorf("released level lease: %+v, want an empty holder at epoch 1", es[1])
+	}
+	if v := es[2].Value; v.Holder != "A" || v.Epoch != 1 || es[2].Revision == 0 || es[2].Err != nil {
+		t.Errorf("router lease: %+v, want A at epoch 1", es[2])
+	}
+}
