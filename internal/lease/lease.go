@@ -13,10 +13,11 @@
 // as JSON: {"v":1,"holder":"host-1234-9f2c","epoch":7}. T is the lease's
 // TTL ([Config.TTL], default [TTLDefault], 1.5 s).
 //
-//   - Acquire: Create the key (epoch 1); or, when the key names a holder,
-//     Update it at a revision seen unchanged for T on the local monotonic
-//     clock, counted from the first Get response that showed that revision;
-//     or, when its holder is empty (released), Update at once. The new epoch
+//   - Acquire: Create the key (epoch 1); or, when the key names a holder
+//     (or was deleted, purged or garbled by hand), Update it at a revision
+//     seen unchanged for T on the local monotonic clock, counted from the
+//     first Get response that showed that revision; or, when its holder is
+//     empty (released), Update at once. The new epoch
 //     is the old one + 1. A key deleted or purged by hand, or a value that
 //     does not decode, is replaced with epoch = its revision + 1, which
 //     exceeds every epoch written before (an epoch e is always written at a
@@ -380,10 +381,12 @@ func (l *Lease) Context() context.Context {
 
 // TryAcquire makes one attempt to take the lease and reports whether this
 // replica now holds it. It returns true at once if a term is already held.
-// Otherwise it reads the key: it creates a missing key, takes a released
-// one, and takes one naming a holder only once this Lease has seen the
-// same revision for TTL (measured across calls from the first Get that
-// showed it). Losing a race to another contender returns false, nil. err
+// Otherwise it reads the key: it creates a key never written and takes a
+// released one at once; a key naming a holder, deleted or purged by hand,
+// or unreadable, it takes only once this Lease has seen the same revision
+// for TTL (measured across calls from the first Get response that showed
+// it). A value with an empty holder written by hand over a held lease is
+// taken at once: don't. Losing a race to another contender returns false, nil. err
 // is a failed read or write; an acquiring write whose outcome is unknown (a
 // timeout) returns false and the error, and is safe: a lease written but
 // not known as held is never renewed, so others take it after TTL.
@@ -394,12 +397,14 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
 	var (
 		epoch uint64
 		rev   uint64 // the revision to Update at; 0 means Create
+		wait  bool   // take it only once rev was seen unchanged for TTL
 	)
 	e, err := l.kv.Get(ctx, l.key)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
-		// Never written, or deleted or purged by hand: the marker's
-		// revision decides the epoch.
+		// Never written (create at once), or deleted or purged by hand
+		// (its holder may still be valid: wait), with the marker's
+		// revision deciding the epoch.
 		marker, herr := l.lastMarker(ctx)
 		if herr != nil {
 			return false, herr
@@ -407,18 +412,25 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
 		if marker == 0 {
 			epoch = 1
 		} else {
-			epoch, rev = marker+1, marker
+			epoch, rev, wait = marker+1, marker, true
 		}
 	case err != nil:
 		return false, fmt.Errorf("lease %s: read: %w", l.key, err)
 	default:
 		rev = e.Revision()
 		v, derr := DecodeValue(e.Value())
-		if derr == nil && v.Holder == "" {
+		switch {
+		case derr != nil:
+			l.logger.Warn("lease value unreadable; taking it over after its TTL", slog.Uint64("revision", rev), slog.Any("error", derr))
+			epoch, wait = rev+1, true
+		case v.Holder == "":
 			epoch = v.Epoch + 1 // released: take it at once
-			break
+		default:
+			epoch, wait = v.Epoch+1, true
 		}
-		now := time.Now()
+	}
+	if wait {
+		now := time.Now() // after the response that showed rev
 		l.mu.Lock()
 		if rev != l.seenRev {
 			l.seenRev, l.seenAt = rev, now
@@ -427,12 +439,6 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
 		l.mu.Unlock()
 		if waited < l.ttl {
 			return false, nil
-		}
-		if derr != nil {
-			l.logger.Warn("lease value unreadable; taking it over", slog.Uint64("revision", rev), slog.Any("error", derr))
-			epoch = rev + 1
-		} else {
-			epoch = v.Epoch + 1
 		}
 	}
 
