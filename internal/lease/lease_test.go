@@ -359,3 +359,27 @@ func TestLeasesLists(t *testing.T) {
 		t.Errorf("router lease: %+v, want A at epoch 1", es[2])
 	}
 }
+
+// TestDeletedByHandWaits: a held lease's key deleted by hand ends the
+// holder's term at its next renewal (ErrLost), and a contender takes the
+// key only T after it saw the delete marker, so the terms never overlap;
+// the new epoch exceeds the old.
+func TestDeletedByHandWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = time.Second
+	a := newLease(t, b.bucket, "level.DELAYD_30S", "A", ttl, 0)
+	c := newLease(t, b.bucket, "level.DELAYD_30S", "B", ttl, 0)
+	acquire(t, a, 5*time.Second)
+	if err := b.kv.Delete(testCtx(t, 5*time.Second), "level.DELAYD_30S"); err != nil {
+		t.Fatal(err)
+	}
+	acquire(t, c, 10*time.Second)
+	ta, tc := a.LastTerm(), c.LastTerm()
+	if !ta.Ended || !errors.Is(ta.Cause, ErrLost) {
+		t.Fatalf("A's term after the delete: %+v; want ended with ErrLost", ta)
+	}
+	if !ta.ValidUntil.Before(tc.Acquired) || tc.Epoch <= ta.Epoch {
+		t.Fatalf("A %+v and B %+v overlap or do not increase the epoch", ta, tc)
+	}
+}
