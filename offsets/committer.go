@@ -23,6 +23,18 @@ type CommitterConfig struct {
 	// [CommitTimeoutDefault].
 	Timeout time.Duration
 
+	// Fenced makes every write a compare-and-set at the revision of the
+	// previous one (jetstream KeyValue.Update), starting from the revision
+	// given to [Committer.ResetAt]. Once a write fails its compare-and-set
+	// (another owner bumped the key, [Store.Bump]), the committer is fenced:
+	// it writes nothing more, and Commit and Settle return [ErrFenced].
+	// A write whose outcome is unknown (a timeout) may have been stored; the
+	// next write then fails as fenced too. That is conservative: an owner
+	// that still holds the level stream bumps again ([Store.Bump]) and
+	// resets ([Committer.ResetAt]). Optional. Default false: every write is
+	// a plain put.
+	Fenced bool
+
 	// Logger receives failed writes. Optional. Default discards.
 	Logger *slog.Logger
 }
@@ -45,12 +57,17 @@ type CommitterConfig struct {
 // guarded by one mutex; its write goroutine exists only while a write is in
 // flight or waiting.
 //
-// Each write records the KV revision it got, so that a write can later be
-// made conditional on the revision last written (a compare-and-set).
+// Each write records the KV revision it got. With [CommitterConfig.Fenced]
+// the next write is conditional on it (a compare-and-set), so a replica
+// that lost the level stream to a new owner cannot overwrite the new
+// owner's offset: its next write fails with [ErrFenced] and the committer
+// stops writing. Fenced writes stay one in flight, so each knows the
+// revision it must find.
 type Committer struct {
 	store   *Store
 	stream  string
 	timeout time.Duration
+	fenced  bool
 	logger  *slog.Logger
 
 	mu      sync.Mutex
@@ -59,7 +76,8 @@ type Committer struct {
 	sent    uint64        // the latest offset a write was started for
 	writing chan struct{} // closed when the write goroutine ends; nil if none runs
 	err     error         // the last write's error; nil after a success
-	rev     uint64        // the KV revision of the last acknowledged write; 0 if unknown
+	rev     uint64        // the KV revision of the last acknowledged write (or ResetAt's); 0 if unknown
+	fence   error         // non-nil once a fenced write failed its compare-and-set
 
 	committed atomic.Uint64 // == want, for readers on other goroutines
 	acked     atomic.Uint64
@@ -84,14 +102,15 @@ func NewCommitter(store *Store, cfg CommitterConfig) (*Committer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Committer{store: store, stream: cfg.Stream, timeout: cfg.Timeout, logger: cfg.Logger}, nil
+	return &Committer{store: store, stream: cfg.Stream, timeout: cfg.Timeout, fenced: cfg.Fenced, logger: cfg.Logger}, nil
 }
 
 // Commit makes seq the stream's offset to store and returns at once. The
 // write starts now if none is in flight, else when the one in flight is
 // answered; a later Commit before then replaces seq. Committing the latest
 // offset again is a no-op. Moving it backwards returns [ErrRegress] and
-// changes nothing.
+// changes nothing. Once the committer is fenced it returns an error
+// wrapping [ErrFenced] and changes nothing.
 //
 // ctx's values reach the write, but not its cancellation: a write started
 // just before the scanner stops still completes, bounded by the
@@ -101,6 +120,8 @@ func (c *Committer) Commit(ctx context.Context, seq uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
+	case c.fence != nil:
+		return c.fence
 	case seq == c.want:
 		return nil
 	case seq < c.want:
@@ -129,12 +150,23 @@ func (c *Committer) write(ctx context.Context, gen uint64, done chan struct{}) {
 			c.mu.Unlock()
 			return
 		}
-		seq := c.want
+		if c.fence != nil {
+			c.writing = nil
+			c.mu.Unlock()
+			return
+		}
+		seq, prev := c.want, c.rev
 		c.sent = seq
 		c.mu.Unlock()
 
 		wctx, cancel := context.WithTimeout(ctx, c.timeout)
-		rev, err := c.store.put(wctx, c.stream, seq)
+		var rev uint64
+		var err error
+		if c.fenced {
+			rev, err = c.store.update(wctx, c.stream, seq, prev)
+		} else {
+			rev, err = c.store.put(wctx, c.stream, seq)
+		}
 		cancel()
 
 		c.mu.Lock()
@@ -143,10 +175,14 @@ func (c *Committer) write(ctx context.Context, gen uint64, done chan struct{}) {
 			if err == nil {
 				c.rev = rev
 				c.acked.Store(seq)
+			} else if errors.Is(err, ErrFenced) {
+				c.fence = err
 			}
 		}
 		c.mu.Unlock()
-		if err != nil {
+		if errors.Is(err, ErrFenced) {
+			c.logger.Warn("offset commit fenced: another owner wrote the offset; committing nothing more", slog.String("stream", c.stream), slog.Uint64("offset", seq), slog.Uint64("revision", prev), slog.Any("error", err))
+		} else if err != nil {
 			c.logger.Warn("offset commit failed; the next one supersedes it", slog.String("stream", c.stream), slog.Uint64("offset", seq), slog.Any("error", err))
 		}
 	}
@@ -154,7 +190,8 @@ func (c *Committer) write(ctx context.Context, gen uint64, done chan struct{}) {
 
 // Settle waits until every offset given to Commit was written, or ctx is
 // done. It returns nil if the latest offset is acknowledged, the failed
-// write's error if its write failed, or ctx's error if ctx ended first.
+// write's error if its write failed (wrapping [ErrFenced] once fenced), or
+// ctx's error if ctx ended first.
 func (c *Committer) Settle(ctx context.Context) error {
 	c.mu.Lock()
 	done := c.writing
@@ -168,6 +205,9 @@ func (c *Committer) Settle(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.fence != nil {
+		return c.fence
+	}
 	if c.err != nil {
 		return c.err
 	}
@@ -178,14 +218,29 @@ func (c *Committer) Settle(ctx context.Context) error {
 // (re)start: Committed and Acked both return it, and nothing waits to be
 // written. Call it after [Committer.Settle]; a write still in flight then
 // (Settle ran out of time) no longer moves Acked when it is answered.
-// Revision reads 0 (unknown) until the next acknowledged write.
-func (c *Committer) Reset(offset uint64) {
+// Revision reads 0 (unknown) until the next acknowledged write. It is
+// ResetAt(offset, 0).
+func (c *Committer) Reset(offset uint64) { c.ResetAt(offset, 0) }
+
+// ResetAt is [Committer.Reset] that also sets the KV revision the next
+// fenced write expects: the revision [Store.LoadRevision] or [Store.Bump]
+// returned (0: the key must not exist yet). It clears a fence, for a
+// replica that owns the level stream again after a new bump.
+func (c *Committer) ResetAt(offset, revision uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.gen++
-	c.want, c.sent, c.writing, c.err, c.rev = offset, offset, nil, nil, 0
+	c.want, c.sent, c.writing, c.err, c.rev, c.fence = offset, offset, nil, nil, revision, nil
 	c.committed.Store(offset)
 	c.acked.Store(offset)
+}
+
+// Fenced reports whether a fenced write failed its compare-and-set since
+// the last Reset: another owner wrote the offset. Safe from any goroutine.
+func (c *Committer) Fenced() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.fence != nil
 }
 
 // Committed returns the latest offset given to Commit (or Reset), written

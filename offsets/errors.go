@@ -23,4 +23,12 @@ var (
 	// ErrRegress is returned by [Store.Commit] when the offset would move
 	// backwards. Offsets only move forward; use [Store.Correct] to repair one.
 	ErrRegress = errors.New("offsets: offset would move backwards")
+
+	// ErrFenced is returned by a fenced commit ([CommitterConfig.Fenced])
+	// and by [Store.Bump] when the offset key's revision is no longer the
+	// one expected: another owner wrote it (a new owner's bump). It wraps
+	// the server's wrong-last-sequence error (jetstream's
+	// ErrKeyRevisionMismatch). The committer writes nothing more: this
+	// replica no longer owns the level stream.
+	ErrFenced = errors.New("offsets: offset key written by another owner (fenced)")
 )

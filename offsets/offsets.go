@@ -10,6 +10,14 @@
 // [Committer], which keeps one write in flight behind the deliveries it
 // confirms.
 //
+// With several replicas, one owns each level stream (through a lease in
+// the DELAYD_LEASES bucket), and the offset key's KV revision is its fencing token: a new
+// owner [Store.Bump]s the key, and a [Committer] with
+// [CommitterConfig.Fenced] writes each offset as a compare-and-set at the
+// revision of its previous write, so a paused old owner's next commit fails
+// with [ErrFenced] instead of overwriting (or moving back) the new owner's
+// offset.
+//
 // Each key is a level stream's name (for example "DELAYD_5S") and each value is
 // the sequence as decimal text, so operators can read and fix it with any KV
 // client: nats kv get DELAYD_OFFSETS DELAYD_5S.
@@ -84,6 +92,16 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, error
 // key was deleted or purged), and [ErrCorrupt] when the stored value is not
 // a decimal sequence.
 func (s *Store) Load(ctx context.Context, stream string) (uint64, error) {
+	seq, _, err := s.LoadRevision(ctx, stream)
+	return seq, err
+}
+
+// LoadRevision is [Store.Load] that also returns the key's KV revision: the
+// revision a fenced [Committer] ([CommitterConfig.Fenced]) starts from
+// ([Committer.ResetAt]). For a deleted or purged key it returns the
+// marker's revision with the error; for a key never written, 0. With
+// [ErrCorrupt] it returns the corrupt entry's revision.
+func (s *Store) LoadRevision(ctx context.Context, stream string) (offset, revision uint64, err error) {
 	e, err := s.kv.Get(ctx, stream)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		// A deleted key leaves a marker as its last (and, with History 1,
@@ -93,22 +111,47 @@ func (s *Store) Load(ctx context.Context, stream string) (uint64, error) {
 			if r := m.Header.Get(jetstream.MarkerReasonHeader); m.Header.Get("KV-Operation") == "PURGE" || r == "Purge" || r == "MaxAge" {
 				op = "purged"
 			}
-			return 0, fmt.Errorf("%w for %s: %w (key %s at revision %d, %s)", ErrNotFound, stream, ErrDeleted,
+			return 0, m.Sequence, fmt.Errorf("%w for %s: %w (key %s at revision %d, %s)", ErrNotFound, stream, ErrDeleted,
 				op, m.Sequence, m.Time.UTC().Format(time.RFC3339))
 		}
-		return 0, fmt.Errorf("%w for %s", ErrNotFound, stream)
+		return 0, 0, fmt.Errorf("%w for %s", ErrNotFound, stream)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("offsets: load %s: %w", stream, err)
+		return 0, 0, fmt.Errorf("offsets: load %s: %w", stream, err)
 	}
 	seq, err := strconv.ParseUint(string(e.Value()), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %s = %q", ErrCorrupt, stream, e.Value())
+		return 0, e.Revision(), fmt.Errorf("%w: %s = %q", ErrCorrupt, stream, e.Value())
 	}
 	s.mu.Lock()
 	s.last[stream] = seq
 	s.mu.Unlock()
-	return seq, nil
+	return seq, e.Revision(), nil
+}
+
+// Bump fences the level stream's offset key for a new owner: it reads the
+// committed offset and writes the same value back at the revision read,
+// and returns the offset and the new revision. A previous owner still
+// committing at an older revision then fails with [ErrFenced] (RocketMQ has
+// no such step; it is the "fencing token" of a lease-based design, the
+// key's revision being the token).
+//
+// Errors: as [Store.LoadRevision] when there is no decimal offset to bump
+// (nothing is written; revision is the marker's or the corrupt entry's, 0
+// if never written): the new owner then chooses its start and commits it
+// fenced at that revision, which fails with [ErrFenced] if another writer
+// got there first. A concurrent write between the read and the bump
+// returns [ErrFenced].
+func (s *Store) Bump(ctx context.Context, stream string) (offset, revision uint64, err error) {
+	offset, revision, err = s.LoadRevision(ctx, stream)
+	if err != nil {
+		return offset, revision, err
+	}
+	revision, err = s.update(ctx, stream, offset, revision)
+	if err != nil {
+		return 0, 0, err
+	}
+	return offset, revision, nil
 }
 
 // Commit stores seq as the stream's offset. Committing the offset already
@@ -136,6 +179,25 @@ func (s *Store) Correct(ctx context.Context, stream string, seq uint64, reason s
 	s.logger.Warn("offset corrected", slog.String("stream", stream), slog.Uint64("offset", seq), slog.String("reason", reason))
 	_, err := s.put(ctx, stream, seq)
 	return err
+}
+
+// update stores seq as the stream's offset if the key's revision is still
+// rev (0: the key was never written), and returns the revision the write
+// got. A revision mismatch returns an error wrapping [ErrFenced] and
+// jetstream.ErrKeyRevisionMismatch.
+func (s *Store) update(ctx context.Context, stream string, seq, rev uint64) (uint64, error) {
+	var buf [20]byte
+	newRev, err := s.kv.Update(ctx, stream, strconv.AppendUint(buf[:0], seq, 10), rev)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return 0, fmt.Errorf("%w: commit %s=%d at revision %d: %w", ErrFenced, stream, seq, rev, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("offsets: commit %s=%d at revision %d: %w", stream, seq, rev, err)
+	}
+	s.mu.Lock()
+	s.last[stream] = seq
+	s.mu.Unlock()
+	return newRev, nil
 }
 
 // put stores seq as the stream's offset and returns the KV revision the

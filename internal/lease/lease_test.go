@@ -1,0 +1,385 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/natstest"
+)
+
+// testBundle is one test's bucket on a real nats-server, and a direct
+// handle on its key-value store.
+type testBundle struct {
+	bucket *Bucket
+	kv     jetstream.KeyValue
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	_, js := natstest.Connect(t)
+	b, err := OpenBucket(testCtx(t, 10*time.Second), js, BucketConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testBundle{bucket: b, kv: b.kv}
+}
+
+func testCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newLease returns a lease on key for holder, released when the test ends.
+func newLease(t *testing.T, b *Bucket, key, holder string, ttl, margin time.Duration) *Lease {
+	t.Helper()
+	l, err := New(b, Config{Key: key, Holder: holder, TTL: ttl, Margin: margin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = l.Release(ctx)
+	})
+	return l
+}
+
+func acquire(t *testing.T, l *Lease, within time.Duration) {
+	t.Helper()
+	if err := l.Acquire(testCtx(t, within)); err != nil {
+		t.Fatalf("%s: Acquire: %v", l.holder, err)
+	}
+}
+
+// waitEnded waits until l's term ended and returns it.
+func waitEnded(t *testing.T, l *Lease, within time.Duration) TermInfo {
+	t.Helper()
+	select {
+	case <-l.Context().Done():
+	case <-time.After(within):
+		t.Fatalf("%s: term still running after %s", l.holder, within)
+	}
+	return l.LastTerm()
+}
+
+// TestTwoContendersOneHolds: two replicas acquire one lease at once; one
+// holds it, and while it renews the other never does. At no instant are
+// both valid, and if the other ever takes over, its term begins after the
+// first one's ended.
+func TestTwoContendersOneHolds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = time.Second
+	ls := []*Lease{newLease(t, b.bucket, "router", "A", ttl, 0), newLease(t, b.bucket, "router", "B", ttl, 0)}
+	ctx := testCtx(t, 4*ttl)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, l := range ls {
+		wg.Go(func() { errs[i] = l.Acquire(ctx) })
+	}
+	// Sample both while they contend for 4 T.
+	sampled := 0
+	for ctx.Err() == nil {
+		_, v0 := ls[0].Held()
+		_, v1 := ls[1].Held()
+		if v0 && v1 {
+			t.Fatalf("both hold the lease: %+v and %+v", ls[0].LastTerm(), ls[1].LastTerm())
+		}
+		if v0 || v1 {
+			sampled++
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	wg.Wait()
+	if sampled == 0 {
+		t.Fatal("neither contender ever held the lease")
+	}
+	won := 0
+	for _, err := range errs {
+		if err == nil {
+			won++
+		} else if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire: %v", err)
+		}
+	}
+	t0, t1 := ls[0].LastTerm(), ls[1].LastTerm()
+	switch won {
+	case 1:
+	case 2:
+		// Legitimate only as a takeover after the first term ended (the
+		// holder missed its renewals on a loaded machine).
+		first, second := t0, t1
+		if second.Acquired.Before(first.Acquired) {
+			first, second = second, first
+		}
+		if !first.Ended || !first.ValidUntil.Before(second.Acquired) || second.Epoch <= first.Epoch {
+			t.Fatalf("both acquired with overlapping terms: %+v and %+v", first, second)
+		}
+		t.Logf("the first holder's term ended (%v) and the other took over", first.Cause)
+	default:
+		t.Fatalf("Acquire results %v: want exactly one holder", errs)
+	}
+}
+
+// TestPausedHolderTakeover: a holder that stops renewing (paused) keeps its
+// lease until its fence, and a contender takes it only after T of
+// unchanged revision: the contender's term begins at least T after the
+// paused holder's last renewal was sent, and after the paused holder's
+// validity ended. The new epoch is the old one + 1.
+func TestPausedHolderTakeover(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = time.Second
+	a := newLease(t, b.bucket, "level.DELAYD_5S", "A", ttl, 0)
+	c := newLease(t, b.bucket, "level.DELAYD_5S", "B", ttl, 0)
+	acquire(t, a, 5*time.Second)
+	taken := make(chan error, 1)
+	go func() { taken <- c.Acquire(testCtx(t, 20*time.Second)) }()
+
+	a.PauseRenewals(true)
+	if err := <-taken; err != nil {
+		t.Fatalf("B never took the paused holder's lease: %v", err)
+	}
+	old, next := a.LastTerm(), c.LastTerm()
+	if _, valid := a.Held(); valid {
+		t.Fatalf("A still valid after B took over: A %+v, B %+v", old, next)
+	}
+	if !errors.Is(old.Cause, ErrExpired) {
+		t.Fatalf("A's term ended with %v, want ErrExpired", old.Cause)
+	}
+	lastSent := old.ValidUntil.Add(-ttl + a.Margin()) // the fence is last send + T - margin
+	if got := next.Acquired.Sub(lastSent); got < ttl {
+		t.Fatalf("B took over %s after A's last renewal was sent, want at least T = %s", got, ttl)
+	}
+	if !old.ValidUntil.Before(next.Acquired) {
+		t.Fatalf("A valid until %s after B's term began (A's fence - B's start = %s)", old.ValidUntil.Format(time.StampMicro), old.ValidUntil.Sub(next.Acquired))
+	}
+	if next.Epoch != old.Epoch+1 {
+		t.Fatalf("epochs %d then %d, want +1", old.Epoch, next.Epoch)
+	}
+}
+
+// TestFailedCASLosesAtOnce: when another writer changes the key, the
+// holder's next renewal fails its compare-and-set and the term ends at
+// once with ErrLost, long before its fence.
+func TestFailedCASLosesAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = 3 * time.Second
+	a := newLease(t, b.bucket, "janitor", "A", ttl, 0)
+	acquire(t, a, 5*time.Second)
+	if _, err := b.kv.Put(testCtx(t, 5*time.Second), "janitor", Value{Holder: "intruder", Epoch: 99}.encode()); err != nil {
+		t.Fatal(err)
+	}
+	written := time.Now()
+	fence, _ := a.Deadline()
+	end := waitEnded(t, a, 2*ttl)
+	if !errors.Is(end.Cause, ErrLost) || !errors.Is(end.Cause, jetstream.ErrKeyRevisionMismatch) {
+		t.Fatalf("term ended with %v, want ErrLost wrapping the revision mismatch", end.Cause)
+	}
+	if !end.ValidUntil.Before(fence) {
+		t.Fatalf("term valid until its fence (%s after the foreign write), not ended at the failed renewal", end.ValidUntil.Sub(written))
+	}
+	if _, valid := a.Held(); valid {
+		t.Fatal("Held reports valid after the loss")
+	}
+}
+
+// TestReleaseHandsOverAtOnce: a released lease is taken by a waiting
+// contender at once, with the next epoch. T is a minute and the contender
+// waits at most 20 s, so waiting for T would fail the test.
+func TestReleaseHandsOverAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = time.Minute
+	a := newLease(t, b.bucket, "level.DELAYD_1M", "A", ttl, 0)
+	c := newLease(t, b.bucket, "level.DELAYD_1M", "B", ttl, 0)
+	acquire(t, a, 5*time.Second)
+	taken := make(chan error, 1)
+	go func() { taken <- c.Acquire(testCtx(t, 20*time.Second)) }()
+	// Let B see A's revision first, so a takeover needs the release.
+	time.Sleep(200 * time.Millisecond)
+	if err := a.Release(testCtx(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if ta := a.LastTerm(); !errors.Is(ta.Cause, ErrReleased) {
+		t.Fatalf("A's term ended with %v, want ErrReleased", ta.Cause)
+	}
+	if err := <-taken; err != nil {
+		t.Fatalf("B did not take the released lease: %v", err)
+	}
+	ta, tb := a.LastTerm(), c.LastTerm()
+	if tb.Epoch != ta.Epoch+1 || !ta.ValidUntil.Before(tb.Acquired) {
+		t.Fatalf("A %+v then B %+v: want B's epoch A's + 1, beginning after A's end", ta, tb)
+	}
+	e, err := b.kv.Get(testCtx(t, 5*time.Second), "level.DELAYD_1M")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := DecodeValue(e.Value()); err != nil || v.Holder != "B" || v.Epoch != tb.Epoch {
+		t.Fatalf("stored value %s (%v), want B at epoch %d", e.Value(), err, tb.Epoch)
+	}
+}
+
+// TestEpochsStrictlyIncrease: across every kind of change of holder (a
+// release, an expiry, the key deleted or purged by hand, an unreadable
+// value written by hand) the epoch strictly increases.
+func TestEpochsStrictlyIncrease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = time.Second
+	const key = "level.DELAYD_10S"
+	a := newLease(t, b.bucket, key, "A", ttl, 0)
+	c := newLease(t, b.bucket, key, "B", ttl, 0)
+	ctx := testCtx(t, 30*time.Second)
+	var epochs []uint64
+	record := func(l *Lease) {
+		t.Helper()
+		acquire(t, l, 10*time.Second)
+		e, _ := l.Held()
+		epochs = append(epochs, e)
+	}
+	record(a) // created
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	record(c) // after a release
+	c.PauseRenewals(true)
+	record(a) // after an expiry
+	waitEnded(t, c, 5*time.Second)
+	c.PauseRenewals(false)
+	a.PauseRenewals(true)
+	waitEnded(t, a, 5*time.Second)
+	a.PauseRenewals(false)
+	if err := b.kv.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	record(c) // after a delete by hand
+	c.PauseRenewals(true)
+	waitEnded(t, c, 5*time.Second)
+	c.PauseRenewals(false)
+	if err := b.kv.Purge(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	record(a) // after a purge by hand
+	a.PauseRenewals(true)
+	waitEnded(t, a, 5*time.Second)
+	a.PauseRenewals(false)
+	if _, err := b.kv.Put(ctx, key, []byte("garbage")); err != nil {
+		t.Fatal(err)
+	}
+	record(c) // after an unreadable value
+	for i := 1; i < len(epochs); i++ {
+		if epochs[i] <= epochs[i-1] {
+			t.Fatalf("epochs %v: not strictly increasing at change %d", epochs, i)
+		}
+	}
+	t.Logf("epochs %v", epochs)
+}
+
+func TestValueEncoding(t *testing.T) {
+	t.Parallel()
+	b := Value{Holder: "h-1-ab", Epoch: 7}.encode()
+	if string(b) != `{"v":1,"holder":"h-1-ab","epoch":7}` {
+		t.Fatalf("encoded %s", b)
+	}
+	for _, bad := range []string{"", "7", `{"holder":"h","epoch":1}`, `{"v":2,"holder":"h","epoch":1}`} {
+		if _, err := DecodeValue([]byte(bad)); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("DecodeValue(%q) = %v, want ErrCorrupt", bad, err)
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	t.Parallel()
+	b := &Bucket{}
+	for _, cfg := range []Config{
+		{Holder: "h"},
+		{Key: "a b", Holder: "h"},
+		{Key: ".x", Holder: "h"},
+		{Key: "k"},
+		{Key: "k", Holder: "h", TTL: -1},
+		{Key: "k", Holder: "h", TTL: time.Second, Margin: 400 * time.Millisecond},
+	} {
+		if _, err := New(b, cfg); err == nil {
+			t.Errorf("New(%+v) accepted", cfg)
+		}
+	}
+	if _, err := New(b, Config{Key: "level.DELAYD_1M30S-P0", Holder: "h"}); err != nil {
+		t.Errorf("valid config refused: %v", err)
+	}
+}
+
+// TestLeasesLists: Leases lists every lease key with its holder, epoch and
+// revision, a released one with an empty holder, and an unreadable value
+// with ErrCorrupt; a key deleted by hand is left out.
+func TestLeasesLists(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := testCtx(t, 10*time.Second)
+	if es, err := b.bucket.Leases(ctx); err != nil || len(es) != 0 {
+		t.Fatalf("Leases of an empty bucket = %v, %v; want none", es, err)
+	}
+	r := newLease(t, b.bucket, "router", "A", time.Minute, 0)
+	l := newLease(t, b.bucket, "level.DELAYD_5S", "B", time.Minute, 0)
+	acquire(t, r, 5*time.Second)
+	acquire(t, l, 5*time.Second)
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.kv.Put(ctx, "janitor", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.kv.Put(ctx, "gone", Value{Holder: "C", Epoch: 1}.encode()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.kv.Delete(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	es, err := b.bucket.Leases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 3 || es[0].Key != "janitor" || es[1].Key != "level.DELAYD_5S" || es[2].Key != "router" {
+		t.Fatalf("Leases = %+v; want janitor, level.DELAYD_5S, router", es)
+	}
+	if !errors.Is(es[0].Err, ErrCorrupt) {
+		t.Errorf("janitor: Err %v, want ErrCorrupt", es[0].Err)
+	}
+	if v := es[1].Value; v.Holder != "" || v.Epoch != 1 || es[1].Err != nil {
+		t.Errorf("released level lease: %+v, want an empty holder at epoch 1", es[1])
+	}
+	if v := es[2].Value; v.Holder != "A" || v.Epoch != 1 || es[2].Revision == 0 || es[2].Err != nil {
+		t.Errorf("router lease: %+v, want A at epoch 1", es[2])
+	}
+}
+
+// TestDeletedByHandWaits: a held lease's key deleted by hand ends the
+// holder's term at its next renewal (ErrLost), and a contender takes the
+// key only T after it saw the delete marker, so the terms never overlap;
+// the new epoch exceeds the old.
+func TestDeletedByHandWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = time.Second
+	a := newLease(t, b.bucket, "level.DELAYD_30S", "A", ttl, 0)
+	c := newLease(t, b.bucket, "level.DELAYD_30S", "B", ttl, 0)
+	acquire(t, a, 5*time.Second)
+	if err := b.kv.Delete(testCtx(t, 5*time.Second), "level.DELAYD_30S"); err != nil {
+		t.Fatal(err)
+	}
+	acquire(t, c, 10*time.Second)
+	ta, tc := a.LastTerm(), c.LastTerm()
+	if !ta.Ended || !errors.Is(ta.Cause, ErrLost) {
+		t.Fatalf("A's term after the delete: %+v; want ended with ErrLost", ta)
+	}
+	if !ta.ValidUntil.Before(tc.Acquired) || tc.Epoch <= ta.Epoch {
+		t.Fatalf("A %+v and B %+v overlap or do not increase the epoch", ta, tc)
+	}
+}

@@ -1,0 +1,231 @@
+package natstest
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Account is the account that clients without credentials use, as
+// nats-server names it ("$G"). Cluster's leader look-ups take stream names
+// in this account.
+const Account = "$G"
+
+// ClusterReadyTimeout bounds how long [StartCluster] and
+// [Cluster.Restart] wait for a meta leader and every running node to be
+// current.
+const ClusterReadyTimeout = 30 * time.Second
+
+// Cluster is a JetStream cluster of embedded nats-servers on loopback, as
+// nats-server's own createJetStreamClusterExplicit builds one: each node
+// has a name, a store dir, a cluster listen port and routes to every
+// node's cluster port. Ports are chosen free by the OS once, at start,
+// and kept across [Cluster.Restart], so clients given [Cluster.URLs]
+// reconnect to a restarted node.
+//
+// A Cluster belongs to one test goroutine.
+type Cluster struct {
+	t       testing.TB
+	opts    []*server.Options
+	servers []*server.Server // nil for a stopped node
+}
+
+// StartCluster starts n nodes (n >= 1; 3 for R3 streams), waits until
+// they form a cluster with a JetStream meta leader and every node is
+// current (up to [ClusterReadyTimeout]), and shuts every node down when
+// the test ends.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	if n < 1 {
+		t.Fatalf("natstest: cluster of %d nodes", n)
+	}
+	ports := freePorts(t, 2*n)
+	name := "C" + strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+	if len(name) > 60 {
+		name = name[:60]
+	}
+	var routes []*url.URL
+	for i := range n {
+		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", ports[n+i])})
+	}
+	c := &Cluster{t: t, opts: make([]*server.Options, n), servers: make([]*server.Server, n)}
+	for i := range n {
+		o := Options(t.TempDir())
+		o.ServerName = fmt.Sprintf("N%d", i)
+		o.Port = ports[i]
+		o.Cluster = server.ClusterOpts{Name: name, Host: "127.0.0.1", Port: ports[n+i]}
+		o.Routes = routes
+		c.opts[i] = o
+	}
+	t.Cleanup(func() {
+		for i := range c.servers {
+			c.Stop(i)
+		}
+	})
+	for i := range n {
+		c.start(i)
+	}
+	c.WaitReady()
+	return c
+}
+
+// freePorts returns n distinct loopback TCP ports the OS reports free now.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, n)
+	for i := range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	return ports
+}
+
+func (c *Cluster) start(i int) {
+	c.t.Helper()
+	srv, err := server.NewServer(c.opts[i].Clone())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		c.t.Fatalf("natstest: node %d not ready for connections", i)
+	}
+	c.servers[i] = srv
+}
+
+// Len returns the number of nodes, running or stopped.
+func (c *Cluster) Len() int { return len(c.servers) }
+
+// Server returns node i's server, or nil while it is stopped.
+func (c *Cluster) Server(i int) *server.Server { return c.servers[i] }
+
+// URL returns node i's client URL, e.g. "nats://127.0.0.1:41234". It stays
+// the same across a restart.
+func (c *Cluster) URL(i int) string {
+	return fmt.Sprintf("nats://127.0.0.1:%d", c.opts[i].Port)
+}
+
+// URLs returns every node's client URL, comma-separated, as
+// DELAYD_NATS_URL and [nats.Connect] take them.
+func (c *Cluster) URLs() string {
+	urls := make([]string, len(c.opts))
+	for i := range c.opts {
+		urls[i] = c.URL(i)
+	}
+	return strings.Join(urls, ",")
+}
+
+// Connect returns a connection to node i (reconnecting for ever, to any
+// node) and its JetStream context; the connection is closed when the test
+// ends.
+func (c *Cluster) Connect(i int) (*nats.Conn, jetstream.JetStream) {
+	c.t.Helper()
+	urls := []string{c.URL(i)}
+	for j := range c.opts {
+		if j != i {
+			urls = append(urls, c.URL(j))
+		}
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return nc, js
+}
+
+// Stop shuts node i down and waits until it is down. Stopping a stopped
+// node does nothing.
+func (c *Cluster) Stop(i int) {
+	if s := c.servers[i]; s != nil {
+		s.Shutdown()
+		s.WaitForShutdown()
+		c.servers[i] = nil
+	}
+}
+
+// Restart starts stopped node i again with its store, ports and routes,
+// and waits until the cluster is ready ([Cluster.WaitReady]).
+func (c *Cluster) Restart(i int) {
+	c.t.Helper()
+	if c.servers[i] != nil {
+		c.t.Fatalf("natstest: node %d is running", i)
+	}
+	c.start(i)
+	c.WaitReady()
+}
+
+// WaitReady waits until a JetStream meta leader exists, it sees every
+// node as a peer, and every running node is current, as nats-server's
+// waitOnClusterReady does; it fails the test after [ClusterReadyTimeout].
+func (c *Cluster) WaitReady() {
+	c.t.Helper()
+	deadline := time.Now().Add(ClusterReadyTimeout)
+	for time.Now().Before(deadline) {
+		if l := c.MetaLeader(); l >= 0 && len(c.servers[l].JetStreamClusterPeers()) == len(c.servers) {
+			current := true
+			for _, s := range c.servers {
+				if s != nil && !s.JetStreamIsCurrent() {
+					current = false
+				}
+			}
+			if current {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.t.Fatalf("natstest: cluster not ready within %s (meta leader node %d)", ClusterReadyTimeout, c.MetaLeader())
+}
+
+// MetaLeader returns the index of the node that is JetStream's meta
+// leader, or -1 if none is now.
+func (c *Cluster) MetaLeader() int {
+	for i, s := range c.servers {
+		if s != nil && s.JetStreamIsLeader() {
+			return i
+		}
+	}
+	return -1
+}
+
+// StreamLeader returns the index of the node that leads stream (in
+// [Account]), or -1 if none does now. A KV bucket B is the stream "KV_B".
+func (c *Cluster) StreamLeader(stream string) int {
+	for i, s := range c.servers {
+		if s != nil && s.JetStreamIsStreamLeader(Account, stream) {
+			return i
+		}
+	}
+	return -1
+}
+
+// WaitStreamLeader waits up to [ClusterReadyTimeout] until stream has a
+// leader and returns its node's index.
+func (c *Cluster) WaitStreamLeader(stream string) int {
+	c.t.Helper()
+	deadline := time.Now().Add(ClusterReadyTimeout)
+	for time.Now().Before(deadline) {
+		if l := c.StreamLeader(stream); l >= 0 {
+			return l
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.t.Fatalf("natstest: stream %s has no leader within %s", stream, ClusterReadyTimeout)
+	return -1
+}
