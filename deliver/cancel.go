@@ -582,7 +582,14 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 		seen uint64
 	)
 	for _, key := range keys {
-		r, found, err := index.Lookup(ctx, reader, key, opTimeout)
+		var (
+			r     index.Record
+			found bool
+		)
+		err := s.lookups.lookup(ctx, func() (err error) {
+			r, found, err = index.Lookup(ctx, reader, key, opTimeout)
+			return err
+		})
 		if err != nil {
 			return "", err
 		}
@@ -647,7 +654,10 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 			return "", err
 		}
 		pause = min(2*pause, 100*time.Millisecond)
-		if rec, ok, err = index.Lookup(ctx, reader, rec.Key, opTimeout); err != nil {
+		if err = s.lookups.lookup(ctx, func() (err error) {
+			rec, ok, err = index.Lookup(ctx, reader, rec.Key, opTimeout)
+			return err
+		}); err != nil {
 			return "", err
 		}
 		if ok {
