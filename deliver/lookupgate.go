@@ -17,66 +17,84 @@ import (
 const CancelLookupShareDefault = contract.CancelShareDefault
 
 // lookupGate paces the cancel API's id-index lookups so that a storm of
-// cancels costs the deliveries nothing: one lookup at a time, and after a
-// lookup that took d, none for d×(1/share − 1), so lookups use at most
-// share of one core's time (on the NATS server, which walks the index:
-// README "What a cancel costs"). Requests that cannot wait their turn pile
-// up in the cancel queue and are answered busy ([ErrCancelBusy]).
+// cancels costs the deliveries nothing. It is a token bucket counted in
+// lookup time: one lookup at a time; each spends the time it took; the
+// budget refills at share seconds per second (share of one core's time,
+// on the NATS server, which walks the index: README "What a cancel
+// costs"), up to lookupBurst, and a lookup waits while the budget is
+// below zero. A lone request after a quiet spell runs at once; under
+// sustained load lookups take share of the time on average. Requests that
+// cannot wait their turn pile up in the cancel queue and are answered
+// busy ([ErrCancelBusy]).
 //
 // It guards its state with one mutex and owns no goroutine: the cancel
-// workers call acquire and release on their own goroutines.
+// workers call lookup on their own goroutines.
 type lookupGate struct {
 	share float64 // of one core's time, (0, 1]
 	slot  chan struct{}
 
-	mu   sync.Mutex
-	next time.Time // no lookup starts before it
+	mu     sync.Mutex
+	budget time.Duration // lookup time that may be spent now; below zero: wait
+	at     time.Time     // when budget was last brought up to date
 }
+
+// lookupBurst is the most lookup time the gate lets run back to back
+// after a quiet spell.
+const lookupBurst = 100 * time.Millisecond
 
 func newLookupGate(share float64) *lookupGate {
-	return &lookupGate{share: share, slot: make(chan struct{}, 1)}
+	return &lookupGate{share: share, slot: make(chan struct{}, 1), budget: lookupBurst, at: time.Now()}
 }
 
-// acquire waits for the slot and the end of the previous lookup's pause;
-// it returns ctx's error if ctx ends first. A nil error must be followed by
-// release.
-func (g *lookupGate) acquire(ctx context.Context) error {
+// refill brings the budget up to now. g.mu must be held.
+func (g *lookupGate) refill(now time.Time) {
+	g.budget = min(lookupBurst, g.budget+time.Duration(float64(now.Sub(g.at))*g.share))
+	g.at = now
+}
+
+// lookup runs fn (one index lookup) once the slot is free and the budget
+// is not below zero, and spends the time fn took. Without running fn, it
+// returns ctx's error if ctx ends first, and [ErrCancelBusy] if fn could
+// not start by notAfter (the zero time: no bound); else fn's error.
+func (g *lookupGate) lookup(ctx context.Context, notAfter time.Time, fn func() error) error {
+	var bound <-chan time.Time
+	if !notAfter.IsZero() {
+		t := time.NewTimer(time.Until(notAfter))
+		defer t.Stop()
+		bound = t.C
+	}
 	select {
 	case g.slot <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-bound:
+		return ErrCancelBusy
 	}
+	defer func() { <-g.slot }()
 	g.mu.Lock()
-	wait := time.Until(g.next)
+	now := time.Now()
+	g.refill(now)
+	wait := time.Duration(float64(-g.budget) / g.share)
 	g.mu.Unlock()
+	if !notAfter.IsZero() && now.Add(wait).After(notAfter) {
+		return ErrCancelBusy
+	}
 	if wait > 0 {
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		select {
 		case <-t.C:
 		case <-ctx.Done():
-			<-g.slot
 			return ctx.Err()
 		}
 	}
-	return nil
-}
-
-// release frees the slot after a lookup that took took, and sets the pause
-// before the next one.
-func (g *lookupGate) release(took time.Duration) {
-	g.mu.Lock()
-	g.next = time.Now().Add(time.Duration(float64(took) * (1/g.share - 1)))
-	g.mu.Unlock()
-	<-g.slot
-}
-
-// lookup runs fn (one index lookup) through the gate.
-func (g *lookupGate) lookup(ctx context.Context, fn func() error) error {
-	if err := g.acquire(ctx); err != nil {
-		return err
-	}
 	start := time.Now()
-	defer func() { g.release(time.Since(start)) }()
+	defer func() {
+		end := time.Now()
+		g.mu.Lock()
+		g.refill(end)
+		g.budget -= end.Sub(start)
+		g.mu.Unlock()
+	}()
 	return fn()
 }

@@ -2,18 +2,21 @@ package deliver
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// TestLookupGate: lookups through the gate never overlap, and after a
-// lookup that took d the next starts no sooner than d×(1/share − 1) after
-// it ended (a lower bound the gate guarantees however slow the machine).
+// TestLookupGate: lookups through the gate never overlap, and the lookup
+// time spent before any lookup starts is at most the burst plus share of
+// the time since the gate was made (the token bucket's bound, which holds
+// however slow the machine).
 func TestLookupGate(t *testing.T) {
 	t.Parallel()
 	const share = 0.5
+	t0 := time.Now()
 	g := newLookupGate(share)
 	type span struct{ start, end time.Time }
 	var (
@@ -24,13 +27,13 @@ func TestLookupGate(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 3 {
 		wg.Go(func() {
-			for range 3 {
-				err := g.lookup(context.Background(), func() error {
+			for range 4 {
+				err := g.lookup(context.Background(), time.Time{}, func() error {
 					if running.Add(1) != 1 {
 						t.Error("two lookups ran at once")
 					}
 					s := span{start: time.Now()}
-					time.Sleep(10 * time.Millisecond) // the lookup's work
+					time.Sleep(20 * time.Millisecond) // the lookup's work
 					s.end = time.Now()
 					running.Add(-1)
 					mu.Lock()
@@ -45,34 +48,63 @@ func TestLookupGate(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if len(spans) != 9 {
-		t.Fatalf("%d lookups ran, want 9", len(spans))
+	if len(spans) != 12 {
+		t.Fatalf("%d lookups ran, want 12", len(spans))
 	}
-	for i := 1; i < len(spans); i++ {
-		prev, cur := spans[i-1], spans[i]
-		pause := time.Duration(float64(prev.end.Sub(prev.start)) * (1/share - 1))
-		if gap := cur.start.Sub(prev.end); gap < pause {
-			t.Errorf("lookup %d started %v after lookup %d ended, which took %v: want at least %v", i, gap, i-1, prev.end.Sub(prev.start), pause)
+	var spent time.Duration
+	for i, s := range spans {
+		if bound := lookupBurst + time.Duration(float64(s.start.Sub(t0))*share); spent > bound {
+			t.Errorf("lookup %d started %v after the gate was made with %v of lookups spent: want at most %v", i, s.start.Sub(t0), spent, bound)
 		}
+		spent += s.end.Sub(s.start)
 	}
 }
 
-// TestLookupGateContext: a wait for the gate ends with its context, and
-// leaves the gate usable.
+// TestLookupGateContext: a wait for the budget ends with its context,
+// without running the lookup, and gives the slot back.
 func TestLookupGateContext(t *testing.T) {
 	t.Parallel()
-	g := newLookupGate(0.01) // a 10 ms lookup closes the gate for about a second
-	if err := g.lookup(context.Background(), func() error { time.Sleep(10 * time.Millisecond); return nil }); err != nil {
+	g := newLookupGate(0.5)
+	// 150 ms of lookup against a 100 ms burst: the budget is 50 ms short,
+	// a wait of about 100 ms at half a core.
+	if err := g.lookup(context.Background(), time.Time{}, func() error { time.Sleep(150 * time.Millisecond); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	ran := false
-	if err := g.lookup(ctx, func() error { ran = true; return nil }); err != context.DeadlineExceeded || ran {
-		t.Fatalf("lookup during the pause: %v, ran %v; want context.DeadlineExceeded without running", err, ran)
+	if err := g.lookup(ctx, time.Time{}, func() error { ran = true; return nil }); !errors.Is(err, context.DeadlineExceeded) || ran {
+		t.Fatalf("lookup while the budget is short: %v, ran %v; want context.DeadlineExceeded without running", err, ran)
 	}
-	// The slot was given back: a lookup after the pause runs.
-	if err := g.lookup(context.Background(), func() error { ran = true; return nil }); err != nil || !ran {
-		t.Fatalf("lookup after the pause: %v, ran %v", err, ran)
+	// The slot was given back: a lookup with time to wait runs.
+	if err := g.lookup(context.Background(), time.Time{}, func() error { ran = true; return nil }); err != nil || !ran {
+		t.Fatalf("lookup after the wait: %v, ran %v", err, ran)
 	}
+}
+
+// TestLookupGateNotAfter: a lookup that could not start by its bound
+// answers ErrCancelBusy without running, whether it waits for the budget
+// or for the slot.
+func TestLookupGateNotAfter(t *testing.T) {
+	t.Parallel()
+	g := newLookupGate(0.5)
+	// The budget 50 ms short: a wait of about 100 ms.
+	if err := g.lookup(context.Background(), time.Time{}, func() error { time.Sleep(150 * time.Millisecond); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	if err := g.lookup(context.Background(), time.Now().Add(20*time.Millisecond), func() error { ran = true; return nil }); !errors.Is(err, ErrCancelBusy) || ran {
+		t.Fatalf("lookup bound before the budget allows it: %v, ran %v; want ErrCancelBusy without running", err, ran)
+	}
+	// The slot held by a lookup that runs past the bound.
+	g = newLookupGate(1)
+	started, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		_ = g.lookup(context.Background(), time.Time{}, func() error { close(started); <-release; return nil })
+	}()
+	<-started
+	if err := g.lookup(context.Background(), time.Now().Add(20*time.Millisecond), func() error { ran = true; return nil }); !errors.Is(err, ErrCancelBusy) || ran {
+		t.Fatalf("lookup bound while the slot is held: %v, ran %v; want ErrCancelBusy without running", err, ran)
+	}
+	close(release)
 }

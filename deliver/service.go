@@ -119,8 +119,8 @@ type Service struct {
 
 	cancelCancelled, cancelNotFound, cancelDelivered, cancelBusy atomic.Uint64
 
-	hopKey hopKey      // set by setup
-	routed *routedGate // shared by the cancel workers; set by Run
+	hopKey  hopKey      // set by setup
+	routed  *routedGate // shared by the cancel workers; set by Run
 	lookups *lookupGate // paces the cancel workers' index lookups
 }
 
