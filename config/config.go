@@ -44,6 +44,8 @@ const (
 	StartGraceDefault = 3 * time.Second
 	// MaxDelayDefault is the default longest Delay-Duration or Delay-Deliver-At (DELAYD_MAX_DELAY): a week.
 	MaxDelayDefault = contract.MaxDelayDefault
+	// CancelShareDefault is DELAYD_CANCEL_SHARE's default: a tenth of one core for the cancel API's index lookups.
+	CancelShareDefault = contract.CancelShareDefault
 )
 
 // Limits of DELAYD_REPLICAS: JetStream allows 1 to 5 replicas.
@@ -103,6 +105,11 @@ type Config struct {
 	// for; longer is invalid input (dead-lettered). A Go duration (time.ParseDuration), > 0.
 	// Optional. Default [MaxDelayDefault].
 	MaxDelay time.Duration `envconfig:"DELAYD_MAX_DELAY"`
+
+	// CancelShare is the share of one core's time, in (0, 1], the cancel API's id-index lookups may take
+	// ([deliver.Config].CancelLookupShare); requests beyond it are answered busy (429). A decimal number.
+	// Optional. Default [CancelShareDefault].
+	CancelShare float64 `envconfig:"DELAYD_CANCEL_SHARE"`
 
 	// NATSUser and NATSPassword authenticate to the NATS server(s) of NATSURL with a user name and password
 	// ([nats.UserInfo]). Both or neither; only with NATSURL; at most one authentication method.
@@ -227,6 +234,8 @@ func defaults() Config {
 		LogLevel:   LogLevelDefault,
 		StartGrace: StartGraceDefault,
 		MaxDelay:   MaxDelayDefault,
+
+		CancelShare: CancelShareDefault,
 	}
 }
 
@@ -242,6 +251,8 @@ func parseReason(pe *envconfig.ParseError) string {
 		return `must be a Go duration >= 0, such as "3s" or "500ms"`
 	case "DELAYD_MAX_DELAY":
 		return `must be a positive Go duration, such as "168h"`
+	case "DELAYD_CANCEL_SHARE":
+		return "must be a number above 0 and at most 1, such as 0.1"
 	}
 	return pe.Err.Error()
 }
@@ -307,6 +318,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxDelay <= 0 {
 		bad("DELAYD_MAX_DELAY", c.MaxDelay.String(), "must be a positive Go duration, such as 168h", nil)
+	}
+	if !(c.CancelShare > 0 && c.CancelShare <= 1) {
+		bad("DELAYD_CANCEL_SHARE", strconv.FormatFloat(c.CancelShare, 'g', -1, 64), "must be a number above 0 and at most 1, such as 0.1", nil)
 	}
 	if c.StartGrace < 0 {
 		bad("DELAYD_START_GRACE", c.StartGrace.String(), "must be >= 0", nil)

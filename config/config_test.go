@@ -16,7 +16,7 @@ import (
 // vars are every variable Config reads.
 var vars = []string{
 	"DELAYD_NATS_URL", "DELAYD_LISTEN", "DELAYD_STORE_DIR", "DELAYD_LEVELS", "DELAYD_PREFIX", "DELAYD_HTTP_ADDR",
-	"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY",
+	"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY", "DELAYD_CANCEL_SHARE",
 	"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED", "DELAYD_NATS_CREDS",
 	"DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY", "DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS",
 }
@@ -73,7 +73,7 @@ func TestVarTags(t *testing.T) {
 	known := map[string]bool{}
 	for _, name := range []string{
 		"DELAYD_NATS_URL", "DELAYD_LISTEN", "DELAYD_STORE_DIR", "DELAYD_LEVELS", "DELAYD_PREFIX", "DELAYD_HTTP_ADDR",
-		"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY",
+		"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY", "DELAYD_CANCEL_SHARE",
 		"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED",
 		"DELAYD_NATS_CREDS", "DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY",
 		"DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS",
@@ -366,6 +366,27 @@ func TestMaxDelay(t *testing.T) {
 		t.Setenv("DELAYD_MAX_DELAY", bad)
 		if _, err := Load(); err == nil || !strings.Contains(err.Error(), "DELAYD_MAX_DELAY") {
 			t.Errorf("DELAYD_MAX_DELAY=%q: %v, want an error naming the variable", bad, err)
+		}
+	}
+}
+
+func TestCancelShare(t *testing.T) {
+	clearEnv(t)
+	if c, err := Load(); err != nil || c.CancelShare != 0.1 {
+		t.Fatalf("Load() CancelShare = %v, %v; want the default 0.1", c.CancelShare, err)
+	}
+	t.Setenv("DELAYD_CANCEL_SHARE", "0.5")
+	if c, err := Load(); err != nil || c.CancelShare != 0.5 {
+		t.Fatalf("Load() CancelShare = %v, %v; want 0.5", c.CancelShare, err)
+	}
+	t.Setenv("DELAYD_CANCEL_SHARE", "1")
+	if c, err := Load(); err != nil || c.CancelShare != 1 {
+		t.Fatalf("Load() CancelShare = %v, %v; want 1", c.CancelShare, err)
+	}
+	for _, bad := range []string{"0", "-0.1", "1.5", "NaN", "a tenth"} {
+		t.Setenv("DELAYD_CANCEL_SHARE", bad)
+		if _, err := Load(); err == nil || !strings.Contains(err.Error(), "DELAYD_CANCEL_SHARE") {
+			t.Errorf("DELAYD_CANCEL_SHARE=%q: %v, want an error naming the variable", bad, err)
 		}
 	}
 }

@@ -11,6 +11,11 @@ const PrefixDefault = "delay"
 // a week. A longer one is dead-lettered with reason "level".
 const MaxDelayDefault = 168 * time.Hour
 
+// CancelShareDefault is the default share of one core's time the cancel
+// API's id-index lookups may take (DELAYD_CANCEL_SHARE): a tenth. Past it,
+// cancel requests are answered busy (README "What a cancel costs").
+const CancelShareDefault = 0.1
+
 // Internal subject space. Every subject delayd itself uses lives under
 // [InternalPrefix]; a target there is refused ([ErrForbiddenTarget]).
 const (

@@ -433,7 +433,7 @@ type CancelStats struct {
 // up the others; each decision is still made by the owning scanner). Each
 // costs an ingress stream info, an index lookup (one slot's records), a
 // direct get and a tombstone write.
-func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs []*nats.Subscription, ch <-chan *nats.Msg) error {
+func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs []*nats.Subscription, ch <-chan queuedCancel) error {
 	defer func() {
 		for _, sub := range subs {
 			_ = sub.Unsubscribe()
@@ -459,7 +459,8 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs 
 				select {
 				case <-ctx.Done():
 					return
-				case m := <-ch:
+				case q := <-ch:
+					m := q.m
 					// The scoped form's target; "" for the unscoped form.
 					scope, scoped := strings.CutPrefix(m.Subject, contract.CancelSubject+".")
 					if !scoped {
@@ -473,9 +474,12 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs 
 						s.cancelNotFound.Add(1)
 						reply = contract.CancelReplyNotFound
 					} else {
-						reply, err = s.cancel(ctx, js, reader, string(m.Data), scope)
+						reply, err = s.cancel(ctx, js, reader, string(m.Data), scope, q.at.Add(CancelQueueWait))
 					}
-					if err != nil {
+					if errors.Is(err, ErrCancelBusy) {
+						s.cancelBusy.Add(1)
+						reply = contract.CancelReplyErrorPrefix + err.Error()
+					} else if err != nil {
 						if ctx.Err() != nil {
 							return
 						}
@@ -500,17 +504,29 @@ const cancelWorkers = 4
 // (and its share of the CPU the deliveries need) stays bounded.
 const CancelQueueMax = 256
 
+// CancelQueueWait is how long a cancel request waits for its turn at the
+// id index at most (the lookups are paced: [Config].CancelLookupShare).
+// One that would wait longer is answered [ErrCancelBusy] (code 429) without
+// being looked at, rather than late, after its requester gave up.
+const CancelQueueWait = 2 * time.Second
+
+// queuedCancel is a cancel request and when it arrived.
+type queuedCancel struct {
+	m  *nats.Msg
+	at time.Time
+}
+
 // subscribeCancel subscribes to [contract.CancelSubject] and the scoped
 // "delayd.api.cancel.>" ([contract.CancelSubjectFor]), queue group "delayd", and
 // waits until the server has the subscriptions, so a request sent once the
 // service is ready finds a responder. Requests go to the returned queue,
 // at most [CancelQueueMax]; the subscriptions' goroutines answer the rest
 // busy.
-func (s *Service) subscribeCancel(ctx context.Context) ([]*nats.Subscription, chan *nats.Msg, error) {
-	ch := make(chan *nats.Msg, CancelQueueMax)
+func (s *Service) subscribeCancel(ctx context.Context) ([]*nats.Subscription, chan queuedCancel, error) {
+	ch := make(chan queuedCancel, CancelQueueMax)
 	enqueue := func(m *nats.Msg) {
 		select {
-		case ch <- m:
+		case ch <- queuedCancel{m: m, at: time.Now()}:
 		default:
 			s.cancelBusy.Add(1)
 			_ = m.RespondMsg(cancelReplyMsg(contract.CancelReplyErrorPrefix+ErrCancelBusy.Error(), ErrCancelBusy))
@@ -546,7 +562,10 @@ func (s *Service) subscribeCancel(ctx context.Context) ([]*nats.Subscription, ch
 // for the unscoped one: a message with another target is treated exactly
 // as an unknown id (it is not found, and it does not make an id ambiguous),
 // so a scoped request tells nothing about other targets' messages.
-func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, id, scope string) (string, error) {
+//
+// notAfter bounds the wait for the paced index lookups: past it the
+// answer is [ErrCancelBusy] (zero: no bound).
+func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, id, scope string, notAfter time.Time) (string, error) {
 	id = strings.TrimSpace(id)
 	var keys []string
 	if id != "" {
@@ -582,7 +601,14 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 		seen uint64
 	)
 	for _, key := range keys {
-		r, found, err := index.Lookup(ctx, reader, key, opTimeout)
+		var (
+			r     index.Record
+			found bool
+		)
+		err := s.lookups.lookup(ctx, notAfter, func() (err error) {
+			r, found, err = index.Lookup(ctx, reader, key, opTimeout)
+			return err
+		})
 		if err != nil {
 			return "", err
 		}
@@ -647,7 +673,10 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 			return "", err
 		}
 		pause = min(2*pause, 100*time.Millisecond)
-		if rec, ok, err = index.Lookup(ctx, reader, rec.Key, opTimeout); err != nil {
+		if err = s.lookups.lookup(ctx, notAfter, func() (err error) {
+			rec, ok, err = index.Lookup(ctx, reader, rec.Key, opTimeout)
+			return err
+		}); err != nil {
 			return "", err
 		}
 		if ok {

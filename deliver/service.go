@@ -53,6 +53,15 @@ type Config struct {
 	// Optional. Default [contract.MaxDelayDefault].
 	MaxDelay time.Duration
 
+	// CancelLookupShare is the share of one core's time, in (0, 1], the
+	// cancel API's id-index lookups may take: one lookup at a time, and
+	// after a lookup that took d, none for d×(1/share − 1). Lookups cost
+	// the NATS server a walk of the index (README "What a cancel costs"),
+	// so this trades cancel capacity against delivery lateness; requests
+	// beyond what it allows are answered busy ([ErrCancelBusy]). Optional.
+	// Default [CancelLookupShareDefault].
+	CancelLookupShare float64
+
 	// Replicas for every stream delayd creates. Optional. Default 1.
 	Replicas int
 
@@ -110,8 +119,9 @@ type Service struct {
 
 	cancelCancelled, cancelNotFound, cancelDelivered, cancelBusy atomic.Uint64
 
-	hopKey hopKey      // set by setup
-	routed *routedGate // shared by the cancel workers; set by Run
+	hopKey  hopKey      // set by setup
+	routed  *routedGate // shared by the cancel workers; set by Run
+	lookups *lookupGate // paces the cancel workers' index lookups
 }
 
 // New returns a service on nc. Nothing touches the server until Run.
@@ -125,6 +135,12 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	cfg.Prefix = cmp.Or(cfg.Prefix, contract.PrefixDefault)
 	if cfg.Levels.Len() == 0 {
 		cfg.Levels = levels.Default()
+	}
+	if cfg.CancelLookupShare == 0 {
+		cfg.CancelLookupShare = CancelLookupShareDefault
+	}
+	if !(cfg.CancelLookupShare > 0 && cfg.CancelLookupShare <= 1) {
+		return nil, fmt.Errorf("deliver: cancel lookup share %v: must be above 0 and at most 1", cfg.CancelLookupShare)
 	}
 	if cfg.Replicas < 1 {
 		return nil, fmt.Errorf("deliver: replicas %d: must be at least 1", cfg.Replicas)
@@ -341,6 +357,7 @@ func (s *Service) Run(ctx context.Context) error {
 	wg.Go(func() { errs <- router.Run(runCtx) })
 	cancelJS := mustJS(s.nc, 0)
 	s.routed = newRoutedGate(cancelJS, s.refused.routerWaiting)
+	s.lookups = newLookupGate(s.cfg.CancelLookupShare)
 	wg.Go(func() { s.routed.run(runCtx) })
 	wg.Go(func() { errs <- s.serveCancel(runCtx, cancelJS, cancelSubs, cancelCh) })
 	wg.Go(func() { errs <- s.trimIndex(runCtx) })

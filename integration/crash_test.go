@@ -67,6 +67,10 @@ func (b *testBundle) tryStartProcess(env ...string) (*process, error) {
 		"DELAYD_HTTP_ADDR=",
 		"DELAYD_LOG_FORMAT=json",
 		"DELAYD_LOG_LEVEL=warn",
+		// Cancel tests check answers, not pacing: lookups may take a
+		// whole core (the default paces them to a tenth:
+		// TestCancelStormAnswered, and deliver's TestLookupGate).
+		"DELAYD_CANCEL_SHARE=1",
 	)
 	cmd.Env = append(cmd.Env, env...)
 	out := &syncWriter{w: &bytes.Buffer{}}

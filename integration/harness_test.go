@@ -83,7 +83,9 @@ func (b *testBundle) startDelayd(table string, mod ...func(*deliver.Config)) {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	cfg := deliver.Config{Prefix: "delay", Levels: levels.MustParse(table), Logger: testLogger(b.t)}
+	// Cancel tests check answers, not pacing: lookups may take a whole
+	// core (TestCancelStormAnswered runs with the default).
+	cfg := deliver.Config{Prefix: "delay", Levels: levels.MustParse(table), Logger: testLogger(b.t), CancelLookupShare: 1}
 	for _, m := range mod {
 		m(&cfg)
 	}

@@ -144,11 +144,12 @@ func run() int {
 		StartGrace: cfg.StartGrace,
 		// A restart of delayd restarts its embedded server, so core
 		// subscribers reconnect after a start too.
-		GraceAtStart: srv != nil,
-		MaxDelay:     cfg.MaxDelay,
-		Targets:      cfg.TargetPolicy(),
-		Logger:       logger,
-		OnDelivery:   func(stream string, lateness time.Duration) { m.ObserveDelivery(stream, lateness) },
+		GraceAtStart:      srv != nil,
+		MaxDelay:          cfg.MaxDelay,
+		CancelLookupShare: cfg.CancelShare,
+		Targets:           cfg.TargetPolicy(),
+		Logger:            logger,
+		OnDelivery:        func(stream string, lateness time.Duration) { m.ObserveDelivery(stream, lateness) },
 	})
 	if err != nil {
 		logger.Error("bad service configuration", slog.Any("error", err))
