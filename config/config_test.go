@@ -42,16 +42,17 @@ func TestLoadDefaults(t *testing.T) {
 		t.Fatalf("Load: %v", err)
 	}
 	want := Config{
-		Listen:     ListenDefault,
-		StoreDir:   StoreDirDefault,
-		Levels:     levels.Default(),
-		Prefix:     PrefixDefault,
-		HTTPAddr:   HTTPAddrDefault,
-		Replicas:   ReplicasDefault,
-		LogFormat:  LogFormatDefault,
-		LogLevel:   LogLevelDefault,
-		StartGrace: StartGraceDefault,
-		MaxDelay:   MaxDelayDefault,
+		Listen:      ListenDefault,
+		StoreDir:    StoreDirDefault,
+		Levels:      levels.Default(),
+		Prefix:      PrefixDefault,
+		HTTPAddr:    HTTPAddrDefault,
+		Replicas:    ReplicasDefault,
+		LogFormat:   LogFormatDefault,
+		LogLevel:    LogLevelDefault,
+		StartGrace:  StartGraceDefault,
+		MaxDelay:    MaxDelayDefault,
+		CancelShare: CancelShareDefault,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load() = %+v, want %+v", c, want)
@@ -148,17 +149,18 @@ func TestLoadValues(t *testing.T) {
 		t.Fatalf("Load: %v", err)
 	}
 	want := Config{
-		NATSURL:    " nats://a:4222, tls://b:4223 ,c:4224,d",
-		Listen:     ":4333",
-		StoreDir:   "/var/lib/delayd",
-		Levels:     levels.MustParse("100ms 1m30s 24h"),
-		Prefix:     "sched.in",
-		HTTPAddr:   "",
-		Replicas:   3,
-		LogFormat:  "JSON",
-		LogLevel:   "Debug",
-		StartGrace: 0,
-		MaxDelay:   MaxDelayDefault,
+		NATSURL:     " nats://a:4222, tls://b:4223 ,c:4224,d",
+		Listen:      ":4333",
+		StoreDir:    "/var/lib/delayd",
+		Levels:      levels.MustParse("100ms 1m30s 24h"),
+		Prefix:      "sched.in",
+		HTTPAddr:    "",
+		Replicas:    3,
+		LogFormat:   "JSON",
+		LogLevel:    "Debug",
+		StartGrace:  0,
+		MaxDelay:    MaxDelayDefault,
+		CancelShare: CancelShareDefault,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load() = %+v, want %+v", c, want)
