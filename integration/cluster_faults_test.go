@@ -91,6 +91,7 @@ func TestClusterKill9(t *testing.T) {
 	l.waitDelivered(2 * time.Minute)
 	rep := l.report()
 	t.Logf("%d kills and a 2 s pause:\n%s", kills, rep)
+	rep.checkLevels(t)
 	rep.checkStream(t)
 	rep.checkCore(t, kills+1, deliver.ScannerWindowDefault, clusterLevels)
 	t.Logf("%d offset updates seen", offs.check())
@@ -147,6 +148,7 @@ func TestClusterNodeStops(t *testing.T) {
 	t.Logf("stall: the longest pause between deliveries was %s at the stream target (from %s) and %s at the core target (from %s); the node stopped at %s",
 		rep.Stream.LongestGap.Round(time.Millisecond), rep.Stream.GapFrom.Format("15:04:05.000"),
 		rep.Core.LongestGap.Round(time.Millisecond), rep.Core.GapFrom.Format("15:04:05.000"), stopped.Format("15:04:05.000"))
+	rep.checkLevels(t)
 	rep.checkStream(t)
 	rep.checkCore(t, 1, deliver.ScannerWindowDefault, clusterLevels)
 	t.Logf("%d offset updates seen", offs.check())
@@ -199,6 +201,7 @@ func TestClusterCutOff(t *testing.T) {
 	l.waitDelivered(2 * time.Minute)
 	rep := l.report()
 	t.Logf("cut for 3s:\n%s", rep)
+	rep.checkLevels(t)
 	rep.checkStream(t)
 	rep.checkCore(t, 1, deliver.ScannerWindowDefault, clusterLevels)
 	t.Logf("%d offset updates seen", offs.check())

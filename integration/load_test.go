@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -231,6 +232,20 @@ func (l latency) String() string { return fmt.Sprintf("p50=%s p99=%s max=%s", l.
 type loadReport struct {
 	Published, Retries int
 	Stream, Core       targetReport
+	Levels             []levelWrites // one per level of the table
+	Ingress            uint64        // messages still in DELAYD_INGRESS (not routed yet)
+}
+
+// levelWrites compares what the load sent to a level with what its level
+// stream holds in all: README "Exactly once into the level streams" says
+// the router writes each ingress message to its level stream once, so the
+// stream's last sequence is the number of messages the load sent there
+// (only the load writes to the levels in these tests; scanners purge
+// delivered messages but sequences go on).
+type levelWrites struct {
+	Stream  string
+	Sent    int    // load messages at this level
+	Written uint64 // the level stream's last sequence
 }
 
 func (r loadReport) String() string {
@@ -239,7 +254,12 @@ func (r loadReport) String() string {
 			name, t.Expected, t.Deliveries, t.Lost, t.Duplicates, t.Unexpected, t.Early, t.EarlyBySend, t.Lateness,
 			t.LongestGap.Round(time.Millisecond), t.GapFrom.Format("15:04:05.000"))
 	}
-	return fmt.Sprintf("published=%d (publish retries %d)\n  %s\n  %s", r.Published, r.Retries, f("stream target", r.Stream), f("core target", r.Core))
+	var lv []string
+	for _, w := range r.Levels {
+		lv = append(lv, fmt.Sprintf("%s sent=%d written=%d", w.Stream, w.Sent, w.Written))
+	}
+	return fmt.Sprintf("published=%d (publish retries %d)\n  %s\n  %s\n  level streams: %s; %s holds %d", r.Published, r.Retries,
+		f("stream target", r.Stream), f("core target", r.Core), strings.Join(lv, ", "), deliver.IngressStream, r.Ingress)
 }
 
 // report reads the target stream and counts, for each target, lost, early
@@ -251,11 +271,66 @@ func (l *load) report() loadReport {
 	l.mu.Lock()
 	sent := slices.Clone(l.sent)
 	l.mu.Unlock()
-	return loadReport{
+	rep := loadReport{
 		Published: l.acked(),
 		Retries:   int(l.retries.Load()),
 		Stream:    l.targetReport(stream.snapshot(), 0, sent),
 		Core:      l.targetReport(l.core.snapshot(), 1, sent),
+	}
+	rep.Ingress = l.streamMsgs(deliver.IngressStream)
+	for _, lvl := range l.cfg.Levels.Levels() {
+		w := levelWrites{Stream: lvl.Stream()}
+		for i := range l.cfg.Total {
+			if i%l.cfg.Levels.Len()+1 == lvl.Index {
+				w.Sent++
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s, err := l.js.Stream(ctx, w.Stream)
+		if err == nil {
+			var info *jetstream.StreamInfo
+			if info, err = s.Info(ctx); err == nil {
+				w.Written = info.State.LastSeq
+			}
+		}
+		cancel()
+		if err != nil {
+			l.t.Errorf("level stream %s: %v", w.Stream, err)
+		}
+		rep.Levels = append(rep.Levels, w)
+	}
+	return rep
+}
+
+// streamMsgs returns how many messages stream holds now (0 if it cannot
+// tell, which it reports).
+func (l *load) streamMsgs(stream string) uint64 {
+	l.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := l.js.Stream(ctx, stream)
+	if err != nil {
+		l.t.Errorf("stream %s: %v", stream, err)
+		return 0
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		l.t.Errorf("stream %s: %v", stream, err)
+		return 0
+	}
+	return info.State.Msgs
+}
+
+// checkLevels fails the test for a level stream that holds fewer or more
+// messages than the load sent to its level (README "Exactly once into the
+// level streams"): fewer means the router lost a message before any
+// scanner saw it.
+func (r loadReport) checkLevels(t *testing.T) {
+	t.Helper()
+	for _, w := range r.Levels {
+		if w.Written != uint64(w.Sent) {
+			t.Errorf("level stream %s: %d messages written, the load sent %d to its level", w.Stream, w.Written, w.Sent)
+		}
 	}
 }
 
