@@ -88,7 +88,7 @@ func TestClusterKill9(t *testing.T) {
 	r.resume()
 	r.waitReady(time.Minute)
 	l.waitPublished(3 * time.Minute)
-	l.waitDelivered(2 * time.Minute)
+	l.waitDelivered(time.Minute)
 	rep := l.report()
 	t.Logf("%d kills and a 2 s pause:\n%s", kills, rep)
 	rep.checkLevels(t)
@@ -142,7 +142,7 @@ func TestClusterNodeStops(t *testing.T) {
 	t.Logf("restarted node %d %s after the stop", node, time.Since(stopped).Round(time.Millisecond))
 
 	l.waitPublished(3 * time.Minute)
-	l.waitDelivered(2 * time.Minute)
+	l.waitDelivered(time.Minute)
 	rep := l.report()
 	t.Logf("node %d stopped and restarted:\n%s", node, rep)
 	t.Logf("stall: the longest pause between deliveries was %s at the stream target (from %s) and %s at the core target (from %s); the node stopped at %s",
@@ -198,7 +198,7 @@ func TestClusterCutOff(t *testing.T) {
 		healed.Format("15:04:05.000"), ev.logged.Sub(healed).Round(time.Millisecond))
 
 	l.waitPublished(3 * time.Minute)
-	l.waitDelivered(2 * time.Minute)
+	l.waitDelivered(time.Minute)
 	rep := l.report()
 	t.Logf("cut for 3s:\n%s", rep)
 	rep.checkLevels(t)
