@@ -427,6 +427,16 @@ func (r *Router) session(ctx context.Context) error {
 	defer stop()
 	defer pull.Stop()
 
+	// The consumer is fresh: its deliveries are numbered from 1, one more
+	// for each (a redelivery too). A number skipped is a delivery lost on
+	// the way (a connection cut while a pull's messages were in flight):
+	// the consumer takes that message as delivered and would redeliver it
+	// only after the ack wait, behind later messages of its level, and by
+	// then the tail check would take it for one already written. So the
+	// session ends at the first gap, before anything behind it is
+	// routed; the next session's fresh consumer redelivers it at once, in
+	// order.
+	nextDelivery := uint64(1)
 	for {
 		if r.pipe.broken.Load() {
 			if err := r.retryFailed(ctx); err != nil {
@@ -453,9 +463,24 @@ func (r *Router) session(ctx context.Context) error {
 			}
 			return fmt.Errorf("ingress: %w", err)
 		}
-		r.route(ctx, m)
+		meta, ok := jswire.ParseAck(m.Reply)
+		if !ok {
+			r.logger.Error("ingress message with an unreadable ack subject", slog.String("reply", m.Reply))
+			_ = m.Respond(jswire.AckTerm)
+			continue
+		}
+		if meta.ConsumerSeq > nextDelivery {
+			return fmt.Errorf("%w: ingress deliveries %d to %d did not arrive (a connection cut?); a fresh consumer redelivers them in order",
+				errDeliveryLost, nextDelivery, meta.ConsumerSeq-1)
+		}
+		nextDelivery = max(nextDelivery, meta.ConsumerSeq+1)
+		r.route(ctx, m, meta)
 	}
 }
+
+// errDeliveryLost ends a router session whose ingress consumer skipped a
+// delivery number.
+var errDeliveryLost = errors.New("ingress delivery lost")
 
 // syncTails syncs every level writer and reports each stream's last
 // sequence (OnRouted): a write whose PubAck was lost is found here, not
@@ -636,14 +661,9 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 	return nil
 }
 
-// route classifies one ingress message and starts its write.
-func (r *Router) route(ctx context.Context, m *nats.Msg) {
-	meta, ok := jswire.ParseAck(m.Reply)
-	if !ok {
-		r.logger.Error("ingress message with an unreadable ack subject", slog.String("reply", m.Reply))
-		_ = m.Respond(jswire.AckTerm)
-		return
-	}
+// route classifies one ingress message (meta: its $JS.ACK metadata) and
+// starts its write.
+func (r *Router) route(ctx context.Context, m *nats.Msg, meta jswire.AckMeta) {
 	rt := &routing{msg: m, seq: meta.StreamSeq}
 	hop := checkHop(r.wiring.hopKey, m.Subject, m.Header)
 	p, err := r.classifier.classify(m.Subject, m.Header, meta.Stored, hop)

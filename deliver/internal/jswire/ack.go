@@ -30,6 +30,11 @@ type AckMeta struct {
 	// Delivered counts the consumer's deliveries of the message, this one
 	// included: 1 on the first.
 	Delivered uint64
+	// ConsumerSeq is the consumer's delivery sequence: 1 for its first
+	// delivery, one more for each delivery after it (a redelivery too), so
+	// a reader that sees it jump has lost a delivery in transit. 0 when
+	// the token is not a decimal number.
+	ConsumerSeq uint64
 }
 
 // ParseAck reads the metadata of a JetStream data message from its reply
@@ -44,7 +49,8 @@ type AckMeta struct {
 // read, so a server that adds one does not make every message unreadable.
 // ok is false for 10 tokens or fewer than 9, a subject not starting with
 // [AckPrefix], or a delivered, sseq or ts token that is not a decimal
-// number; the cseq and pending tokens are not read.
+// number. A cseq token that is not a decimal number leaves ConsumerSeq 0;
+// the pending token is not read.
 func ParseAck(reply string) (meta AckMeta, ok bool) {
 	rest, ok := strings.CutPrefix(reply, AckPrefix)
 	if !ok {
@@ -73,5 +79,6 @@ func ParseAck(reply string) (meta AckMeta, ok bool) {
 	if err1 != nil || err2 != nil || err3 != nil {
 		return AckMeta{}, false
 	}
-	return AckMeta{StreamSeq: sseq, Stored: time.Unix(0, ts), Delivered: delivered}, true
+	cseq, _ := strconv.ParseUint(f[2], 10, 64)
+	return AckMeta{StreamSeq: sseq, Stored: time.Unix(0, ts), Delivered: delivered, ConsumerSeq: cseq}, true
 }

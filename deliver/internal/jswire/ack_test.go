@@ -20,13 +20,13 @@ func TestParseAck(t *testing.T) {
 		ok    bool
 		want  AckMeta
 	}{
-		{"v1, 9 tokens", "$JS.ACK.ORDERS.worker.3.4242.17.1795990280677514429.0", true, AckMeta{StreamSeq: 4242, Stored: time.Unix(0, ts), Delivered: 3}},
-		{"v2, 11 tokens", "$JS.ACK._.ACCHASH.ORDERS.worker.1.4242.17.1795990280677514429.5", true, AckMeta{StreamSeq: 4242, Stored: time.Unix(0, ts), Delivered: 1}},
-		{"v2 with domain, 12 tokens", "$JS.ACK.hub.ACCHASH.ORDERS.worker.2.7.7.1795990280677514429.0.Xz9q", true, AckMeta{StreamSeq: 7, Stored: time.Unix(0, ts), Delivered: 2}},
-		{"delayd's ingress consumer", "$JS.ACK.DELAYD_INGRESS.delayd-router.1.1.1.1.0", true, AckMeta{StreamSeq: 1, Stored: time.Unix(0, 1), Delivered: 1}},
-		{"largest sequence", "$JS.ACK.S.C.1.18446744073709551615.1.0.0", true, AckMeta{StreamSeq: 1<<64 - 1, Stored: time.Unix(0, 0), Delivered: 1}},
+		{"v1, 9 tokens", "$JS.ACK.ORDERS.worker.3.4242.17.1795990280677514429.0", true, AckMeta{StreamSeq: 4242, Stored: time.Unix(0, ts), Delivered: 3, ConsumerSeq: 17}},
+		{"v2, 11 tokens", "$JS.ACK._.ACCHASH.ORDERS.worker.1.4242.17.1795990280677514429.5", true, AckMeta{StreamSeq: 4242, Stored: time.Unix(0, ts), Delivered: 1, ConsumerSeq: 17}},
+		{"v2 with domain, 12 tokens", "$JS.ACK.hub.ACCHASH.ORDERS.worker.2.7.7.1795990280677514429.0.Xz9q", true, AckMeta{StreamSeq: 7, Stored: time.Unix(0, ts), Delivered: 2, ConsumerSeq: 7}},
+		{"delayd's ingress consumer", "$JS.ACK.DELAYD_INGRESS.delayd-router.1.1.1.1.0", true, AckMeta{StreamSeq: 1, Stored: time.Unix(0, 1), Delivered: 1, ConsumerSeq: 1}},
+		{"largest sequence", "$JS.ACK.S.C.1.18446744073709551615.1.0.0", true, AckMeta{StreamSeq: 1<<64 - 1, Stored: time.Unix(0, 0), Delivered: 1, ConsumerSeq: 1}},
 		// cseq and pending are not read.
-		{"cseq and pending not read", "$JS.ACK.S.C.1.2.x.3.y", true, AckMeta{StreamSeq: 2, Stored: time.Unix(0, 3), Delivered: 1}},
+		{"cseq not a number: 0; pending not read", "$JS.ACK.S.C.1.2.x.3.y", true, AckMeta{StreamSeq: 2, Stored: time.Unix(0, 3), Delivered: 1}},
 
 		{"empty", "", false, AckMeta{}},
 		{"an inbox", "_INBOX.abc.def", false, AckMeta{}},
@@ -37,8 +37,8 @@ func TestParseAck(t *testing.T) {
 		{"10 tokens", "$JS.ACK.S.C.1.2.3.4.5.6", false, AckMeta{}},
 		// Like nats.go: a v2 subject is valid with 11 tokens or more, so a
 		// token a later server adds does not make every message unreadable.
-		{"13 tokens", "$JS.ACK.d.h.S.C.1.2.3.4.5.r.x", true, AckMeta{StreamSeq: 2, Stored: time.Unix(0, 4), Delivered: 1}},
-		{"14 tokens", "$JS.ACK.d.h.S.C.1.2.3.4.5.r.x.y", true, AckMeta{StreamSeq: 2, Stored: time.Unix(0, 4), Delivered: 1}},
+		{"13 tokens", "$JS.ACK.d.h.S.C.1.2.3.4.5.r.x", true, AckMeta{StreamSeq: 2, Stored: time.Unix(0, 4), Delivered: 1, ConsumerSeq: 3}},
+		{"14 tokens", "$JS.ACK.d.h.S.C.1.2.3.4.5.r.x.y", true, AckMeta{StreamSeq: 2, Stored: time.Unix(0, 4), Delivered: 1, ConsumerSeq: 3}},
 		{"delivered not a number", "$JS.ACK.S.C.one.2.3.4.5", false, AckMeta{}},
 		{"sseq not a number", "$JS.ACK.S.C.1.two.3.4.5", false, AckMeta{}},
 		{"ts not a number", "$JS.ACK.S.C.1.2.3.four.5", false, AckMeta{}},
@@ -82,7 +82,8 @@ func refParseAck(reply string) (AckMeta, bool) {
 	if err1 != nil || err2 != nil || err3 != nil {
 		return AckMeta{}, false
 	}
-	return AckMeta{StreamSeq: sseq, Stored: time.Unix(0, ts), Delivered: dc}, true
+	cseq, _ := strconv.ParseUint(tok[off+4], 10, 64)
+	return AckMeta{StreamSeq: sseq, Stored: time.Unix(0, ts), Delivered: dc, ConsumerSeq: cseq}, true
 }
 
 // FuzzParseAck checks ParseAck against refParseAck on any input, and that a
@@ -107,7 +108,7 @@ func FuzzParseAck(f *testing.F) {
 	f.Fuzz(func(t *testing.T, reply string, sseq, dc uint64, ts int64) {
 		got, ok := ParseAck(reply)
 		want, wantOK := refParseAck(reply)
-		if ok != wantOK || got.StreamSeq != want.StreamSeq || got.Delivered != want.Delivered || !got.Stored.Equal(want.Stored) {
+		if ok != wantOK || got.StreamSeq != want.StreamSeq || got.Delivered != want.Delivered || got.ConsumerSeq != want.ConsumerSeq || !got.Stored.Equal(want.Stored) {
 			t.Fatalf("ParseAck(%q) = %+v, %v; reference %+v, %v", reply, got, ok, want, wantOK)
 		}
 		n := func(v uint64) string { return strconv.FormatUint(v, 10) }
@@ -118,7 +119,7 @@ func FuzzParseAck(f *testing.F) {
 			"$JS.ACK.d.H.S.C." + fields + ".r",
 		} {
 			m, ok := ParseAck(s)
-			if !ok || m.StreamSeq != sseq || m.Delivered != dc || m.Stored.UnixNano() != ts {
+			if !ok || m.StreamSeq != sseq || m.Delivered != dc || m.ConsumerSeq != 9 || m.Stored.UnixNano() != ts {
 				t.Fatalf("ParseAck(%q) = %+v, %v", s, m, ok)
 			}
 		}
