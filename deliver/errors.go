@@ -56,3 +56,8 @@ var (
 	// timeouts and costs the deliveries nothing. Try again after a pause.
 	ErrCancelBusy = errors.New("busy: too many cancel requests waiting; try again")
 )
+
+// errReconnected is a core delivery's outcome when the flush that was to
+// confirm it spans a reconnect: it may have been lost with the old
+// connection, so it is delivered again.
+var errReconnected = errors.New("the connection was re-established since the publish; delivering again")
