@@ -228,11 +228,12 @@ type Scanner struct {
 	lastPurge time.Duration // monotonic reading of the last purge
 	next      uint64        // next sequence to read
 	grace     *coreGrace    // the start and reconnect grace of core deliveries
-	// flushReconnects is the connection's reconnect count when the last
-	// flush that confirms core deliveries completed (or the scanner
-	// started): a different count at the next flush means a reconnect in
-	// between, which the flush cannot vouch for.
-	flushReconnects uint64
+	// coreUnflushed is set by the first core publish since the last flush,
+	// with coreReconnects, the connection's reconnect count then: a
+	// different count at the next flush means a reconnect in between,
+	// which that flush cannot vouch for.
+	coreUnflushed  bool
+	coreReconnects uint64
 	restart   bool          // start over: the stream is not the one the offset belongs to
 	replaced  bool          // the stored offset belongs to a deleted stream
 	created   time.Time     // the level stream's creation time
@@ -603,7 +604,7 @@ func (s *Scanner) start(outer context.Context) error {
 	s.resetFeed = true
 	s.Written(st.LastSeq)
 	s.grace.started(s.nc.Stats().Reconnects)
-	s.flushReconnects = s.nc.Stats().Reconnects
+	s.coreUnflushed = false
 	s.progress()
 	s.logger.Debug("scanner started", slog.Uint64("offset", off), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("pending", st.LastSeq-off))
 	if s.tombstones, err = s.js.Stream(ctx, CancelStream); err != nil {
@@ -893,6 +894,11 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 	if bound {
 		d.fut, err = s.js.PublishMsgAsync(m)
 	} else {
+		if !s.coreUnflushed {
+			// The first core publish since the last flush: the connection
+			// it goes out on, by its reconnect count.
+			s.coreUnflushed, s.coreReconnects = true, s.nc.Stats().Reconnects
+		}
 		err = s.nc.PublishMsg(m)
 	}
 	if err != nil {
@@ -951,17 +957,17 @@ func (s *Scanner) settleFirst(ctx context.Context, n int) {
 			sent := s.nc.Stats().Reconnects
 			flushErr = s.nc.FlushWithContext(cctx)
 			// A flush confirms what the server received on the connection
-			// its PING went out on. Core publishes sent before a reconnect
-			// (since the last flush) may have been lost with the old
-			// connection, and a flush sent while reconnecting completes on
-			// the new one: neither confirms them, so they are delivered
-			// again (README "Guarantees": a core subscriber may see a
-			// window again after a reconnect).
+			// its PING went out on. Core publishes sent on an earlier
+			// connection (since the last flush) may have been lost with
+			// it, and a flush sent while reconnecting completes on the new
+			// one: neither confirms them, so they are delivered again
+			// (README "Guarantees": a core subscriber may see a window
+			// again after a reconnect).
 			done := s.nc.Stats().Reconnects
-			if flushErr == nil && (sent != s.flushReconnects || done != sent) {
+			if flushErr == nil && s.coreUnflushed && (s.coreReconnects != sent || done != sent) {
 				flushErr = errReconnected
 			}
-			s.flushReconnects = done
+			s.coreUnflushed = false
 			// The server answers a refused publish with -ERR before the
 			// flush's PONG, and the client records it as LastError.
 			if e := s.nc.LastError(); e != before {
