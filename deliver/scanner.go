@@ -234,17 +234,17 @@ type Scanner struct {
 	// which that flush cannot vouch for.
 	coreUnflushed  bool
 	coreReconnects uint64
-	restart   bool          // start over: the stream is not the one the offset belongs to
-	replaced  bool          // the stored offset belongs to a deleted stream
-	created   time.Time     // the level stream's creation time
-	feed      *feed
-	resetFeed bool      // the feed must restart at next
-	feedFresh bool      // no message read since the feed restarted
-	head      *nats.Msg // the message being waited for or delivered
-	headMeta  jswire.AckMeta
-	win       *window // the confirmation window: deliveries in flight and their outcomes
-	backoff   *backoff
-	delay     time.Duration
+	restart        bool      // start over: the stream is not the one the offset belongs to
+	replaced       bool      // the stored offset belongs to a deleted stream
+	created        time.Time // the level stream's creation time
+	feed           *feed
+	resetFeed      bool      // the feed must restart at next
+	feedFresh      bool      // no message read since the feed restarted
+	head           *nats.Msg // the message being waited for or delivered
+	headMeta       jswire.AckMeta
+	win            *window // the confirmation window: deliveries in flight and their outcomes
+	backoff        *backoff
+	delay          time.Duration
 
 	// srv estimates the server's clock, a lower bound: a message stored at
 	// server time ts and read at monotonic reading m proves the server's
