@@ -37,11 +37,22 @@ type Cluster struct {
 	servers []*server.Server // nil for a stopped node
 }
 
-// StartCluster starts n nodes (n >= 1; 3 for R3 streams), waits until
-// they form a cluster with a JetStream meta leader and every node is
-// current (up to [ClusterReadyTimeout]), and shuts every node down when
-// the test ends.
-func StartCluster(t testing.TB, n int) *Cluster {
+// ClusterOption changes node i's options before [StartCluster] starts it
+// the first time; [Cluster.Restart] reuses them.
+type ClusterOption func(i int, o *server.Options)
+
+// NoAdvertise keeps every node from telling its clients the other nodes'
+// client URLs (nats-server's cluster no_advertise), so a client knows only
+// the URLs it was given. A test that puts a proxy between a client and the
+// cluster needs it: otherwise the client learns the nodes' real addresses
+// from the INFO it reads through the proxy, and reconnects around a cut.
+func NoAdvertise(_ int, o *server.Options) { o.Cluster.NoAdvertise = true }
+
+// StartCluster starts n nodes (n >= 1; 3 for R3 streams), each with its
+// options changed by opts in order, waits until they form a cluster with a
+// JetStream meta leader and every node is current (up to
+// [ClusterReadyTimeout]), and shuts every node down when the test ends.
+func StartCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("natstest: cluster of %d nodes", n)
@@ -62,6 +73,9 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		o.Port = ports[i]
 		o.Cluster = server.ClusterOpts{Name: name, Host: "127.0.0.1", Port: ports[n+i]}
 		o.Routes = routes
+		for _, opt := range opts {
+			opt(i, o)
+		}
 		c.opts[i] = o
 	}
 	t.Cleanup(func() {
@@ -124,6 +138,25 @@ func (c *Cluster) URLs() string {
 		urls[i] = c.URL(i)
 	}
 	return strings.Join(urls, ",")
+}
+
+// NodeOf returns the index of the node whose client URL has url's host
+// and port (url as [Cluster.URL] gives it, or as nats.go reports a
+// connected URL: "nats://127.0.0.1:41234"), or -1 if no node's does.
+func (c *Cluster) NodeOf(url string) int {
+	hostPort := url
+	if i := strings.Index(hostPort, "://"); i >= 0 {
+		hostPort = hostPort[i+3:]
+	}
+	if i := strings.LastIndex(hostPort, "@"); i >= 0 {
+		hostPort = hostPort[i+1:]
+	}
+	for i := range c.opts {
+		if hostPort == fmt.Sprintf("127.0.0.1:%d", c.opts[i].Port) {
+			return i
+		}
+	}
+	return -1
 }
 
 // Connect returns a connection to node i (reconnecting for ever, to any
@@ -213,6 +246,12 @@ func (c *Cluster) StreamLeader(stream string) int {
 		}
 	}
 	return -1
+}
+
+// BucketLeader returns the index of the node that leads KV bucket's
+// stream ("KV_" + bucket), or -1 if none does now.
+func (c *Cluster) BucketLeader(bucket string) int {
+	return c.StreamLeader("KV_" + bucket)
 }
 
 // WaitStreamLeader waits up to [ClusterReadyTimeout] until stream has a

@@ -1,0 +1,441 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/levels"
+)
+
+// Load subjects and the target stream of [load].
+const (
+	loadStream        = "LOADTARGET" // the stream-bound target, R3, capturing loadStreamSubject.>
+	loadStreamSubject = "load.s"     // message i's target is loadStreamSubject.l<level> for even i
+	loadCoreSubject   = "load.c"     // and loadCoreSubject.l<level> for odd i, a core subject
+)
+
+// loadConfig is a load of Total messages published at Rate per second.
+// Message i carries its index as payload, Nats-Msg-Id "load-<i>" (so a
+// publish retried after a lost PubAck is stored once at ingress) and
+// Delay-Level i%Levels.Len()+1; it goes to the stream-bound target for
+// even i and to the core target for odd i.
+type loadConfig struct {
+	Total  int
+	Rate   int          // messages offered per second; the publishers fall behind while the cluster cannot store
+	Levels levels.Table // delayd's level table (DELAYD_LEVELS), for the send-time bound of each delivery
+}
+
+// load publishes a [loadConfig] through JetStream (each message retried
+// until its PubAck, for up to two minutes) and records what arrives at both
+// targets, for [load.report]. The core target is recorded on the
+// connection given to newLoad, so that connection must stay up through the
+// faults a test makes (a client on a node the test does not stop).
+type load struct {
+	t      *testing.T
+	cfg    loadConfig
+	js     jetstream.JetStream
+	target jetstream.Stream
+	core   *recorder // receive times at the core target
+
+	mu      sync.Mutex
+	sent    []time.Time // the start of each message's first publish attempt
+	isAcked []bool
+	failed  []string // messages given up on
+
+	nAcked  atomic.Int64
+	retries atomic.Int64
+	done    chan struct{}
+	began   time.Time
+}
+
+// newLoad creates the target stream (R3, file storage) and subscribes to
+// the core target on nc. Start publishing with start.
+func newLoad(t *testing.T, nc *nats.Conn, js jetstream.JetStream, cfg loadConfig) *load {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: loadStream, Subjects: []string{loadStreamSubject + ".>"},
+		Storage: jetstream.FileStorage, Replicas: 3})
+	if err != nil {
+		t.Fatalf("create target stream %s: %v", loadStream, err)
+	}
+	l := &load{t: t, cfg: cfg, js: js, target: s, core: newRecorder(t),
+		sent: make([]time.Time, cfg.Total), isAcked: make([]bool, cfg.Total), done: make(chan struct{})}
+	l.core.subscribe(nc, loadCoreSubject+".>")
+	for i := range cfg.Total {
+		if i%2 == 1 {
+			l.core.expectKeys(strconv.Itoa(i))
+		}
+	}
+	return l
+}
+
+// loadPublishers is how many publishes are in flight at once.
+const loadPublishers = 8
+
+// start publishes the load in the background, paced at cfg.Rate.
+func (l *load) start() {
+	l.began = time.Now()
+	next := make(chan int)
+	go func() {
+		defer close(next)
+		for i := range l.cfg.Total {
+			time.Sleep(time.Until(l.began.Add(time.Duration(i) * time.Second / time.Duration(l.cfg.Rate)))) // pacing the offered rate
+			next <- i
+		}
+	}()
+	var wg sync.WaitGroup
+	for range loadPublishers {
+		wg.Go(func() {
+			for i := range next {
+				l.publish(i)
+			}
+		})
+	}
+	go func() { wg.Wait(); close(l.done) }()
+}
+
+// publish publishes message i until it has a PubAck, for up to two minutes.
+func (l *load) publish(i int) {
+	lvl := i%l.cfg.Levels.Len() + 1
+	subject := loadStreamSubject
+	if i%2 == 1 {
+		subject = loadCoreSubject
+	}
+	msg := &nats.Msg{Subject: fmt.Sprintf("delay.%s.l%d", subject, lvl), Data: []byte(strconv.Itoa(i)), Header: level(lvl)}
+	msg.Header.Set(contract.HeaderNatsMsgID, fmt.Sprintf("load-%d", i))
+	first := time.Now()
+	l.mu.Lock()
+	l.sent[i] = first
+	l.mu.Unlock()
+	var err error
+	for time.Since(first) < 2*time.Minute {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err = l.js.PublishMsg(ctx, msg)
+		cancel()
+		if err == nil {
+			l.mu.Lock()
+			l.isAcked[i] = true
+			l.mu.Unlock()
+			l.nAcked.Add(1)
+			return
+		}
+		l.retries.Add(1)
+		time.Sleep(100 * time.Millisecond) // pacing a retry while the cluster elects a leader
+	}
+	l.mu.Lock()
+	l.failed = append(l.failed, fmt.Sprintf("%d: %v", i, err))
+	l.mu.Unlock()
+}
+
+// acked returns how many messages have their PubAck.
+func (l *load) acked() int { return int(l.nAcked.Load()) }
+
+// waitAcked waits up to timeout until at least n messages have their
+// PubAck; a test makes its faults at points of the load this way.
+func (l *load) waitAcked(n int, timeout time.Duration) {
+	l.t.Helper()
+	waitFor(l.t, timeout, fmt.Sprintf("%d of %d messages acked", n, l.cfg.Total), func() bool { return l.acked() >= n })
+}
+
+// waitPublished waits up to timeout until every publisher is done and fails
+// the test unless every message has its PubAck.
+func (l *load) waitPublished(timeout time.Duration) {
+	l.t.Helper()
+	select {
+	case <-l.done:
+	case <-time.After(timeout):
+		l.t.Fatalf("publishing not done within %s: %d of %d acked", timeout, l.acked(), l.cfg.Total)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.failed) > 0 {
+		l.t.Fatalf("%d messages never acked, e.g. %q", len(l.failed), l.failed[:min(len(l.failed), 5)])
+	}
+}
+
+// waitDelivered waits up to timeout until the target stream holds as many
+// messages as the load sent it and the core target received every message
+// the load sent it at least once, then until neither count changes for a
+// second (a late duplicate would show by then). If they fall short by the
+// timeout it logs the counts and returns: report names what is lost.
+func (l *load) waitDelivered(timeout time.Duration) {
+	l.t.Helper()
+	wantStream, wantCore := (l.cfg.Total+1)/2, l.cfg.Total/2
+	deadline := time.Now().Add(timeout)
+	var stored uint64
+	var distinct int
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		info, err := l.target.Info(ctx)
+		cancel()
+		if err == nil {
+			stored = info.State.Msgs
+		}
+		distinct = len(l.core.counts())
+		if stored >= uint64(wantStream) && distinct >= wantCore {
+			break
+		}
+		if time.Now().After(deadline) {
+			// The report says which: a test fails on it.
+			l.t.Logf("within %s: target stream holds %d of %d, core target received %d of %d", timeout, stored, wantStream, distinct, wantCore)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	waitQuiet(l.t, time.Second, timeout, func() int {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		info, err := l.target.Info(ctx)
+		if err != nil {
+			return -1
+		}
+		return int(info.State.Msgs) + len(l.core.snapshot())
+	})
+}
+
+// targetReport is what one target saw of a load.
+type targetReport struct {
+	Expected    int           // messages the load sent to this target
+	Deliveries  int           // deliveries seen (stored, or received)
+	Lost        int           // expected messages never delivered
+	Duplicates  int           // deliveries beyond the first of a message (by payload index)
+	Unexpected  int           // deliveries of a message not sent to this target
+	Early       int           // deliveries before their Delay-Due-At, or without one ([delivery.early])
+	EarlyBySend int           // deliveries before the start of their first publish plus their level's delay
+	Lateness    latency       // seen minus Delay-Due-At
+	LostKeys    []string      // up to 10 lost messages
+	DupKeys     []string      // up to 10 duplicated messages, "i×n"
+	EarlyKeys   []string      // up to 10 early deliveries
+	LongestGap  time.Duration // the longest time between two deliveries in a row
+	GapFrom     time.Time     // when that gap began
+}
+
+// latency summarizes durations.
+type latency struct{ P50, P99, Max time.Duration }
+
+func (l latency) String() string { return fmt.Sprintf("p50=%s p99=%s max=%s", l.P50, l.P99, l.Max) }
+
+// loadReport is what both targets of a load saw.
+type loadReport struct {
+	Published, Retries int
+	Stream, Core       targetReport
+	Levels             []levelWrites // one per level of the table
+	Ingress            uint64        // messages still in DELAYD_INGRESS (not routed yet)
+}
+
+// levelWrites compares what the load sent to a level with what its level
+// stream holds in all: README "Exactly once into the level streams" says
+// the router writes each ingress message to its level stream once, so the
+// stream's last sequence is the number of messages the load sent there
+// (only the load writes to the levels in these tests; scanners purge
+// delivered messages but sequences go on).
+type levelWrites struct {
+	Stream  string
+	Sent    int    // load messages at this level
+	Written uint64 // the level stream's last sequence
+}
+
+func (r loadReport) String() string {
+	f := func(name string, t targetReport) string {
+		return fmt.Sprintf("%s: expected=%d deliveries=%d lost=%d duplicates=%d unexpected=%d early=%d early_by_send=%d lateness %s, longest gap %s from %s",
+			name, t.Expected, t.Deliveries, t.Lost, t.Duplicates, t.Unexpected, t.Early, t.EarlyBySend, t.Lateness,
+			t.LongestGap.Round(time.Millisecond), t.GapFrom.Format("15:04:05.000"))
+	}
+	var lv []string
+	for _, w := range r.Levels {
+		lv = append(lv, fmt.Sprintf("%s sent=%d written=%d", w.Stream, w.Sent, w.Written))
+	}
+	return fmt.Sprintf("published=%d (publish retries %d)\n  %s\n  %s\n  level streams: %s; %s holds %d", r.Published, r.Retries,
+		f("stream target", r.Stream), f("core target", r.Core), strings.Join(lv, ", "), deliver.IngressStream, r.Ingress)
+}
+
+// report reads the target stream and counts, for each target, lost, early
+// and duplicate deliveries. Call it after waitPublished and waitDelivered.
+func (l *load) report() loadReport {
+	l.t.Helper()
+	stream := newRecorder(l.t)
+	stream.addStream((&testBundle{t: l.t, js: l.js}).streamMsgs(loadStream))
+	l.mu.Lock()
+	sent := slices.Clone(l.sent)
+	l.mu.Unlock()
+	rep := loadReport{
+		Published: l.acked(),
+		Retries:   int(l.retries.Load()),
+		Stream:    l.targetReport(stream.snapshot(), 0, sent),
+		Core:      l.targetReport(l.core.snapshot(), 1, sent),
+	}
+	rep.Ingress = l.streamMsgs(deliver.IngressStream)
+	for _, lvl := range l.cfg.Levels.Levels() {
+		w := levelWrites{Stream: lvl.Stream()}
+		for i := range l.cfg.Total {
+			if i%l.cfg.Levels.Len()+1 == lvl.Index {
+				w.Sent++
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s, err := l.js.Stream(ctx, w.Stream)
+		if err == nil {
+			var info *jetstream.StreamInfo
+			if info, err = s.Info(ctx); err == nil {
+				w.Written = info.State.LastSeq
+			}
+		}
+		cancel()
+		if err != nil {
+			l.t.Errorf("level stream %s: %v", w.Stream, err)
+		}
+		rep.Levels = append(rep.Levels, w)
+	}
+	return rep
+}
+
+// streamMsgs returns how many messages stream holds now (0 if it cannot
+// tell, which it reports).
+func (l *load) streamMsgs(stream string) uint64 {
+	l.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := l.js.Stream(ctx, stream)
+	if err != nil {
+		l.t.Errorf("stream %s: %v", stream, err)
+		return 0
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		l.t.Errorf("stream %s: %v", stream, err)
+		return 0
+	}
+	return info.State.Msgs
+}
+
+// checkLevels fails the test for a level stream that holds fewer or more
+// messages than the load sent to its level (README "Exactly once into the
+// level streams"): fewer means the router lost a message before any
+// scanner saw it.
+func (r loadReport) checkLevels(t *testing.T) {
+	t.Helper()
+	for _, w := range r.Levels {
+		if w.Written != uint64(w.Sent) {
+			t.Errorf("level stream %s: %d messages written, the load sent %d to its level", w.Stream, w.Written, w.Sent)
+		}
+	}
+}
+
+// targetReport counts what a target saw; parity is i%2 of the messages
+// sent to it.
+func (l *load) targetReport(got []delivery, parity int, sent []time.Time) targetReport {
+	r := targetReport{Deliveries: len(got)}
+	n := make(map[int]int)
+	var late []time.Duration
+	var times []time.Time
+	for _, d := range got {
+		times = append(times, d.at)
+		i, err := strconv.Atoi(d.key)
+		if err != nil || i < 0 || i >= l.cfg.Total || i%2 != parity {
+			r.Unexpected++
+			continue
+		}
+		n[i]++
+		lvl, _ := l.cfg.Levels.Level(i%l.cfg.Levels.Len() + 1)
+		early := d.early()
+		if early {
+			r.Early++
+		}
+		if d.at.Before(sent[i].Add(lvl.Delay)) {
+			r.EarlyBySend++
+			early = true
+		}
+		if early && len(r.EarlyKeys) < 10 {
+			r.EarlyKeys = append(r.EarlyKeys, fmt.Sprintf("%d at %s due %s", i, d.at.Format("15:04:05.000000"), d.due.Format("15:04:05.000000")))
+		}
+		if !d.due.IsZero() {
+			late = append(late, d.at.Sub(d.due))
+		}
+	}
+	for i := parity; i < l.cfg.Total; i += 2 {
+		r.Expected++
+		switch c := n[i]; {
+		case c == 0:
+			if r.Lost++; len(r.LostKeys) < 10 {
+				r.LostKeys = append(r.LostKeys, strconv.Itoa(i))
+			}
+		case c > 1:
+			r.Duplicates += c - 1
+			if len(r.DupKeys) < 10 {
+				r.DupKeys = append(r.DupKeys, fmt.Sprintf("%d×%d", i, c))
+			}
+		}
+	}
+	slices.Sort(late)
+	if len(late) > 0 {
+		r.Lateness = latency{P50: percentile(late, 50), P99: percentile(late, 99), Max: late[len(late)-1]}
+	}
+	slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
+	for k := 1; k < len(times); k++ {
+		if g := times[k].Sub(times[k-1]); g > r.LongestGap {
+			r.LongestGap, r.GapFrom = g, times[k-1]
+		}
+	}
+	return r
+}
+
+// checkStream fails the test for any message lost, early, duplicated or
+// unexpected at the stream-bound target (README "Guarantees").
+func (r loadReport) checkStream(t *testing.T) {
+	t.Helper()
+	s := r.Stream
+	var bad []string
+	if s.Lost > 0 {
+		bad = append(bad, fmt.Sprintf("%d lost, e.g. %v", s.Lost, s.LostKeys))
+	}
+	if s.Early+s.EarlyBySend > 0 {
+		bad = append(bad, fmt.Sprintf("%d early by Delay-Due-At and %d by the send time, e.g. %v", s.Early, s.EarlyBySend, s.EarlyKeys))
+	}
+	if s.Duplicates > 0 {
+		bad = append(bad, fmt.Sprintf("%d duplicates, e.g. %v", s.Duplicates, s.DupKeys))
+	}
+	if s.Unexpected > 0 {
+		bad = append(bad, fmt.Sprintf("%d deliveries not sent to it", s.Unexpected))
+	}
+	if len(bad) > 0 {
+		t.Errorf("stream target %s: %s", loadStream, strings.Join(bad, "; "))
+	}
+}
+
+// checkCore fails the test for any message lost, early or unexpected at
+// the core target, or for more duplicates than faults re-deliveries of one
+// scanner window per level each (README "At-least-once": a core subscriber
+// sees at most the deliveries past the last committed offset again).
+func (r loadReport) checkCore(t *testing.T, faults, window int, table levels.Table) {
+	t.Helper()
+	c := r.Core
+	var bad []string
+	if c.Lost > 0 {
+		bad = append(bad, fmt.Sprintf("%d lost, e.g. %v", c.Lost, c.LostKeys))
+	}
+	if c.Early+c.EarlyBySend > 0 {
+		bad = append(bad, fmt.Sprintf("%d early by Delay-Due-At and %d by the send time, e.g. %v", c.Early, c.EarlyBySend, c.EarlyKeys))
+	}
+	if bound := faults * table.Len() * window; c.Duplicates > bound {
+		bad = append(bad, fmt.Sprintf("%d duplicates, more than one window of %d per level per fault (%d faults: %d), e.g. %v", c.Duplicates, window, faults, bound, c.DupKeys))
+	}
+	if c.Unexpected > 0 {
+		bad = append(bad, fmt.Sprintf("%d deliveries not sent to it", c.Unexpected))
+	}
+	if len(bad) > 0 {
+		t.Errorf("core target %s.>: %s", loadCoreSubject, strings.Join(bad, "; "))
+	}
+}

@@ -1,0 +1,9 @@
+//go:build unix && !linux
+
+package integration
+
+import "syscall"
+
+// childProcAttr: outside Linux a replica is reaped only by the test's
+// cleanup.
+func childProcAttr() *syscall.SysProcAttr { return nil }
