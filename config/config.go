@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -44,6 +45,16 @@ const (
 	StartGraceDefault = 3 * time.Second
 	// MaxDelayDefault is the default longest Delay-Duration or Delay-Deliver-At (DELAYD_MAX_DELAY): a week.
 	MaxDelayDefault = contract.MaxDelayDefault
+	// LeaseTTLDefault is the default TTL of the leases through which one delayd process at a time owns the router and
+	// each level stream (DELAYD_LEASE_TTL): lease.TTLDefault, 1.5 s.
+	LeaseTTLDefault = lease.TTLDefault
+)
+
+// Limits of DELAYD_LEASE_TTL: renewals run every TTL/3, so a shorter TTL costs more lease writes and leaves less room
+// for a slow write; a longer one makes a crashed owner's work wait longer for another process.
+const (
+	LeaseTTLMin = 250 * time.Millisecond
+	LeaseTTLMax = time.Minute
 )
 
 // Limits of DELAYD_REPLICAS: JetStream allows 1 to 5 replicas.
@@ -103,6 +114,13 @@ type Config struct {
 	// for; longer is invalid input (dead-lettered). A Go duration (time.ParseDuration), > 0.
 	// Optional. Default [MaxDelayDefault].
 	MaxDelay time.Duration `envconfig:"DELAYD_MAX_DELAY"`
+
+	// LeaseTTL is the TTL, T, of the leases (bucket DELAYD_LEASES) through which one delayd process at a time owns the
+	// router and each level stream: a process that stops renewing them (a crash, a kill -9) is replaced T after its
+	// last renewal, so a process started after a crash waits T (from its first read of each lease) before routing
+	// and delivering again; a graceful stop hands them over at once. A Go duration, [LeaseTTLMin] to [LeaseTTLMax].
+	// Optional. Default [LeaseTTLDefault].
+	LeaseTTL time.Duration `envconfig:"DELAYD_LEASE_TTL"`
 
 	// NATSUser and NATSPassword authenticate to the NATS server(s) of NATSURL with a user name and password
 	// ([nats.UserInfo]). Both or neither; only with NATSURL; at most one authentication method.
@@ -227,6 +245,7 @@ func defaults() Config {
 		LogLevel:   LogLevelDefault,
 		StartGrace: StartGraceDefault,
 		MaxDelay:   MaxDelayDefault,
+		LeaseTTL:   LeaseTTLDefault,
 	}
 }
 
@@ -242,6 +261,8 @@ func parseReason(pe *envconfig.ParseError) string {
 		return `must be a Go duration >= 0, such as "3s" or "500ms"`
 	case "DELAYD_MAX_DELAY":
 		return `must be a positive Go duration, such as "168h"`
+	case "DELAYD_LEASE_TTL":
+		return fmt.Sprintf(`must be a Go duration from %s to %s, such as "1500ms"`, LeaseTTLMin, LeaseTTLMax)
 	}
 	return pe.Err.Error()
 }
@@ -310,6 +331,9 @@ func (c Config) Validate() error {
 	}
 	if c.StartGrace < 0 {
 		bad("DELAYD_START_GRACE", c.StartGrace.String(), "must be >= 0", nil)
+	}
+	if c.LeaseTTL < LeaseTTLMin || c.LeaseTTL > LeaseTTLMax {
+		bad("DELAYD_LEASE_TTL", c.LeaseTTL.String(), fmt.Sprintf("must be a Go duration from %s to %s", LeaseTTLMin, LeaseTTLMax), nil)
 	}
 	errs = append(errs, c.validateSecurity()...)
 	for _, v := range []struct {

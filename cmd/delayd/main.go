@@ -146,6 +146,7 @@ func run() int {
 		// subscribers reconnect after a start too.
 		GraceAtStart: srv != nil,
 		MaxDelay:     cfg.MaxDelay,
+		LeaseTTL:     cfg.LeaseTTL,
 		Targets:      cfg.TargetPolicy(),
 		Logger:       logger,
 		OnDelivery:   func(stream string, lateness time.Duration) { m.ObserveDelivery(stream, lateness) },
