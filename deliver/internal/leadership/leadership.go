@@ -232,7 +232,7 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t Term
 		}
 		term := Term{Epoch: epoch, lease: e.lease}
 		info := e.lease.LastTerm()
-		e.logger.Info("lease gained", slog.Uint64("epoch", epoch))
+		e.logger.Debug("lease gained", slog.Uint64("epoch", epoch))
 		e.onEvent(Event{Key: e.key, Kind: Gained, Epoch: epoch, Acquired: info.Acquired})
 
 		wctx, cancel := context.WithCancelCause(ctx)
@@ -256,7 +256,7 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t Term
 		switch {
 		case ctx.Err() != nil:
 			ev.Kind = Resigned
-			e.logger.Info("lease released", slog.Uint64("epoch", epoch))
+			e.logger.Debug("lease released", slog.Uint64("epoch", epoch))
 		case stillValid:
 			// The work stopped on its own: werr, or fenced by a failed
 			// compare-and-set it logged.
