@@ -1,6 +1,7 @@
 package deliver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -648,7 +650,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 				s.cancelNotFound.Add(1)
 				return contract.CancelReplyNotFound, nil
 			}
-			if !sc.owned.Load() {
+			if !s.awaitOwner(ctx, sc) {
 				// Only the level's owner decides. Until decisions are
 				// routed to it, the request is answered as an error to
 				// send again (the cancel queue group may pick the owner).
@@ -690,6 +692,26 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 			}
 		}
 	}
+}
+
+// awaitOwner reports whether this service scans sc's level, waiting up to
+// twice the lease TTL for it (polling every 10 ms): right after a start,
+// or a restart after a crash, the scanner runs only once its lease is
+// taken, which a restart after a crash waits the TTL for.
+func (s *Service) awaitOwner(ctx context.Context, sc *Scanner) bool {
+	if sc.owned.Load() {
+		return true
+	}
+	deadline := time.Now().Add(2 * cmp.Or(s.cfg.LeaseTTL, lease.TTLDefault))
+	for time.Now().Before(deadline) {
+		if sleepCtx(ctx, 10*time.Millisecond) != nil {
+			return false
+		}
+		if sc.owned.Load() {
+			return true
+		}
+	}
+	return false
 }
 
 // inScope reports whether rec's message has the target scope; every
