@@ -416,7 +416,7 @@ func (s *Service) Run(ctx context.Context) error {
 		works = append(works, leasedWork{e, work})
 		return nil
 	}
-	if err := addLease(leadership.RouterKey, router.runTerm); err != nil {
+	if err := addLease(leadership.RouterKey, router.runTerm); err != nil { // works[0]: started last, below
 		return err
 	}
 	for _, name := range streams {
@@ -447,9 +447,24 @@ func (s *Service) Run(ctx context.Context) error {
 	wg.Go(func() { errs <- targets.Run(runCtx) })
 	// Each elector runs its work only while it holds the lease, and
 	// releases the lease after the work has settled and committed.
-	for _, o := range works {
+	// The router bids once every scanner made its first bid: a single
+	// process then routes only once its scanners run, and the merge check
+	// (pendingAt, which trusts only a scanner this process runs) works
+	// from the first message.
+	for _, o := range works[1:] {
 		wg.Go(func() { errs <- o.elector.Run(runCtx, o.work) })
 	}
+	wg.Go(func() {
+		for _, o := range works[1:] {
+			select {
+			case <-o.elector.Tried():
+			case <-runCtx.Done():
+				errs <- nil
+				return
+			}
+		}
+		errs <- works[0].elector.Run(runCtx, works[0].work)
+	})
 	cancelJS := mustJS(s.nc, 0)
 	s.routed = newRoutedGate(cancelJS, s.refused.routerWaiting)
 	wg.Go(func() { s.routed.run(runCtx) })

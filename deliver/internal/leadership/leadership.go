@@ -162,6 +162,8 @@ type Elector struct {
 	onEvent func(Event)
 	logger  *slog.Logger
 
+	tried chan struct{} // closed once Run's first attempt is answered
+
 	mu      sync.Mutex
 	running bool
 }
@@ -183,8 +185,15 @@ func New(cfg Config) (*Elector, error) {
 	if err != nil {
 		return nil, fmt.Errorf("leadership: %w", err)
 	}
-	return &Elector{lease: l, key: cfg.Key, ttl: cfg.TTL, onEvent: cfg.OnEvent, logger: logger}, nil
+	return &Elector{lease: l, key: cfg.Key, ttl: cfg.TTL, onEvent: cfg.OnEvent, logger: logger, tried: make(chan struct{})}, nil
 }
+
+// Tried is closed once [Elector.Run]'s first attempt to take the lease is
+// answered: taken, held by another replica, or failed (Run retries). A
+// part that should start bidding only after others had their chance (the
+// router after the scanners, so that a single process's scanners run
+// before it routes) waits on it.
+func (e *Elector) Tried() <-chan struct{} { return e.tried }
 
 // Key returns the lease key.
 func (e *Elector) Key() string { return e.key }
@@ -222,7 +231,15 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t Term
 		e.running = false
 		e.mu.Unlock()
 	}()
+	first := true
 	for {
+		if first {
+			first = false
+			actx, cancel := context.WithTimeout(ctx, e.ttl)
+			_, _ = e.lease.TryAcquire(actx) // a failure is retried, and logged, by Acquire
+			cancel()
+			close(e.tried)
+		}
 		if err := e.lease.Acquire(ctx); err != nil {
 			return nil // ctx is done
 		}

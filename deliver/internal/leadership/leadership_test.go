@@ -122,6 +122,11 @@ func TestResignHandsOver(t *testing.T) {
 		t.Fatalf("A's term %+v not held or not the gained epoch %d", termA, gainedA.Epoch)
 	}
 	c := b.start(t, RouterKey, "B")
+	select {
+	case <-c.e.Tried(): // B's first bid was answered (not taken) at once
+	case <-time.After(5 * time.Second):
+		t.Fatal("B's first attempt not answered within 5 s")
+	}
 	c.sig.none(t, 2*testTTL) // A renews: B never gains meanwhile
 
 	a.stop()
