@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -46,6 +47,16 @@ const (
 	MaxDelayDefault = contract.MaxDelayDefault
 	// CancelShareDefault is DELAYD_CANCEL_SHARE's default: a tenth of one core for the cancel API's index lookups.
 	CancelShareDefault = contract.CancelShareDefault
+	// LeaseTTLDefault is the default TTL of the leases through which one delayd process at a time owns the router and
+	// each level stream (DELAYD_LEASE_TTL): lease.TTLDefault, 1.5 s.
+	LeaseTTLDefault = lease.TTLDefault
+)
+
+// Limits of DELAYD_LEASE_TTL: renewals run every TTL/3, so a shorter TTL costs more lease writes and leaves less room
+// for a slow write; a longer one makes a crashed owner's work wait longer for another process.
+const (
+	LeaseTTLMin = 250 * time.Millisecond
+	LeaseTTLMax = time.Minute
 )
 
 // Limits of DELAYD_REPLICAS: JetStream allows 1 to 5 replicas.
@@ -110,6 +121,12 @@ type Config struct {
 	// ([deliver.Config].CancelLookupShare); requests beyond it are answered busy (429). A decimal number.
 	// Optional. Default [CancelShareDefault].
 	CancelShare float64 `envconfig:"DELAYD_CANCEL_SHARE"`
+	// LeaseTTL is the TTL, T, of the leases (bucket DELAYD_LEASES) through which one delayd process at a time owns the
+	// router and each level stream: a process that stops renewing them (a crash, a kill -9) is replaced T after its
+	// last renewal, so a process started after a crash waits T (from its first read of each lease) before routing
+	// and delivering again; a graceful stop hands them over at once. A Go duration, [LeaseTTLMin] to [LeaseTTLMax].
+	// Optional. Default [LeaseTTLDefault].
+	LeaseTTL time.Duration `envconfig:"DELAYD_LEASE_TTL"`
 
 	// NATSUser and NATSPassword authenticate to the NATS server(s) of NATSURL with a user name and password
 	// ([nats.UserInfo]). Both or neither; only with NATSURL; at most one authentication method.
@@ -236,6 +253,7 @@ func defaults() Config {
 		MaxDelay:   MaxDelayDefault,
 
 		CancelShare: CancelShareDefault,
+		LeaseTTL:    LeaseTTLDefault,
 	}
 }
 
@@ -253,6 +271,8 @@ func parseReason(pe *envconfig.ParseError) string {
 		return `must be a positive Go duration, such as "168h"`
 	case "DELAYD_CANCEL_SHARE":
 		return "must be a number above 0 and at most 1, such as 0.1"
+	case "DELAYD_LEASE_TTL":
+		return fmt.Sprintf(`must be a Go duration from %s to %s, such as "1500ms"`, LeaseTTLMin, LeaseTTLMax)
 	}
 	return pe.Err.Error()
 }
@@ -324,6 +344,9 @@ func (c Config) Validate() error {
 	}
 	if c.StartGrace < 0 {
 		bad("DELAYD_START_GRACE", c.StartGrace.String(), "must be >= 0", nil)
+	}
+	if c.LeaseTTL < LeaseTTLMin || c.LeaseTTL > LeaseTTLMax {
+		bad("DELAYD_LEASE_TTL", c.LeaseTTL.String(), fmt.Sprintf("must be a Go duration from %s to %s", LeaseTTLMin, LeaseTTLMax), nil)
 	}
 	errs = append(errs, c.validateSecurity()...)
 	for _, v := range []struct {

@@ -16,7 +16,7 @@ import (
 // vars are every variable Config reads.
 var vars = []string{
 	"DELAYD_NATS_URL", "DELAYD_LISTEN", "DELAYD_STORE_DIR", "DELAYD_LEVELS", "DELAYD_PREFIX", "DELAYD_HTTP_ADDR",
-	"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY", "DELAYD_CANCEL_SHARE",
+	"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY", "DELAYD_CANCEL_SHARE", "DELAYD_LEASE_TTL",
 	"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED", "DELAYD_NATS_CREDS",
 	"DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY", "DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS",
 }
@@ -53,6 +53,7 @@ func TestLoadDefaults(t *testing.T) {
 		StartGrace:  StartGraceDefault,
 		MaxDelay:    MaxDelayDefault,
 		CancelShare: CancelShareDefault,
+		LeaseTTL:    LeaseTTLDefault,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load() = %+v, want %+v", c, want)
@@ -74,7 +75,7 @@ func TestVarTags(t *testing.T) {
 	known := map[string]bool{}
 	for _, name := range []string{
 		"DELAYD_NATS_URL", "DELAYD_LISTEN", "DELAYD_STORE_DIR", "DELAYD_LEVELS", "DELAYD_PREFIX", "DELAYD_HTTP_ADDR",
-		"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY", "DELAYD_CANCEL_SHARE",
+		"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY", "DELAYD_CANCEL_SHARE", "DELAYD_LEASE_TTL",
 		"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED",
 		"DELAYD_NATS_CREDS", "DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY",
 		"DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS",
@@ -143,6 +144,7 @@ func TestLoadValues(t *testing.T) {
 	t.Setenv("DELAYD_LOG_FORMAT", "JSON")
 	t.Setenv("DELAYD_LOG_LEVEL", "Debug")
 	t.Setenv("DELAYD_START_GRACE", "0s")
+	t.Setenv("DELAYD_LEASE_TTL", "3s")
 
 	c, err := Load()
 	if err != nil {
@@ -161,6 +163,7 @@ func TestLoadValues(t *testing.T) {
 		StartGrace:  0,
 		MaxDelay:    MaxDelayDefault,
 		CancelShare: CancelShareDefault,
+		LeaseTTL:    3 * time.Second,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load() = %+v, want %+v", c, want)
@@ -204,6 +207,9 @@ func TestLoadBadValue(t *testing.T) {
 		{name: "DELAYD_LOG_LEVEL", value: "trace", want: "debug, info, warn or error"},
 		{name: "DELAYD_START_GRACE", value: "soon", want: "Go duration"},
 		{name: "DELAYD_START_GRACE", value: "-1s", want: "must be >= 0"},
+		{name: "DELAYD_LEASE_TTL", value: "soon", want: "Go duration"},
+		{name: "DELAYD_LEASE_TTL", value: "100ms", want: "from 250ms to 1m0s"},
+		{name: "DELAYD_LEASE_TTL", value: "1m1s", want: "from 250ms to 1m0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package deliver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -58,6 +60,10 @@ type cancelDecision struct {
 // the sequence is not passed and is reserved for the requester's I/O.
 const answerReserved cancelAnswer = -1
 
+// ownerPoll is how often a cancel waiting for a scanner's decision checks
+// that the scanner still runs (owns its level).
+const ownerPoll = 100 * time.Millisecond
+
 // cancelGrace is how long past a reservation's deadline the scanner waits
 // for its outcome before it takes the sequence back and delivers it.
 const cancelGrace = time.Second
@@ -79,19 +85,43 @@ func clip(b []byte, n int) string {
 // but this message's own. A message is either handed to its target or
 // cancelled, never both (README "Cancel").
 func (s *Scanner) requestCancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record) (cancelAnswer, error) {
+	// A scanner whose lease term ends stops deciding: the requester looks
+	// every ownerPoll, and gives up with an error to send again.
+	tick := time.NewTicker(ownerPoll)
+	defer tick.Stop()
+	stopped := fmt.Errorf("level stream %s: %w; send the cancel again", s.cfg.Stream, errNotOwner)
 	for {
 		req := cancelReq{rec: rec, reply: make(chan cancelDecision, 1)}
-		select {
-		case s.cancels <- req:
-		case <-ctx.Done():
-			return 0, ctx.Err()
+	send:
+		for {
+			select {
+			case s.cancels <- req:
+				break send
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-tick.C:
+				if !s.owned.Load() {
+					return 0, stopped
+				}
+			}
 		}
 		s.nudge()
 		var d cancelDecision
-		select {
-		case d = <-req.reply:
-		case <-ctx.Done():
-			return 0, ctx.Err()
+	wait:
+		for {
+			select {
+			case d = <-req.reply:
+				break wait
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-tick.C:
+				if !s.owned.Load() {
+					// The next term decides it if it is still queued (a
+					// reservation nobody completes is taken back after
+					// its deadline, like any other).
+					return 0, stopped
+				}
+			}
 		}
 		switch {
 		case d.answer == answerReserved:
@@ -646,6 +676,12 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 				s.cancelNotFound.Add(1)
 				return contract.CancelReplyNotFound, nil
 			}
+			if !s.awaitOwner(ctx, sc) {
+				// Only the level's owner decides. Until decisions are
+				// routed to it, the request is answered as an error to
+				// send again (the cancel queue group may pick the owner).
+				return "", fmt.Errorf("level stream %s is not scanned by this delayd process now (another holds its lease, or this one waits for it); send the cancel again", rec.Stream)
+			}
 			answer, err := sc.requestCancel(ctx, reader, rec)
 			if err != nil {
 				return "", err
@@ -685,6 +721,26 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 			}
 		}
 	}
+}
+
+// awaitOwner reports whether this service scans sc's level, waiting up to
+// twice the lease TTL for it (polling every 10 ms): right after a start,
+// or a restart after a crash, the scanner runs only once its lease is
+// taken, which a restart after a crash waits the TTL for.
+func (s *Service) awaitOwner(ctx context.Context, sc *Scanner) bool {
+	if sc.owned.Load() {
+		return true
+	}
+	deadline := time.Now().Add(2 * cmp.Or(s.cfg.LeaseTTL, lease.TTLDefault))
+	for time.Now().Before(deadline) {
+		if sleepCtx(ctx, 10*time.Millisecond) != nil {
+			return false
+		}
+		if sc.owned.Load() {
+			return true
+		}
+	}
+	return false
 }
 
 // inScope reports whether rec's message has the target scope; every

@@ -73,6 +73,17 @@ func (c *mergeCache) forget(rec index.Record) {
 	c.rememberLocked(rec)
 }
 
+// reset forgets every placement: a router starting a new term of its
+// lease knows nothing of what another replica's router placed or what
+// other replicas' scanners freed meanwhile.
+func (c *mergeCache) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.flight)
+	clear(c.recent)
+	c.order = nil
+}
+
 // remember caches a confirmed placement (from the re-index at start).
 func (c *mergeCache) remember(rec index.Record) {
 	c.mu.Lock()

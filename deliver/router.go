@@ -19,6 +19,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/leadership"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -176,6 +177,8 @@ type RouterStats struct {
 	Skipped      uint64 // redeliveries already present in their level stream
 	Merged       uint64 // messages merged into a pending one with the same merge key and target
 	IndexErrors  uint64 // id index writes that failed (those messages cannot be cancelled)
+	Owner        bool   // this replica holds the router lease and routes now
+	Epoch        uint64 // the epoch of this replica's last term of the router lease; 0 if it never held it
 }
 
 // Router consumes DELAYD_INGRESS and writes each message to its level
@@ -216,6 +219,13 @@ type Router struct {
 	index *jswire.BatchReader // index lookups (Run's goroutine)
 
 	routed, deadLettered, clamped, skipped, merged atomic.Uint64
+
+	// term is the router lease's term the router runs in
+	// ([Router.runTerm]); the zero Term, always held, for a router on its
+	// own. Run's goroutine only. owned and epoch mirror it for Stats.
+	term      leadership.Term
+	owned     atomic.Bool
+	termEpoch atomic.Uint64
 }
 
 // levelWriter is the router's view of one level stream.
@@ -344,7 +354,25 @@ func (r *Router) Stats() RouterStats {
 	return RouterStats{
 		Routed: r.routed.Load(), DeadLettered: r.deadLettered.Load(), Clamped: r.clamped.Load(), Skipped: r.skipped.Load(),
 		Merged: r.merged.Load(), IndexErrors: r.pipe.indexErrors.Load(),
+		Owner: r.owned.Load(), Epoch: r.termEpoch.Load(),
 	}
+}
+
+// runTerm routes for one term of the router lease: until ctx is done (a
+// stop, or the term's end) or the router finds its term no longer valid.
+// In-flight writes settle on the way out, as in [Router.Run]; the elector
+// releases the lease after it returns. The merge cache starts empty: what
+// it knew may have changed under another replica's router.
+func (r *Router) runTerm(ctx context.Context, t leadership.Term) error {
+	r.term = t
+	r.termEpoch.Store(t.Epoch)
+	r.owned.Store(true)
+	r.merges.reset()
+	defer func() {
+		r.owned.Store(false)
+		r.progress() // not routing is not failing: no failure clock runs
+	}()
+	return r.Run(ctx)
 }
 
 // Run routes until ctx is done, then lets in-flight writes finish (or
@@ -371,6 +399,10 @@ func (r *Router) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if !r.term.Held() {
+			r.logger.Info("router stopped: this replica's lease term ended", slog.Uint64("epoch", r.term.Epoch), slog.Any("error", err))
+			return nil
+		}
 		r.failing.fail(r.epoch)
 		if time.Since(began) > time.Minute {
 			backoff.reset() // a long healthy session: start the backoff afresh
@@ -384,6 +416,9 @@ func (r *Router) Run(ctx context.Context) error {
 
 // session runs one ingress consumer from a fresh resync until an error.
 func (r *Router) session(ctx context.Context) error {
+	if !r.term.Held() {
+		return errNotOwner // a stale router recreates no stream and writes no index record
+	}
 	info, err := r.js.Stream(ctx, IngressStream)
 	if err != nil {
 		return fmt.Errorf("ingress stream: %w", err)
@@ -398,6 +433,19 @@ func (r *Router) session(ctx context.Context) error {
 	}
 	if err := r.reindex(ctx, info.CachedInfo().State); err != nil {
 		return err
+	}
+	// Phase 1 of the router's ownership: one router at a time, by lease;
+	// it stops at its term's end and checks its term before every level
+	// write. A stale router paused between that check and its write (or
+	// with writes in flight) could still write; the epoch markers will
+	// close that: here, before its first write, a new term's router will
+	// write a marker with its epoch to every level stream at the synced
+	// expected sequence, so a stale router's write expecting an older last
+	// sequence fails, and the scanners will skip markers. The ingress
+	// consumer below will be per epoch too, so that a stale router cannot
+	// delete the new router's consumer.
+	if !r.term.Held() {
+		return errNotOwner
 	}
 	// A fresh consumer redelivers every unacked ingress message at once,
 	// instead of after the ack wait of a consumer left by a crashed process.
@@ -474,6 +522,11 @@ func (r *Router) session(ctx context.Context) error {
 				errDeliveryLost, nextDelivery, meta.ConsumerSeq-1)
 		}
 		nextDelivery = max(nextDelivery, meta.ConsumerSeq+1)
+		if !r.term.Held() {
+			// Checked before each message's level write (a mutex and a
+			// monotonic clock read): m stays unacked, for the next owner.
+			return errNotOwner
+		}
 		r.route(ctx, m, meta)
 	}
 }
@@ -940,6 +993,9 @@ func (r *Router) retryFailed(ctx context.Context) error {
 	// progress (they may fail again in the acker).
 	for round := 0; ; round++ {
 		r.pipe.drain()
+		if !r.term.Held() {
+			return errNotOwner // the failed writes stay unacked, for the next owner
+		}
 		failed := r.pipe.takeFailed()
 		if len(failed) == 0 {
 			return nil

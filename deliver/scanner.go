@@ -17,6 +17,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/leadership"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
 )
@@ -159,6 +160,13 @@ type scannerWiring struct {
 	// left delayd, so the key is free. It runs on the scanner's goroutine.
 	// Optional: nil tells no one (a scanner without a router).
 	mergeGone func(index.Record)
+
+	// fenced runs the scanner as its level's owner under a lease: every
+	// offset write is a compare-and-set (offsets.CommitterConfig.Fenced),
+	// each start bumps the offset key (offsets.Store.Bump) before it loads
+	// the tombstones, and the scanner stops at a failed compare-and-set.
+	// Optional: false for a scanner on its own (plain offset writes).
+	fenced bool
 }
 
 func (w *scannerWiring) validate() error {
@@ -194,6 +202,9 @@ type ScannerStats struct {
 	LastLateness time.Duration // lateness of the last delivery: delivered - due, by the server's clock
 	ClockBound   time.Duration // upper bound on the local wall clock's lead over the server's clock
 	Steps        uint64        // scanner loop iterations since start (reads, deliveries, waits): a busy loop shows here
+	Owner        bool          // this replica holds the level's lease and runs its scanner now
+	Epoch        uint64        // the epoch of this replica's last term of the level's lease; 0 if it never held it
+	FencedWrites uint64        // offset commits refused as fenced (another owner wrote the offset); each stopped the level
 }
 
 // Scanner delivers one level stream. It reads the stream in sequence order
@@ -283,6 +294,18 @@ type Scanner struct {
 
 	delivered, deadLettered, retries, forwarded atomic.Uint64
 	lastLateness                                atomic.Int64
+
+	// term is the lease term the scanner runs in ([Scanner.runTerm]); the
+	// zero Term, always held, for a scanner on its own. fencedStop is set
+	// when an offset commit failed its compare-and-set: the level stops.
+	// Scanner goroutine only.
+	term       leadership.Term
+	fencedStop bool
+	// owned and epoch mirror term for Stats; fencedWrites counts fenced
+	// commits.
+	owned        atomic.Bool
+	epoch        atomic.Uint64
+	fencedWrites atomic.Uint64
 }
 
 // NewScanner returns a scanner for one level stream on its own, outside a
@@ -314,7 +337,7 @@ func newScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig, wiring
 	}
 	name := strings.TrimPrefix(cfg.Stream, levels.StreamPrefix)
 	logger := cfg.Logger.With(slog.String("stream", cfg.Stream))
-	commits, err := offsets.NewCommitter(cfg.Offsets, offsets.CommitterConfig{Stream: cfg.Stream, Timeout: opTimeout, Logger: logger})
+	commits, err := offsets.NewCommitter(cfg.Offsets, offsets.CommitterConfig{Stream: cfg.Stream, Timeout: opTimeout, Fenced: wiring.fenced, Logger: logger})
 	if err != nil {
 		return nil, fmt.Errorf("deliver: scanner: %w", err)
 	}
@@ -458,8 +481,40 @@ func (s *Scanner) Stats() ScannerStats {
 		LastLateness: time.Duration(s.lastLateness.Load()),
 		ClockBound:   s.srv.lead(),
 		Steps:        s.steps.Load(),
+		Owner:        s.owned.Load(),
+		Epoch:        s.epoch.Load(),
+		FencedWrites: s.fencedWrites.Load(),
 	}
 }
+
+// errNotOwner stops a scanner or the router whose lease term ended (or
+// whose offset commit was fenced): another replica owns the work now.
+var errNotOwner = errors.New("this replica no longer holds the lease")
+
+// runTerm runs the scanner for one term of its level's lease: until ctx is
+// done (a stop, or the term's end) or the scanner finds its term no longer
+// valid. It confirms what is in flight and commits on the way out, like
+// [Scanner.Run]; the elector releases the lease after it returns.
+func (s *Scanner) runTerm(ctx context.Context, t leadership.Term) error {
+	s.term, s.fencedStop = t, false
+	s.epoch.Store(t.Epoch)
+	s.owned.Store(true)
+	defer func() {
+		s.owned.Store(false)
+		s.headDue.Store(0) // not this replica's head any more: never "stalled"
+	}()
+	return s.Run(ctx)
+}
+
+// owns reports whether the scanner may hand off (publish, forward,
+// dead-letter) now: its lease term is valid (an exact check on the
+// monotonic clock: a mutex and a clock read per hand-off) and no offset
+// commit was fenced. A hand-off after the fence can only come from a pause
+// between this check and the publish, one per level; README "Guarantees"
+// ("A restart after a crash waits the lease TTL") states that bounded
+// duplicate window. The offset cannot go wrong even then: every commit is
+// a compare-and-set.
+func (s *Scanner) owns() bool { return !s.fencedStop && s.term.Held() }
 
 // Run delivers until ctx is done. On the way out it confirms what is in
 // flight, commits the offset and returns nil. It survives server restarts,
@@ -486,7 +541,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 			// At start, and whenever the level stream is not the one the
 			// offset belongs to (deleted, or deleted and recreated).
 			if err := s.start(ctx); err != nil {
-				if ctx.Err() != nil {
+				if ctx.Err() != nil || errors.Is(err, errNotOwner) {
 					return nil
 				}
 				s.logger.Warn("scanner start failed; retrying", slog.Any("error", err))
@@ -502,6 +557,9 @@ func (s *Scanner) Run(ctx context.Context) error {
 		err := s.step(ctx)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if errors.Is(err, errNotOwner) || s.fencedStop {
+			return nil // logged where it was found
 		}
 		if err != nil {
 			s.logger.Warn("scanner step failed; retrying", slog.Any("error", err))
@@ -537,16 +595,34 @@ func (s *Scanner) start(outer context.Context) error {
 	if first == 0 {
 		first = 1
 	}
-	off, err := s.cfg.Offsets.Load(ctx, s.cfg.Stream)
+	off, rev, err := s.loadOffset(ctx)
+	if errors.Is(err, offsets.ErrFenced) {
+		// Another owner wrote the key between the read and the bump.
+		s.fenced()
+		return errNotOwner
+	}
 	// Every correction is logged with what was found and what it means
 	// (README "Offsets that make no sense"): delivering from first again
 	// repeats whatever of first..last was delivered but not yet purged.
+	// Under a lease it is a compare-and-set at the revision just read.
+	correct := func(seq uint64, reason string) error {
+		if !s.cfg.fenced {
+			return s.cfg.Offsets.Correct(ctx, s.cfg.Stream, seq, reason)
+		}
+		var cerr error
+		rev, cerr = s.cfg.Offsets.CorrectAt(ctx, s.cfg.Stream, seq, rev, reason)
+		if errors.Is(cerr, offsets.ErrFenced) {
+			s.fenced()
+			return errNotOwner
+		}
+		return cerr
+	}
 	again := redeliveryNote(first, st.LastSeq)
 	if err == nil && s.replaced {
 		// The stored offset counts the deleted stream's sequences.
 		reason := fmt.Sprintf("offset %d belongs to a level stream deleted while delayd ran; %s", off, again)
 		off = first - 1
-		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, reason); err != nil {
+		if err := correct(off, reason); err != nil {
 			return err
 		}
 		s.replaced = false
@@ -555,7 +631,7 @@ func (s *Scanner) start(outer context.Context) error {
 	case errors.Is(err, offsets.ErrDeleted):
 		// Deleted or purged by hand: it was committed once.
 		off = first - 1
-		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, err.Error()+"; "+again); err != nil {
+		if err := correct(off, err.Error()+"; "+again); err != nil {
 			return err
 		}
 	case errors.Is(err, offsets.ErrNotFound) && first > 1:
@@ -565,7 +641,7 @@ func (s *Scanner) start(outer context.Context) error {
 		// deleted and recreated).
 		off = first - 1
 		reason := fmt.Sprintf("no offset stored, but the stream was purged up to sequence %d, so it was delivered from before; %s", first-1, again)
-		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, reason); err != nil {
+		if err := correct(off, reason); err != nil {
 			return err
 		}
 	case errors.Is(err, offsets.ErrNotFound):
@@ -575,7 +651,7 @@ func (s *Scanner) start(outer context.Context) error {
 		s.logger.Debug("new level stream: no offset yet", slog.Uint64("messages", st.Msgs))
 	case errors.Is(err, offsets.ErrCorrupt):
 		off = first - 1
-		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, err.Error()+"; "+again); err != nil {
+		if err := correct(off, err.Error()+"; "+again); err != nil {
 			return err
 		}
 	case err != nil:
@@ -584,21 +660,21 @@ func (s *Scanner) start(outer context.Context) error {
 		// The stream was recreated, or the offset was set by hand past its end.
 		reason := fmt.Sprintf("offset %d beyond the stream's last sequence %d; %s", off, st.LastSeq, again)
 		off = first - 1
-		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, reason); err != nil {
+		if err := correct(off, reason); err != nil {
 			return err
 		}
 	case off+1 < first:
 		// Messages up to first-1 were purged, so they were delivered.
 		reason := fmt.Sprintf("offset %d below the stream's first sequence %d: sequences up to %d were purged, so delivered; %s", off, first, first-1, again)
 		off = first - 1
-		if err := s.cfg.Offsets.Correct(ctx, s.cfg.Stream, off, reason); err != nil {
+		if err := correct(off, reason); err != nil {
 			return err
 		}
 	}
 	s.passed.Store(off)
 	s.startTail, s.startedAt = st.LastSeq, s.srv.now()
 	s.offset, s.purgedTo = off, first
-	s.commits.Reset(off)
+	s.commits.ResetAt(off, rev)
 	s.tombsAcked = off // loadTombstones drops those up to off
 	s.next = off + 1
 	s.resetFeed = true
@@ -612,6 +688,23 @@ func (s *Scanner) start(outer context.Context) error {
 	}
 	// Not within start's timeout: a level may hold many cancelled messages.
 	return s.loadTombstones(outer, off)
+}
+
+// loadOffset loads the level's committed offset and, as its owner under a
+// lease, bumps the offset key first (offsets.Store.Bump): a previous
+// owner's next commit then fails its compare-and-set. revision is the
+// key's revision to commit at (0 if unknown or never written). Errors as
+// offsets.Store.Load; a write between the read and the bump wraps
+// offsets.ErrFenced. It refuses to write for a term no longer valid.
+func (s *Scanner) loadOffset(ctx context.Context) (offset, revision uint64, err error) {
+	if !s.cfg.fenced {
+		offset, err = s.cfg.Offsets.Load(ctx, s.cfg.Stream)
+		return offset, 0, err
+	}
+	if !s.owns() {
+		return 0, 0, errNotOwner
+	}
+	return s.cfg.Offsets.Bump(ctx, s.cfg.Stream)
 }
 
 // redeliveryNote says what a correction to first-1 means for a level stream
@@ -738,6 +831,12 @@ func (s *Scanner) step(ctx context.Context) error {
 	s.headFellDue(a.fellDue)
 	if s.cancelHolds(ctx, seq) {
 		return nil // looked at again: skipped if cancelled
+	}
+	if !s.owns() {
+		// Checked once per hand-off, after any wait: the head stays
+		// unpassed for the next owner.
+		s.logger.Info("level stopped: this replica's lease term ended", slog.Uint64("epoch", s.term.Epoch), slog.Uint64("seq", seq))
+		return errNotOwner
 	}
 	s.head = nil
 	s.next = seq + 1
@@ -1148,9 +1247,26 @@ func (s *Scanner) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reaso
 // the latest offset next; see [offsets.Committer]).
 func (s *Scanner) commit(ctx context.Context) {
 	s.noteAcked()
-	if err := s.commits.Commit(ctx, s.offset); err != nil {
+	// Once a write failed its compare-and-set, every Commit returns the
+	// fence (the next one after the failure at the latest).
+	err := s.commits.Commit(ctx, s.offset)
+	switch {
+	case errors.Is(err, offsets.ErrFenced):
+		s.fenced()
+	case err != nil:
 		s.logger.Warn("offset commit failed", slog.Uint64("offset", s.offset), slog.Any("error", err))
 	}
+}
+
+// fenced stops the level: an offset commit failed its compare-and-set, so
+// another owner wrote the offset. Logged and counted once per term.
+func (s *Scanner) fenced() {
+	if s.fencedStop {
+		return
+	}
+	s.fencedStop = true
+	s.fencedWrites.Add(1)
+	s.logger.Warn("level stopped: its offset was written by another owner (fenced)", slog.Uint64("epoch", s.term.Epoch), slog.Uint64("offset", s.offset))
 }
 
 // settleCommit waits, at most opTimeout, until the committed offset is

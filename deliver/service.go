@@ -18,6 +18,8 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/leadership"
+	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
 )
@@ -80,6 +82,15 @@ type Config struct {
 	// found". Optional. Default [IndexKeep].
 	IndexKeep time.Duration
 
+	// LeaseTTL is the TTL, T, of the leases through which the router and
+	// each level stream's scanner are owned by one delayd process at a
+	// time (bucket DELAYD_LEASES): an owner that stops renewing (a crash)
+	// is replaced T after its last renewal, and a process started after a
+	// crash takes its dead predecessor's leases T after it first reads
+	// them. A graceful stop releases them: the next process takes them at
+	// once. Optional. Default lease.TTLDefault (1.5 s).
+	LeaseTTL time.Duration
+
 	// Logger is optional. Default discards.
 	Logger *slog.Logger
 
@@ -102,6 +113,13 @@ type Config struct {
 // ingress into level streams and runs one scanner per level stream,
 // including level streams that are no longer in the table but still hold
 // messages.
+//
+// Several Services (delayd processes, replicas) may run on one account:
+// the router and each level stream's scanner run only in the Service that
+// holds their lease (key "router", and "level." + the stream name, in
+// DELAYD_LEASES), one [leadership.Elector] each. A Service holding no
+// lease is ready and bids for every one; a graceful stop settles, commits
+// and releases every lease it holds, so another Service takes over at once.
 type Service struct {
 	nc     *nats.Conn
 	cfg    Config
@@ -122,6 +140,66 @@ type Service struct {
 	hopKey  hopKey      // set by setup
 	routed  *routedGate // shared by the cancel workers; set by Run
 	lookups *lookupGate // paces the cancel workers' index lookups
+
+	// leases are the electors' counters by lease key, filled by Run before
+	// the electors start and read-only after; onLease, if set (tests),
+	// sees every elector's events, on the elector's goroutine.
+	leases  map[string]*leaseState
+	onLease func(leadership.Event)
+}
+
+// leaseState is one lease's state in this Service, for [Service.Leases].
+type leaseState struct {
+	elector           *leadership.Elector
+	gained, failovers atomic.Uint64
+}
+
+// LeaseStats is this Service's view of one lease.
+type LeaseStats struct {
+	// Key is the lease key: "router", or "level." + a level stream's name.
+	Key string
+	// Held reports whether this Service holds the lease now.
+	Held bool
+	// Epoch is the epoch of this Service's last term of the lease; 0 if it
+	// never held it.
+	Epoch uint64
+	// Gained counts the terms this Service gained since start.
+	Gained uint64
+	// Failovers counts this Service's terms that ended without its
+	// resigning: expired (no renewal stored in time), lost to another
+	// holder, or given up when the work stopped (fenced). Each one hands
+	// the work to another replica after the TTL, not at once.
+	Failovers uint64
+}
+
+// Leases returns this Service's view of every lease it bids for, sorted by
+// key; empty until Run has set up.
+func (s *Service) Leases() []LeaseStats {
+	s.mu.Lock()
+	leases := s.leases
+	s.mu.Unlock()
+	out := make([]LeaseStats, 0, len(leases))
+	for key, st := range leases {
+		epoch, held := st.elector.Held()
+		out = append(out, LeaseStats{Key: key, Held: held, Epoch: epoch, Gained: st.gained.Load(), Failovers: st.failovers.Load()})
+	}
+	slices.SortFunc(out, func(a, b LeaseStats) int { return strings.Compare(a.Key, b.Key) })
+	return out
+}
+
+// leaseEvent counts an elector's event; it runs on the elector's goroutine.
+func (s *Service) leaseEvent(ev leadership.Event) {
+	if st := s.leases[ev.Key]; st != nil {
+		switch ev.Kind {
+		case leadership.Gained:
+			st.gained.Add(1)
+		case leadership.Lost:
+			st.failovers.Add(1)
+		}
+	}
+	if s.onLease != nil {
+		s.onLease(ev)
+	}
 }
 
 // New returns a service on nc. Nothing touches the server until Run.
@@ -145,14 +223,18 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if cfg.Replicas < 1 {
 		return nil, fmt.Errorf("deliver: replicas %d: must be at least 1", cfg.Replicas)
 	}
+	if cfg.LeaseTTL < 0 {
+		return nil, fmt.Errorf("deliver: lease TTL %s: must not be negative", cfg.LeaseTTL)
+	}
 	if err := cfg.Targets.Validate(); err != nil {
 		return nil, fmt.Errorf("deliver: target policy: %w", err)
 	}
 	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger, targets: NewTargetIndex(nc, mustJS(nc, 0), cfg.Logger)}, nil
 }
 
-// Ready reports whether the resources exist, the router and every scanner
-// are running, the connection is up, the router is healthy, no scanner is
+// Ready reports whether the resources exist and the service bids for its
+// leases (the router and each scanner run while it holds theirs; holding
+// none is ready), the connection is up, the router is healthy, no scanner is
 // stalled (a due head not handed off for [ScannerStallAfterDefault]) and
 // DELAYD_DLQ has not refused a dead letter for that long. [Service.Unready]
 // says why not.
@@ -250,10 +332,11 @@ func (s *Service) Stats() (RouterStats, []ScannerStats) {
 func (s *Service) Run(ctx context.Context) error {
 	var streams []string
 	var store *offsets.Store
+	var bucket *lease.Bucket
 	backoff := newBackoff(200*time.Millisecond, 5*time.Second)
 	for {
 		var err error
-		streams, store, err = s.setup(ctx)
+		streams, store, bucket, err = s.setup(ctx)
 		if err == nil {
 			break
 		}
@@ -297,7 +380,7 @@ func (s *Service) Run(ctx context.Context) error {
 			window = ScannerWindowDefault
 		}
 		scanner, err := newScanner(s.nc, mustJS(s.nc, window+16), sc, scannerWiring{
-			reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey,
+			reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey, fenced: true,
 			mergeGone: func(rec index.Record) {
 				if r := routerRef.Load(); r != nil {
 					r.forgetMerge(rec)
@@ -330,8 +413,35 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	routerRef.Store(router)
+
+	// One elector per lease: the router's and each level stream's.
+	holder := lease.NewHolderID()
+	leases := make(map[string]*leaseState, len(scanners)+1)
+	type leasedWork struct {
+		elector *leadership.Elector
+		work    func(context.Context, leadership.Term) error
+	}
+	var works []leasedWork
+	addLease := func(key string, work func(context.Context, leadership.Term) error) error {
+		e, err := leadership.New(leadership.Config{Bucket: bucket, Key: key, Holder: holder, TTL: s.cfg.LeaseTTL,
+			OnEvent: s.leaseEvent, Logger: s.logger.With(slog.String("component", "lease"))})
+		if err != nil {
+			return err
+		}
+		leases[key] = &leaseState{elector: e}
+		works = append(works, leasedWork{e, work})
+		return nil
+	}
+	if err := addLease(leadership.RouterKey, router.runTerm); err != nil { // works[0]: started last, below
+		return err
+	}
+	for _, name := range streams {
+		if err := addLease(leadership.LevelKey(name), scanners[name].runTerm); err != nil {
+			return err
+		}
+	}
 	s.mu.Lock()
-	s.router, s.scanners = router, scanners
+	s.router, s.scanners, s.leases = router, scanners, leases
 	s.mu.Unlock()
 
 	cancelSubs, cancelCh, err := s.subscribeCancel(ctx)
@@ -347,22 +457,41 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	defer func() { _ = infoSub.Unsubscribe() }()
 	var wg sync.WaitGroup
-	errs := make(chan error, len(scanners)+4)
+	errs := make(chan error, len(works)+4)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wg.Go(func() { errs <- targets.Run(runCtx) })
-	for _, sc := range scanners {
-		wg.Go(func() { errs <- sc.Run(runCtx) })
+	// Each elector runs its work only while it holds the lease, and
+	// releases the lease after the work has settled and committed.
+	// The router bids once every scanner made its first bid: a single
+	// process then routes only once its scanners run, and the merge check
+	// (pendingAt, which trusts only a scanner this process runs) works
+	// from the first message.
+	for _, o := range works[1:] {
+		wg.Go(func() { errs <- o.elector.Run(runCtx, o.work) })
 	}
-	wg.Go(func() { errs <- router.Run(runCtx) })
+	wg.Go(func() {
+		for _, o := range works[1:] {
+			select {
+			case <-o.elector.Tried():
+			case <-runCtx.Done():
+				errs <- nil
+				return
+			}
+		}
+		errs <- works[0].elector.Run(runCtx, works[0].work)
+	})
 	cancelJS := mustJS(s.nc, 0)
 	s.routed = newRoutedGate(cancelJS, s.refused.routerWaiting)
 	s.lookups = newLookupGate(s.cfg.CancelLookupShare)
 	wg.Go(func() { s.routed.run(runCtx) })
 	wg.Go(func() { errs <- s.serveCancel(runCtx, cancelJS, cancelSubs, cancelCh) })
+	// Every replica trims the id index: a trim only purges records older
+	// than its own conservative cutoff, so two trims do no harm. (A
+	// singleton job's lease would spare the extra reads.)
 	wg.Go(func() { errs <- s.trimIndex(runCtx) })
 	s.ready.Store(true)
-	s.logger.Info("delayd scheduling", slog.String("ingress", s.cfg.Prefix+".>"), slog.Int("level_streams", len(streams)))
+	s.logger.Info("delayd scheduling", slog.String("ingress", s.cfg.Prefix+".>"), slog.Int("level_streams", len(streams)), slog.String("holder", holder))
 
 	var first error
 	go func() { wg.Wait(); close(errs) }()
@@ -478,10 +607,10 @@ func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, rea
 	return oldest, nil
 }
 
-// setup creates or updates every stream and the offsets bucket, and returns
+// setup creates or updates every stream, the offsets and lease buckets, and returns
 // the level streams to scan: the table's, the immediate level's, and any
 // DELAYD_<duration> stream left from an earlier table.
-func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, error) {
+func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, *lease.Bucket, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	js := mustJS(s.nc, 0)
@@ -495,7 +624,7 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, error) {
 		Replicas:    r,
 		Duplicates:  DuplicateWindowDefault,
 	}); err != nil {
-		return nil, nil, fmt.Errorf("stream %s: %w", IngressStream, err)
+		return nil, nil, nil, fmt.Errorf("stream %s: %w", IngressStream, err)
 	}
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        DLQStream,
@@ -506,17 +635,17 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, error) {
 		Replicas:    r,
 		Duplicates:  DuplicateWindowDefault,
 	}); err != nil {
-		return nil, nil, fmt.Errorf("stream %s: %w", DLQStream, err)
+		return nil, nil, nil, fmt.Errorf("stream %s: %w", DLQStream, err)
 	}
 	if err := index.EnsureStreams(ctx, js, r); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	want := append([]levels.Level{{}}, s.cfg.Levels.Levels()...)
 	want = append(want, s.cfg.Levels.PrecisionLevels()...)
 	var streams []string
 	for _, l := range want {
 		if err := ensureLevelStream(ctx, js, l.Delay, r); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		streams = append(streams, l.Stream())
 	}
@@ -528,16 +657,20 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, error) {
 		}
 	}
 	if err := names.Err(); err != nil {
-		return nil, nil, fmt.Errorf("list level streams: %w", err)
+		return nil, nil, nil, fmt.Errorf("list level streams: %w", err)
 	}
 	store, err := offsets.New(ctx, js, offsets.Config{Replicas: r, Logger: s.logger.With(slog.String("component", "offsets"))})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if s.hopKey, err = loadHopKey(ctx, js, s.logger); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return streams, store, nil
+	bucket, err := lease.OpenBucket(ctx, js, lease.BucketConfig{Replicas: r})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return streams, store, bucket, nil
 }
 
 // ensureLevelStream creates or updates the level stream for delay.
@@ -582,13 +715,16 @@ type serviceScanners struct {
 	store    *offsets.Store
 }
 
+// pendingAt: a level this replica does not own answers "not pending"
+// (its scanner's view is stale): that costs a merge, never a message
+// merged into one already delivered.
 func (v serviceScanners) pendingAt(rec index.Record) bool {
 	sc := v.scanners[rec.Stream]
-	return sc != nil && sc.pendingAt(rec)
+	return sc != nil && sc.owned.Load() && sc.pendingAt(rec)
 }
 
 func (v serviceScanners) passed(stream string) uint64 {
-	if sc := v.scanners[stream]; sc != nil {
+	if sc := v.scanners[stream]; sc != nil && sc.owned.Load() {
 		return sc.passed.Load()
 	}
 	return 0

@@ -25,6 +25,10 @@ type StatsReply struct {
 	Routed       uint64 `json:"routed"`
 	Clamped      uint64 `json:"clamped"`
 	DeadLettered uint64 `json:"dead_lettered"`
+	// RouterOwner reports whether this process holds the router lease now,
+	// and RouterEpoch its last term's epoch (0 if never).
+	RouterOwner bool   `json:"router_owner"`
+	RouterEpoch uint64 `json:"router_epoch"`
 	// DeadLetters counts every dead letter written since start by reason
 	// ([Reasons]), the router's and the scanners' together.
 	DeadLetters map[string]uint64 `json:"dead_letters"`
@@ -43,6 +47,10 @@ type LevelStats struct {
 	Forwarded           uint64  `json:"forwarded"`
 	Pending             uint64  `json:"pending"`
 	OldestDueAgeSeconds float64 `json:"oldest_due_age_seconds"`
+	// Owner reports whether this process holds the level's lease and scans
+	// it now; Epoch is its last term's epoch (0 if never).
+	Owner bool   `json:"owner"`
+	Epoch uint64 `json:"epoch"`
 }
 
 // StartStatsAPI subscribes to [contract.StatsSubject] on the service's connection and
@@ -63,6 +71,7 @@ func (s *Service) StartStatsAPI() (stop func() error, err error) {
 		reply := StatsReply{
 			Started: started, PID: pid, Ready: s.Ready(),
 			Routed: rs.Routed, Clamped: rs.Clamped, DeadLettered: rs.DeadLettered,
+			RouterOwner: rs.Owner, RouterEpoch: rs.Epoch,
 			DeadLetters: s.DeadLetters(),
 			Levels:      make([]LevelStats, 0, len(ss)),
 		}
@@ -71,6 +80,7 @@ func (s *Service) StartStatsAPI() (stop func() error, err error) {
 				Stream: sc.Stream, Offset: sc.Offset, Delivered: sc.Delivered, DeadLettered: sc.DeadLettered,
 				Retries: sc.Retries, Forwarded: sc.Forwarded, Pending: sc.Pending,
 				OldestDueAgeSeconds: sc.OldestDueAge.Seconds(),
+				Owner:               sc.Owner, Epoch: sc.Epoch,
 			})
 		}
 		b, err := json.Marshal(reply)

@@ -37,6 +37,17 @@ var delaydBinary = sync.OnceValues(func() (string, error) {
 	return bin, nil
 })
 
+// killLeaseTTL is the lease TTL of the kill -9 tests' delayd processes: a
+// process started after a SIGKILL routes and delivers only once its dead
+// predecessor's leases have been unchanged that long (README "A restart
+// after a crash waits the lease TTL"), so each kill comes that much later
+// than before leases, and the TTL is shorter than the default to keep the
+// tests' length.
+const (
+	killLeaseTTL    = 500 * time.Millisecond
+	killLeaseTTLEnv = "DELAYD_LEASE_TTL=500ms"
+)
+
 // process is delayd running as a separate OS process.
 type process struct {
 	cmd *exec.Cmd
@@ -114,7 +125,7 @@ func TestKill9(t *testing.T) {
 		total = 100_000
 		kills = 20
 	)
-	env := []string{"DELAYD_LEVELS=100ms 300ms 1s"}
+	env := []string{"DELAYD_LEVELS=100ms 300ms 1s", killLeaseTTLEnv}
 	capture := b.createStream("KILLCAP", "kill.>")
 
 	// Core subscriber: counts every raw delivery and early arrivals.
@@ -175,7 +186,9 @@ func TestKill9(t *testing.T) {
 
 	rng := rand.New(rand.NewPCG(1, 2))
 	for k := range kills {
-		time.Sleep(time.Duration(200+rng.IntN(800)) * time.Millisecond) // let time pass: a random moment to kill at
+		// Let time pass: a random moment to kill at, once the new process has
+		// waited for its predecessor's leases.
+		time.Sleep(killLeaseTTL + time.Duration(200+rng.IntN(800))*time.Millisecond)
 		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -250,7 +263,7 @@ func TestKill9Cancel(t *testing.T) {
 	}
 	b := setup(t)
 	const total = 3000
-	env := []string{"DELAYD_LEVELS=3s 10s"}
+	env := []string{"DELAYD_LEVELS=3s 10s", killLeaseTTLEnv}
 	b.createStream("KILLCANCEL", "killc.>")
 	p := b.startProcess(env...)
 
@@ -289,7 +302,7 @@ func TestKill9Cancel(t *testing.T) {
 			select {
 			case <-stop:
 				return
-			case <-time.After(time.Duration(300+rng.IntN(900)) * time.Millisecond):
+			case <-time.After(killLeaseTTL + time.Duration(300+rng.IntN(900))*time.Millisecond):
 			}
 			mu.Lock()
 			_ = p.cmd.Process.Signal(syscall.SIGKILL)
@@ -405,7 +418,7 @@ func TestKill9Index(t *testing.T) {
 		t.Skip("long fault test: skipped when testing.Short()")
 	}
 	b := setup(t)
-	env := []string{"DELAYD_LEVELS=1s 1h"}
+	env := []string{"DELAYD_LEVELS=1s 1h", killLeaseTTLEnv}
 	p := b.startProcess(env...)
 	const total = 20000
 	var (
@@ -438,7 +451,8 @@ func TestKill9Index(t *testing.T) {
 	}()
 	rng := rand.New(rand.NewPCG(5, 6))
 	for range 6 {
-		time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond) // let time pass: a random moment to kill at
+		// Let time pass: a random moment to kill at, after the lease wait.
+		time.Sleep(killLeaseTTL + time.Duration(100+rng.IntN(400))*time.Millisecond)
 		_ = p.cmd.Process.Signal(syscall.SIGKILL)
 		_ = p.cmd.Wait()
 		p = b.startProcess(env...)

@@ -38,6 +38,7 @@ type Metrics struct {
 	routed, clamped, deadLettered, reconnects, ready  *prometheus.Desc
 	cancelled, cancels, merged, indexErrors           *prometheus.Desc
 	dlqFailures, dlqWaiting                           *prometheus.Desc
+	leaseHeld, leaseEpoch, failovers, fencedWrites    *prometheus.Desc
 }
 
 // New returns the collector for svc, whose connection is nc.
@@ -66,6 +67,10 @@ func New(svc *deliver.Service, nc *nats.Conn) *Metrics {
 		indexErrors:  prometheus.NewDesc("delayd_index_errors_total", "Id index writes that failed: those messages answer \"not found\" to a cancel.", nil, nil),
 		dlqFailures:  prometheus.NewDesc("delayd_dead_letter_failures_total", "Dead-letter writes DELAYD_DLQ refused (every attempt); each is retried until stored.", nil, nil),
 		dlqWaiting:   prometheus.NewDesc("delayd_dead_letters_waiting", "Dead letters DELAYD_DLQ refused that are not stored yet (their messages are neither acked nor passed).", nil, nil),
+		leaseHeld:    prometheus.NewDesc("delayd_lease_held", "1 while this process holds the lease (router, level.<stream>) and runs its work.", []string{"lease"}, nil),
+		leaseEpoch:   prometheus.NewDesc("delayd_lease_epoch", "The epoch of this process's last term of the lease; 0 if it never held it.", []string{"lease"}, nil),
+		failovers:    prometheus.NewDesc("delayd_failovers_total", "Terms of this process's leases that ended without a graceful release (expired, lost to another holder, or given up when fenced): each hands the work to another replica after the lease TTL.", []string{"lease"}, nil),
+		fencedWrites: prometheus.NewDesc("delayd_fenced_writes_total", "Offset commits refused by their compare-and-set because another owner wrote the offset; each stopped the level in this process.", lv, nil),
 	}
 }
 
@@ -85,6 +90,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		m.pending, m.oldestDue, m.delivered, m.retries, m.commitLag, m.routed, m.clamped, m.deadLettered, m.reconnects, m.ready,
 		m.cancelled, m.cancels, m.merged, m.indexErrors, m.dlqFailures, m.dlqWaiting,
+		m.leaseHeld, m.leaseEpoch, m.failovers, m.fencedWrites,
 	} {
 		ch <- d
 	}
@@ -102,6 +108,16 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.retries, prometheus.CounterValue, float64(s.Retries), l...)
 		ch <- prometheus.MustNewConstMetric(m.commitLag, prometheus.GaugeValue, float64(s.CommitLag), l...)
 		ch <- prometheus.MustNewConstMetric(m.cancelled, prometheus.CounterValue, float64(s.Cancelled), l...)
+		ch <- prometheus.MustNewConstMetric(m.fencedWrites, prometheus.CounterValue, float64(s.FencedWrites), l...)
+	}
+	for _, ls := range m.svc.Leases() {
+		held := 0.0
+		if ls.Held {
+			held = 1
+		}
+		ch <- prometheus.MustNewConstMetric(m.leaseHeld, prometheus.GaugeValue, held, ls.Key)
+		ch <- prometheus.MustNewConstMetric(m.leaseEpoch, prometheus.GaugeValue, float64(ls.Epoch), ls.Key)
+		ch <- prometheus.MustNewConstMetric(m.failovers, prometheus.CounterValue, float64(ls.Failovers), ls.Key)
 	}
 	cs := m.svc.CancelStats()
 	ch <- prometheus.MustNewConstMetric(m.cancels, prometheus.CounterValue, float64(cs.Cancelled), "cancelled")

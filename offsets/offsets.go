@@ -181,6 +181,15 @@ func (s *Store) Correct(ctx context.Context, stream string, seq uint64, reason s
 	return err
 }
 
+// CorrectAt is [Store.Correct] for a fenced owner: it stores seq, even
+// backwards, as a compare-and-set at revision (0: the key must not exist),
+// logs the correction with its reason, and returns the revision the write
+// got. A revision mismatch returns an error wrapping [ErrFenced].
+func (s *Store) CorrectAt(ctx context.Context, stream string, seq, revision uint64, reason string) (uint64, error) {
+	s.logger.Warn("offset corrected", slog.String("stream", stream), slog.Uint64("offset", seq), slog.String("reason", reason))
+	return s.update(ctx, stream, seq, revision)
+}
+
 // update stores seq as the stream's offset if the key's revision is still
 // rev (0: the key was never written), and returns the revision the write
 // got. A revision mismatch returns an error wrapping [ErrFenced] and

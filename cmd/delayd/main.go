@@ -147,6 +147,7 @@ func run() int {
 		GraceAtStart:      srv != nil,
 		MaxDelay:          cfg.MaxDelay,
 		CancelLookupShare: cfg.CancelShare,
+		LeaseTTL:          cfg.LeaseTTL,
 		Targets:           cfg.TargetPolicy(),
 		Logger:            logger,
 		OnDelivery:        func(stream string, lateness time.Duration) { m.ObserveDelivery(stream, lateness) },

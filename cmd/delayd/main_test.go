@@ -233,3 +233,91 @@ func TestHealthzReadyz(t *testing.T) {
 		t.Errorf("/healthz with the server gone: %d, want 200 (the process is alive)", code)
 	}
 }
+
+// TestReadyzWithoutLeases: of two delayd services on one server, the one
+// started first holds every lease (the router, each level stream); the
+// other holds none but bids for them, and is ready: /readyz answers 200
+// on both. /metrics says who holds what: delayd_lease_held is 1 for every
+// lease on the first, 0 on the second, with the first's epochs.
+func TestReadyzWithoutLeases(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	type replica struct {
+		svc *deliver.Service
+		url string
+	}
+	start := func() replica {
+		t.Helper()
+		nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		svc, err := deliver.New(nc, deliver.Config{Levels: levels.MustParse("1s")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(newMux(svc, metrics.New(svc, nc)))
+		t.Cleanup(hs.Close)
+		ctx, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- svc.Run(ctx) }()
+		t.Cleanup(func() {
+			stop()
+			<-done
+		})
+		return replica{svc, hs.URL}
+	}
+	holds := func(r replica) (held, all int) {
+		for _, l := range r.svc.Leases() {
+			all++
+			if l.Held {
+				held++
+			}
+		}
+		return held, all
+	}
+	waitUntil := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	first := start()
+	waitUntil("the first service holds every lease", func() bool { h, n := holds(first); return n > 0 && h == n })
+	second := start()
+	waitUntil("the second service bids", func() bool { _, n := holds(second); return n > 0 })
+	for _, r := range []replica{first, second} {
+		if code, body := readyz(t, r.url); code != http.StatusOK || body != "ready\n" {
+			t.Errorf("/readyz: %d %q, want 200 \"ready\\n\"", code, body)
+		}
+	}
+	if h, n := holds(second); h != 0 {
+		t.Fatalf("the second service holds %d of %d leases while the first runs", h, n)
+	}
+	scrape := func(url string) string {
+		t.Helper()
+		resp, err := http.Get(url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	m1, m2 := scrape(first.url), scrape(second.url)
+	for _, want := range []string{`delayd_lease_held{lease="router"} 1`, `delayd_lease_held{lease="level.DELAYD_1S"} 1`, `delayd_lease_epoch{lease="router"} 1`, `delayd_failovers_total{lease="router"} 0`} {
+		if !strings.Contains(m1, want) {
+			t.Errorf("first service's /metrics lacks %s", want)
+		}
+	}
+	for _, want := range []string{`delayd_lease_held{lease="router"} 0`, `delayd_lease_held{lease="level.DELAYD_1S"} 0`, `delayd_lease_epoch{lease="router"} 0`} {
+		if !strings.Contains(m2, want) {
+			t.Errorf("second service's /metrics lacks %s", want)
+		}
+	}
+}

@@ -379,6 +379,43 @@ func (l *Lease) Context() context.Context {
 	return ctx
 }
 
+// TermInfo describes a term, on this process's monotonic clock: its
+// instants are only meaningful in this process.
+type TermInfo struct {
+	// Epoch is the term's epoch; 0 if there was no term.
+	Epoch uint64
+	// Acquired is when the acquiring write was answered: validity began.
+	Acquired time.Time
+	// ValidUntil is when validity ended or ends: the fence, or the instant
+	// the term ended if that came first (a release, a failed renewal's
+	// compare-and-set). A holder writes nothing fenced after it.
+	ValidUntil time.Time
+	// Ended reports whether the term has ended.
+	Ended bool
+	// Cause is why it ended, wrapping [ErrExpired], [ErrLost] or
+	// [ErrReleased]; nil while not ended.
+	Cause error
+}
+
+// LastTerm returns the last term's [TermInfo], ended or not; the zero
+// TermInfo if this Lease never held a term.
+func (l *Lease) LastTerm() TermInfo {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := l.term
+	if t == nil {
+		return TermInfo{}
+	}
+	ti := TermInfo{Epoch: t.epoch, Acquired: t.acquired, ValidUntil: t.fence, Ended: t.ended}
+	if t.ended {
+		ti.Cause = context.Cause(t.ctx)
+		if t.endedAt.Before(t.fence) {
+			ti.ValidUntil = t.endedAt
+		}
+	}
+	return ti
+}
+
 // TryAcquire makes one attempt to take the lease and reports whether this
 // replica now holds it. It returns true at once if a term is already held.
 // Otherwise it reads the key: it creates a key never written and takes a
