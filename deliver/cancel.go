@@ -508,6 +508,7 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs 
 					}
 					if errors.Is(err, ErrCancelBusy) {
 						s.cancelBusy.Add(1)
+						err = ErrCancelBusy // the answer's text, not the path to it
 						reply = contract.CancelReplyErrorPrefix + err.Error()
 					} else if err != nil {
 						if ctx.Err() != nil {
@@ -631,14 +632,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 		seen uint64
 	)
 	for _, key := range keys {
-		var (
-			r     index.Record
-			found bool
-		)
-		err := s.lookups.lookup(ctx, notAfter, func() (err error) {
-			r, found, err = index.Lookup(ctx, reader, key, opTimeout)
-			return err
-		})
+		r, found, err := index.LookupPaced(ctx, reader, key, opTimeout, s.lookups.pace(notAfter))
 		if err != nil {
 			return "", err
 		}
@@ -709,10 +703,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 			return "", err
 		}
 		pause = min(2*pause, 100*time.Millisecond)
-		if err = s.lookups.lookup(ctx, notAfter, func() (err error) {
-			rec, ok, err = index.Lookup(ctx, reader, rec.Key, opTimeout)
-			return err
-		}); err != nil {
+		if rec, ok, err = index.LookupPaced(ctx, reader, rec.Key, opTimeout, s.lookups.pace(notAfter)); err != nil {
 			return "", err
 		}
 		if ok {

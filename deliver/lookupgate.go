@@ -52,11 +52,30 @@ func (g *lookupGate) refill(now time.Time) {
 	g.at = now
 }
 
-// lookup runs fn (one index lookup) once the slot is free and the budget
-// is not below zero, and spends the time fn took. Without running fn, it
-// returns ctx's error if ctx ends first, and [ErrCancelBusy] if fn could
-// not start by notAfter (the zero time: no bound); else fn's error.
+// lookup runs fn (one index lookup, or one read of it) once the slot is
+// free and the budget is not below zero, and spends the time fn took.
+// Without running fn, it returns ctx's error if ctx ends first, and
+// [ErrCancelBusy] if fn could not start by notAfter (the zero time: no
+// bound); else fn's error.
 func (g *lookupGate) lookup(ctx context.Context, notAfter time.Time, fn func() error) error {
+	done, err := g.acquire(ctx, notAfter)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return fn()
+}
+
+// pace returns a pacer for [index.LookupPaced] that gates each read of a
+// lookup, bounded by notAfter: the server's walk is spread over time in
+// one read's steps instead of one lookup's.
+func (g *lookupGate) pace(notAfter time.Time) func(context.Context) (func(), error) {
+	return func(ctx context.Context) (func(), error) { return g.acquire(ctx, notAfter) }
+}
+
+// acquire waits for the slot and the budget as lookup does, and returns the
+// func that spends the time since and frees the slot; call it once.
+func (g *lookupGate) acquire(ctx context.Context, notAfter time.Time) (func(), error) {
 	var bound <-chan time.Time
 	if !notAfter.IsZero() {
 		t := time.NewTimer(time.Until(notAfter))
@@ -66,18 +85,18 @@ func (g *lookupGate) lookup(ctx context.Context, notAfter time.Time, fn func() e
 	select {
 	case g.slot <- struct{}{}:
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	case <-bound:
-		return ErrCancelBusy
+		return nil, ErrCancelBusy
 	}
-	defer func() { <-g.slot }()
 	g.mu.Lock()
 	now := time.Now()
 	g.refill(now)
 	wait := time.Duration(float64(-g.budget) / g.share)
 	g.mu.Unlock()
 	if !notAfter.IsZero() && now.Add(wait).After(notAfter) {
-		return ErrCancelBusy
+		<-g.slot
+		return nil, ErrCancelBusy
 	}
 	if wait > 0 {
 		t := time.NewTimer(wait)
@@ -85,16 +104,17 @@ func (g *lookupGate) lookup(ctx context.Context, notAfter time.Time, fn func() e
 		select {
 		case <-t.C:
 		case <-ctx.Done():
-			return ctx.Err()
+			<-g.slot
+			return nil, ctx.Err()
 		}
 	}
 	start := time.Now()
-	defer func() {
+	return func() {
 		end := time.Now()
 		g.mu.Lock()
 		g.refill(end)
 		g.budget -= end.Sub(start)
 		g.mu.Unlock()
-	}()
-	return fn()
+		<-g.slot
+	}, nil
 }

@@ -52,7 +52,14 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, replicas int) er
 // malformed one ([DecodeRecords]); the rest of the slot still answers.
 // The error is the read's, wrapped as "index lookup: ...".
 func Lookup(ctx context.Context, reader *jswire.BatchReader, key string, perRead time.Duration) (rec Record, ok bool, err error) {
-	err = reader.EachOnSubject(ctx, Stream, Subject(key), Batch, perRead, func(m *nats.Msg, at uint64) {
+	return LookupPaced(ctx, reader, key, perRead, nil)
+}
+
+// LookupPaced is [Lookup] with each read of the slot paced by pace (see
+// [jswire.BatchReader.EachOnSubjectPaced]); pace's error is returned
+// wrapped like the reads'.
+func LookupPaced(ctx context.Context, reader *jswire.BatchReader, key string, perRead time.Duration, pace func(context.Context) (func(), error)) (rec Record, ok bool, err error) {
+	err = reader.EachOnSubjectPaced(ctx, Stream, Subject(key), Batch, perRead, pace, func(m *nats.Msg, at uint64) {
 		DecodeRecords(m.Data, func(r Record) {
 			if r.Key == key && at >= rec.At {
 				r.At = at // later records in one message are later placements

@@ -74,12 +74,29 @@ func (r *BatchReader) Read(ctx context.Context, stream string, dst []*nats.Msg, 
 // page cut short by its 1 MiB does not end the walk. It returns the first read's error, wrapped as by
 // [BatchReader.Read]; fn may have seen messages by then.
 func (r *BatchReader) EachOnSubject(ctx context.Context, stream, subject string, n int, perRead time.Duration, fn func(m *nats.Msg, seq uint64)) error {
+	return r.EachOnSubjectPaced(ctx, stream, subject, n, perRead, nil, fn)
+}
+
+// EachOnSubjectPaced is [BatchReader.EachOnSubject] with pace called
+// before each read: the read waits for it, and calls the func it returns
+// when the read is done (so a caller can spread the server's work over
+// time). pace's error ends the walk and is returned as is. A nil pace
+// paces nothing.
+func (r *BatchReader) EachOnSubjectPaced(ctx context.Context, stream, subject string, n int, perRead time.Duration, pace func(context.Context) (func(), error), fn func(m *nats.Msg, seq uint64)) error {
 	var buf []*nats.Msg
 	for from := uint64(1); ; {
+		done := func() {}
+		if pace != nil {
+			var err error
+			if done, err = pace(ctx); err != nil {
+				return err
+			}
+		}
 		rctx, cancel := context.WithTimeout(ctx, perRead)
 		var err error
 		buf, err = r.ReadSubject(rctx, stream, subject, buf[:0], from, n, 1<<20)
 		cancel()
+		done()
 		if err != nil {
 			return err
 		}

@@ -211,3 +211,54 @@ func TestEachOnSubjectMaxBytes(t *testing.T) {
 		t.Fatalf("saw %d of %d messages: %v, want %v", len(got), len(want), got, want)
 	}
 }
+
+// TestEachOnSubjectPaced: pace is called before every read and its done
+// func once after it, never two reads inside one pace; a pace error ends
+// the walk, returned as is, with no read after it.
+func TestEachOnSubjectPaced(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.stream(t, "PACED")
+	for i := range 20 {
+		b.publish(t, &nats.Msg{Subject: "paced.a", Data: []byte{byte(i)}})
+		b.publish(t, &nats.Msg{Subject: "paced.b", Data: []byte{byte(i)}})
+	}
+	r, err := NewBatchReader(b.nc, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	watched := b.watch(t, "$JS.API.DIRECT.GET.PACED")
+	// The copies of the reads arrive on the same connection before their
+	// replies, so once a walk returns its reads are in watched.
+	requests := func() int { return len(watched) }
+	var paced, done, open int
+	seen := 0
+	pace := func(context.Context) (func(), error) {
+		if open != 0 {
+			t.Error("a read started before the previous one's done")
+		}
+		paced++
+		open++
+		return func() { done++; open-- }, nil
+	}
+	if err := r.EachOnSubjectPaced(context.Background(), "PACED", "paced.a", 8, 5*time.Second, pace, func(*nats.Msg, uint64) { seen++ }); err != nil {
+		t.Fatal(err)
+	}
+	if seen != 20 || paced != 3 || done != 3 || requests() != 3 {
+		t.Errorf("20 messages read 8 at a time: seen %d, paced %d, done %d, reads %d; want 20, 3, 3, 3", seen, paced, done, requests())
+	}
+	// A pace that refuses the second read.
+	stop := errors.New("no more")
+	paced, seen = 0, 0
+	before := requests()
+	err = r.EachOnSubjectPaced(context.Background(), "PACED", "paced.a", 8, 5*time.Second, func(context.Context) (func(), error) {
+		if paced++; paced > 1 {
+			return nil, stop
+		}
+		return func() {}, nil
+	}, func(*nats.Msg, uint64) { seen++ })
+	if err != stop || seen != 8 || requests()-before != 1 {
+		t.Errorf("pace refusing the second read: %v, seen %d, reads %d; want %v, 8, 1", err, seen, requests()-before, stop)
+	}
+}
