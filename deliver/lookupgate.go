@@ -11,9 +11,8 @@ import (
 // CancelLookupShareDefault is [Config].CancelLookupShare's default: a
 // tenth of one core. `delaybench -scenarios cancel-storm` (2,000 cancels/s
 // at a level delivering 10,000 msg/s, 2 cores) measured the level's
-// lateness p99 at 1.1× the run without cancels when lookups were all but
-// off, about 2× at a quarter and 4.7× at a whole core (README "Cancel
-// storm").
+// lateness p99 at 1.4–2.0× the run without cancels with it, 1.1× with
+// lookups all but off and 4.7× at a whole core (README "Cancel storm").
 const CancelLookupShareDefault = contract.CancelShareDefault
 
 // lookupGate paces the cancel API's id-index lookups so that a storm of
