@@ -302,7 +302,14 @@ func TestKill9Cancel(t *testing.T) {
 			select {
 			case <-stop:
 				return
-			case <-time.After(killLeaseTTL + time.Duration(300+rng.IntN(900))*time.Millisecond):
+			// Each new process waits up to the lease TTL for its dead
+			// predecessor's leases, then its scanners and router start
+			// before a cancel can be decided: under -race on 2 cores that
+			// took longer than one TTL, and in one CI run no process lived
+			// long enough to answer one cancel in a minute. Three TTLs
+			// leave each process time to serve, killed at a random moment
+			// after it.
+			case <-time.After(3*killLeaseTTL + time.Duration(300+rng.IntN(900))*time.Millisecond):
 			}
 			mu.Lock()
 			_ = p.cmd.Process.Signal(syscall.SIGKILL)
