@@ -51,20 +51,6 @@ func (g *lookupGate) refill(now time.Time) {
 	g.at = now
 }
 
-// lookup runs fn (one index lookup, or one read of it) once the slot is
-// free and the budget is not below zero, and spends the time fn took.
-// Without running fn, it returns ctx's error if ctx ends first, and
-// [ErrCancelBusy] if fn could not start by notAfter (the zero time: no
-// bound); else fn's error.
-func (g *lookupGate) lookup(ctx context.Context, notAfter time.Time, fn func() error) error {
-	done, err := g.acquire(ctx, notAfter)
-	if err != nil {
-		return err
-	}
-	defer done()
-	return fn()
-}
-
 // pace returns a pacer for [index.LookupPaced] that gates each read of a
 // lookup, bounded by notAfter: the server's walk is spread over time in
 // one read's steps instead of one lookup's.

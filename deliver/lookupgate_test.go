@@ -108,3 +108,18 @@ func TestLookupGateNotAfter(t *testing.T) {
 	}
 	close(release)
 }
+
+// lookup (test helper: the gate as the pacer uses it, around one fn)
+// runs fn (one index lookup, or one read of it) once the slot is
+// free and the budget is not below zero, and spends the time fn took.
+// Without running fn, it returns ctx's error if ctx ends first, and
+// [ErrCancelBusy] if fn could not start by notAfter (the zero time: no
+// bound); else fn's error.
+func (g *lookupGate) lookup(ctx context.Context, notAfter time.Time, fn func() error) error {
+	done, err := g.acquire(ctx, notAfter)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return fn()
+}

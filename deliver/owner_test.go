@@ -443,7 +443,7 @@ func (b *ownerBundle) waitHoldsAll(r *replica) {
 // wait for the TTL.
 func TestHandoverUnderLoad(t *testing.T) {
 	if testing.Short() {
-		t.Skip("2,000 messages through a handover")
+		t.Skip("2,000 messages through a handover take several seconds: skipped under testing.Short()")
 	}
 	t.Parallel()
 	b := setupOwners(t)
@@ -482,7 +482,7 @@ func TestHandoverUnderLoad(t *testing.T) {
 // none is lost, early or stored twice at the stream-bound target.
 func TestCrashTakeover(t *testing.T) {
 	if testing.Short() {
-		t.Skip("1,200 messages through a crash")
+		t.Skip("1,200 messages through a crash and a lease TTL take several seconds: skipped under testing.Short()")
 	}
 	t.Parallel()
 	b := setupOwners(t)
