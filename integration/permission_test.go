@@ -91,6 +91,17 @@ func TestPermissionDeniedTarget(t *testing.T) {
 		return true
 	})
 	waitFor(t, 10*time.Second, "allowed deliveries", func() bool { return allowed.Load() == 2 })
+	// The counters move when the scanner confirms its window, which may
+	// trail the subscriber's callbacks.
+	waitFor(t, 10*time.Second, "the counters", func() bool {
+		_, ss := svc.Stats()
+		for _, s := range ss {
+			if s.Stream == "DELAYD_100MS" {
+				return s.Delivered >= 2 && s.DeadLettered >= 1
+			}
+		}
+		return false
+	})
 	_, ss := svc.Stats()
 	for _, s := range ss {
 		if s.Stream == "DELAYD_100MS" && (s.Delivered != 2 || s.DeadLettered != 1) {

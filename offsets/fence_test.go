@@ -3,6 +3,7 @@ package offsets_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -162,8 +163,12 @@ func TestFencedCommitAfterBump(t *testing.T) {
 			t.Fatalf("offset values %v move backwards", vs)
 		}
 	}
-	if len(vs) != 4 {
-		t.Fatalf("offset values %v, want 10 12 12 15", vs)
+	// The watch may skip values under load (its ordered consumer restarts
+	// at the key's latest revision, and the bucket keeps one), so the
+	// last value seen must be the new owner's and the old owner's 13 must
+	// never appear; that it never moves backwards is checked above.
+	if len(vs) == 0 || vs[len(vs)-1] != 15 || slices.Contains(vs, 13) {
+		t.Fatalf("offset values %v, want 10 12 12 15 (values may be skipped, never 13, last 15)", vs)
 	}
 }
 
