@@ -157,10 +157,44 @@ func (r *replica) kill9() {
 
 // pause stops the current process with SIGSTOP. It stays stopped until
 // resume (or is killed at cleanup).
+//
+// A signal is delivered asynchronously: kill(2) returns before the
+// process's threads have stopped, and a thread already running may answer
+// a request first. pause returns once every thread of the process shows
+// the stopped state in /proc (where there is a /proc), so that what the
+// test does next meets a stopped process.
 func (r *replica) pause() {
 	r.t.Helper()
 	r.signal(syscall.SIGSTOP)
 	r.t.Logf("%s: SIGSTOP PID %d", r.name, r.PID())
+	if _, err := os.Stat("/proc/self/task"); err != nil {
+		return // no /proc: nothing to read the state from
+	}
+	waitFor(r.t, 10*time.Second, fmt.Sprintf("every thread of PID %d to stop", r.PID()), func() bool {
+		return allThreadsStopped(r.PID())
+	})
+}
+
+// allThreadsStopped reports whether every thread of the process pid is in
+// the stopped state ("T" in /proc/<pid>/task/<tid>/stat; proc(5)).
+func allThreadsStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			return false
+		}
+		// The state follows the command name in parentheses, which may
+		// itself hold spaces or parentheses: read after the last ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }
 
 // resume continues a stopped process with SIGCONT.
