@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/config"
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/internal/natstest"
@@ -334,5 +337,34 @@ func TestReadyzWithoutLeases(t *testing.T) {
 				t.Errorf("%s service's /metrics lacks %s", name, want)
 			}
 		}
+	}
+}
+
+// TestConnectNoReconnectBuffer: delayd's connection buffers nothing while
+// disconnected: a publish made while the server is gone fails at once
+// with nats.ErrReconnectBufExceeded, so nothing a replica published while
+// cut off (and possibly no longer owning its work) is sent after the
+// reconnect (README "Several replicas").
+func TestConnectNoReconnectBuffer(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	nc, err := connect(srv.ClientURL(), config.Config{}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := nc.Publish("x", []byte("connected")); err != nil {
+		t.Fatalf("publish while connected: %v", err)
+	}
+	srv.Shutdown()
+	deadline := time.Now().Add(20 * time.Second)
+	for nc.IsConnected() {
+		if time.Now().After(deadline) {
+			t.Fatal("still connected 20 s after the server shut down")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := nc.Publish("x", []byte("disconnected")); !errors.Is(err, nats.ErrReconnectBufExceeded) {
+		t.Fatalf("publish while disconnected: %v, want nats.ErrReconnectBufExceeded (not buffered)", err)
 	}
 }
