@@ -7,9 +7,11 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver/internal/leadership"
@@ -268,7 +270,7 @@ func TestLevelTableMismatch(t *testing.T) {
 }
 
 // waitReady waits until r is ready, failing if its Run returned.
-func waitReady(t *testing.T, r *replica) {
+func waitReady(t testing.TB, r *replica) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for !r.svc.Ready() {
@@ -325,4 +327,55 @@ func TestJanitorSingleton(t *testing.T) {
 	if h := holderOf(leadership.JanitorKey, rs...); h != janitor {
 		t.Fatalf("the janitor lease moved during the test")
 	}
+}
+
+// BenchmarkLeaseTraffic measures the writes to DELAYD_LEASES of three
+// replicas with the default level table (31 leases) and the default lease
+// TTL, once they share the leases: lease renewals and membership renewals
+// per second, over 10 s (README "Several replicas": (31 + 3) × 3 / T = 68
+// per second). Run it once: go test ./deliver -run '^$' -bench
+// BenchmarkLeaseTraffic -benchtime 1x
+func BenchmarkLeaseTraffic(bm *testing.B) {
+	b := setupOwners(bm)
+	var rs []*replica
+	for _, n := range []string{"A", "B", "C"} {
+		r := b.launch(n, Config{})
+		waitReady(bm, r)
+		rs = append(rs, r)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for settled := false; !settled; {
+		settled = true
+		for _, r := range rs {
+			if live, share, held := r.svc.Balance(); live != 3 || held > share {
+				settled = false
+			}
+		}
+		if time.Now().After(deadline) {
+			bm.Fatal("the replicas did not settle at their shares within a minute")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var leases, members atomic.Int64
+	sub, err := b.nc.Subscribe("$KV."+lease.BucketName+".>", func(m *nats.Msg) {
+		if strings.HasPrefix(m.Subject, "$KV."+lease.BucketName+"."+lease.MemberKeyPrefix) {
+			members.Add(1)
+		} else {
+			leases.Add(1)
+		}
+	})
+	if err != nil {
+		bm.Fatal(err)
+	}
+	bm.ResetTimer()
+	const window = 10 * time.Second
+	time.Sleep(window) // a measurement window, not a wait for a condition
+	_ = sub.Unsubscribe()
+	for _, r := range rs {
+		live, share, held := r.svc.Balance()
+		bm.Logf("%s: live %d, share %d, holds %d", r.name, live, share, held)
+	}
+	bm.ReportMetric(float64(leases.Load())/window.Seconds(), "lease-writes/s")
+	bm.ReportMetric(float64(members.Load())/window.Seconds(), "member-writes/s")
+	bm.ReportMetric(0, "ns/op")
 }

@@ -27,13 +27,13 @@ import (
 // ownerBundle is one test's server, the test's own client, and the
 // replicas (Services) started on it.
 type ownerBundle struct {
-	t   *testing.T
+	t   testing.TB
 	srv *server.Server
 	nc  *nats.Conn
 	js  jetstream.JetStream
 }
 
-func setupOwners(t *testing.T) *ownerBundle {
+func setupOwners(t testing.TB) *ownerBundle {
 	t.Helper()
 	srv := natstest.Start(t, nil)
 	nc, err := nats.Connect(srv.ClientURL())
