@@ -116,11 +116,16 @@ type Config struct {
 // messages.
 //
 // Several Services (delayd processes, replicas) may run on one account:
-// the router and each level stream's scanner run only in the Service that
-// holds their lease (key "router", and "level." + the stream name, in
-// DELAYD_LEASES), one [leadership.Elector] each. A Service holding no
-// lease is ready and bids for every one; a graceful stop settles, commits
-// and releases every lease it holds, so another Service takes over at once.
+// the router, each level stream's scanner and the singleton jobs (the id
+// index trim) run only in the Service that holds their lease (key
+// "router", "level." + the stream name, and "janitor", in DELAYD_LEASES),
+// one [leadership.Elector] each. The Services share the leases: each bids
+// only while it holds fewer than its share, ceil(leases / live Services),
+// and hands a surplus over (README "Several replicas"). A Service holding
+// no lease is ready; a graceful stop settles, commits and releases every
+// lease it holds, so other Services take over at once. A Service whose
+// level table, prefix or replica count differs from a live one's refuses
+// to start ([ErrReplicaMismatch]).
 type Service struct {
 	nc     *nats.Conn
 	cfg    Config

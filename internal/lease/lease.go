@@ -34,6 +34,15 @@
 //     empty holder with the same epoch, so a waiting replica takes it at
 //     once instead of after T.
 //
+// Membership ([Membership]): each replica also writes a key
+// "member.<holder>", renewed every T/3 and deleted when it stops; another
+// replica counts it live while it sees the key's revision change within T.
+// The keys carry the settings every live replica must share (the level
+// table), checked at start, and let replicas balance their leases
+// ([Gate]). (Not a per-key TTL: nats.go's Update and Put clear a key's TTL,
+// and enabling TTLs on the bucket cannot be undone, so an older delayd's
+// idempotent bucket update would then fail.)
+//
 // No wall clock of one machine is ever compared with another's: every
 // instant above is a [time.Now] reading compared, through its monotonic
 // part, with another reading of the same process.
