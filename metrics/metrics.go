@@ -71,7 +71,7 @@ func New(svc *deliver.Service, nc *nats.Conn) *Metrics {
 		leaseHeld:    prometheus.NewDesc("delayd_lease_held", "1 while this process holds the lease (router, level.<stream>) and runs its work.", []string{"lease"}, nil),
 		leaseEpoch:   prometheus.NewDesc("delayd_lease_epoch", "The epoch of this process's last term of the lease; 0 if it never held it.", []string{"lease"}, nil),
 		failovers:    prometheus.NewDesc("delayd_failovers_total", "Terms of this process's leases that ended without a graceful release (expired, lost to another holder, or given up when fenced): each hands the work to another replica after the lease TTL.", []string{"lease"}, nil),
-		replicasLive: prometheus.NewDesc("delayd_replicas_live", "delayd processes (replicas) this one counts as live, itself included: those whose membership key in DELAYD_LEASES changed within the lease TTL.", nil, nil),
+		replicasLive: prometheus.NewDesc("delayd_replicas_live", "delayd processes (replicas) this one counts as live, itself included: those that bid for leases and whose membership key in DELAYD_LEASES changed within the lease TTL.", nil, nil),
 		leaseShare:   prometheus.NewDesc("delayd_lease_share", "This process's share of the leases, ceil(leases / live replicas): it bids for a free lease only while it holds fewer, and hands the surplus over when it holds more.", nil, nil),
 		fencedWrites: prometheus.NewDesc("delayd_fenced_writes_total", "Offset commits refused by their compare-and-set because another owner wrote the offset; each stopped the level in this process.", lv, nil),
 	}
