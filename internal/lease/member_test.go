@@ -3,6 +3,8 @@ package lease
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -97,5 +99,71 @@ func TestMembershipMismatch(t *testing.T) {
 	<-c.Done()
 	if _, _, err := startMember(t, b.bucket, "D", map[string]string{"DELAYD_LEVELS": "1s 10s"}); err != nil {
 		t.Fatalf("D, the new table once every member with the old one left: %v", err)
+	}
+}
+
+// idleGate declines every bid until the lease has been free for min, and
+// records the idle times it was asked with.
+type idleGate struct {
+	min time.Duration
+	mu  sync.Mutex
+	ask []time.Duration
+}
+
+func (g *idleGate) Claim(_ string, idle time.Duration) (func(), bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.ask = append(g.ask, idle)
+	return func() {}, idle >= g.min
+}
+
+// TestGateIdle: a Gate is asked before every taking write with how long
+// the lease has been free: for a released key, since the first read that
+// showed the release; for a key a holder stopped renewing, since it was
+// free to take (first seen + TTL). A declined bid takes nothing; the bid
+// goes ahead once the Gate allows it (the balancer's grace), and never
+// before the stopped holder's term ended.
+func TestGateIdle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = 500 * time.Millisecond
+	a := newLease(t, b.bucket, "level.DELAYD_1S", "A", ttl, 0)
+	acquire(t, a, 5*time.Second)
+	if err := a.Release(testCtx(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	g := &idleGate{min: 300 * time.Millisecond}
+	l, err := New(b.bucket, Config{Key: "level.DELAYD_1S", Holder: "B", TTL: ttl, Gate: g})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if held, err := l.TryAcquire(testCtx(t, 5*time.Second)); held || err != nil {
+		t.Fatalf("first bid on the released lease: held %v (%v), want declined", held, err)
+	}
+	acquire(t, l, 10*time.Second)
+	waited := time.Since(start)
+	g.mu.Lock()
+	asks := slices.Clone(g.ask)
+	g.mu.Unlock()
+	if !slices.IsSorted(asks) || asks[len(asks)-1] < g.min || waited < g.min {
+		t.Fatalf("idle times asked %v, taken after %s: want increasing up to %s", asks, waited, g.min)
+	}
+	// B holds it now and stops renewing: C's gate is asked once B's
+	// revision was unchanged for the TTL, with the time since then.
+	l.PauseRenewals(true)
+	g2 := &idleGate{min: 200 * time.Millisecond}
+	c, err := New(b.bucket, Config{Key: "level.DELAYD_1S", Holder: "C", TTL: ttl, Gate: g2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquire(t, c, 10*time.Second)
+	g2.mu.Lock()
+	defer g2.mu.Unlock()
+	if len(g2.ask) == 0 || !slices.IsSorted(g2.ask) || g2.ask[len(g2.ask)-1] < g2.min {
+		t.Fatalf("idle times asked of C's gate: %v; want increasing up to %s", g2.ask, g2.min)
+	}
+	if tb, tc := l.LastTerm(), c.LastTerm(); !tb.ValidUntil.Before(tc.Acquired) {
+		t.Fatalf("C's term began before B's ended: %+v, %+v", tb, tc)
 	}
 }
