@@ -37,6 +37,17 @@ var (
 	// running on with another secret would change every derived delivery id.
 	ErrHopKey = errors.New("hop secret is not one delayd wrote")
 
+	// ErrReplicaMismatch is wrapped by the error [Service.Run] returns
+	// at start when a live replica (another delayd process on the same
+	// account) runs with a different level table, prefix or stream
+	// replica count: the error names the variable (DELAYD_LEVELS,
+	// DELAYD_PREFIX, DELAYD_REPLICAS), both values and the replica. It is
+	// not retried, and nothing was created or changed. A replica is live
+	// while it renews its membership key in DELAYD_LEASES; one that
+	// stopped gracefully deleted it, and one that crashed counts as
+	// stopped once its key is seen unchanged for the lease TTL.
+	ErrReplicaMismatch = errors.New("configuration differs from a live replica's")
+
 	// ErrRouterBehind is a cancel's error when the router has not placed the
 	// messages published before it within 25 s: the answer is not known yet.
 	// The request may be sent again. The cancel API answers it with code

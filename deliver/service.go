@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -115,11 +116,16 @@ type Config struct {
 // messages.
 //
 // Several Services (delayd processes, replicas) may run on one account:
-// the router and each level stream's scanner run only in the Service that
-// holds their lease (key "router", and "level." + the stream name, in
-// DELAYD_LEASES), one [leadership.Elector] each. A Service holding no
-// lease is ready and bids for every one; a graceful stop settles, commits
-// and releases every lease it holds, so another Service takes over at once.
+// the router, each level stream's scanner and the singleton jobs (the id
+// index trim) run only in the Service that holds their lease (key
+// "router", "level." + the stream name, and "janitor", in DELAYD_LEASES),
+// one [leadership.Elector] each. The Services share the leases: each bids
+// only while it holds fewer than its share, ceil(leases / live Services),
+// and hands a surplus over (README "Several replicas"). A Service holding
+// no lease is ready; a graceful stop settles, commits and releases every
+// lease it holds, so other Services take over at once. A Service whose
+// level table, prefix or replica count differs from a live one's refuses
+// to start ([ErrReplicaMismatch]).
 type Service struct {
 	nc     *nats.Conn
 	cfg    Config
@@ -146,6 +152,9 @@ type Service struct {
 	// sees every elector's events, on the elector's goroutine.
 	leases  map[string]*leaseState
 	onLease func(leadership.Event)
+
+	balancer   atomic.Pointer[leadership.Balancer] // set by Run
+	trimPasses atomic.Uint64                       // id index trim passes run (tests)
 }
 
 // leaseState is one lease's state in this Service, for [Service.Leases].
@@ -185,6 +194,17 @@ func (s *Service) Leases() []LeaseStats {
 	}
 	slices.SortFunc(out, func(a, b LeaseStats) int { return strings.Compare(a.Key, b.Key) })
 	return out
+}
+
+// Balance returns how many replicas are live (this one included, as
+// counted from their membership keys in DELAYD_LEASES), this replica's
+// share of the leases (ceil(leases / live)) and how many it holds; zeros
+// until Run has set up.
+func (s *Service) Balance() (live, share, held int) {
+	if b := s.balancer.Load(); b != nil {
+		return b.Share()
+	}
+	return 0, 0, 0
 }
 
 // leaseEvent counts an elector's event; it runs on the elector's goroutine.
@@ -330,10 +350,40 @@ func (s *Service) Stats() (RouterStats, []ScannerStats) {
 // bucket that delayd did not write stops it at once with an error wrapping
 // [ErrHopKey].
 func (s *Service) Run(ctx context.Context) error {
+	// Join the replicas before touching any stream: a replica whose level
+	// table differs from a live one's must change nothing.
+	holder := lease.NewHolderID()
+	mctx, leave := context.WithCancel(ctx)
+	var members *lease.Membership
+	defer func() {
+		leave()
+		if members != nil {
+			<-members.Done() // the membership key deleted (bounded: 5 s)
+		}
+	}()
+	backoff := newBackoff(200*time.Millisecond, 5*time.Second)
+	for {
+		var err error
+		members, err = s.join(mctx, holder)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, lease.ErrMismatch) {
+			return fmt.Errorf("%w: %w", ErrReplicaMismatch, err)
+		}
+		s.logger.Warn("joining the replicas failed; retrying", slog.Any("error", err))
+		if !backoff.sleep(ctx) {
+			return nil
+		}
+	}
+
 	var streams []string
 	var store *offsets.Store
 	var bucket *lease.Bucket
-	backoff := newBackoff(200*time.Millisecond, 5*time.Second)
+	backoff.reset()
 	for {
 		var err error
 		streams, store, bucket, err = s.setup(ctx)
@@ -414,9 +464,14 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	routerRef.Store(router)
 
-	// One elector per lease: the router's and each level stream's.
-	holder := lease.NewHolderID()
-	leases := make(map[string]*leaseState, len(scanners)+1)
+	// One elector per lease: the router's, each level stream's and the
+	// janitor's, sharing the leases with the other live replicas.
+	balancer, err := leadership.NewBalancer(leadership.BalancerConfig{Members: members, TTL: s.cfg.LeaseTTL,
+		Logger: s.logger.With(slog.String("component", "balance"))})
+	if err != nil {
+		return err
+	}
+	leases := make(map[string]*leaseState, len(scanners)+2)
 	type leasedWork struct {
 		elector *leadership.Elector
 		work    func(context.Context, leadership.Term) error
@@ -424,7 +479,7 @@ func (s *Service) Run(ctx context.Context) error {
 	var works []leasedWork
 	addLease := func(key string, work func(context.Context, leadership.Term) error) error {
 		e, err := leadership.New(leadership.Config{Bucket: bucket, Key: key, Holder: holder, TTL: s.cfg.LeaseTTL,
-			OnEvent: s.leaseEvent, Logger: s.logger.With(slog.String("component", "lease"))})
+			Balancer: balancer, OnEvent: s.leaseEvent, Logger: s.logger.With(slog.String("component", "lease"))})
 		if err != nil {
 			return err
 		}
@@ -440,6 +495,13 @@ func (s *Service) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	// The singleton jobs run in one replica at a time.
+	if err := addLease(leadership.JanitorKey, func(ctx context.Context, _ leadership.Term) error {
+		return s.runJanitor(ctx, store, members)
+	}); err != nil {
+		return err
+	}
+	s.balancer.Store(balancer)
 	s.mu.Lock()
 	s.router, s.scanners, s.leases = router, scanners, leases
 	s.mu.Unlock()
@@ -461,6 +523,7 @@ func (s *Service) Run(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wg.Go(func() { errs <- targets.Run(runCtx) })
+	wg.Go(func() { errs <- balancer.Run(runCtx) })
 	// Each elector runs its work only while it holds the lease, and
 	// releases the lease after the work has settled and committed.
 	// The router bids once every scanner made its first bid: a single
@@ -486,10 +549,7 @@ func (s *Service) Run(ctx context.Context) error {
 	s.lookups = newLookupGate(s.cfg.CancelLookupShare)
 	wg.Go(func() { s.routed.run(runCtx) })
 	wg.Go(func() { errs <- s.serveCancel(runCtx, cancelJS, cancelSubs, cancelCh) })
-	// Every replica trims the id index: a trim only purges records older
-	// than its own conservative cutoff, so two trims do no harm. (A
-	// singleton job's lease would spare the extra reads.)
-	wg.Go(func() { errs <- s.trimIndex(runCtx) })
+	members.Bidding() // the others count this replica in their shares from now on
 	s.ready.Store(true)
 	s.logger.Info("delayd scheduling", slog.String("ingress", s.cfg.Prefix+".>"), slog.Int("level_streams", len(streams)), slog.String("holder", holder))
 
@@ -505,12 +565,49 @@ func (s *Service) Run(ctx context.Context) error {
 	return first
 }
 
+// runJanitor runs the singleton jobs while this replica holds the janitor
+// lease: the id index trim, and the sweep of membership keys left by
+// replicas that stopped without leaving (a crash).
+func (s *Service) runJanitor(ctx context.Context, store *offsets.Store, members *lease.Membership) error {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(memberSweepEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			sctx, cancel := context.WithTimeout(ctx, opTimeout)
+			n, err := members.Sweep(sctx, memberSweepAfter)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				s.logger.Warn("membership sweep failed", slog.Any("error", err))
+			}
+			if n > 0 {
+				s.logger.Info("membership keys of stopped replicas deleted", slog.Int("keys", n))
+			}
+		}
+	})
+	err := s.trimIndex(ctx, store)
+	wg.Wait()
+	return err
+}
+
+// A membership key seen unchanged for memberSweepAfter (its replica
+// stopped without leaving) is deleted by the janitor.
+const (
+	memberSweepEvery = time.Minute
+	memberSweepAfter = 10 * time.Minute
+)
+
 // trimIndex purges the id index every indexTrimEvery until ctx is done.
 // It keeps every record stored since the oldest head any level had
 // IndexKeep ago: a message that left its level (delivered or cancelled)
 // within the last IndexKeep was at or behind a head then, so its records
 // are kept, and a cancel still gets its true answer.
-func (s *Service) trimIndex(ctx context.Context) error {
+func (s *Service) trimIndex(ctx context.Context, store *offsets.Store) error {
 	js := mustJS(s.nc, 0)
 	reader, err := jswire.NewBatchReader(s.nc, 1)
 	if err != nil {
@@ -531,7 +628,8 @@ func (s *Service) trimIndex(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		cutoff, err := s.oldestPending(ctx, js, reader)
+		s.trimPasses.Add(1)
+		cutoff, err := s.oldestPending(ctx, js, reader, store)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.logger.Warn("id index trim skipped", slog.Any("error", err))
@@ -575,8 +673,8 @@ const indexStoreSkew = 5 * time.Second
 // still holds past its committed offset, or the server's time if none: no
 // index record of a message not yet handed off is older. The server's time
 // is read first, so a message stored during the reads is newer than it.
-// It costs a stream info and a direct get per level.
-func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader) (time.Time, error) {
+// It costs a stream info, an offset read and a direct get per level.
+func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, store *offsets.Store) (time.Time, error) {
 	nctx, cancel := context.WithTimeout(ctx, opTimeout)
 	oldest := index.ServerNow(nctx, js)
 	cancel()
@@ -591,9 +689,22 @@ func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, rea
 	s.mu.Unlock()
 	var buf []*nats.Msg
 	for _, sc := range scanners {
+		// The committed offset as stored: the janitor's replica scans
+		// only its share of the levels, and its own view of the others'
+		// offsets is stale. A level it owns counts its latest commit.
 		rctx, cancel := context.WithTimeout(ctx, opTimeout)
-		var err error
-		buf, err = reader.Read(rctx, sc.cfg.Stream, buf[:0], sc.commits.Committed()+1, 1, 1)
+		committed, err := store.Load(rctx, sc.cfg.Stream)
+		if errors.Is(err, offsets.ErrNotFound) {
+			committed, err = 0, nil // never committed: from the first message
+		}
+		if err != nil {
+			cancel()
+			return time.Time{}, err
+		}
+		if sc.owned.Load() {
+			committed = max(committed, sc.commits.Committed())
+		}
+		buf, err = reader.Read(rctx, sc.cfg.Stream, buf[:0], committed+1, 1, 1)
 		cancel()
 		if err != nil {
 			return time.Time{}, err
@@ -605,6 +716,38 @@ func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, rea
 		}
 	}
 	return oldest, nil
+}
+
+// join opens the lease bucket (without changing it) and starts this
+// replica's membership: it fails with an error wrapping lease.ErrMismatch
+// if a live replica's level table, prefix or replica count differs. The
+// membership lasts until ctx ends.
+func (s *Service) join(ctx context.Context, holder string) (*lease.Membership, error) {
+	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	bucket, err := lease.BindBucket(jctx, mustJS(s.nc, 0), lease.BucketConfig{Replicas: s.cfg.Replicas})
+	if err != nil {
+		return nil, err
+	}
+	m, err := lease.NewMembership(bucket, lease.MembershipConfig{Holder: holder, TTL: s.cfg.LeaseTTL, Settings: s.sharedSettings(),
+		Logger: s.logger.With(slog.String("component", "membership"))})
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Start(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// sharedSettings are the settings every live replica must share, by the
+// variable that sets each: they decide which streams exist and how.
+func (s *Service) sharedSettings() map[string]string {
+	return map[string]string{
+		"DELAYD_LEVELS":   s.cfg.Levels.String(),
+		"DELAYD_PREFIX":   s.cfg.Prefix,
+		"DELAYD_REPLICAS": strconv.Itoa(s.cfg.Replicas),
+	}
 }
 
 // setup creates or updates every stream, the offsets and lease buckets, and returns

@@ -70,6 +70,7 @@ func (b *testBundle) startDelayd(table string, mod ...func(*deliver.Config)) {
 	b.t.Helper()
 	var svcRef atomic.Pointer[deliver.Service]
 	nc, err := nats.Connect(b.srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+		nats.ReconnectBufSize(-1), // as cmd/delayd: nothing sent after a reconnect that was made before it
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			if svc := svcRef.Load(); svc != nil {
 				svc.HandleAsyncError(err)

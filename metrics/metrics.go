@@ -39,6 +39,7 @@ type Metrics struct {
 	cancelled, cancels, merged, indexErrors           *prometheus.Desc
 	dlqFailures, dlqWaiting                           *prometheus.Desc
 	leaseHeld, leaseEpoch, failovers, fencedWrites    *prometheus.Desc
+	replicasLive, leaseShare                          *prometheus.Desc
 }
 
 // New returns the collector for svc, whose connection is nc.
@@ -70,6 +71,8 @@ func New(svc *deliver.Service, nc *nats.Conn) *Metrics {
 		leaseHeld:    prometheus.NewDesc("delayd_lease_held", "1 while this process holds the lease (router, level.<stream>) and runs its work.", []string{"lease"}, nil),
 		leaseEpoch:   prometheus.NewDesc("delayd_lease_epoch", "The epoch of this process's last term of the lease; 0 if it never held it.", []string{"lease"}, nil),
 		failovers:    prometheus.NewDesc("delayd_failovers_total", "Terms of this process's leases that ended without a graceful release (expired, lost to another holder, or given up when fenced): each hands the work to another replica after the lease TTL.", []string{"lease"}, nil),
+		replicasLive: prometheus.NewDesc("delayd_replicas_live", "delayd processes (replicas) this one counts as live, itself included: those that bid for leases and whose membership key in DELAYD_LEASES changed within the lease TTL.", nil, nil),
+		leaseShare:   prometheus.NewDesc("delayd_lease_share", "This process's share of the leases, ceil(leases / live replicas): it bids for a free lease only while it holds fewer, and hands the surplus over when it holds more.", nil, nil),
 		fencedWrites: prometheus.NewDesc("delayd_fenced_writes_total", "Offset commits refused by their compare-and-set because another owner wrote the offset; each stopped the level in this process.", lv, nil),
 	}
 }
@@ -90,7 +93,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		m.pending, m.oldestDue, m.delivered, m.retries, m.commitLag, m.routed, m.clamped, m.deadLettered, m.reconnects, m.ready,
 		m.cancelled, m.cancels, m.merged, m.indexErrors, m.dlqFailures, m.dlqWaiting,
-		m.leaseHeld, m.leaseEpoch, m.failovers, m.fencedWrites,
+		m.leaseHeld, m.leaseEpoch, m.failovers, m.fencedWrites, m.replicasLive, m.leaseShare,
 	} {
 		ch <- d
 	}
@@ -118,6 +121,10 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.leaseHeld, prometheus.GaugeValue, held, ls.Key)
 		ch <- prometheus.MustNewConstMetric(m.leaseEpoch, prometheus.GaugeValue, float64(ls.Epoch), ls.Key)
 		ch <- prometheus.MustNewConstMetric(m.failovers, prometheus.CounterValue, float64(ls.Failovers), ls.Key)
+	}
+	if live, share, _ := m.svc.Balance(); live > 0 {
+		ch <- prometheus.MustNewConstMetric(m.replicasLive, prometheus.GaugeValue, float64(live))
+		ch <- prometheus.MustNewConstMetric(m.leaseShare, prometheus.GaugeValue, float64(share))
 	}
 	cs := m.svc.CancelStats()
 	ch <- prometheus.MustNewConstMetric(m.cancels, prometheus.CounterValue, float64(cs.Cancelled), "cancelled")

@@ -180,6 +180,14 @@ func run() int {
 	}
 
 	if err := svc.Run(ctx); err != nil {
+		if errors.Is(err, deliver.ErrReplicaMismatch) {
+			// A live replica runs with another level table, prefix or
+			// replica count: this one changed nothing and must not run.
+			logger.Error("delayd cannot start: a live replica's configuration differs", slog.Any("error", err))
+			fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
+			cancel()
+			return exitConfig
+		}
 		if errors.Is(err, deliver.ErrHopKey) {
 			logger.Error("delayd cannot start: its hop secret in NATS is damaged", slog.Any("error", err))
 			cancel() // the connection's drain below is delayd's own, not a lost connection
@@ -229,6 +237,11 @@ func connect(url string, cfg config.Config, logger *slog.Logger, extra ...nats.O
 		nats.RetryOnFailedConnect(true),
 		nats.ReconnectWait(500 * time.Millisecond),
 		nats.ReconnectJitter(250*time.Millisecond, time.Second),
+		// No reconnect buffer: a publish while disconnected fails at once
+		// (nats.ErrReconnectBufExceeded) instead of being sent after the
+		// reconnect, when this process may no longer own the work (README
+		// "Several replicas"). Every publish path retries or redelivers.
+		nats.ReconnectBufSize(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				logger.Warn("disconnected from NATS", slog.Any("error", err))

@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/config"
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/internal/natstest"
@@ -235,10 +239,12 @@ func TestHealthzReadyz(t *testing.T) {
 }
 
 // TestReadyzWithoutLeases: of two delayd services on one server, the one
-// started first holds every lease (the router, each level stream); the
-// other holds none but bids for them, and is ready: /readyz answers 200
-// on both. /metrics says who holds what: delayd_lease_held is 1 for every
-// lease on the first, 0 on the second, with the first's epochs.
+// started first holds every lease (the router, the janitor, each level
+// stream); the second is ready (/readyz 200) on both from the moment it
+// bids, whatever it holds, and the first then hands half of the leases
+// over. /metrics says who holds what: each lease is held (delayd_lease_held
+// 1) by exactly one of them, and both count two live replicas and a share
+// of half the leases.
 func TestReadyzWithoutLeases(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)
@@ -296,9 +302,13 @@ func TestReadyzWithoutLeases(t *testing.T) {
 			t.Errorf("/readyz: %d %q, want 200 \"ready\\n\"", code, body)
 		}
 	}
-	if h, n := holds(second); h != 0 {
-		t.Fatalf("the second service holds %d of %d leases while the first runs", h, n)
-	}
+	_, n := holds(first)
+	share := (n + 1) / 2
+	waitUntil("the leases shared", func() bool {
+		h1, _ := holds(first)
+		h2, _ := holds(second)
+		return h1 == share && h2 == n-share
+	})
 	scrape := func(url string) string {
 		t.Helper()
 		resp, err := http.Get(url + "/metrics")
@@ -310,14 +320,51 @@ func TestReadyzWithoutLeases(t *testing.T) {
 		return string(b)
 	}
 	m1, m2 := scrape(first.url), scrape(second.url)
-	for _, want := range []string{`delayd_lease_held{lease="router"} 1`, `delayd_lease_held{lease="level.DELAYD_1S"} 1`, `delayd_lease_epoch{lease="router"} 1`, `delayd_failovers_total{lease="router"} 0`} {
-		if !strings.Contains(m1, want) {
-			t.Errorf("first service's /metrics lacks %s", want)
+	for _, l := range first.svc.Leases() {
+		v1, v2 := "0", "1"
+		if l.Held {
+			v1, v2 = "1", "0"
+		}
+		for _, c := range []struct{ name, metrics, want string }{{"first", m1, v1}, {"second", m2, v2}} {
+			if want := fmt.Sprintf("delayd_lease_held{lease=%q} %s", l.Key, c.want); !strings.Contains(c.metrics, want) {
+				t.Errorf("%s service's /metrics lacks %s", c.name, want)
+			}
 		}
 	}
-	for _, want := range []string{`delayd_lease_held{lease="router"} 0`, `delayd_lease_held{lease="level.DELAYD_1S"} 0`, `delayd_lease_epoch{lease="router"} 0`} {
-		if !strings.Contains(m2, want) {
-			t.Errorf("second service's /metrics lacks %s", want)
+	for _, want := range []string{"delayd_replicas_live 2", fmt.Sprintf("delayd_lease_share %d", share), `delayd_failovers_total{lease="router"} 0`} {
+		for name, m := range map[string]string{"first": m1, "second": m2} {
+			if !strings.Contains(m, want) {
+				t.Errorf("%s service's /metrics lacks %s", name, want)
+			}
 		}
+	}
+}
+
+// TestConnectNoReconnectBuffer: delayd's connection buffers nothing while
+// disconnected: a publish made while the server is gone fails at once
+// with nats.ErrReconnectBufExceeded, so nothing a replica published while
+// cut off (and possibly no longer owning its work) is sent after the
+// reconnect (README "Several replicas").
+func TestConnectNoReconnectBuffer(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	nc, err := connect(srv.ClientURL(), config.Config{}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := nc.Publish("x", []byte("connected")); err != nil {
+		t.Fatalf("publish while connected: %v", err)
+	}
+	srv.Shutdown()
+	deadline := time.Now().Add(20 * time.Second)
+	for nc.IsConnected() {
+		if time.Now().After(deadline) {
+			t.Fatal("still connected 20 s after the server shut down")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := nc.Publish("x", []byte("disconnected")); !errors.Is(err, nats.ErrReconnectBufExceeded) {
+		t.Fatalf("publish while disconnected: %v, want nats.ErrReconnectBufExceeded (not buffered)", err)
 	}
 }

@@ -24,4 +24,8 @@ var (
 	// ErrCorrupt is returned by [DecodeValue] for a value that is not a
 	// lease value of a known version.
 	ErrCorrupt = errors.New("lease: value is not a lease value")
+
+	// ErrMismatch is wrapped by [MismatchError]: a live replica's
+	// setting (its level table) differs from this one's.
+	ErrMismatch = errors.New("lease: settings differ from a live replica's")
 )

@@ -34,6 +34,15 @@
 //     empty holder with the same epoch, so a waiting replica takes it at
 //     once instead of after T.
 //
+// Membership ([Membership]): each replica also writes a key
+// "member.<holder>", renewed every T/3 and deleted when it stops; another
+// replica counts it live while it sees the key's revision change within T.
+// The keys carry the settings every live replica must share (the level
+// table), checked at start, and let replicas balance their leases
+// ([Gate]). (Not a per-key TTL: nats.go's Update and Put clear a key's TTL,
+// and enabling TTLs on the bucket cannot be undone, so an older delayd's
+// idempotent bucket update would then fail.)
+//
 // No wall clock of one machine is ever compared with another's: every
 // instant above is a [time.Now] reading compared, through its monotonic
 // part, with another reading of the same process.
@@ -137,6 +146,22 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (
 	return &Bucket{kv: kv}, nil
 }
 
+// BindBucket returns the [BucketName] bucket as it is, and creates it as
+// [OpenBucket] does only if it does not exist: a replica that may yet
+// refuse to start (a setting differs from a live replica's,
+// [Membership.Start]) changes nothing of it. It returns an error if the
+// bucket cannot be read or created.
+func BindBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Bucket, error) {
+	kv, err := js.KeyValue(ctx, BucketName)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return OpenBucket(ctx, js, cfg)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lease: bucket %s: %w", BucketName, err)
+	}
+	return &Bucket{kv: kv}, nil
+}
+
 // Entry is one lease key's stored state, for observability (delayctl
 // stats, /metrics): who holds what, at which epoch. It says nothing about
 // whether the holder is still valid: only the holder can tell.
@@ -152,7 +177,7 @@ type Entry struct {
 }
 
 // Leases returns every lease key's entry, sorted by key; keys deleted or
-// purged by hand are left out. It returns an error if the bucket cannot be
+// purged by hand, and membership keys ([MemberKeyPrefix]), are left out. It returns an error if the bucket cannot be
 // read.
 func (b *Bucket) Leases(ctx context.Context) ([]Entry, error) {
 	w, err := b.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
@@ -164,6 +189,9 @@ func (b *Bucket) Leases(ctx context.Context) ([]Entry, error) {
 	for e := range w.Updates() {
 		if e == nil {
 			break // the current values are all delivered
+		}
+		if strings.HasPrefix(e.Key(), MemberKeyPrefix) {
+			continue // a membership key, not a lease
 		}
 		latest[e.Key()] = e // a key written while listing comes again, newer
 	}
@@ -213,7 +241,8 @@ func (v Value) encode() []byte {
 }
 
 // NewHolderID returns a holder id unique to this process's life:
-// "<hostname>-<pid>-<8 random hex digits>", e.g. "web-1-4242-9f2c01ab". A
+// "<hostname>-<pid>-<8 random hex digits>", e.g. "web-1-4242-9f2c01ab"
+// (a hostname's characters other than letters, digits, - and _ become _). A
 // restarted process gets a new id, so it never mistakes its previous life's
 // lease for its own.
 func NewHolderID() string {
@@ -221,6 +250,14 @@ func NewHolderID() string {
 	if err != nil || host == "" {
 		host = "delayd"
 	}
+	// The id is also a key token ([MemberKey]): other characters become _.
+	host = strings.Map(func(c rune) rune {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_':
+			return c
+		}
+		return '_'
+	}, strings.Trim(host, "."))
 	var r [4]byte
 	_, _ = rand.Read(r[:]) // never fails (crypto/rand)
 	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(r[:]))
@@ -244,9 +281,28 @@ type Config struct {
 	// Must be less than TTL/3, so a holder renewing on time never stops.
 	Margin time.Duration
 
+	// Gate, if set, is asked before every write that would take the
+	// lease (see [Gate]): a replica that balances its leases with others
+	// bids only while it is below its share. Optional. Default: always bid.
+	Gate Gate
+
 	// Logger receives failed renewals and losses. Optional. Default
 	// discards.
 	Logger *slog.Logger
+}
+
+// Gate decides whether this replica bids for a lease that is free to
+// take now: released, never written, or (held by another) unchanged for
+// the TTL.
+type Gate interface {
+	// Claim is asked before the write that would take the lease key,
+	// which has been free to take for idle (measured on this process's
+	// monotonic clock from the first read that showed its current
+	// revision; for a key held by another, minus the TTL). ok false: no
+	// bid now (the lease asks again at its next attempt). When ok, done
+	// is called once the write is answered, taken or not; until then the
+	// claim counts as held.
+	Claim(key string, idle time.Duration) (done func(), ok bool)
 }
 
 // Lease is one key's lease, held by this replica or not. It is safe for
@@ -259,14 +315,22 @@ type Lease struct {
 	margin time.Duration
 	logger *slog.Logger
 
+	gate Gate
+	wake chan struct{} // Wake: Acquire tries again at once
+
 	pauseRenewals atomic.Bool // tests: simulate a paused holder
 
 	mu sync.Mutex
-	// The revision last seen in a Get, and when (after its response) it
-	// was first seen: a contender takes over only T after seenAt.
-	seenRev uint64
-	seenAt  time.Time
-	term    *term // nil while not held; ended terms are replaced, not reused
+	// The revision last seen in a Get (0: the key was never written), and
+	// when (after its response) it was first seen: a contender takes over
+	// a held key only T after seenAt. seen is false until a Get and after
+	// a term began.
+	seen       bool
+	seenWait   bool // the key seen is held by another (or unreadable): taken only T after seenAt
+	seenRev    uint64
+	seenAt     time.Time
+	seenHolder string // the holder the last Get showed; "" if released or unreadable
+	term       *term  // nil while not held; ended terms are replaced, not reused
 }
 
 // term is one holding of the lease, from acquisition to its end.
@@ -314,8 +378,8 @@ func New(b *Bucket, cfg Config) (*Lease, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Lease{kv: b.kv, key: cfg.Key, holder: cfg.Holder, ttl: cfg.TTL, margin: cfg.Margin,
-		logger: cfg.Logger.With(slog.String("lease", cfg.Key))}, nil
+	return &Lease{kv: b.kv, key: cfg.Key, holder: cfg.Holder, ttl: cfg.TTL, margin: cfg.Margin, gate: cfg.Gate,
+		wake: make(chan struct{}, 1), logger: cfg.Logger.With(slog.String("lease", cfg.Key))}, nil
 }
 
 func validKey(k string) bool {
@@ -432,9 +496,10 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
 		return true, nil
 	}
 	var (
-		epoch uint64
-		rev   uint64 // the revision to Update at; 0 means Create
-		wait  bool   // take it only once rev was seen unchanged for TTL
+		epoch  uint64
+		rev    uint64 // the revision to Update at; 0 means Create
+		wait   bool   // take it only once rev was seen unchanged for TTL
+		holder string // the holder the key names; "" if none or unreadable
 	)
 	e, err := l.kv.Get(ctx, l.key)
 	switch {
@@ -463,20 +528,29 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
 		case v.Holder == "":
 			epoch = v.Epoch + 1 // released: take it at once
 		default:
-			epoch, wait = v.Epoch+1, true
+			epoch, wait, holder = v.Epoch+1, true, v.Holder
 		}
 	}
+	now := time.Now() // after the response that showed rev
+	l.mu.Lock()
+	if !l.seen || rev != l.seenRev {
+		l.seen, l.seenRev, l.seenAt = true, rev, now
+	}
+	l.seenHolder, l.seenWait = holder, wait
+	idle := now.Sub(l.seenAt)
+	l.mu.Unlock()
 	if wait {
-		now := time.Now() // after the response that showed rev
-		l.mu.Lock()
-		if rev != l.seenRev {
-			l.seenRev, l.seenAt = rev, now
-		}
-		waited := now.Sub(l.seenAt)
-		l.mu.Unlock()
-		if waited < l.ttl {
+		if idle < l.ttl {
 			return false, nil
 		}
+		idle -= l.ttl
+	}
+	if l.gate != nil {
+		done, ok := l.gate.Claim(l.key, idle)
+		if !ok {
+			return false, nil
+		}
+		defer done() // after begin: the claim turns into a held term
 	}
 
 	val := Value{Holder: l.holder, Epoch: epoch}.encode()
@@ -517,7 +591,7 @@ func (l *Lease) begin(epoch, rev uint64, sent time.Time) {
 		stop: make(chan struct{}), renewing: make(chan struct{}), rev: rev, fence: sent.Add(l.ttl - l.margin)}
 	l.mu.Lock()
 	l.term = t
-	l.seenRev, l.seenAt = 0, time.Time{}
+	l.seen, l.seenWait, l.seenRev, l.seenAt, l.seenHolder = false, false, 0, time.Time{}, l.holder
 	t.timer = time.AfterFunc(time.Until(t.fence), func() { l.expire(t) })
 	l.mu.Unlock()
 	l.logger.Debug("lease acquired", slog.Uint64("epoch", epoch), slog.Uint64("revision", rev))
@@ -618,6 +692,7 @@ func (l *Lease) Acquire(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-changed:
+		case <-l.wake:
 		case <-wait.C:
 		}
 		actx, cancel := context.WithTimeout(ctx, l.ttl)
@@ -633,7 +708,7 @@ func (l *Lease) Acquire(ctx context.Context) error {
 		// and at least every TTL/3 (a lost watch update, a new holder).
 		next := l.ttl / 3
 		l.mu.Lock()
-		if !l.seenAt.IsZero() {
+		if l.seen && l.seenWait {
 			if d := time.Until(l.seenAt.Add(l.ttl)); d < next {
 				next = max(d, time.Millisecond)
 			}
@@ -641,6 +716,27 @@ func (l *Lease) Acquire(ctx context.Context) error {
 		l.mu.Unlock()
 		wait.Reset(next)
 	}
+}
+
+// Wake makes a waiting [Lease.Acquire] try again at once, for example when
+// its [Gate]'s answer may have changed (a replica left). It never blocks.
+func (l *Lease) Wake() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Observed returns the holder named by the key at this Lease's last read
+// ("" if released, never written or unreadable; this replica's id while
+// it holds a term), and whether any read or term happened yet.
+func (l *Lease) Observed() (holder string, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.term != nil && !l.term.ended {
+		return l.holder, true
+	}
+	return l.seenHolder, l.seen || l.term != nil
 }
 
 // Release ends the current term and hands the lease over: it stops

@@ -65,6 +65,11 @@ const (
 	// Resigned: the elector stopped (its context ended); the work has
 	// returned and the lease was released, handing it over at once.
 	Resigned
+	// HandedOver: the [Balancer] asked this replica to give the lease up
+	// (it held more than its share); the work has returned and the lease
+	// was released for a replica below its share to take at once. Not a
+	// failover.
+	HandedOver
 )
 
 // String returns "gained", "lost" or "resigned".
@@ -76,6 +81,8 @@ func (k EventKind) String() string {
 		return "lost"
 	case Resigned:
 		return "resigned"
+	case HandedOver:
+		return "handed over"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -91,20 +98,20 @@ type Event struct {
 	Epoch uint64
 	// Acquired is when the term's acquiring write was answered.
 	Acquired time.Time
-	// ValidUntil is, for Lost and Resigned, when the term's validity
+	// ValidUntil is, for Lost, Resigned and HandedOver, when the term's validity
 	// ended: its fence, or the instant it was ended if earlier (a
 	// release, a failed renewal); nothing fenced was written by this
 	// replica for the term after it. Zero for Gained.
 	ValidUntil time.Time
-	// Fence is, for Lost and Resigned, the term's fence as it stood when
+	// Fence is, for Lost, Resigned and HandedOver, the term's fence as it stood when
 	// the work returned: when its validity would have ended without
 	// another renewal. Without a release, no other replica can take the
 	// lease before it; after a release (Resigned), one can. Zero for
 	// Gained.
 	Fence time.Time
-	// Cause is, for Lost and Resigned, why the term ended (wrapping
-	// lease.ErrExpired, lease.ErrLost or lease.ErrReleased) or the work's
-	// own reason to stop; nil for Gained.
+	// Cause is, for Lost, Resigned and HandedOver, why the term ended
+	// (wrapping lease.ErrExpired, lease.ErrLost or lease.ErrReleased) or
+	// the work's own reason to stop; nil for Gained.
 	Cause error
 }
 
@@ -122,6 +129,13 @@ type Config struct {
 
 	// TTL is the lease's TTL, T. Optional. Default lease.TTLDefault.
 	TTL time.Duration
+
+	// Balancer, if set, shares the leases of every elector it is given
+	// to with the other live replicas: the elector bids only while this
+	// replica holds less than its share (or for a lease left free for
+	// the balancer's grace), and hands its lease over when the balancer
+	// asks. Optional. Default: bid for the lease whenever it is free.
+	Balancer *Balancer
 
 	// OnEvent is called with every [Event], on the elector's goroutine, in
 	// order. It must not block (a counter, a test's buffered channel).
@@ -158,6 +172,7 @@ func (t Term) Held() bool {
 type Elector struct {
 	lease   *lease.Lease
 	key     string
+	holder  string
 	ttl     time.Duration
 	onEvent func(Event)
 	logger  *slog.Logger
@@ -166,6 +181,7 @@ type Elector struct {
 
 	mu      sync.Mutex
 	running bool
+	yield   context.CancelCauseFunc // ends the running term's work; nil between terms
 }
 
 // New returns an elector for cfg.Key, not holding it. It returns an error
@@ -181,11 +197,35 @@ func New(cfg Config) (*Elector, error) {
 		cfg.OnEvent = func(Event) {}
 	}
 	logger := cfg.Logger.With(slog.String("lease", cfg.Key))
-	l, err := lease.New(cfg.Bucket, lease.Config{Key: cfg.Key, Holder: cfg.Holder, TTL: cfg.TTL, Logger: logger})
+	lc := lease.Config{Key: cfg.Key, Holder: cfg.Holder, TTL: cfg.TTL, Logger: logger}
+	if cfg.Balancer != nil {
+		lc.Gate = cfg.Balancer
+	}
+	l, err := lease.New(cfg.Bucket, lc)
 	if err != nil {
 		return nil, fmt.Errorf("leadership: %w", err)
 	}
-	return &Elector{lease: l, key: cfg.Key, ttl: cfg.TTL, onEvent: cfg.OnEvent, logger: logger, tried: make(chan struct{})}, nil
+	e := &Elector{lease: l, key: cfg.Key, holder: cfg.Holder, ttl: cfg.TTL, onEvent: cfg.OnEvent, logger: logger, tried: make(chan struct{})}
+	if cfg.Balancer != nil {
+		cfg.Balancer.add(e)
+	}
+	return e, nil
+}
+
+// ErrHandedOver is the cause of a term's work context when the
+// [Balancer] asked the elector to hand the lease over.
+var ErrHandedOver = errors.New("leadership: handed over to balance the leases")
+
+// handOver ends the running term's work with [ErrHandedOver], so that Run
+// releases the lease; false if no term's work is running.
+func (e *Elector) handOver() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.yield == nil {
+		return false
+	}
+	e.yield(ErrHandedOver)
+	return true
 }
 
 // Tried is closed once [Elector.Run]'s first attempt to take the lease is
@@ -253,10 +293,17 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t Term
 		e.onEvent(Event{Key: e.key, Kind: Gained, Epoch: epoch, Acquired: info.Acquired})
 
 		wctx, cancel := context.WithCancelCause(ctx)
+		e.mu.Lock()
+		e.yield = cancel
+		e.mu.Unlock()
 		tctx := e.lease.Context()
 		stop := context.AfterFunc(tctx, func() { cancel(context.Cause(tctx)) })
 		werr := work(wctx, term)
 		stop()
+		e.mu.Lock()
+		e.yield = nil
+		e.mu.Unlock()
+		handedOver := errors.Is(context.Cause(wctx), ErrHandedOver)
 		stillValid := term.Held()
 		before := e.lease.LastTerm() // why it ended, if it did, before the release ends it
 		cancel(nil)
@@ -274,6 +321,9 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t Term
 		case ctx.Err() != nil:
 			ev.Kind = Resigned
 			e.logger.Debug("lease released", slog.Uint64("epoch", epoch))
+		case handedOver && stillValid && werr == nil:
+			ev.Kind = HandedOver
+			e.logger.Info("lease handed over to balance the replicas' shares", slog.Uint64("epoch", epoch))
 		case stillValid:
 			// The work stopped on its own: werr, or fenced by a failed
 			// compare-and-set it logged.
@@ -290,7 +340,7 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t Term
 		if ctx.Err() != nil {
 			return nil
 		}
-		if stillValid {
+		if stillValid && !handedOver {
 			t := time.NewTimer(e.ttl)
 			select {
 			case <-ctx.Done():
