@@ -67,8 +67,9 @@ type replica struct {
 const ownerLevels = "200ms 500ms 1s"
 
 // start runs a Service with the tests' level table and lease TTL ttl (0:
-// the default) and waits until it is ready.
-func (b *ownerBundle) start(name string, ttl time.Duration) *replica {
+// the default) and waits until it is ready. mods change the Service
+// before it runs (decide_test.go pins ownership with noBid).
+func (b *ownerBundle) start(name string, ttl time.Duration, mods ...func(*Service)) *replica {
 	b.t.Helper()
 	nc, err := nats.Connect(b.srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
@@ -91,6 +92,9 @@ func (b *ownerBundle) start(name string, ttl time.Duration) *replica {
 		case r.wake <- struct{}{}:
 		default:
 		}
+	}
+	for _, m := range mods {
+		m(svc)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.stop = cancel
