@@ -97,6 +97,7 @@ func TestDelayctlStatsReplicas(t *testing.T) {
 
 	text := delayctl(t, url, "stats", "--levels="+table)
 	text.want(t, 0, "OWNER", "2 delayd processes (replicas) answered")
+	t.Logf("delayctl stats:\n%s", text.stdout)
 	if n := strings.Count(text.stdout, "delayd (pid "); n != 2 {
 		t.Errorf("stats prints %d replica lines, want 2:\n%s", n, text.stdout)
 	}
