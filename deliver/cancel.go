@@ -136,6 +136,14 @@ func (s *Scanner) requestCancel(ctx context.Context, reader *jswire.BatchReader,
 			case <-ctx.Done():
 				return 0, ctx.Err()
 			}
+		case d.answer == answerCancelled:
+			// A tombstone this process holds: "cancelled" holds only
+			// while this term owns the level (the next owner may not
+			// have loaded it), as for a tombstone just written.
+			if err := s.confirmOwner(ctx, d.term); err != nil {
+				return 0, err
+			}
+			return d.answer, nil
 		default:
 			return d.answer, nil
 		}
@@ -175,7 +183,7 @@ func (s *Scanner) decideCancel(rec index.Record) cancelDecision {
 	_, tombstoned, r := s.book.lookup(seq)
 	switch {
 	case tombstoned:
-		return cancelDecision{answer: answerCancelled}
+		return cancelDecision{answer: answerCancelled, term: s.term}
 	case r != nil:
 		return cancelDecision{answer: answerRetry, wait: r.done}
 	}

@@ -308,20 +308,24 @@ func (s *Scanner) confirmOwner(ctx context.Context, t leadership.Term) error {
 		return nil
 	}
 	// A revision above the committer's is this term's own write in
-	// flight (the committer learns it at its PubAck), or another
-	// writer's, after which this term's next commit fails (fenced).
-	for s.commits.Revision() < rev {
-		if s.commits.Fenced() || !t.Held() {
+	// flight (the committer learns it once the write is answered), or
+	// another writer's. With no write of this term outstanding (every
+	// offset given to the committer acknowledged), read before the
+	// committer's revision, it is another's.
+	for {
+		committed, acked := s.commits.Committed(), s.commits.Acked()
+		switch {
+		case !t.Held() || s.commits.Fenced():
 			return notOwner
+		case s.commits.Revision() >= rev:
+			return nil
+		case committed == acked:
+			return fmt.Errorf("level stream %s: %w (its offset key was written at revision %d by another owner)", s.cfg.Stream, errNotOwner, rev)
 		}
 		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
 			return fmt.Errorf("level stream %s: offset key check: %w", s.cfg.Stream, err)
 		}
 	}
-	if !t.Held() {
-		return notOwner
-	}
-	return nil
 }
 
 // lastSeqOnSubject returns the sequence of stream's last message on

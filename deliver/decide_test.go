@@ -159,7 +159,7 @@ func TestCancelDecidedByOwner(t *testing.T) {
 			t.Errorf("k-%d (not cancelled) was not delivered before the later marker: TGT holds %q", i, got)
 		}
 		if contains(got, fmt.Sprintf("c-%d", i)) {
-			t.Errorf("c-%d was answered cancelled and delivered: TGT holds %q", i, got)
+			t.Errorf("c-%d, cancelled, was delivered: TGT holds %q", i, got)
 		}
 	}
 }
@@ -173,7 +173,9 @@ func TestMergeAcrossReplicas(t *testing.T) {
 	b := setupOwners(t)
 	b.targetStream()
 	_, c := b.splitOwners()
-	h := func() nats.Header { return nats.Header{contract.HeaderLevel: {"2"}, contract.HeaderMergeKey: {"user-42"}} }
+	h := func() nats.Header {
+		return nats.Header{contract.HeaderLevel: {"2"}, contract.HeaderMergeKey: {"user-42"}}
+	}
 	b.publishTo("tgt.m", "first", h())
 	// The first is in its level (A's) before the second arrives.
 	deadline := time.Now().Add(20 * time.Second)
@@ -230,5 +232,83 @@ func TestDecideSubjectOwnerOnly(t *testing.T) {
 	}
 	if extra, err := sub.NextMsg(time.Second); err == nil {
 		t.Errorf("a second replica answered on %s: %q", contract.DecideSubject(stream), extra.Data)
+	}
+}
+
+// TestCancelNotAnsweredAfterFence: once another writer has written a
+// level's offset key since the owner's bump (as a new owner's bump would),
+// the owner stores the tombstone of a cancel but does not answer
+// "cancelled" in that term: the next owner may not have loaded it. The
+// owner skips the message, its commit is fenced, it gives the lease up and
+// takes it back with a bump of its own, loading the tombstone; only that
+// term answers "cancelled" (the request is asked again meanwhile, or, if
+// that takes longer than two lease TTLs, answered with an error to send it
+// again). The message is never delivered.
+func TestCancelNotAnsweredAfterFence(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a 5 s level and a lease TTL: skipped under testing.Short()")
+	}
+	t.Parallel()
+	b := setupOwners(t)
+	b.targetStream()
+	a := b.start("A", ownerTTL, func(s *Service) { s.cfg.Levels = levels.MustParse(decideLevels) })
+	stream := levels.MustParse(decideLevels).Levels()[1].Stream() // DELAYD_5S
+	key := leadership.LevelKey(stream)
+	first := a.waitEvent(t, key, leadership.Gained, 20*time.Second)
+	a.svc.mu.Lock()
+	sc := a.svc.scanners[stream]
+	a.svc.mu.Unlock()
+	for deadline := time.Now().Add(20 * time.Second); !sc.decides.Load(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's scanner not started in 20 s", stream)
+		}
+	}
+	b.publishTo("tgt.f", "x", nats.Header{contract.HeaderLevel: {"2"}, contract.HeaderNatsMsgID: {"x"}})
+	// Another writer's offset, once the term's start has loaded the offset
+	// (and found none): a new level's key does not exist until its first
+	// commit, so creating it is what a new owner's write would be.
+	ctx := context.Background()
+	kv, err := b.js.KeyValue(ctx, "DELAYD_OFFSETS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, stream, []byte("0")); err != nil {
+		t.Fatal(err)
+	}
+	m, err := b.nc.Request(contract.CancelSubjectFor("tgt.f"), []byte("x"), 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answered, got := time.Now(), string(m.Data)
+	// "cancelled" comes only from a term that began after the fence.
+	next := func() (leadership.Event, bool) {
+		for _, ev := range a.eventsCopy() {
+			if ev.Key == key && ev.Kind == leadership.Gained && ev.Epoch > first.Epoch {
+				return ev, true
+			}
+		}
+		return leadership.Event{}, false
+	}
+	again, ok := next()
+	switch {
+	case got == contract.CancelReplyCancelled && (!ok || !again.Acquired.Before(answered)):
+		t.Fatalf("answered %q by the term whose offset key another wrote (epoch %d); no later term had begun", got, first.Epoch)
+	case got != contract.CancelReplyCancelled && !strings.Contains(got, "send the cancel again"):
+		t.Fatalf("cancel after another writer's offset: %q, want %q from the next term or an error to send it again", got, contract.CancelReplyCancelled)
+	}
+	for deadline := time.Now().Add(time.Minute); !ok; again, ok = next() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not gained again within a minute (the first answer was %q)", key, got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("first answer %q, %s after the next term (epoch %d) began", got, answered.Sub(again.Acquired), again.Epoch)
+	m, err = b.nc.Request(contract.CancelSubjectFor("tgt.f"), []byte("x"), 30*time.Second)
+	if err != nil || string(m.Data) != contract.CancelReplyCancelled {
+		t.Errorf("cancel once the level was taken again: %q, %v; want %q", m.Data, err, contract.CancelReplyCancelled)
+	}
+	b.publishTo("tgt.f", "marker", nats.Header{contract.HeaderDuration: {"6s"}})
+	if got := b.waitPayload("marker", time.Minute); contains(got, "x") {
+		t.Errorf("x, its tombstone stored, was delivered: TGT holds %q", got)
 	}
 }
