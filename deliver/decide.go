@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -33,6 +34,7 @@ import (
 const (
 	decideOpCancel  = "cancel"  // cancel the message the record places (Scanner.requestCancel)
 	decideOpPending = "pending" // is the message the record places pending (Scanner.pendingAt)?
+	decideOpPassed  = "passed"  // the highest sequence the owner handed off (decimal reply); no record
 )
 
 // decideRequest is a request on a level stream's decide subject, as JSON:
@@ -113,7 +115,7 @@ func (s *Scanner) serveDecide(ctx context.Context, t leadership.Term) (stop func
 			return
 		}
 		var req decideRequest
-		if err := json.Unmarshal(m.Data, &req); err != nil || req.Key == "" {
+		if err := json.Unmarshal(m.Data, &req); err != nil || (req.Key == "" && req.Op != decideOpPassed) {
 			respond(m, contract.CancelReplyErrorPrefix+"bad decide request: want JSON with op, key and seq")
 			return
 		}
@@ -122,6 +124,12 @@ func (s *Scanner) serveDecide(ctx context.Context, t leadership.Term) (stop func
 			return
 		}
 		switch req.Op {
+		case decideOpPassed:
+			if s.decides.Load() {
+				respond(m, strconv.FormatUint(s.passed.Load(), 10))
+			} else {
+				respond(m, "0")
+			}
 		case decideOpPending:
 			// No I/O: answered on the subscription's goroutine.
 			if s.decides.Load() && s.pendingAt(req.record(s.cfg.Stream)) {
@@ -276,6 +284,29 @@ func (p *pendingAsker) pending(rec index.Record) bool {
 		p.mu.Unlock()
 	}
 	return err == nil && body == decidePending
+}
+
+// passed returns the highest sequence the owner of stream handed off (for
+// the router's check that a hop's purged level message was placed); 0,
+// which places nothing, when no owner answers.
+func (p *pendingAsker) passed(stream string) uint64 {
+	p.mu.Lock()
+	until, quiet := p.silent[stream]
+	p.mu.Unlock()
+	if quiet && time.Now().Before(until) {
+		return 0
+	}
+	body, err := askOwner(context.Background(), p.nc, stream, decideRequest{Op: decideOpPassed}, decidePendingWait)
+	if errors.Is(err, errOwnerSilent) {
+		p.mu.Lock()
+		p.silent[stream] = time.Now().Add(decideSilence)
+		p.mu.Unlock()
+	}
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseUint(body, 10, 64)
+	return n
 }
 
 // confirmOwner is the fenced check a cancel makes after its tombstone is

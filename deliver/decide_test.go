@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -232,6 +233,15 @@ func TestDecideSubjectOwnerOnly(t *testing.T) {
 	}
 	if extra, err := sub.NextMsg(time.Second); err == nil {
 		t.Errorf("a second replica answered on %s: %q", contract.DecideSubject(stream), extra.Data)
+	}
+	// The owner's handed-off sequence, for the router's placed check: a
+	// decimal number (0: nothing delivered from the level yet).
+	m, err = b.nc.Request(contract.DecideSubject(stream), []byte(`{"op":"passed"}`), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := strconv.ParseUint(string(m.Data), 10, 64); err != nil {
+		t.Errorf("passed answered %q, want a sequence", m.Data)
 	}
 }
 

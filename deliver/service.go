@@ -749,9 +749,20 @@ func (v serviceScanners) pendingAt(rec index.Record) bool {
 	return false
 }
 
+// passed answers from this replica's scanner when it owns the level, and
+// otherwise asks the level's owner; 0 (nothing passed) without an answer.
 func (v serviceScanners) passed(stream string) uint64 {
-	if sc := v.scanners[stream]; sc != nil && sc.owned.Load() {
+	sc := v.scanners[stream]
+	switch {
+	case sc == nil:
+		return 0
+	case sc.owned.Load():
+		if !sc.decides.Load() {
+			return 0 // its term's start has not loaded the offset yet
+		}
 		return sc.passed.Load()
+	case v.owners != nil:
+		return v.owners.passed(stream)
 	}
 	return 0
 }
