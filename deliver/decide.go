@@ -20,9 +20,10 @@ import (
 	"github.com/delayd/delayd/offsets"
 )
 
-// Decisions that need a level's owner (README "Running several
-// replicas"): a cancel of one of the level's messages and the router's
-// merge check are decided by the replica that holds the level's lease.
+// Decisions that need a level's owner (README "Cancel", "Merge" and
+// "JetStream resources"): a cancel of one of the level's messages and the
+// router's merge check are decided by the replica that holds the level's
+// lease.
 // The owner serves the level's decide subject ([contract.DecideSubject])
 // for as long as its term runs: it subscribes when the term starts and
 // unsubscribes before the term's work returns, so before the lease is
@@ -57,18 +58,23 @@ func (r decideRequest) record(stream string) index.Record {
 	return index.Record{Key: r.Key, Stream: stream, Seq: r.Seq, Hop: r.Hop, Due: r.Due, Target: r.Target}
 }
 
-// Replies on a decide subject: the body is exactly one of these, or
-// [contract.CancelReplyErrorPrefix] and a one-line reason.
+// Replies on a decide subject: the body is exactly one of these (for
+// "passed", a decimal sequence), or [contract.CancelReplyErrorPrefix] and
+// a one-line reason.
 const (
-	decideCancelled   = "cancelled"   // answerCancelled
-	decideDelivered   = "delivered"   // answerDelivered
-	decideForwarded   = "forwarded"   // answerForwarded
-	decideGone        = "gone"        // answerGone
-	decideRetry       = "retry"       // answerRetry
-	decidePending     = "pending"     // pendingAt: true
-	decideNotPending  = "not pending" // pendingAt: false
-	decideNotOwner    = "not owner"   // this replica's term ended: ask again (the next owner)
-	decideBusyReply   = contract.CancelReplyErrorPrefix + "busy"
+	decideCancelled  = "cancelled"   // answerCancelled
+	decideDelivered  = "delivered"   // answerDelivered
+	decideForwarded  = "forwarded"   // answerForwarded
+	decideGone       = "gone"        // answerGone
+	decideRetry      = "retry"       // answerRetry
+	decidePending    = "pending"     // pendingAt: true
+	decideNotPending = "not pending" // pendingAt: false
+	decideNotOwner   = "not owner"   // this replica's term ended: ask again (the next owner)
+	decideBusyReply  = contract.CancelReplyErrorPrefix + "busy"
+)
+
+// Decide limits.
+const (
 	decideQueueMax    = 64                     // cancel decisions waiting for a worker, per level
 	decideWorkers     = 2                      // cancel decisions in flight, per level
 	decidePendingWait = 500 * time.Millisecond // the router's wait for a merge check's answer
