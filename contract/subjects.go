@@ -45,7 +45,22 @@ const (
 	// answered with the service's counters as JSON (deliver.StatsReply).
 	// delayctl's stats and watch commands read the process counters here.
 	StatsSubject = InternalPrefix + ".api.stats"
+
+	// DecideSubjectPrefix starts the decide subjects, internal to delayd
+	// and no user contract: "delayd.api.decide.<level stream>"
+	// ([DecideSubject]). Only delayd's own user needs them; its
+	// subscribe permission on "delayd.api.>" covers them.
+	DecideSubjectPrefix = InternalPrefix + ".api.decide."
 )
+
+// DecideSubject returns the decide subject of a level stream,
+// "delayd.api.decide.<stream>" (e.g. "delayd.api.decide.DELAYD_5S"): the
+// delayd replica that owns the stream (holds its lease) serves it, for the
+// decisions only the owner may make (a cancel of one of the stream's
+// messages, the router's merge check). It is internal to delayd: the
+// request and reply formats are not a user contract and may change
+// between versions.
+func DecideSubject(stream string) string { return DecideSubjectPrefix + stream }
 
 // CancelSubjectFor returns the scoped cancel API subject of target,
 // "delayd.api.cancel.<target>": a request there cancels only a message

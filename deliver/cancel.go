@@ -17,6 +17,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/leadership"
 	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
 )
@@ -54,6 +55,7 @@ type cancelDecision struct {
 	wait      <-chan struct{}
 	startTail uint64
 	startedAt time.Time
+	term      leadership.Term // the term that reserved it, for the fenced check (Scanner.confirmOwner)
 }
 
 // answerReserved is a decision only the scanner gives to requestCancel:
@@ -134,6 +136,14 @@ func (s *Scanner) requestCancel(ctx context.Context, reader *jswire.BatchReader,
 			case <-ctx.Done():
 				return 0, ctx.Err()
 			}
+		case d.answer == answerCancelled:
+			// A tombstone this process holds: "cancelled" holds only
+			// while this term owns the level (the next owner may not
+			// have loaded it), as for a tombstone just written.
+			if err := s.confirmOwner(ctx, d.term); err != nil {
+				return 0, err
+			}
+			return d.answer, nil
 		default:
 			return d.answer, nil
 		}
@@ -173,7 +183,7 @@ func (s *Scanner) decideCancel(rec index.Record) cancelDecision {
 	_, tombstoned, r := s.book.lookup(seq)
 	switch {
 	case tombstoned:
-		return cancelDecision{answer: answerCancelled}
+		return cancelDecision{answer: answerCancelled, term: s.term}
 	case r != nil:
 		return cancelDecision{answer: answerRetry, wait: r.done}
 	}
@@ -185,6 +195,7 @@ func (s *Scanner) decideCancel(rec index.Record) cancelDecision {
 		res:       s.book.reserve(seq, time.Now().Add(opTimeout)),
 		startTail: s.startTail,
 		startedAt: s.startedAt,
+		term:      s.term,
 	}
 }
 
@@ -203,8 +214,14 @@ func handedOff(rec index.Record) cancelAnswer {
 // delivered before a crash, its offset not committed: it answers as handed
 // off and is delivered (again) as usual. Otherwise a durable tombstone is
 // written (waiting for its PubAck), and only then does the reservation
-// become the tombstone and the answer "cancelled". If anything fails, the
-// reservation is released and the message is delivered as usual.
+// become the tombstone; the answer is "cancelled" only once a fenced
+// check ([Scanner.confirmOwner]) shows that the term that reserved it
+// still owns the level, so that every later owner loads the tombstone.
+// A failed check returns an error wrapping errNotOwner: the cancel is
+// asked again of the level's next owner, which answers from the
+// tombstone if it loaded it, and decides afresh if not. If anything else
+// fails, the reservation is released and the message is delivered as
+// usual.
 func (s *Scanner) completeCancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record, d cancelDecision) (answer cancelAnswer, err error) {
 	r := d.res
 	kept := false
@@ -248,6 +265,12 @@ func (s *Scanner) completeCancel(ctx context.Context, reader *jswire.BatchReader
 			_ = st.DeleteMsg(dctx, t.At)
 		}
 		return handedOff(rec), nil
+	}
+	if err := s.confirmOwner(ctx, d.term); err != nil {
+		// The tombstone stays (a later owner that loads it skips the
+		// message), but nothing is answered or indexed as cancelled.
+		s.logger.Warn("cancel tombstone stored, but the level's term ended meanwhile; the cancel is asked of the next owner", slog.Uint64("seq", rec.Seq), slog.Any("error", err))
+		return 0, err
 	}
 	s.cancelledN.Add(1)
 	// Later cancels of this id answer from the index, also once the
@@ -334,23 +357,48 @@ func (s *Scanner) cancelHolds(ctx context.Context, seq uint64) bool {
 	return tombstoned || r != nil
 }
 
-// loadTombstones reads the level's tombstones at start. Those the offset
-// has passed go to the janitor; the rest are skipped when reached.
+// loadTombstones reads the level's tombstones at start (in a term: after
+// the offset key's bump). Those the offset has passed go to the janitor;
+// the rest are skipped when reached. The reads are direct gets, which a
+// follower of an R3 stream may answer before it applied the latest
+// writes: the walk is checked against the last tombstone the stream's
+// leader has, and read again until it reached it, so a tombstone stored
+// before the bump (a cancel answered "cancelled" by the previous owner)
+// is never missed.
 func (s *Scanner) loadTombstones(ctx context.Context, offset uint64) error {
 	s.book.reset()
-	err := s.reader.EachOnSubject(ctx, CancelStream, index.TombstoneSubject(s.cfg.Stream), s.cfg.Batch, opTimeout, func(m *nats.Msg, at uint64) {
-		t, ok := index.DecodeTombstone(m.Data, at)
-		if !ok {
-			// Not one delayd wrote: it cancels nothing and stays until an
-			// operator removes it (README "State in NATS").
-			s.logger.Warn("cancel tombstone not readable; ignored", slog.String("tombstones", CancelStream),
-				slog.Uint64("tombstone_seq", at), slog.String("value", clip(m.Data, 64)))
-			return
+	subject := index.TombstoneSubject(s.cfg.Stream)
+	backoff := newBackoff(10*time.Millisecond, 200*time.Millisecond)
+	for {
+		var seen uint64
+		err := s.reader.EachOnSubject(ctx, CancelStream, subject, s.cfg.Batch, opTimeout, func(m *nats.Msg, at uint64) {
+			seen = max(seen, at)
+			t, ok := index.DecodeTombstone(m.Data, at)
+			if !ok {
+				// Not one delayd wrote: it cancels nothing and stays until an
+				// operator removes it (README "State in NATS").
+				s.logger.Warn("cancel tombstone not readable; ignored", slog.String("tombstones", CancelStream),
+					slog.Uint64("tombstone_seq", at), slog.String("value", clip(m.Data, 64)))
+				return
+			}
+			s.book.load(t) // indexed unknown: the janitor checks
+		})
+		if err != nil {
+			return fmt.Errorf("cancel tombstones: %w", err)
 		}
-		s.book.load(t) // indexed unknown: the janitor checks
-	})
-	if err != nil {
-		return fmt.Errorf("cancel tombstones: %w", err)
+		lctx, cancel := context.WithTimeout(ctx, opTimeout)
+		last, found, err := lastSeqOnSubject(lctx, s.nc, CancelStream, subject)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("cancel tombstones: %w", err)
+		}
+		if !found || last <= seen {
+			break
+		}
+		s.logger.Debug("cancel tombstones read from a replica behind the leader; reading again", slog.Uint64("seen", seen), slog.Uint64("leader_last", last))
+		if !backoff.sleep(ctx) {
+			return fmt.Errorf("cancel tombstones: %w", ctx.Err())
+		}
 	}
 	s.dropTombstones(offset)
 	return nil
@@ -670,13 +718,7 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 				s.cancelNotFound.Add(1)
 				return contract.CancelReplyNotFound, nil
 			}
-			if !s.awaitOwner(ctx, sc) {
-				// Only the level's owner decides. Until decisions are
-				// routed to it, the request is answered as an error to
-				// send again (the cancel queue group may pick the owner).
-				return "", fmt.Errorf("level stream %s is not scanned by this delayd process now (another holds its lease, or this one waits for it); send the cancel again", rec.Stream)
-			}
-			answer, err := sc.requestCancel(ctx, reader, rec)
+			answer, err := s.decideCancel(ctx, reader, sc, rec)
 			if err != nil {
 				return "", err
 			}
@@ -714,24 +756,43 @@ func (s *Service) cancel(ctx context.Context, js jetstream.JetStream, reader *js
 	}
 }
 
-// awaitOwner reports whether this service scans sc's level, waiting up to
-// twice the lease TTL for it (polling every 10 ms): right after a start,
-// or a restart after a crash, the scanner runs only once its lease is
-// taken, which a restart after a crash waits the TTL for.
-func (s *Service) awaitOwner(ctx context.Context, sc *Scanner) bool {
-	if sc.owned.Load() {
-		return true
-	}
+// decideCancel has the level's owner decide the cancel of the message rec
+// places: this replica's scanner if it owns the level, else the owner,
+// through the level's decide subject ([contract.DecideSubject]). While no
+// replica answers as the owner (the lease is changing hands: a start, a
+// crash, a pause), it asks again with backoff for up to twice the lease
+// TTL, then gives up with an error to send the cancel again. Asking again
+// is safe: a sequence already cancelled answers "cancelled".
+func (s *Service) decideCancel(ctx context.Context, reader *jswire.BatchReader, sc *Scanner, rec index.Record) (cancelAnswer, error) {
 	deadline := time.Now().Add(2 * cmp.Or(s.cfg.LeaseTTL, lease.TTLDefault))
-	for time.Now().Before(deadline) {
-		if sleepCtx(ctx, 10*time.Millisecond) != nil {
-			return false
-		}
+	pause := 10 * time.Millisecond
+	for {
+		var (
+			answer cancelAnswer
+			err    error
+		)
 		if sc.owned.Load() {
-			return true
+			answer, err = sc.requestCancel(ctx, reader, rec)
+			if !errors.Is(err, errNotOwner) {
+				return answer, err
+			}
+		} else {
+			answer, err = askCancel(ctx, s.nc, rec)
+			if !errors.Is(err, errNoOwner) {
+				return answer, err
+			}
 		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("level stream %s has no owner deciding now (its lease is changing hands: %v); send the cancel again", rec.Stream, err)
+		}
+		if err := sleepCtx(ctx, pause); err != nil {
+			return 0, err
+		}
+		pause = min(2*pause, 200*time.Millisecond)
 	}
-	return false
 }
 
 // inScope reports whether rec's message has the target scope; every

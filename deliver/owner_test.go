@@ -69,10 +69,11 @@ type replica struct {
 const ownerLevels = "200ms 500ms 1s"
 
 // start runs a Service with the tests' level table and lease TTL ttl (0:
-// the default) and waits until it is ready.
-func (b *ownerBundle) start(name string, ttl time.Duration) *replica {
+// the default) and waits until it is ready. mods change the Service
+// before it runs (decide_test.go pins ownership with noBid).
+func (b *ownerBundle) start(name string, ttl time.Duration, mods ...func(*Service)) *replica {
 	b.t.Helper()
-	r := b.launch(name, Config{Levels: levels.MustParse(ownerLevels), LeaseTTL: ttl})
+	r := b.launch(name, Config{Levels: levels.MustParse(ownerLevels), LeaseTTL: ttl}, mods...)
 	deadline := time.Now().Add(20 * time.Second)
 	for !r.svc.Ready() {
 		if time.Now().After(deadline) {
@@ -90,7 +91,7 @@ func (b *ownerBundle) start(name string, ttl time.Duration) *replica {
 // launch runs a Service with cfg (its logger set here) on a connection
 // of its own, as cmd/delayd connects (no reconnect buffer), and returns at
 // once; r.done is closed when Run returned, with its error in r.err.
-func (b *ownerBundle) launch(name string, cfg Config) *replica {
+func (b *ownerBundle) launch(name string, cfg Config, mods ...func(*Service)) *replica {
 	b.t.Helper()
 	nc, err := nats.Connect(b.srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1))
 	if err != nil {
@@ -114,6 +115,9 @@ func (b *ownerBundle) launch(name string, cfg Config) *replica {
 		case r.wake <- struct{}{}:
 		default:
 		}
+	}
+	for _, m := range mods {
+		m(svc)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.stop = cancel

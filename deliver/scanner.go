@@ -306,6 +306,11 @@ type Scanner struct {
 	owned        atomic.Bool
 	epoch        atomic.Uint64
 	fencedWrites atomic.Uint64
+	// decides is set once the scanner's start loaded its offset and
+	// tombstones (in a term: after its bump): from then on pendingAt
+	// answers for this replica's view of the level. Cleared at each
+	// (re)start and at the term's end.
+	decides atomic.Bool
 }
 
 // NewScanner returns a scanner for one level stream on its own, outside a
@@ -494,12 +499,18 @@ var errNotOwner = errors.New("this replica no longer holds the lease")
 // runTerm runs the scanner for one term of its level's lease: until ctx is
 // done (a stop, or the term's end) or the scanner finds its term no longer
 // valid. It confirms what is in flight and commits on the way out, like
-// [Scanner.Run]; the elector releases the lease after it returns.
+// [Scanner.Run]; the elector releases the lease after it returns. For the
+// term it serves the level's decide subject ([contract.DecideSubject]),
+// and stops serving it before it returns, so before the release.
 func (s *Scanner) runTerm(ctx context.Context, t leadership.Term) error {
 	s.term, s.fencedStop = t, false
 	s.epoch.Store(t.Epoch)
+	s.decides.Store(false)
 	s.owned.Store(true)
+	stopDecide := s.serveDecide(ctx, t)
 	defer func() {
+		stopDecide()
+		s.decides.Store(false)
 		s.owned.Store(false)
 		s.headDue.Store(0) // not this replica's head any more: never "stalled"
 	}()
@@ -575,6 +586,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 // start loads the offset and checks it against the stream's state,
 // correcting one that makes no sense.
 func (s *Scanner) start(outer context.Context) error {
+	s.decides.Store(false)
 	ctx, cancel := context.WithTimeout(outer, opTimeout)
 	defer cancel()
 	// An offset write of the previous start lands before the offset is
@@ -687,7 +699,11 @@ func (s *Scanner) start(outer context.Context) error {
 		return fmt.Errorf("cancel tombstones: %w", err)
 	}
 	// Not within start's timeout: a level may hold many cancelled messages.
-	return s.loadTombstones(outer, off)
+	if err := s.loadTombstones(outer, off); err != nil {
+		return err
+	}
+	s.decides.Store(true)
+	return nil
 }
 
 // loadOffset loads the level's committed offset and, as its owner under a

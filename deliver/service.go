@@ -155,6 +155,12 @@ type Service struct {
 
 	balancer   atomic.Pointer[leadership.Balancer] // set by Run
 	trimPasses atomic.Uint64                       // id index trim passes run (tests)
+
+	// holder is this Service's lease holder id, set by Run. noBid, if set
+	// (tests), names lease keys this Service does not bid for, to pin
+	// ownership on another replica.
+	holder string
+	noBid  func(key string) bool
 }
 
 // leaseState is one lease's state in this Service, for [Service.Leases].
@@ -457,7 +463,7 @@ func (s *Service) Run(ctx context.Context) error {
 	// Every level write is followed by one or two index writes.
 	router, err := newRouter(mustJS(s.nc, 3*inflight+16), rc, routerWiring{
 		reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey,
-		scanners: serviceScanners{scanners: scanners, store: store},
+		scanners: serviceScanners{scanners: scanners, store: store, owners: newPendingAsker(s.nc)},
 	})
 	if err != nil {
 		return err
@@ -478,6 +484,9 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	var works []leasedWork
 	addLease := func(key string, work func(context.Context, leadership.Term) error) error {
+		if s.noBid != nil && s.noBid(key) {
+			return nil
+		}
 		e, err := leadership.New(leadership.Config{Bucket: bucket, Key: key, Holder: holder, TTL: s.cfg.LeaseTTL,
 			Balancer: balancer, OnEvent: s.leaseEvent, Logger: s.logger.With(slog.String("component", "lease"))})
 		if err != nil {
@@ -503,7 +512,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.balancer.Store(balancer)
 	s.mu.Lock()
-	s.router, s.scanners, s.leases = router, scanners, leases
+	s.router, s.scanners, s.leases, s.holder = router, scanners, leases, holder
 	s.mu.Unlock()
 
 	cancelSubs, cancelCh, err := s.subscribeCancel(ctx)
@@ -856,19 +865,48 @@ func mustJS(nc *nats.Conn, maxPending int) jetstream.JetStream {
 type serviceScanners struct {
 	scanners map[string]*Scanner
 	store    *offsets.Store
+	owners   *pendingAsker // asks the owner of a level this replica does not own
 }
 
-// pendingAt: a level this replica does not own answers "not pending"
-// (its scanner's view is stale): that costs a merge, never a message
-// merged into one already delivered.
+// pendingAt answers from this replica's scanner when it owns the level
+// (once its term's start loaded the offset and tombstones: it waits for
+// that up to decidePendingWait), and otherwise asks the level's owner on
+// its decide subject. No answer (no owner, a failover, a timeout) is "not
+// pending": that costs a merge, never a message merged into one already
+// delivered.
 func (v serviceScanners) pendingAt(rec index.Record) bool {
 	sc := v.scanners[rec.Stream]
-	return sc != nil && sc.owned.Load() && sc.pendingAt(rec)
+	switch {
+	case sc == nil:
+		return false
+	case sc.owned.Load():
+		for deadline := time.Now().Add(decidePendingWait); !sc.decides.Load(); {
+			if !sc.owned.Load() || time.Now().After(deadline) {
+				return false
+			}
+			time.Sleep(time.Millisecond) // a term's first moments only
+		}
+		return sc.pendingAt(rec)
+	case v.owners != nil:
+		return v.owners.pending(rec)
+	}
+	return false
 }
 
+// passed answers from this replica's scanner when it owns the level, and
+// otherwise asks the level's owner; 0 (nothing passed) without an answer.
 func (v serviceScanners) passed(stream string) uint64 {
-	if sc := v.scanners[stream]; sc != nil && sc.owned.Load() {
+	sc := v.scanners[stream]
+	switch {
+	case sc == nil:
+		return 0
+	case sc.owned.Load():
+		if !sc.decides.Load() {
+			return 0 // its term's start has not loaded the offset yet
+		}
 		return sc.passed.Load()
+	case v.owners != nil:
+		return v.owners.passed(stream)
 	}
 	return 0
 }

@@ -19,6 +19,9 @@ type StatsReply struct {
 	Started time.Time `json:"started"`
 	// PID is the process id, to tell delayd processes apart.
 	PID int `json:"pid"`
+	// Holder is the process's lease holder id (the holder named in
+	// DELAYD_LEASES values); "" until the service runs.
+	Holder string `json:"holder"`
 	// Ready is [Service.Ready].
 	Ready bool `json:"ready"`
 	// Routed, Clamped and DeadLettered are the router's [RouterStats].
@@ -35,6 +38,24 @@ type StatsReply struct {
 	// Levels holds one entry per level stream this process scans, by stream
 	// name; empty until the service runs.
 	Levels []LevelStats `json:"levels"`
+	// Leases holds this process's view of every lease it bids for, by
+	// key ([Service.Leases]); empty until the service runs.
+	Leases []LeaseReply `json:"leases"`
+}
+
+// LeaseReply is one lease in a [StatsReply] ([LeaseStats]).
+type LeaseReply struct {
+	// Key is "router", or "level." + a level stream's name.
+	Key string `json:"key"`
+	// Held reports whether this process holds the lease now.
+	Held bool `json:"held"`
+	// Epoch is the epoch of this process's last term of the lease; 0 if
+	// it never held it.
+	Epoch uint64 `json:"epoch"`
+	// Gained counts the terms this process gained since start; Failovers
+	// those that ended without its resigning.
+	Gained    uint64 `json:"gained"`
+	Failovers uint64 `json:"failovers"`
 }
 
 // LevelStats is one scanner's counters in a [StatsReply] ([ScannerStats]).
@@ -58,8 +79,12 @@ type LevelStats struct {
 // O(levels) and reads atomic counters only. It may be called before Run (the
 // reply then has no levels). stop unsubscribes.
 //
-// With several delayd processes on one server, each answers; a plain
-// request gets the first answer, that is one process's counters.
+// With several delayd processes (replicas) on one account, each answers:
+// a requester that wants them all (delayctl stats) gathers the replies to
+// one request until a quiet moment passes; a plain request gets the first
+// answer, that is one process's counters. A level's numbers are its
+// owner's (Owner true); the other processes show what they did before
+// they lost it, since their start.
 func (s *Service) StartStatsAPI() (stop func() error, err error) {
 	started := time.Now().UTC()
 	pid := os.Getpid()
@@ -68,8 +93,11 @@ func (s *Service) StartStatsAPI() (stop func() error, err error) {
 			return
 		}
 		rs, ss := s.Stats()
+		s.mu.Lock()
+		holder := s.holder
+		s.mu.Unlock()
 		reply := StatsReply{
-			Started: started, PID: pid, Ready: s.Ready(),
+			Started: started, PID: pid, Holder: holder, Ready: s.Ready(),
 			Routed: rs.Routed, Clamped: rs.Clamped, DeadLettered: rs.DeadLettered,
 			RouterOwner: rs.Owner, RouterEpoch: rs.Epoch,
 			DeadLetters: s.DeadLetters(),
@@ -82,6 +110,11 @@ func (s *Service) StartStatsAPI() (stop func() error, err error) {
 				OldestDueAgeSeconds: sc.OldestDueAge.Seconds(),
 				Owner:               sc.Owner, Epoch: sc.Epoch,
 			})
+		}
+		leases := s.Leases()
+		reply.Leases = make([]LeaseReply, 0, len(leases))
+		for _, l := range leases {
+			reply.Leases = append(reply.Leases, LeaseReply{Key: l.Key, Held: l.Held, Epoch: l.Epoch, Gained: l.Gained, Failovers: l.Failovers})
 		}
 		b, err := json.Marshal(reply)
 		if err != nil { // cannot happen: plain numbers and strings

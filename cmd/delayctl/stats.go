@@ -1,13 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -46,6 +49,11 @@ type levelStats struct {
 	// Delivered and DeadLettered are the delayd process's counters since it started; null when unknown.
 	Delivered    *uint64 `json:"delivered"`
 	DeadLettered *uint64 `json:"dead_lettered"`
+	// OwnerPID and OwnerEpoch name the delayd process that owns (scans) the level now, and its lease epoch;
+	// omitted when none answered as its owner.
+	OwnerPID    *int   `json:"owner_pid,omitempty"`
+	OwnerEpoch  uint64 `json:"owner_epoch,omitempty"`
+	OwnerHolder string `json:"owner_holder,omitempty"`
 }
 
 // statsReport is the output of stats.
@@ -55,10 +63,13 @@ type statsReport struct {
 	Levels []levelStats `json:"levels"`
 	// DLQMessages is how many dead letters DELAYD_DLQ holds.
 	DLQMessages uint64 `json:"dlq_messages"`
-	// Counters is the delayd process's reply on delayd.api.stats; null when no delayd answered.
+	// Counters is one delayd process's reply on delayd.api.stats: the router's owner's when several replicas
+	// answered (else the first); null when no delayd answered.
 	Counters *deliver.StatsReply `json:"counters"`
 	// CountersUnknown says why Counters is null.
 	CountersUnknown string `json:"counters_unknown,omitempty"`
+	// Replicas holds every delayd process's reply, sorted by PID then holder; empty when none answered.
+	Replicas []deliver.StatsReply `json:"replicas"`
 }
 
 func (a *app) statsCmd() *cobra.Command {
@@ -73,8 +84,13 @@ func (a *app) statsCmd() *cobra.Command {
   OLDEST DUE  when the oldest pending message is due here, and how far behind now it is ("in 4s": not yet due)
   OFFSET      the committed offset (DELAYD_OFFSETS): the last delivered sequence; "-" if none was committed yet
   DELIVERED, DEAD-LETTERED
-              the delayd process's counters since it started, from its stats API (delayd.api.stats);
-              "?" when no delayd answers
+              the counters since it started of the delayd process that owns the level (holds its lease),
+              from its stats API (delayd.api.stats); "?" when no delayd answers
+  OWNER       with several delayd processes (replicas): the owner's pid and lease epoch
+
+Every delayd process answers the stats API; stats gathers the replies to one request until no more come
+for a quarter of a second, and prints one line per process: its pid, lease holder id, counters, and the
+leases it holds with their epochs. --json prints them all under "replicas".
 
 It costs O(levels) requests, whatever the backlog: one stream list, one offset read and at most two direct
 gets per level, one request to the stats API. "Now" is the server's time.`,
@@ -104,14 +120,11 @@ func (a *app) collectStats(ctx context.Context) (*statsReport, error) {
 		return nil, err
 	}
 	rep := &statsReport{Time: now.UTC()}
-	counters, why := a.requestStats(ctx)
-	rep.Counters, rep.CountersUnknown = counters, why
-	byStream := map[string]deliver.LevelStats{}
-	if counters != nil {
-		for _, l := range counters.Levels {
-			byStream[l.Stream] = l
-		}
-	}
+	replicas, why := a.gatherStats(ctx)
+	rep.Replicas, rep.CountersUnknown = replicas, why
+	counters := mainReplica(replicas)
+	rep.Counters = counters
+	byStream := ownersView(replicas)
 
 	var kv jetstream.KeyValue
 	if len(rows) > 0 {
@@ -126,6 +139,9 @@ func (a *app) collectStats(ctx context.Context) (*statsReport, error) {
 		s := levelStats{Index: r.Index, Delay: levels.FormatDuration(r.Delay), Stream: r.Stream, Exists: r.Exists, InTable: r.InTable, Precision: r.Precision}
 		if c, ok := byStream[r.Stream]; ok {
 			s.Delivered, s.DeadLettered = &c.Delivered, &c.DeadLettered
+			if c.Owner {
+				s.OwnerPID, s.OwnerEpoch, s.OwnerHolder = &c.PID, c.Epoch, c.Holder
+			}
 		} else if counters != nil && r.Exists {
 			var zero uint64 // the process does not scan it (yet): nothing delivered by it
 			s.Delivered, s.DeadLettered = &zero, &zero
@@ -215,28 +231,119 @@ func (a *app) directGet(ctx context.Context, stream, req string) (*nats.Msg, err
 	return nil, fmt.Errorf("direct get from %s: status %s %s", stream, m.Header.Get("Status"), m.Header.Get("Description"))
 }
 
-// requestStats asks a delayd process for its counters. It returns nil and the reason when none answers.
-func (a *app) requestStats(ctx context.Context) (*deliver.StatsReply, string) {
-	rctx, cancel := context.WithTimeout(ctx, min(a.timeout, 2*time.Second))
-	defer cancel()
-	m, err := a.nc.RequestWithContext(rctx, contract.StatsSubject, nil)
-	switch {
-	case errors.Is(err, nats.ErrNoResponders):
-		return nil, "no delayd answered on " + contract.StatsSubject + " (not running, or a delayd without the stats API)"
-	case err != nil:
+// statsQuiet is how long stats waits for one more delayd process's reply after the last one.
+const statsQuiet = 250 * time.Millisecond
+
+// gatherStats asks every delayd process for its counters: one request on the stats API with a reply inbox,
+// whose replies are gathered until none came for statsQuiet (or until min(--timeout, 2 s) passed). It returns
+// them sorted by PID, then holder id; none and the reason when no delayd answers.
+func (a *app) gatherStats(ctx context.Context) ([]deliver.StatsReply, string) {
+	inbox := a.nc.NewInbox()
+	ch := make(chan *nats.Msg, 64)
+	sub, err := a.nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return nil, fmt.Sprintf("no answer on %s: subscribe %s: %v", contract.StatsSubject, inbox, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := a.nc.PublishRequest(contract.StatsSubject, inbox, nil); err != nil {
 		return nil, fmt.Sprintf("no answer on %s: %v", contract.StatsSubject, err)
 	}
-	var r deliver.StatsReply
-	if err := json.Unmarshal(m.Data, &r); err != nil {
-		return nil, fmt.Sprintf("bad reply on %s: %v", contract.StatsSubject, err)
+	limit := time.NewTimer(min(a.timeout, 2*time.Second))
+	defer limit.Stop()
+	quiet := time.NewTimer(time.Hour) // armed by the first reply
+	defer quiet.Stop()
+	var (
+		out []deliver.StatsReply
+		bad string
+	)
+gather:
+	for {
+		select {
+		case m := <-ch:
+			if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+				// The server's "no responders": nobody subscribes to the stats API.
+				if len(out) == 0 {
+					return nil, "no delayd answered on " + contract.StatsSubject + " (not running, or a delayd without the stats API)"
+				}
+				continue
+			}
+			var r deliver.StatsReply
+			if err := json.Unmarshal(m.Data, &r); err != nil {
+				bad = fmt.Sprintf("bad reply on %s: %v", contract.StatsSubject, err)
+			} else {
+				out = append(out, r)
+			}
+			quiet.Reset(statsQuiet)
+		case <-quiet.C:
+			break gather
+		case <-limit.C:
+			break gather
+		case <-ctx.Done():
+			break gather
+		}
 	}
-	return &r, ""
+	if len(out) == 0 {
+		if bad != "" {
+			return nil, bad
+		}
+		return nil, fmt.Sprintf("no answer on %s within %s", contract.StatsSubject, min(a.timeout, 2*time.Second))
+	}
+	slices.SortFunc(out, func(x, y deliver.StatsReply) int {
+		return cmp.Or(cmp.Compare(x.PID, y.PID), strings.Compare(x.Holder, y.Holder))
+	})
+	return out, ""
+}
+
+// mainReplica returns the reply of the process that holds the router lease, else the first; nil if none.
+func mainReplica(replicas []deliver.StatsReply) *deliver.StatsReply {
+	for i := range replicas {
+		if replicas[i].RouterOwner {
+			return &replicas[i]
+		}
+	}
+	if len(replicas) > 0 {
+		return &replicas[0]
+	}
+	return nil
+}
+
+// ownedLevel is a level stream's numbers from the process that owns it.
+type ownedLevel struct {
+	deliver.LevelStats
+	PID    int
+	Holder string
+}
+
+// ownersView returns each level stream's numbers from the process that owns it (the highest epoch if two claim
+// it, as during a failover); a level no process owns now takes the main replica's numbers (mainReplica).
+func ownersView(replicas []deliver.StatsReply) map[string]ownedLevel {
+	out := map[string]ownedLevel{}
+	for _, r := range replicas {
+		for _, l := range r.Levels {
+			if cur, ok := out[l.Stream]; l.Owner && (!ok || !cur.Owner || l.Epoch > cur.Epoch) {
+				out[l.Stream] = ownedLevel{l, r.PID, r.Holder}
+			}
+		}
+	}
+	if m := mainReplica(replicas); m != nil {
+		for _, l := range m.Levels {
+			if _, ok := out[l.Stream]; !ok {
+				out[l.Stream] = ownedLevel{l, m.PID, m.Holder}
+			}
+		}
+	}
+	return out
 }
 
 // printStats prints rep as a table.
 func printStats(w io.Writer, rep *statsReport) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "LEVEL\tDELAY\tSTREAM\tPENDING\tDUE NOW\tOLDEST DUE\tBEHIND\tOFFSET\tDELIVERED\tDEAD-LETTERED")
+	many := len(rep.Replicas) > 1 // the OWNER column
+	head := "LEVEL\tDELAY\tSTREAM\tPENDING\tDUE NOW\tOLDEST DUE\tBEHIND\tOFFSET\tDELIVERED\tDEAD-LETTERED"
+	if many {
+		head += "\tOWNER"
+	}
+	fmt.Fprintln(tw, head)
 	quiet := 0 // precision levels holding nothing: not shown in the table
 	for _, s := range rep.Levels {
 		if s.Precision && s.Pending == 0 {
@@ -266,8 +373,16 @@ func printStats(w io.Writer, rep *statsReport) error {
 		if s.Index != nil && *s.Index == 0 {
 			delay += " (at once)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", idx, delay, s.Stream, s.Pending, s.DueNow,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s", idx, delay, s.Stream, s.Pending, s.DueNow,
 			oldest, behind, offset, counter(s.Delivered), counter(s.DeadLettered))
+		if many {
+			owner := "-"
+			if s.OwnerPID != nil {
+				owner = fmt.Sprintf("pid %d epoch %d", *s.OwnerPID, s.OwnerEpoch)
+			}
+			fmt.Fprintf(tw, "\t%s", owner)
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -276,14 +391,35 @@ func printStats(w io.Writer, rep *statsReport) error {
 		fmt.Fprintf(w, "%d empty precision levels not shown (--json lists them).\n", quiet)
 	}
 	fmt.Fprintf(w, "DELAYD_DLQ holds %d dead letter(s).\n", rep.DLQMessages)
-	if c := rep.Counters; c != nil {
+	if len(rep.Replicas) == 0 {
+		fmt.Fprintf(w, "DELIVERED and DEAD-LETTERED unknown (?): %s.\n", rep.CountersUnknown)
+		return nil
+	}
+	if len(rep.Replicas) > 1 {
+		fmt.Fprintf(w, "%d delayd processes (replicas) answered; DELIVERED and DEAD-LETTERED are each level's owner's.\n", len(rep.Replicas))
+	}
+	for _, c := range rep.Replicas {
 		fmt.Fprintf(w, "delayd (pid %d, up %s, ready %t): routed %d, clamped %d, dead letters by reason: level %d, target %d, size %d, undeliverable %d.\n",
 			c.PID, rep.Time.Sub(c.Started).Round(time.Second), c.Ready, c.Routed, c.Clamped,
 			c.DeadLetters[deliver.ReasonLevel], c.DeadLetters[deliver.ReasonTarget], c.DeadLetters[deliver.ReasonSize], c.DeadLetters[deliver.ReasonUndeliverable])
-	} else {
-		fmt.Fprintf(w, "DELIVERED and DEAD-LETTERED unknown (?): %s.\n", rep.CountersUnknown)
+		fmt.Fprintf(w, "  holder %s holds: %s\n", cmp.Or(c.Holder, "?"), heldLeases(c))
 	}
 	return nil
+}
+
+// heldLeases lists the leases a process holds with their epochs, "router (epoch 3), DELAYD_5S (epoch 2)", or
+// "no lease".
+func heldLeases(c deliver.StatsReply) string {
+	var held []string
+	for _, l := range c.Leases {
+		if l.Held {
+			held = append(held, fmt.Sprintf("%s (epoch %d)", strings.TrimPrefix(l.Key, "level."), l.Epoch))
+		}
+	}
+	if len(held) == 0 {
+		return "no lease"
+	}
+	return strings.Join(held, ", ")
 }
 
 // behindText formats how far behind now a due time is: "1.5s", or "in 4m0s" when it is not due yet.
