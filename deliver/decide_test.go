@@ -45,6 +45,7 @@ func (b *ownerBundle) splitOwners() (a, c *replica) {
 		for _, st := range streams {
 			ok = ok && ha[leadership.LevelKey(st)]
 		}
+		delete(ha, leadership.JanitorKey) // whoever holds it: it decides nothing
 		if ok && len(ha) == len(streams) {
 			return a, c
 		}
