@@ -3,6 +3,7 @@ package deliver
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -83,35 +84,73 @@ func wrongLastSeq(err error) bool {
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
-// checkMarker reads the newest marker of w's level stream s: a newer
-// epoch than this router's term fences the router; this term's own marks
-// the level as done for the term (a marker whose PubAck was lost is not
+// checkMarker reads the newest marker of w's level stream: a newer epoch
+// than this router's term fences the router; this term's own marks the
+// level as done for the term (a marker whose PubAck was lost is not
 // written twice). A router on its own (epoch 0) writes and checks no
 // markers.
-func (r *Router) checkMarker(ctx context.Context, w *levelWriter, s jetstream.Stream) error {
+func (r *Router) checkMarker(ctx context.Context, w *levelWriter) error {
 	if r.term.Epoch == 0 {
 		return nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, opTimeout)
-	m, err := s.GetLastMsgForSubject(rctx, w.marker)
+	h, seq, err := lastOnSubject(rctx, r.js.Conn(), w.stream, w.marker)
 	cancel()
 	switch {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return nil
 	case err != nil:
 		return fmt.Errorf("level stream %s: epoch marker: %w", w.stream, err)
+	case h == nil:
+		return nil
 	}
-	epoch, ok := markerEpoch(m.Header)
+	epoch, ok := markerEpoch(h)
 	switch {
 	case !ok:
 	case epoch > r.term.Epoch:
 		w.fenced.Add(1)
 		return fmt.Errorf("%w: level stream %s holds the epoch marker of term %d at sequence %d, this router's term is %d",
-			errRouterFenced, w.stream, epoch, m.Sequence, r.term.Epoch)
+			errRouterFenced, w.stream, epoch, seq, r.term.Epoch)
 	case epoch == r.term.Epoch:
 		w.marked = epoch
 	}
 	return nil
+}
+
+// lastOnSubject reads the headers and sequence of stream's last message on
+// subject from the stream's leader (a message get, not a direct get, which
+// a replica behind the leader may answer); nil headers if there is none.
+func lastOnSubject(ctx context.Context, nc *nats.Conn, stream, subject string) (nats.Header, uint64, error) {
+	req, _ := json.Marshal(struct {
+		LastFor string `json:"last_by_subj"`
+	}{subject})
+	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return nil, 0, err
+	}
+	var resp struct {
+		Error *jetstream.APIError `json:"error"`
+		Msg   *struct {
+			Seq uint64 `json:"seq"`
+			Hdr []byte `json:"hdrs"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return nil, 0, fmt.Errorf("message get: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, 0, nil
+	case resp.Error != nil:
+		return nil, 0, resp.Error
+	case resp.Msg == nil:
+		return nil, 0, errors.New("message get: empty answer")
+	}
+	h := nats.Header{}
+	if len(resp.Msg.Hdr) > 0 {
+		if h, err = nats.DecodeHeadersMsg(resp.Msg.Hdr); err != nil {
+			return nil, 0, fmt.Errorf("message get: headers: %w", err)
+		}
+	}
+	return h, resp.Msg.Seq, nil
 }
 
 // markLevels writes this term's epoch marker to every level stream not

@@ -222,4 +222,12 @@ func TestStaleRouterFenced(t *testing.T) {
 	if !slices.IsSorted(ingress) || len(slices.Compact(slices.Clone(ingress))) != len(ingress) {
 		t.Errorf("level stream %s: ingress sequences %v not strictly increasing", stream, ingress)
 	}
+	// What a resync reads of the newest marker, from the stream's leader.
+	h, seq, err := lastOnSubject(ctx, nc, stream, markerSubject(level.Name()))
+	if e, ok := markerEpoch(h); err != nil || !ok || e != 6 || seq != 3 {
+		t.Errorf("newest marker of %s: epoch %d (%v) at sequence %d, error %v; want epoch 6 at sequence 3", stream, e, ok, seq, err)
+	}
+	if h, _, err := lastOnSubject(ctx, nc, stream, "delayd.level.1H.orders.none"); h != nil || err != nil {
+		t.Errorf("last message on a subject with none: %v, %v; want nil, nil", h, err)
+	}
 }

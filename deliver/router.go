@@ -678,7 +678,7 @@ func (r *Router) syncTail(ctx context.Context, w *levelWriter) error {
 	if last > 0 {
 		// The newest epoch marker first: a newer router's fences this one
 		// before anything it wrote is taken for this router's.
-		if err := r.checkMarker(ctx, w, s); err != nil {
+		if err := r.checkMarker(ctx, w); err != nil {
 			return err
 		}
 		ref, seq, err := r.lastIngressRef(ctx, w.stream, st)
