@@ -16,7 +16,7 @@ import (
 	"github.com/delayd/delayd/contract"
 )
 
-// Epoch markers (README "Several replicas": the router's epoch markers).
+// Epoch markers (README "Guarantees": epoch markers).
 //
 // A router that takes the router lease writes, before its first level
 // write of the term, one marker to every level stream it writes: a

@@ -67,7 +67,7 @@ func (g *gateScanners) passed(string) uint64 { return 0 }
 
 func (g *gateScanners) committed(context.Context, string) uint64 { return 0 }
 
-// TestStaleRouterFenced drives the race of README "Several replicas"
+// TestStaleRouterFenced drives the race of README "Guarantees" (epoch markers)
 // deterministically, with two routers on one server: router A (term 5)
 // has classified ingress message m2 and checked its term, and is held just
 // before its level write (in its merge check); router B (term 6) takes

@@ -19,7 +19,7 @@ import (
 
 // TestClusterRouterPaused stops (SIGSTOP) the replica holding the router
 // lease while the load publishes, waits until the other replica routes,
-// and continues the stopped one (README "Several replicas": the router's
+// and continues the stopped one (README "Guarantees": the router's
 // epoch markers). Its router may have had writes in flight, or in nats.go's
 // buffer, when it stopped; once continued it must neither lose nor double a
 // message. Every level stream (read through an audit stream that sources

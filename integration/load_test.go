@@ -59,7 +59,7 @@ type load struct {
 	done    chan struct{}
 	began   time.Time
 
-	// The routers' epoch markers (README "Several replicas") also take
+	// The routers' epoch markers (README "Guarantees": epoch markers) also take
 	// level-stream sequences: base is each level stream's last sequence
 	// when the load began (markers only, since the load wrote nothing
 	// yet), baseEpoch the epoch of its newest marker then, and markers
