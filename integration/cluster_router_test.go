@@ -194,7 +194,7 @@ func (a *levelAudit) check(l *load) {
 			seqs[o.stream] = map[uint64]bool{}
 		}
 		seqs[o.stream][o.seq] = true
-		if strings.HasSuffix(m.Subject, ".delayd.router.epoch") && strings.Count(m.Subject, ".") == 5 {
+		if matchMarker(m.Subject) {
 			markers++
 			continue
 		}

@@ -70,11 +70,6 @@ type load struct {
 	markers   map[string]map[uint64]bool
 }
 
-// markerSubjects are the subjects of the routers' epoch markers,
-// "delayd.level.<level name>.delayd.router.epoch" (README "Several
-// replicas").
-const markerSubjects = "delayd.level.*.delayd.router.epoch"
-
 // newLoad creates the target stream (R3, file storage) and subscribes to
 // the core target on nc. Start publishing with start.
 func newLoad(t *testing.T, nc *nats.Conn, js jetstream.JetStream, cfg loadConfig) *load {
