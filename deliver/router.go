@@ -195,9 +195,10 @@ type RouterStats struct {
 // stream, or to DELAYD_DLQ with the reason when it is invalid.
 //
 // Exactly-once into level streams without a duplicate window: the router is
-// the only writer of each level stream and writes with
-// Nats-Expected-Last-Sequence, so a level stream holds its messages in strict
-// ingress order. The ingress message is acked only after the level write's
+// the only writer of each level stream (one at a time: the router lease, and
+// the epoch markers of marker.go that refuse a stale router's writes) and
+// writes with Nats-Expected-Last-Sequence, so a level stream holds its
+// messages in strict ingress order. The ingress message is acked only after the level write's
 // PubAck. After a crash or a failed write, the router reads the ingress
 // sequence of each level stream's last message (the scanners never purge a
 // level stream's last message): any ingress message at or below it is
