@@ -20,7 +20,8 @@ import (
 // TestClusterRouterPaused stops (SIGSTOP) the replica holding the router
 // lease while the load publishes, waits until the other replica routes,
 // and continues the stopped one (README "Guarantees": the router's
-// epoch markers). Its router may have had writes in flight, or in nats.go's
+// epoch markers), three times, so each replica is the stale one at least
+// once. The stopped router may have had writes in flight, or in nats.go's
 // buffer, when it stopped; once continued it must neither lose nor double a
 // message. Every level stream (read through an audit stream that sources
 // them, since the scanners purge what they delivered) holds its messages,
@@ -39,48 +40,54 @@ func TestClusterRouterPaused(t *testing.T) {
 	r1.waitReady(time.Minute)
 	nc, js := c.Connect(0)
 	audit := newLevelAudit(t, js, clusterLevels)
-	l := newLoad(t, nc, js, clusterLoad)
+	load := loadConfig{Total: 9000, Rate: 1000, Levels: clusterLevels}
+	l := newLoad(t, nc, js, load)
 	l.start()
 
-	l.waitAcked(clusterLoad.Total/3, time.Minute)
-	var stale, next *replica
-	waitFor(t, time.Minute, "a replica holding the router lease", func() bool {
-		for _, r := range []*replica{r0, r1} {
-			if metricValue(t, r, `delayd_lease_held{lease="router"}`) == 1 {
-				stale = r
+	const pauses = 3
+	for p := 1; p <= pauses; p++ {
+		l.waitAcked(p*load.Total/(pauses+1), time.Minute)
+		var stale *replica
+		waitFor(t, time.Minute, "a replica holding the router lease", func() bool {
+			for _, r := range []*replica{r0, r1} {
+				if metricValue(t, r, `delayd_lease_held{lease="router"}`) == 1 {
+					stale = r
+				}
 			}
+			return stale != nil
+		})
+		next := r1
+		if stale == r1 {
+			next = r0
 		}
-		return stale != nil
-	})
-	next = r1
-	if stale == r1 {
-		next = r0
+		routedBefore := metricValue(t, next, "delayd_routed_total")
+		paused := time.Now()
+		stale.pause()
+		t.Logf("pause %d: stopped %s, the router lease's holder, at %s", p, stale.name, paused.Format("15:04:05.000"))
+		waitFor(t, time.Minute, next.name+" to take the router lease and route", func() bool {
+			return metricValue(t, next, `delayd_lease_held{lease="router"}`) == 1 && metricValue(t, next, "delayd_routed_total") > routedBefore
+		})
+		t.Logf("pause %d: %s routes %s after the stop; continuing %s", p, next.name, time.Since(paused).Round(time.Millisecond), stale.name)
+		stale.resume()
+		waitFor(t, time.Minute, stale.name+" to give up the router lease", func() bool {
+			return metricValue(t, stale, `delayd_lease_held{lease="router"}`) == 0
+		})
 	}
-	routedBefore := metricValue(t, next, "delayd_routed_total")
-	paused := time.Now()
-	stale.pause()
-	t.Logf("stopped %s, the router lease's holder, at %s", stale.name, paused.Format("15:04:05.000"))
-	waitFor(t, time.Minute, next.name+" to take the router lease and route", func() bool {
-		return metricValue(t, next, `delayd_lease_held{lease="router"}`) == 1 && metricValue(t, next, "delayd_routed_total") > routedBefore
-	})
-	t.Logf("%s routes %s after the stop; continuing %s", next.name, time.Since(paused).Round(time.Millisecond), stale.name)
-	stale.resume()
-	waitFor(t, time.Minute, stale.name+" to give up the router lease", func() bool {
-		return metricValue(t, stale, `delayd_lease_held{lease="router"}`) == 0
-	})
 
 	l.waitPublished(3 * time.Minute)
 	l.waitDelivered(time.Minute)
 	rep := l.report()
-	for _, e := range stale.log.events() {
-		if strings.HasPrefix(e.msg, "router stopped") || strings.HasPrefix(e.msg, "router restarting") {
-			t.Logf("%s after the stop: %q (epoch %s, error %s)", stale.name, e.msg, e.attr("epoch"), e.attr("error"))
+	for _, r := range []*replica{r0, r1} {
+		for _, e := range r.log.events() {
+			if strings.HasPrefix(e.msg, "router stopped") || strings.HasPrefix(e.msg, "router restarting") {
+				t.Logf("%s: %q (epoch %s, error %s)", r.name, e.msg, e.attr("epoch"), e.attr("error"))
+			}
 		}
 	}
-	t.Logf("router holder %s stopped, %s took over:\n%s", stale.name, next.name, rep)
+	t.Logf("%d pauses of the router lease's holder:\n%s", pauses, rep)
 	rep.checkLevels(t)
 	rep.checkStream(t)
-	rep.checkCore(t, 1, deliver.ScannerWindowDefault, clusterLevels)
+	rep.checkCore(t, pauses, deliver.ScannerWindowDefault, clusterLevels)
 	audit.check(l)
 }
 
@@ -187,7 +194,7 @@ func (a *levelAudit) check(l *load) {
 	seqs := map[string]map[uint64]bool{}
 	lastIngress := map[string]uint64{}
 	where := map[int][]string{}
-	markers := 0
+	markers := map[string][]string{} // by level stream: "epoch@sequence"
 	for _, m := range msgs {
 		o := parse(m)
 		if seqs[o.stream] == nil {
@@ -195,7 +202,7 @@ func (a *levelAudit) check(l *load) {
 		}
 		seqs[o.stream][o.seq] = true
 		if matchMarker(m.Subject) {
-			markers++
+			markers[o.stream] = append(markers[o.stream], m.Header.Get("Delayd-Router-Epoch")+"@"+strconv.FormatUint(o.seq, 10))
 			continue
 		}
 		ref := m.Header.Get("Delayd-Ingress")
@@ -239,5 +246,5 @@ func (a *levelAudit) check(l *load) {
 	if len(bad) > 0 {
 		t.Errorf("%d messages of the load not in their level stream exactly once (want each in its level's stream once), e.g. %v", len(bad), bad[:min(len(bad), 10)])
 	}
-	t.Logf("audit: %d level-stream messages sourced, %d of them epoch markers", len(msgs), markers)
+	t.Logf("audit: %d level-stream messages sourced; epoch markers (epoch@sequence): %v", len(msgs), markers)
 }
