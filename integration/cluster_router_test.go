@@ -123,9 +123,11 @@ type levelAudit struct {
 }
 
 // newLevelAudit creates the audit stream (R3, file storage) sourcing each
-// level stream of table from its first message. Create it before the
-// load: the scanners purge delivered messages, and a message purged before
-// it was sourced is missing from the audit (check reports that).
+// level stream of table from its first message, and waits until each
+// source's consumer is set up (the server then reports it active). Create
+// it before the load: the scanners purge delivered messages, and a message
+// purged before it was sourced is missing from the audit (check reports
+// that).
 func newLevelAudit(t *testing.T, js jetstream.JetStream, table levels.Table) *levelAudit {
 	t.Helper()
 	a := &levelAudit{t: t, js: js, table: table, stream: "LEVELAUDIT"}
@@ -135,9 +137,22 @@ func newLevelAudit(t *testing.T, js jetstream.JetStream, table levels.Table) *le
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: a.stream, Sources: sources, Storage: jetstream.FileStorage, Replicas: 3}); err != nil {
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: a.stream, Sources: sources, Storage: jetstream.FileStorage, Replicas: 3})
+	if err != nil {
 		t.Fatalf("create audit stream: %v", err)
 	}
+	waitFor(t, time.Minute, "the audit stream's sources set up", func() bool {
+		info, err := s.Info(ctx)
+		if err != nil || len(info.Sources) != len(sources) {
+			return false
+		}
+		for _, si := range info.Sources {
+			if si.Active < 0 {
+				return false
+			}
+		}
+		return true
+	})
 	return a
 }
 
