@@ -1147,6 +1147,15 @@ func (r *Router) retryFailed(ctx context.Context) error {
 			r.pipe.requeue(failed)
 			return err
 		}
+		if !r.term.Held() {
+			// Checked again after the resync's reads: a router paused
+			// before them may have read a newer router's tail, and must
+			// not write at it. Held now, the tails it read were read
+			// before any newer term began, whose markers then refuse
+			// every write expecting them.
+			r.pipe.requeue(failed)
+			return errNotOwner
+		}
 		for i, rt := range failed {
 			if r.pipe.broken.Load() {
 				// A write failed before it was sent; submitting later
