@@ -12,6 +12,7 @@
 //
 //	<prefix>.<target>               DELAYD_INGRESS   (work-queue; where publishers write)
 //	delayd.level.<NAME>.<target>    DELAYD_<NAME>    (one stream per level, NAME from levels.DurationName)
+//	delayd.level.<NAME>.delayd.router.epoch          (in DELAYD_<NAME>: the routers' epoch markers, never delivered)
 //	delayd.dlq.<reason>             DELAYD_DLQ       (invalid or undeliverable messages)
 //
 // A [Service] wires the router, the scanners and the JetStream resources

@@ -16,6 +16,10 @@ const (
 	hdrHops           = "Delayd-Hops"    // hops so far, decimal
 	hdrHopDue         = "Delayd-Hop-Due" // when this level's wait ends, if before Delay-Due-At
 	hdrMerge          = "Delayd-Merge"   // the message's merge key, so a hop keeps it
+
+	// On a router's epoch marker only (marker.go).
+	hdrRouterEpoch = "Delayd-Router-Epoch" // the router lease's epoch of the term that wrote it, decimal
+	hdrRouterTail  = "Delayd-Router-Tail"  // the Delayd-Ingress of the level's last router write before it; absent if none
 )
 
 // Headers JetStream adds to direct-get replies that the scanner reads.

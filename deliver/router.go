@@ -29,7 +29,11 @@ const (
 	RouterMaxInFlightDefault = 4096
 	// RouterBatchDefault is how many ingress messages are pulled ahead.
 	RouterBatchDefault = 1024
-	// RouterConsumer is the durable name of the router's ingress consumer.
+	// RouterConsumer is the durable name of the ingress consumer of a
+	// router on its own ([NewRouter]), and the prefix of a [Service]'s,
+	// which is per term of the router lease: "delayd-router-<epoch>"
+	// ([RouterConsumerName]). Earlier versions used it unsuffixed; a new
+	// term deletes that one too.
 	RouterConsumer = "delayd-router"
 
 	ingressAckWait = 30 * time.Second
@@ -179,15 +183,22 @@ type RouterStats struct {
 	IndexErrors  uint64 // id index writes that failed (those messages cannot be cancelled)
 	Owner        bool   // this replica holds the router lease and routes now
 	Epoch        uint64 // the epoch of this replica's last term of the router lease; 0 if it never held it
+
+	// FencedWrites counts, by level stream, the router's terms that ended
+	// because a router of a newer term had written that level stream (its
+	// epoch marker, or messages past this router's last write): each
+	// stopped the router in this process.
+	FencedWrites map[string]uint64 `json:",omitempty"`
 }
 
 // Router consumes DELAYD_INGRESS and writes each message to its level
 // stream, or to DELAYD_DLQ with the reason when it is invalid.
 //
 // Exactly-once into level streams without a duplicate window: the router is
-// the only writer of each level stream and writes with
-// Nats-Expected-Last-Sequence, so a level stream holds its messages in strict
-// ingress order. The ingress message is acked only after the level write's
+// the only writer of each level stream (one at a time: the router lease, and
+// the epoch markers of marker.go that refuse a stale router's writes) and
+// writes with Nats-Expected-Last-Sequence, so a level stream holds its
+// messages in strict ingress order. The ingress message is acked only after the level write's
 // PubAck. After a crash or a failed write, the router reads the ingress
 // sequence of each level stream's last message (the scanners never purge a
 // level stream's last message): any ingress message at or below it is
@@ -234,10 +245,21 @@ type levelWriter struct {
 	stream  string
 	subject string // "delayd.level.<NAME>." + target
 
+	marker string // its epoch marker's subject, "delayd.level.<NAME>.delayd.router.epoch"
+
 	expected      uint64        // the stream's last sequence before the next write (Run's goroutine)
 	lastSubmitted uint64        // highest ingress sequence written, confirmed or not (Run's goroutine)
 	lastRouted    atomic.Uint64 // highest ingress sequence confirmed in the stream
 	failing       failClock     // its writes failing since; reset only by a confirmed write
+
+	// tailRef is the Delayd-Ingress of the stream's last router write as
+	// the last tail sync found it ("" if none), which the epoch marker
+	// carries; marked is the epoch whose marker the stream holds (Run's
+	// goroutine). fenced counts the terms a newer router's writes to this
+	// stream ended.
+	tailRef string
+	marked  uint64
+	fenced  atomic.Uint64
 }
 
 // failClock holds when failures began without progress since, on the
@@ -314,7 +336,7 @@ func newRouter(js jetstream.JetStream, cfg RouterConfig, wiring routerWiring) (*
 	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
 	all = append(all, cfg.Levels.PrecisionLevels()...)
 	for _, l := range all {
-		w := &levelWriter{level: l, stream: l.Stream(), subject: levelSubjects + l.Name() + "."}
+		w := &levelWriter{level: l, stream: l.Stream(), subject: levelSubjects + l.Name() + ".", marker: markerSubject(l.Name())}
 		r.writers = append(r.writers, w)
 	}
 	return r, nil
@@ -351,11 +373,20 @@ func (r *Router) progress() {
 
 // Stats returns the router's counters.
 func (r *Router) Stats() RouterStats {
-	return RouterStats{
+	st := RouterStats{
 		Routed: r.routed.Load(), DeadLettered: r.deadLettered.Load(), Clamped: r.clamped.Load(), Skipped: r.skipped.Load(),
 		Merged: r.merged.Load(), IndexErrors: r.pipe.indexErrors.Load(),
 		Owner: r.owned.Load(), Epoch: r.termEpoch.Load(),
 	}
+	for _, w := range r.writers {
+		if n := w.fenced.Load(); n > 0 {
+			if st.FencedWrites == nil {
+				st.FencedWrites = make(map[string]uint64)
+			}
+			st.FencedWrites[w.stream] = n
+		}
+	}
+	return st
 }
 
 // runTerm routes for one term of the router lease: until ctx is done (a
@@ -368,6 +399,12 @@ func (r *Router) runTerm(ctx context.Context, t leadership.Term) error {
 	r.termEpoch.Store(t.Epoch)
 	r.owned.Store(true)
 	r.merges.reset()
+	for _, w := range r.writers {
+		w.marked = 0 // each term writes its own marker
+	}
+	// Writes an earlier term left failed are not retried: their ingress
+	// messages are unacked, and this term's consumer delivers them again.
+	r.pipe.takeFailed()
 	defer func() {
 		r.owned.Store(false)
 		r.progress() // not routing is not failing: no failure clock runs
@@ -397,6 +434,12 @@ func (r *Router) Run(ctx context.Context) error {
 		began := time.Now()
 		err := r.session(ctx)
 		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, errRouterFenced) {
+			// Once per term: the session acked nothing after the
+			// refused write, and the term ends here.
+			r.logger.Warn("router stopped: a router of a newer term writes the level streams (fenced)", slog.Uint64("epoch", r.term.Epoch), slog.Any("error", err))
 			return nil
 		}
 		if !r.term.Held() {
@@ -437,23 +480,25 @@ func (r *Router) session(ctx context.Context) error {
 	// Phase 1 of the router's ownership: one router at a time, by lease;
 	// it stops at its term's end and checks its term before every level
 	// write. A stale router paused between that check and its write (or
-	// with writes in flight) could still write; the epoch markers will
-	// close that: here, before its first write, a new term's router will
-	// write a marker with its epoch to every level stream at the synced
-	// expected sequence, so a stale router's write expecting an older last
-	// sequence fails, and the scanners will skip markers. The ingress
-	// consumer below will be per epoch too, so that a stale router cannot
-	// delete the new router's consumer.
+	// with writes in flight) could still write: so before its first
+	// write, a new term's router writes its epoch marker to every level
+	// stream at the synced tail (markLevels), and a stale router's write
+	// expecting an older last sequence fails; its resync then finds the
+	// newer marker and stops it (syncTail). The ingress consumer is per
+	// term too, so a stale router can neither delete the new router's
+	// consumer nor ack into it.
 	if !r.term.Held() {
 		return errNotOwner
 	}
-	// A fresh consumer redelivers every unacked ingress message at once,
-	// instead of after the ack wait of a consumer left by a crashed process.
-	if err := r.js.DeleteConsumer(ctx, IngressStream, RouterConsumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return fmt.Errorf("reset ingress consumer: %w", err)
+	if err := r.markLevels(ctx); err != nil {
+		return err
+	}
+	consumer, err := r.resetConsumers(ctx, info)
+	if err != nil {
+		return err
 	}
 	_, err = r.js.CreateOrUpdateConsumer(ctx, IngressStream, jetstream.ConsumerConfig{
-		Durable:       RouterConsumer,
+		Durable:       consumer,
 		Description:   "delayd router: ingress to level streams",
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       ingressAckWait,
@@ -464,7 +509,7 @@ func (r *Router) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create ingress consumer: %w", err)
 	}
-	pull, err := jswire.NewPull(r.js.Conn(), IngressStream, RouterConsumer, r.cfg.Batch, 0)
+	pull, err := jswire.NewPull(r.js.Conn(), IngressStream, consumer, r.cfg.Batch, 0)
 	if err != nil {
 		return err
 	}
@@ -535,6 +580,68 @@ func (r *Router) session(ctx context.Context) error {
 // delivery number.
 var errDeliveryLost = errors.New("ingress delivery lost")
 
+// RouterConsumerName returns the durable name of the router's ingress
+// consumer in a term of epoch: "delayd-router-<epoch>", or [RouterConsumer]
+// for epoch 0 (a router on its own, without a lease).
+func RouterConsumerName(epoch uint64) string {
+	if epoch == 0 {
+		return RouterConsumer
+	}
+	return RouterConsumer + "-" + strconv.FormatUint(epoch, 10)
+}
+
+// routerConsumerEpoch returns the epoch in a router consumer's name: 0 for
+// [RouterConsumer] itself; false for a name that is not a router's.
+func routerConsumerEpoch(name string) (uint64, bool) {
+	if name == RouterConsumer {
+		return 0, true
+	}
+	rest, ok := strings.CutPrefix(name, RouterConsumer+"-")
+	if !ok {
+		return 0, false
+	}
+	e, err := strconv.ParseUint(rest, 10, 64)
+	return e, err == nil
+}
+
+// resetConsumers deletes this term's ingress consumer if an earlier session
+// left it (a fresh consumer redelivers every unacked ingress message at
+// once, instead of after the ack wait) and every router consumer of an
+// older term, and returns this term's consumer name. They go before the
+// new one is created: the ingress stream is a work queue, which takes one
+// unfiltered consumer at a time. A consumer of a newer term means a newer
+// router runs: this one is fenced. (So a stale router can never delete the
+// consumer of a newer term, nor create its own beside it.)
+func (r *Router) resetConsumers(ctx context.Context, ingress jetstream.Stream) (string, error) {
+	mine := RouterConsumerName(r.term.Epoch)
+	lctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	names := ingress.ConsumerNames(lctx)
+	var old []string
+	for name := range names.Name() {
+		e, ok := routerConsumerEpoch(name)
+		switch {
+		case !ok:
+		case e > r.term.Epoch && r.term.Epoch > 0:
+			return "", fmt.Errorf("%w: the ingress consumer %s of term %d exists, this router's term is %d", errRouterFenced, name, e, r.term.Epoch)
+		case name == mine || (e < r.term.Epoch && r.term.Epoch > 0):
+			old = append(old, name)
+		}
+	}
+	if err := names.Err(); err != nil {
+		return "", fmt.Errorf("list ingress consumers: %w", err)
+	}
+	for _, name := range old {
+		if err := r.js.DeleteConsumer(ctx, IngressStream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return "", fmt.Errorf("reset ingress consumer %s: %w", name, err)
+		}
+		if name != mine {
+			r.logger.Info("deleted the ingress consumer of an earlier router term", slog.String("consumer", name))
+		}
+	}
+	return mine, nil
+}
+
 // syncTails syncs every level writer and reports each stream's last
 // sequence (OnRouted): a write whose PubAck was lost is found here, not
 // acked.
@@ -568,11 +675,18 @@ func (r *Router) syncTail(ctx context.Context, w *levelWriter) error {
 	last := st.LastSeq
 	w.expected = last
 	w.lastRouted.Store(0)
+	w.tailRef = ""
 	if last > 0 {
-		seq, err := r.lastIngressRef(ctx, w.stream, st)
+		// The newest epoch marker first: a newer router's fences this one
+		// before anything it wrote is taken for this router's.
+		if err := r.checkMarker(ctx, w); err != nil {
+			return err
+		}
+		ref, seq, err := r.lastIngressRef(ctx, w.stream, st)
 		if err != nil {
 			return err
 		}
+		w.tailRef = ref
 		w.lastRouted.Store(seq)
 	}
 	w.lastSubmitted = w.lastRouted.Load()
@@ -586,16 +700,20 @@ const (
 	tailWalkBack = 256
 )
 
-// lastIngressRef returns the ingress sequence of the last message of a
-// level stream (state st) that the router wrote for this ingress stream's
-// life, read from its Delayd-Ingress header; 0 when there is none. A last
-// message without a valid reference was not written by the router
-// (something else published to the level subject): the router walks back
-// over it, up to tailWalkBack messages, to its own last write, and logs
-// it. Found nowhere, ingress messages not yet acked may be written to the
-// level stream again, and that is logged too.
-func (r *Router) lastIngressRef(ctx context.Context, stream string, st jetstream.StreamState) (uint64, error) {
+// lastIngressRef returns the ingress reference (Delayd-Ingress) of the last
+// message of a level stream (state st) that a router wrote, and its
+// ingress sequence if it was written for this ingress stream's life (else
+// 0); "" and 0 when there is none. An epoch marker carries the reference
+// of the last router write before it (Delayd-Router-Tail), as its writer
+// synced it, or none: the walk ends at the newest marker, as at a router
+// write. A last message without a valid reference that is no marker was
+// not written by delayd (something else published to the level subject):
+// the router walks back over it, up to tailWalkBack messages, to its own
+// last write, and logs it. Found nowhere, ingress messages not yet acked
+// may be written to the level stream again, and that is logged too.
+func (r *Router) lastIngressRef(ctx context.Context, stream string, st jetstream.StreamState) (string, uint64, error) {
 	var buf []*nats.Msg
+	foreign := false // walked back over a message delayd did not write
 	first := max(st.FirstSeq, 1)
 	for to := st.LastSeq; to >= first && st.LastSeq-to < tailWalkBack; {
 		from := first
@@ -607,11 +725,11 @@ func (r *Router) lastIngressRef(ctx context.Context, stream string, st jetstream
 		buf, err = r.tails.Read(rctx, stream, buf[:0], from, int(to-from+1), 1<<20)
 		cancel()
 		if err != nil {
-			return 0, fmt.Errorf("level stream %s tail: %w", stream, err)
+			return "", 0, fmt.Errorf("level stream %s tail: %w", stream, err)
 		}
 		if to == st.LastSeq && (len(buf) == 0 || buf[len(buf)-1].Header.Get(hdrJSSequence) != strconv.FormatUint(st.LastSeq, 10)) {
 			r.logger.Warn("level stream tail missing; redelivered ingress messages may be written twice", slog.String("stream", stream))
-			return 0, nil
+			return "", 0, nil
 		}
 		for i := len(buf) - 1; i >= 0; i-- {
 			m := buf[i]
@@ -619,17 +737,25 @@ func (r *Router) lastIngressRef(ctx context.Context, stream string, st jetstream
 			if seq > to {
 				continue // past this read's range (a byte-limited read returns fewer)
 			}
-			id, ingressSeq, ok := parseIngressRef(m.Header.Get(hdrIngress))
-			if ok {
-				if seq != st.LastSeq {
+			ref, marker := m.Header.Get(hdrIngress), isMarkerMsg(m)
+			if marker {
+				ref = m.Header.Get(hdrRouterTail)
+			}
+			id, ingressSeq, ok := parseIngressRef(ref)
+			if ok || marker {
+				if foreign {
 					r.logger.Warn("level stream's last messages have no valid ingress reference (not written by delayd); synced to the last one that has",
 						slog.String("stream", stream), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("synced_seq", seq))
 				}
-				if id != r.ingressID {
-					return 0, nil // written for an earlier ingress stream
+				if !ok {
+					return "", 0, nil // a marker: no router write before it
 				}
-				return ingressSeq, nil
+				if id != r.ingressID {
+					return ref, 0, nil // written for an earlier ingress stream
+				}
+				return ref, ingressSeq, nil
 			}
+			foreign = true
 		}
 		if len(buf) == 0 {
 			break
@@ -642,7 +768,7 @@ func (r *Router) lastIngressRef(ctx context.Context, stream string, st jetstream
 	}
 	r.logger.Warn("no message at the end of the level stream has a valid ingress reference; redelivered ingress messages may be written twice",
 		slog.String("stream", stream), slog.Uint64("last_seq", st.LastSeq), slog.Int("read_back", tailWalkBack))
-	return 0, nil
+	return "", 0, nil
 }
 
 // reindex writes the index records of level messages whose ingress message
@@ -685,7 +811,7 @@ func (r *Router) reindex(ctx context.Context, ingress jetstream.StreamState) err
 				seq, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
 				from = max(from, seq+1)
 				_, ing, ok := parseIngressRef(m.Header.Get(hdrIngress))
-				if !ok || ing < ingress.FirstSeq || seq > w.expected {
+				if !ok || isMarkerMsg(m) || ing < ingress.FirstSeq || seq > w.expected {
 					continue
 				}
 				due, _ := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
@@ -1009,9 +1135,26 @@ func (r *Router) retryFailed(ctx context.Context) error {
 			r.pipe.requeue(failed)
 			return ctx.Err()
 		}
+		submitted := make([]uint64, len(r.writers))
+		for i, w := range r.writers {
+			submitted[i] = w.lastSubmitted
+		}
 		if err := r.syncTails(ctx); err != nil {
 			r.pipe.requeue(failed)
 			return err
+		}
+		if err := r.checkTails(submitted); err != nil {
+			r.pipe.requeue(failed)
+			return err
+		}
+		if !r.term.Held() {
+			// Checked again after the resync's reads: a router paused
+			// before them may have read a newer router's tail, and must
+			// not write at it. Held now, the tails it read were read
+			// before any newer term began, whose markers then refuse
+			// every write expecting them.
+			r.pipe.requeue(failed)
+			return errNotOwner
 		}
 		for i, rt := range failed {
 			if r.pipe.broken.Load() {
@@ -1051,6 +1194,27 @@ func (r *Router) retryFailed(ctx context.Context) error {
 			r.submit(rt)
 		}
 	}
+}
+
+// checkTails checks, after a failed write's resync, that no level stream's
+// last router write is past what this session submitted to it (submitted,
+// by writer): within a session only this router writes, so one past it
+// was written by a router of a newer term, whose epoch marker the scanners
+// may have purged by now. It fences the router then: its refused writes
+// must not be taken for stored. A router on its own (epoch 0) does not
+// check.
+func (r *Router) checkTails(submitted []uint64) error {
+	if r.term.Epoch == 0 {
+		return nil
+	}
+	for i, w := range r.writers {
+		if got := w.lastRouted.Load(); got > submitted[i] {
+			w.fenced.Add(1)
+			return fmt.Errorf("%w: level stream %s holds ingress message %d, past this router's last write %d",
+				errRouterFenced, w.stream, got, submitted[i])
+		}
+	}
+	return nil
 }
 
 // deadLetterSync writes rt to DELAYD_DLQ and waits for the PubAck, then acks

@@ -799,6 +799,16 @@ func (s *Scanner) step(ctx context.Context) error {
 		s.next = seq + 1
 		return nil
 	}
+	if isMarker(m.Subject) {
+		// A router's epoch marker (marker.go): never delivered nor
+		// counted; the offset passes it in order, like a cancelled one.
+		s.head = nil
+		s.next = seq + 1
+		s.passed.Store(seq)
+		s.win.passOver(seq)
+		s.afterPublish(ctx)
+		return nil
+	}
 	if s.skipCancelled(m, seq) {
 		s.afterPublish(ctx)
 		return nil

@@ -543,8 +543,8 @@ func TestCancelScopeOldRecords(t *testing.T) {
 	if _, err := delayd.Publish(ctx, b.js, "legacy.x", []byte("old"), delayd.WithLevel(2), delayd.WithMsgID("legacy-1")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "legacy-1 in DELAYD_1H", func() bool { return b.streamCount("DELAYD_1H") == 1 })
-	seq := b.streamMsgs("DELAYD_1H")[0].Sequence
+	waitFor(t, 10*time.Second, "legacy-1 in DELAYD_1H", func() bool { return b.levelCount("DELAYD_1H") == 1 })
+	seq := b.levelMsgs("DELAYD_1H")[0].Sequence
 	// The records an older delayd wrote: a placement of legacy-1, and a
 	// cancelled legacy-2, both without a target.
 	oldRecord := func(key, rest string) {

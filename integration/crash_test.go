@@ -492,7 +492,7 @@ func TestKill9Index(t *testing.T) {
 	if len(bad) > 0 {
 		t.Errorf("pending messages not cancelled after kill -9, e.g. sequences %v\n%s", bad, p.out.String())
 	}
-	if n := b.streamCount("DELAYD_1H"); n != total {
+	if n := b.levelCount("DELAYD_1H"); n != total {
 		t.Errorf("DELAYD_1H holds %d, want %d", n, total)
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)

@@ -250,7 +250,7 @@ func TestDelayctlStats(t *testing.T) {
 		b.publish("delay.ctl.fast", []byte(fmt.Sprint(i)), level(1))
 	}
 	fast.wait(t, 3, 10*time.Second)
-	waitFor(t, 10*time.Second, "the 1h level holds every message", func() bool { return b.streamCount("DELAYD_1H") == slow })
+	waitFor(t, 10*time.Second, "the 1h level holds every message", func() bool { return b.levelCount("DELAYD_1H") == slow })
 
 	var s ctlStats
 	waitFor(t, 10*time.Second, "stats counts 3 deliveries at 100ms", func() bool {

@@ -204,7 +204,7 @@ func TestTableChangeDrainsRemovedLevel(t *testing.T) {
 	for i := range 5 {
 		b.publish("delay.removed.x", []byte(strconv.Itoa(i)), level(2))
 	}
-	waitFor(t, 10*time.Second, "routed to DELAYD_2S", func() bool { return b.streamCount("DELAYD_2S") == 5 })
+	waitFor(t, 10*time.Second, "routed to DELAYD_2S", func() bool { return b.levelCount("DELAYD_2S") == 5 })
 	b.stopDelayd()
 	b.startDelayd("100ms 500ms") // 2s is gone from the table
 	got := c.wait(t, 5, 15*time.Second)

@@ -311,7 +311,7 @@ func TestHostileHeaderLimit(t *testing.T) {
 	if got := ok.snapshot()[0].msg; got.Subject != "ok.canary" || string(got.Data) != "canary" {
 		t.Errorf("canary = %s %q", got.Subject, got.Data)
 	}
-	if n := b.streamCount("DELAYD_100MS"); n > 1 {
+	if n := b.levelCount("DELAYD_100MS"); n > 1 {
 		t.Errorf("DELAYD_100MS holds %d messages, want at most the kept tail", n)
 	}
 	waitFor(t, 10*time.Second, "DELAYD_INGRESS empty", func() bool { return b.streamCount(deliver.IngressStream) == 0 })

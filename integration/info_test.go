@@ -245,7 +245,7 @@ func TestDelayctlPubMaxDelay(t *testing.T) {
 	if _, err := ingress.NextMsg(5 * time.Second); err != nil {
 		t.Errorf("the accepted pub did not reach ingress: %v", err)
 	}
-	waitFor(t, 20*time.Second, "placed in DELAYD_1H", func() bool { return b.streamCount("DELAYD_1H") == 1 })
+	waitFor(t, 20*time.Second, "placed in DELAYD_1H", func() bool { return b.levelCount("DELAYD_1H") == 1 })
 	if n := b.streamCount(deliver.DLQStream); n != 0 {
 		t.Errorf("%d dead letters, want none", n)
 	}

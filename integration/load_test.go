@@ -58,6 +58,16 @@ type load struct {
 	retries atomic.Int64
 	done    chan struct{}
 	began   time.Time
+
+	// The routers' epoch markers (README "Guarantees": epoch markers) also take
+	// level-stream sequences: base is each level stream's last sequence
+	// when the load began (markers only, since the load wrote nothing
+	// yet), baseEpoch the epoch of its newest marker then, and markers
+	// the epochs of the markers written since, by level stream. A term
+	// stores one marker per level stream.
+	base      map[string]uint64
+	baseEpoch map[string]uint64
+	markers   map[string]map[uint64]bool
 }
 
 // newLoad creates the target stream (R3, file storage) and subscribes to
@@ -79,7 +89,72 @@ func newLoad(t *testing.T, nc *nats.Conn, js jetstream.JetStream, cfg loadConfig
 			l.core.expectKeys(strconv.Itoa(i))
 		}
 	}
+	l.watchMarkers(nc)
 	return l
+}
+
+// watchMarkers records the epoch markers written from now on (a core
+// subscriber sees every marker published; a router writes one only right
+// after syncing the level's tail, so each is stored unless another router
+// wrote in between, which the level check then reports), and each level
+// stream's last sequence and newest marker epoch now.
+func (l *load) watchMarkers(nc *nats.Conn) {
+	l.t.Helper()
+	l.base, l.baseEpoch, l.markers = map[string]uint64{}, map[string]uint64{}, map[string]map[uint64]bool{}
+	sub, err := nc.Subscribe(markerSubjects, func(m *nats.Msg) {
+		name := strings.Split(m.Subject, ".")[2]
+		epoch, err := strconv.ParseUint(m.Header.Get("Delayd-Router-Epoch"), 10, 64)
+		if err != nil {
+			l.t.Errorf("epoch marker on %s without an epoch: %v", m.Subject, m.Header)
+			return
+		}
+		stream := levels.StreamPrefix + name
+		l.mu.Lock()
+		if l.markers[stream] == nil {
+			l.markers[stream] = map[uint64]bool{}
+		}
+		l.markers[stream][epoch] = true
+		l.mu.Unlock()
+	})
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	l.t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		l.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, lvl := range l.cfg.Levels.Levels() {
+		s, err := l.js.Stream(ctx, lvl.Stream())
+		if err != nil {
+			l.t.Fatalf("level stream %s: %v", lvl.Stream(), err)
+		}
+		l.mu.Lock()
+		l.base[lvl.Stream()] = s.CachedInfo().State.LastSeq
+		l.mu.Unlock()
+		m, err := s.GetLastMsgForSubject(ctx, "delayd.level."+lvl.Name()+".delayd.router.epoch")
+		if err == nil {
+			e, _ := strconv.ParseUint(m.Header.Get("Delayd-Router-Epoch"), 10, 64)
+			l.mu.Lock()
+			l.baseEpoch[lvl.Stream()] = e
+			l.mu.Unlock()
+		}
+	}
+}
+
+// markersSince returns how many epoch markers stream got since the load
+// began: the terms that marked it, after the newest marker then.
+func (l *load) markersSince(stream string) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := uint64(0)
+	for e := range l.markers[stream] {
+		if e > l.baseEpoch[stream] {
+			n++
+		}
+	}
+	return n
 }
 
 // loadPublishers is how many publishes are in flight at once.
@@ -239,13 +314,15 @@ type loadReport struct {
 // levelWrites compares what the load sent to a level with what its level
 // stream holds in all: README "Exactly once into the level streams" says
 // the router writes each ingress message to its level stream once, so the
-// stream's last sequence is the number of messages the load sent there
-// (only the load writes to the levels in these tests; scanners purge
-// delivered messages but sequences go on).
+// sequences the stream took since the load began, less the routers' epoch
+// markers, are the number of messages the load sent there (only the load
+// writes to the levels in these tests; scanners purge delivered messages
+// but sequences go on).
 type levelWrites struct {
 	Stream  string
 	Sent    int    // load messages at this level
-	Written uint64 // the level stream's last sequence
+	Written uint64 // the level stream's sequences since the load began, less the epoch markers
+	Markers uint64 // epoch markers written since the load began
 }
 
 func (r loadReport) String() string {
@@ -256,7 +333,7 @@ func (r loadReport) String() string {
 	}
 	var lv []string
 	for _, w := range r.Levels {
-		lv = append(lv, fmt.Sprintf("%s sent=%d written=%d", w.Stream, w.Sent, w.Written))
+		lv = append(lv, fmt.Sprintf("%s sent=%d written=%d markers=%d", w.Stream, w.Sent, w.Written, w.Markers))
 	}
 	return fmt.Sprintf("published=%d (publish retries %d)\n  %s\n  %s\n  level streams: %s; %s holds %d", r.Published, r.Retries,
 		f("stream target", r.Stream), f("core target", r.Core), strings.Join(lv, ", "), deliver.IngressStream, r.Ingress)
@@ -290,7 +367,11 @@ func (l *load) report() loadReport {
 		if err == nil {
 			var info *jetstream.StreamInfo
 			if info, err = s.Info(ctx); err == nil {
-				w.Written = info.State.LastSeq
+				l.mu.Lock()
+				base := l.base[w.Stream]
+				l.mu.Unlock()
+				w.Markers = l.markersSince(w.Stream)
+				w.Written = info.State.LastSeq - base - w.Markers
 			}
 		}
 		cancel()

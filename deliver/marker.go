@@ -1,0 +1,207 @@
+package deliver
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/contract"
+)
+
+// Epoch markers (README "Guarantees": epoch markers).
+//
+// A router that takes the router lease writes, before its first level
+// write of the term, one marker to every level stream it writes: a
+// message with no payload on the level's marker subject, carrying its
+// lease epoch, written with Nats-Expected-Last-Sequence at the tail it
+// synced. A stale router's write still in flight, or sent after a pause,
+// expects an older last sequence, so the server refuses it; and the
+// stale router's resync finds the newer epoch and stops the router
+// (errRouterFenced) instead of taking its refused message for one a
+// newer router stored. Every reader of level streams skips markers: the
+// scanners pass them without delivering them, the tail sync walks back
+// over them (a marker carries the ingress reference of the level's last
+// router write before it, since the scanners may purge everything else),
+// the re-index and the cancel paths never find one under an index key.
+
+// markerTarget is the target part of the marker subject
+// "delayd.level.<level name>.delayd.router.epoch". It lies under delayd's
+// internal subjects, which no target may ([contract.ValidateTarget]), so
+// no level message of a publisher's can have the marker subject.
+const markerTarget = contract.InternalPrefix + ".router.epoch"
+
+// markerSubject returns the marker subject of the level named name.
+func markerSubject(name string) string { return levelSubjects + name + "." + markerTarget }
+
+// isMarker reports whether subject, a level stream's message subject, is a
+// marker subject: "delayd.level.<level name>.delayd.router.epoch" exactly
+// (a target such as "x.delayd.router.epoch" is not).
+func isMarker(subject string) bool {
+	rest, ok := strings.CutPrefix(subject, levelSubjects)
+	if !ok {
+		return false
+	}
+	_, target, ok := strings.Cut(rest, ".")
+	return ok && target == markerTarget
+}
+
+// isMarkerMsg reports whether m, as read by direct get (its subject in the
+// Nats-Subject header) or from a consumer (its own subject), is a marker.
+func isMarkerMsg(m *nats.Msg) bool {
+	if s := m.Header.Get(hdrJSSubject); s != "" {
+		return isMarker(s)
+	}
+	return isMarker(m.Subject)
+}
+
+// markerEpoch returns the epoch a marker carries; false if it carries none
+// that parses.
+func markerEpoch(h nats.Header) (uint64, bool) {
+	e, err := strconv.ParseUint(h.Get(hdrRouterEpoch), 10, 64)
+	return e, err == nil
+}
+
+// errRouterFenced ends a router's term: a router of a newer term wrote a
+// level stream (its epoch marker, or messages past this router's last
+// write). This router acks nothing more and stops until it takes the lease
+// again.
+var errRouterFenced = errors.New("a router of a newer term writes the level streams (fenced)")
+
+// wrongLastSeq reports whether err is the server's refusal of a write
+// whose Nats-Expected-Last-Sequence was not the stream's last sequence
+// (code 10071, or 10164 on a replicated stream).
+func wrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// checkMarker reads the newest marker of w's level stream: a newer epoch
+// than this router's term fences the router; this term's own marks the
+// level as done for the term (a marker whose PubAck was lost is not
+// written twice). A router on its own (epoch 0) writes and checks no
+// markers.
+func (r *Router) checkMarker(ctx context.Context, w *levelWriter) error {
+	if r.term.Epoch == 0 {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, opTimeout)
+	h, seq, err := lastOnSubject(rctx, r.js.Conn(), w.stream, w.marker)
+	cancel()
+	switch {
+	case err != nil:
+		return fmt.Errorf("level stream %s: epoch marker: %w", w.stream, err)
+	case h == nil:
+		return nil
+	}
+	epoch, ok := markerEpoch(h)
+	switch {
+	case !ok:
+	case epoch > r.term.Epoch:
+		w.fenced.Add(1)
+		return fmt.Errorf("%w: level stream %s holds the epoch marker of term %d at sequence %d, this router's term is %d",
+			errRouterFenced, w.stream, epoch, seq, r.term.Epoch)
+	case epoch == r.term.Epoch:
+		w.marked = epoch
+	}
+	return nil
+}
+
+// lastOnSubject reads the headers and sequence of stream's last message on
+// subject from the stream's leader (a message get, not a direct get, which
+// a replica behind the leader may answer); nil headers if there is none.
+func lastOnSubject(ctx context.Context, nc *nats.Conn, stream, subject string) (nats.Header, uint64, error) {
+	req, _ := json.Marshal(struct {
+		LastFor string `json:"last_by_subj"`
+	}{subject})
+	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return nil, 0, err
+	}
+	var resp struct {
+		Error *jetstream.APIError `json:"error"`
+		Msg   *struct {
+			Seq uint64 `json:"seq"`
+			Hdr []byte `json:"hdrs"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return nil, 0, fmt.Errorf("message get: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, 0, nil
+	case resp.Error != nil:
+		return nil, 0, resp.Error
+	case resp.Msg == nil:
+		return nil, 0, errors.New("message get: empty answer")
+	}
+	h := nats.Header{}
+	if len(resp.Msg.Hdr) > 0 {
+		if h, err = nats.DecodeHeadersMsg(resp.Msg.Hdr); err != nil {
+			return nil, 0, fmt.Errorf("message get: headers: %w", err)
+		}
+	}
+	return h, resp.Msg.Seq, nil
+}
+
+// markLevels writes this term's epoch marker to every level stream not
+// marked for it yet, each at the tail the last sync found, and waits for
+// their PubAcks. A marker refused because the stream moved since the sync
+// ends the session (the next one syncs again, and finds a newer router's
+// marker if that is what moved it).
+func (r *Router) markLevels(ctx context.Context) error {
+	if r.term.Epoch == 0 {
+		return nil
+	}
+	type sent struct {
+		w   *levelWriter
+		fut jetstream.PubAckFuture
+	}
+	var futs []sent
+	var first error
+	epoch := strconv.FormatUint(r.term.Epoch, 10)
+	for _, w := range r.writers {
+		if w.marked == r.term.Epoch {
+			continue
+		}
+		h := nats.Header{hdrRouterEpoch: {epoch}, jetstream.ExpectedLastSeqHeader: {strconv.FormatUint(w.expected, 10)}}
+		if w.tailRef != "" {
+			h[hdrRouterTail] = []string{w.tailRef}
+		}
+		fut, err := r.js.PublishMsgAsync(&nats.Msg{Subject: w.marker, Header: h})
+		if err != nil {
+			first = cmp.Or(first, fmt.Errorf("level stream %s: epoch marker: %w", w.stream, err))
+			break
+		}
+		futs = append(futs, sent{w, fut})
+	}
+	for _, f := range futs {
+		var err error
+		select {
+		case ack := <-f.fut.Ok():
+			f.w.expected, f.w.marked = ack.Sequence, r.term.Epoch
+			r.pipe.reportTail(f.w.stream, ack.Sequence)
+			continue
+		case err = <-f.fut.Err():
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		if wrongLastSeq(err) {
+			err = fmt.Errorf("%w (written to since the tail sync)", err)
+		}
+		first = cmp.Or(first, fmt.Errorf("level stream %s: epoch marker: %w", f.w.stream, err))
+	}
+	if first == nil {
+		r.logger.Debug("epoch markers written", slog.Uint64("epoch", r.term.Epoch), slog.Int("streams", len(futs)))
+	}
+	return first
+}
