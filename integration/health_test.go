@@ -35,9 +35,13 @@ func TestRouterLevelWriteRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	setMaxMsgs(1)
 	b.publish("delay.ok.first", []byte("1"), level(1))
 	waitFor(t, 20*time.Second, "the first message delivered", func() bool { return b.streamCount("OK") == 1 })
+	// The level stream keeps its last delivered message (the router's
+	// tail; the router's epoch marker before it is purged): once it holds
+	// only that, a limit of one message refuses the next write.
+	waitFor(t, 20*time.Second, "DELAYD_100MS purged to its last delivered message", func() bool { return b.streamCount("DELAYD_100MS") == 1 })
+	setMaxMsgs(1)
 
 	published := time.Now()
 	b.publish("delay.ok.second", []byte("2"), level(1))

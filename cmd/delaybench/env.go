@@ -150,14 +150,20 @@ func (e *env) streamMsgs(ctx context.Context, name string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	info, err := s.Info(ctx)
+	// Level streams also hold the router's epoch markers: not messages.
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(deliver.MarkerSubjects))
 	if err != nil {
 		return 0, err
 	}
-	return info.State.Msgs, nil
+	n := info.State.Msgs
+	for _, markers := range info.State.Subjects {
+		n -= markers
+	}
+	return n, nil
 }
 
-// waitStreamMsgs polls until the stream holds want messages, and returns the
+// waitStreamMsgs polls until the stream holds want messages (epoch markers
+// not counted), and returns the
 // time it first saw them; on timeout it returns errTimeout and the count.
 func (e *env) waitStreamMsgs(ctx context.Context, name string, want uint64, timeout time.Duration) (time.Time, uint64, error) {
 	deadline := time.Now().Add(timeout)
