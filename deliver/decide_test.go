@@ -2,6 +2,7 @@ package deliver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -274,17 +275,35 @@ func TestCancelNotAnsweredAfterFence(t *testing.T) {
 			t.Fatalf("%s's scanner not started in 20 s", stream)
 		}
 	}
-	b.publishTo("tgt.f", "x", nats.Header{contract.HeaderLevel: {"2"}, contract.HeaderNatsMsgID: {"x"}})
-	// Another writer's offset, once the term's start has loaded the offset
-	// (and found none): a new level's key does not exist until its first
-	// commit, so creating it is what a new owner's write would be.
+	// The level's first message is the router's epoch marker: once the
+	// scanner has passed it, its offset key exists.
 	ctx := context.Background()
 	kv, err := b.js.KeyValue(ctx, "DELAYD_OFFSETS")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kv.Create(ctx, stream, []byte("0")); err != nil {
-		t.Fatal(err)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := kv.Get(ctx, stream); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's offset key not written in 20 s", stream)
+		}
+	}
+	b.publishTo("tgt.f", "x", nats.Header{contract.HeaderLevel: {"2"}, contract.HeaderNatsMsgID: {"x"}})
+	// Another writer's write of the offset key, as a new owner's bump
+	// would: the same value, at the revision it read.
+	for {
+		e, err := kv.Get(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err = kv.Update(ctx, stream, e.Value(), e.Revision()); err == nil {
+			break
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			t.Fatal(err)
+		}
 	}
 	m, err := b.nc.Request(contract.CancelSubjectFor("tgt.f"), []byte("x"), 30*time.Second)
 	if err != nil {
