@@ -226,10 +226,14 @@ func TestFencedCommitR3(t *testing.T) {
 	}
 	t.Parallel()
 	c := natstest.StartCluster(t, 3)
+	// An R3 bucket's creation waits for its stream's election: on a busy
+	// machine that can take longer than ctx's 10 s.
+	setup, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	var rs []*replica
 	for i := range 2 {
 		_, js := c.Connect(i)
-		store, err := offsets.New(ctx(t), js, offsets.Config{Replicas: 3})
+		store, err := offsets.New(setup, js, offsets.Config{Replicas: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
