@@ -54,6 +54,8 @@ type load struct {
 	isAcked []bool
 	failed  []string // messages given up on
 
+	streamGot []delivery // what report read from the target stream
+
 	nAcked  atomic.Int64
 	retries atomic.Int64
 	done    chan struct{}
@@ -268,13 +270,15 @@ func (l *load) report() loadReport {
 	l.t.Helper()
 	stream := newRecorder(l.t)
 	stream.addStream((&testBundle{t: l.t, js: l.js}).streamMsgs(loadStream))
+	got := stream.snapshot()
 	l.mu.Lock()
 	sent := slices.Clone(l.sent)
+	l.streamGot = got
 	l.mu.Unlock()
 	rep := loadReport{
 		Published: l.acked(),
 		Retries:   int(l.retries.Load()),
-		Stream:    l.targetReport(stream.snapshot(), 0, sent),
+		Stream:    l.targetReport(got, 0, sent),
 		Core:      l.targetReport(l.core.snapshot(), 1, sent),
 	}
 	rep.Ingress = l.streamMsgs(deliver.IngressStream)
