@@ -4,8 +4,12 @@ package integration
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/internal/natstest"
@@ -216,4 +220,334 @@ func TestReplicasPauseOwner(t *testing.T) {
 	rep.checkStream(t)
 	rep.checkCore(t, len(steps), deliver.ScannerWindowDefault, clusterLevels)
 	t.Logf("%d offset updates seen", offs.check())
+}
+
+// handover stops replica rs[i] with SIGTERM (exit status 0 asserted) and
+// waits until another replica holds each lease it held; it returns what
+// it held and how long after the SIGTERM the last one was seen taken
+// (through /metrics). A graceful stop releases its leases, so no lease
+// TTL needs to pass.
+func handover(t *testing.T, rs []*replica, i int) (held []string, seen time.Duration) {
+	t.Helper()
+	m, err := rs[i].scrape()
+	if err != nil {
+		t.Fatalf("%s before SIGTERM: %v", rs[i].name, err)
+	}
+	at := time.Now()
+	if err := rs[i].term(30 * time.Second); err != nil {
+		t.Error(err)
+	}
+	for _, key := range m.heldKeys() {
+		waitOwner(t, rs, key, time.Minute, i)
+	}
+	return m.heldKeys(), time.Since(at)
+}
+
+// TestReplicasRollingAndScaling runs one load through a scale-out, a
+// rolling restart and a scale-in: r0 alone, then r1 and r2 started
+// (1 -> 3); each replica in turn stopped with SIGTERM (exit status 0
+// asserted), restarted and ready; then two stopped with SIGTERM, the
+// owner first (3 -> 1). After each SIGTERM of an owner, other replicas
+// hold every lease it held (asserted), and at the end the last replica
+// holds them all (asserted); the load's checks hold, and the core target
+// sees no duplicate at all (a graceful stop confirms and commits every
+// delivery before it releases a level, so its successor re-delivers
+// nothing). The longest
+// delivery gap of each step is logged: a graceful handover needs no lease
+// TTL wait.
+func TestReplicasRollingAndScaling(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long fault test with three replicas on a 3-node cluster: skipped when testing.Short()")
+	}
+	c := natstest.StartCluster(t, 3)
+	rs := startReplicas(t, c.URLs(), 1)
+	nc, js := c.Connect(0)
+	offs := watchOffsets(t, js)
+	cfg := loadConfig{Total: 20000, Rate: 1000, Levels: clusterLevels}
+	l := newLoad(t, nc, js, cfg)
+	l.start()
+	all := []int{1, 2, 3}
+	var marks []faultMark
+	const steps = 6 // scale out, three restarts, two stops
+	point := func(k int) { l.waitAcked(k*cfg.Total/(steps+1), 2*time.Minute) }
+
+	point(1)
+	at := time.Now()
+	rs = append(rs, startReplica(t, "r1", c.URLs()), startReplica(t, "r2", c.URLs()))
+	rs[1].waitReady(time.Minute)
+	rs[2].waitReady(time.Minute)
+	marks = append(marks, faultMark{name: "scale 1 -> 3", at: at, levels: all})
+	t.Logf("scale 1 -> 3: r1 and r2 ready %s after their start", time.Since(at).Round(time.Millisecond))
+
+	for i := range rs {
+		point(2 + i)
+		at := time.Now()
+		held, seen := handover(t, rs, i)
+		t.Logf("rolling restart: %s held %v; each seen held by another replica (through /metrics, key by key, after its exit) %s after its SIGTERM", rs[i].name, held, seen.Round(time.Millisecond))
+		rs[i].restart()
+		rs[i].waitReady(time.Minute)
+		marks = append(marks, faultMark{name: "restart of " + rs[i].name, at: at, levels: all})
+	}
+
+	for k := range 2 {
+		point(5 + k)
+		o, _ := waitOwner(t, rs, routerKey, time.Minute)
+		at := time.Now()
+		held, seen := handover(t, rs, o)
+		t.Logf("scale in: %s held %v; each seen held by another replica (through /metrics, key by key, after its exit) %s after its SIGTERM", rs[o].name, held, seen.Round(time.Millisecond))
+		marks = append(marks, faultMark{name: "stop of " + rs[o].name, at: at, levels: all})
+	}
+	last := -1
+	for i, r := range rs {
+		if r.running() {
+			last = i
+		}
+	}
+	for _, key := range []string{routerKey, levelKey(clusterLevels.Levels()[0].Stream()), levelKey(clusterLevels.Levels()[1].Stream()), levelKey(clusterLevels.Levels()[2].Stream())} {
+		if o, _ := waitOwner(t, rs, key, time.Minute); o != last {
+			t.Errorf("%s holds %s, not the last replica %s", rs[o].name, key, rs[last].name)
+		}
+	}
+
+	l.waitPublished(3 * time.Minute)
+	l.waitDelivered(time.Minute)
+	rep := l.report()
+	t.Logf("scale 1 -> 3, rolling restart, scale 3 -> 1:\n%s", rep)
+	logFailovers(t, l, marks, 5*time.Second)
+	rep.checkLevels(t)
+	rep.checkStream(t)
+	rep.checkCore(t, 0, deliver.ScannerWindowDefault, clusterLevels) // a graceful stop commits what it confirmed: no re-delivery
+	t.Logf("%d offset updates seen", offs.check())
+}
+
+// moveLeaderOff asks the leader of stream to step down until a node other
+// than node leads it (read through js), so that killing it later does not
+// also cut the test's own client on node, and returns the leader. It
+// fails the test after a minute.
+func moveLeaderOff(t *testing.T, c *procCluster, nc *nats.Conn, js jetstream.JetStream, stream string, node int) int {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if l := c.StreamLeader(js, stream); l >= 0 && l != node {
+			return l
+		} else if l == node {
+			_, _ = nc.Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, nil, 5*time.Second) // a failed request is tried again
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stream %s has no leader but node %d after a minute", stream, node)
+		}
+		time.Sleep(200 * time.Millisecond) // pacing: an election takes a moment
+	}
+}
+
+// TestReplicasNodeKill9 kills a NATS node (a nats-server process, built
+// from the module's dependency) with SIGKILL in turn, mid-load, with three
+// replicas: the node the owner (of every lease: today's replicas do not
+// balance) is connected to, the leader of a level stream, and the leader
+// of the lease bucket; each node is restarted once deliveries have
+// resumed. The test's own client stays on node 0, which is never killed
+// (the owner starts with only nodes 1 and 2 in its URLs; leaders on node 0
+// are asked to step down first). Nothing is lost or early, nothing doubled
+// at the stream target, no offset moves back; the stall of each (the
+// longest delivery gap: what the election and the reconnect take) is
+// logged.
+func TestReplicasNodeKill9(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long fault test with three replicas on a 3-node cluster: skipped when testing.Short()")
+	}
+	c := startProcCluster(t, 3)
+	nc, js := c.Connect(0)
+	owner := startReplica(t, "r0", c.URL(1)+","+c.URL(2))
+	owner.waitReady(time.Minute)
+	rs := []*replica{owner}
+	for _, lvl := range clusterLevels.Levels() {
+		waitOwner(t, rs, levelKey(lvl.Stream()), time.Minute)
+	}
+	waitOwner(t, rs, routerKey, time.Minute)
+	rs = append(rs, startReplica(t, "r1", c.URLs()), startReplica(t, "r2", c.URLs()))
+	rs[1].waitReady(time.Minute)
+	rs[2].waitReady(time.Minute)
+	offs := watchOffsets(t, js)
+	cfg := loadConfig{Total: 20000, Rate: 1000, Levels: clusterLevels}
+	l := newLoad(t, nc, js, cfg)
+	c.WaitCurrent(js, 2*time.Minute)
+	l.start()
+	levelStream := clusterLevels.Levels()[1].Stream()
+	leaders := func() string {
+		return fmt.Sprintf("%s on node %d, the lease bucket on %d, %s on %d", levelStream, c.StreamLeader(js, levelStream),
+			c.StreamLeader(js, "KV_DELAYD_LEASES"), deliver.IngressStream, c.StreamLeader(js, deliver.IngressStream))
+	}
+	steps := []struct {
+		name string
+		node func() int
+	}{
+		{"the owner's node", func() int {
+			o, _ := waitOwner(t, rs, levelKey(levelStream), time.Minute)
+			n := c.NodeOf(rs[o].waitConnected(time.Minute))
+			if n <= 0 {
+				t.Fatalf("%s (the owner) is connected to %q: node %d, not node 1 or 2", rs[o].name, rs[o].connectedURL(), n)
+			}
+			return n
+		}},
+		{"the leader of " + levelStream, func() int { return moveLeaderOff(t, c, nc, js, levelStream, 0) }},
+		{"the leader of the lease bucket", func() int { return moveLeaderOff(t, c, nc, js, "KV_DELAYD_LEASES", 0) }},
+	}
+	var marks []faultMark
+	for k, step := range steps {
+		l.waitAcked((k+1)*cfg.Total/(len(steps)+1), 2*time.Minute)
+		node := step.node()
+		t.Logf("before the kill of %s (node %d): leaders %s", step.name, node, leaders())
+		before := len(l.core.snapshot())
+		at := time.Now()
+		c.Kill9(node)
+		waitFor(t, 2*time.Minute, "core deliveries to resume", func() bool { return len(l.core.snapshot()) > before+100 })
+		t.Logf("killed %s, node %d, at %s; deliveries resumed %s after; leaders now %s",
+			step.name, node, at.Format("15:04:05.000"), time.Since(at).Round(time.Millisecond), leaders())
+		c.Restart(node)
+		t.Logf("restarted node %d %s after the kill", node, time.Since(at).Round(time.Millisecond))
+		c.WaitCurrent(js, 2*time.Minute)
+		marks = append(marks, faultMark{name: "kill of " + step.name, at: at, levels: []int{1, 2, 3}})
+	}
+
+	l.waitPublished(3 * time.Minute)
+	l.waitDelivered(time.Minute)
+	rep := l.report()
+	t.Logf("three node kills:\n%s", rep)
+	logFailovers(t, l, marks, 10*time.Second)
+	rep.checkLevels(t)
+	rep.checkStream(t)
+	rep.checkCore(t, len(steps), deliver.ScannerWindowDefault, clusterLevels)
+	t.Logf("%d offset updates seen", offs.check())
+}
+
+// TestReplicasCutOff cuts the network between the owner of every lease and
+// the cluster mid-load (the owner reaches the nodes only through a proxy
+// per node, and the nodes advertise no other URL; the other two replicas
+// connect directly), for longer than the lease TTL: another replica takes
+// every lease the owner held during the cut (asserted); after the heal
+// the cut replica reconnects, no longer holds them, and its
+// delayd_delivered_total, once settled, does not move unless it takes a
+// level again (asserted at the end); the load's checks hold.
+func TestReplicasCutOff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long fault test with three replicas on a 3-node cluster: skipped when testing.Short()")
+	}
+	c := natstest.StartCluster(t, 3, natstest.NoAdvertise)
+	var proxies []*proxy
+	var urls []string
+	for i := range c.Len() {
+		p := startProxy(t, strings.TrimPrefix(c.URL(i), "nats://"))
+		proxies = append(proxies, p)
+		urls = append(urls, p.URL())
+	}
+	rs := []*replica{startReplica(t, "r0", strings.Join(urls, ","))}
+	rs[0].waitReady(time.Minute)
+	for _, lvl := range clusterLevels.Levels() {
+		waitOwner(t, rs, levelKey(lvl.Stream()), time.Minute)
+	}
+	waitOwner(t, rs, routerKey, time.Minute)
+	rs = append(rs, startReplica(t, "r1", c.URLs()), startReplica(t, "r2", c.URLs()))
+	rs[1].waitReady(time.Minute)
+	rs[2].waitReady(time.Minute)
+	nc, js := c.Connect(0)
+	offs := watchOffsets(t, js)
+	cfg := loadConfig{Total: 15000, Rate: 1000, Levels: clusterLevels}
+	l := newLoad(t, nc, js, cfg)
+	l.start()
+
+	l.waitAcked(cfg.Total/3, 2*time.Minute)
+	m, err := rs[0].scrape()
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := m.heldKeys()
+	if len(held) == 0 {
+		t.Fatal("r0 holds no lease before the cut")
+	}
+	cut := time.Now()
+	for _, p := range proxies {
+		p.cutOff()
+	}
+	rs[0].waitLog("disconnected from NATS", cut, 30*time.Second)
+	for _, key := range held {
+		n, nm := waitOwner(t, rs, key, time.Minute, 0)
+		if nm.epoch[key] <= m.epoch[key] {
+			t.Errorf("%s holds %s at epoch %d, r0 held it at epoch %d", rs[n].name, key, nm.epoch[key], m.epoch[key])
+		}
+		t.Logf("during the cut %s took %s over at epoch %d, %s after the cut", rs[n].name, key, nm.epoch[key], time.Since(cut).Round(time.Millisecond))
+	}
+	time.Sleep(time.Until(cut.Add(3 * time.Second))) // let time pass: the cut lasts at least 3 s, twice the lease TTL
+	healed := time.Now()
+	for _, p := range proxies {
+		p.heal()
+	}
+	ev := rs[0].waitLog("reconnected to NATS", cut, time.Minute)
+	if ev.logged.Before(healed) {
+		t.Errorf("r0 reconnected to %s at %s, during the cut (%s to %s)", ev.attr("url"), ev.logged.Format("15:04:05.000"), cut.Format("15:04:05.000"), healed.Format("15:04:05.000"))
+	}
+	var sm replicaMetrics
+	waitFor(t, time.Minute, "r0 to hold none of its old leases after the heal", func() bool {
+		var err error
+		if sm, err = rs[0].scrape(); err != nil {
+			return false
+		}
+		for _, key := range held {
+			if sm.held[key] {
+				return false
+			}
+		}
+		return true
+	})
+	waitQuiet(t, 2*time.Second, time.Minute, func() int {
+		if m, err := rs[0].scrape(); err == nil {
+			sm = m
+		}
+		n := 0
+		for _, v := range sm.delivered {
+			n += int(v)
+		}
+		return n
+	})
+	t.Logf("cut at %s for %s; r0 reconnected %s after the heal; then held %v, delivered %v, fenced writes %v",
+		cut.Format("15:04:05.000"), healed.Sub(cut).Round(time.Millisecond), ev.logged.Sub(healed).Round(time.Millisecond), sm.heldKeys(), sm.delivered, sm.fenced)
+
+	l.waitPublished(3 * time.Minute)
+	l.waitDelivered(time.Minute)
+	end, err := rs[0].scrape()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, lvl := range clusterLevels.Levels() {
+		s, key := lvl.Stream(), levelKey(lvl.Stream())
+		if end.epoch[key] == sm.epoch[key] && end.delivered[s] != sm.delivered[s] {
+			t.Errorf("r0 delivered %d on %s after the cut ended its term (epoch %d)", end.delivered[s]-sm.delivered[s], s, sm.epoch[key])
+		}
+	}
+	rep := l.report()
+	t.Logf("owner cut off for 3 s:\n%s", rep)
+	logFailovers(t, l, []faultMark{{name: "cut of r0", at: cut, levels: []int{1, 2, 3}}}, 10*time.Second)
+	rep.checkLevels(t)
+	rep.checkStream(t)
+	rep.checkCore(t, 1, deliver.ScannerWindowDefault, clusterLevels)
+	t.Logf("%d offset updates seen", offs.check())
+}
+
+// TestReplicasStartTogether starts three replicas at the same instant on a
+// fresh 3-node cluster, as a Kubernetes Deployment's first rollout does:
+// each creates the streams and buckets; every one becomes ready within a
+// minute (asserted).
+func TestReplicasStartTogether(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault test with three replicas on a 3-node cluster: skipped when testing.Short()")
+	}
+	c := natstest.StartCluster(t, 3)
+	var rs []*replica
+	for i := range 3 {
+		rs = append(rs, startReplica(t, fmt.Sprintf("r%d", i), c.URLs()))
+	}
+	at := time.Now()
+	for _, r := range rs {
+		r.waitReady(time.Minute)
+		t.Logf("%s ready %s after the start", r.name, time.Since(at).Round(time.Millisecond))
+	}
 }
