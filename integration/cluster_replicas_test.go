@@ -420,14 +420,20 @@ func TestReplicasNodeKill9(t *testing.T) {
 	t.Logf("%d offset updates seen", offs.check())
 }
 
-// TestReplicasCutOff cuts the network between the owner of every lease and
-// the cluster mid-load (the owner reaches the nodes only through a proxy
-// per node, and the nodes advertise no other URL; the other two replicas
-// connect directly), for longer than the lease TTL: another replica takes
-// every lease the owner held during the cut (asserted); after the heal
-// the cut replica reconnects, no longer holds them, and its
-// delayd_delivered_total, once settled, does not move unless it takes a
-// level again (asserted at the end); the load's checks hold.
+// TestReplicasCutOff puts a network fault between the owner of every
+// lease and the cluster mid-load, twice: the owner, r0, reaches the nodes
+// only through a proxy per node (the nodes advertise no other URL; r1 and
+// r2 connect directly). First a cut (connections closed, new ones
+// refused), then, once r0 holds every lease again (r1 and r2 stopped with
+// SIGTERM and restarted), a stall (nothing forwarded, connections kept
+// open: what r0 sent meanwhile arrives after the heal). Each lasts until
+// r1 or r2 holds every lease r0 held (asserted, with a higher epoch), and
+// at least 3 s, twice the lease TTL. After each heal r0 holds none of
+// them, and its delayd_delivered_total, once settled, does not move again
+// unless it takes a level again (asserted at the end); no offset moves
+// back (after the stall, r0's offset writes held in the proxy reach the
+// server after the new owners' bumps: they must fail their
+// compare-and-set); the load's checks hold.
 func TestReplicasCutOff(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test with three replicas on a 3-node cluster: skipped when testing.Short()")
@@ -442,74 +448,119 @@ func TestReplicasCutOff(t *testing.T) {
 	}
 	rs := []*replica{startReplica(t, "r0", strings.Join(urls, ","))}
 	rs[0].waitReady(time.Minute)
+	keys := []string{routerKey}
 	for _, lvl := range clusterLevels.Levels() {
-		waitOwner(t, rs, levelKey(lvl.Stream()), time.Minute)
+		keys = append(keys, levelKey(lvl.Stream()))
 	}
-	waitOwner(t, rs, routerKey, time.Minute)
+	for _, key := range keys {
+		waitOwner(t, rs, key, time.Minute)
+	}
 	rs = append(rs, startReplica(t, "r1", c.URLs()), startReplica(t, "r2", c.URLs()))
 	rs[1].waitReady(time.Minute)
 	rs[2].waitReady(time.Minute)
 	nc, js := c.Connect(0)
 	offs := watchOffsets(t, js)
-	cfg := loadConfig{Total: 15000, Rate: 1000, Levels: clusterLevels}
+	cfg := loadConfig{Total: 20000, Rate: 1000, Levels: clusterLevels}
 	l := newLoad(t, nc, js, cfg)
 	l.start()
 
-	l.waitAcked(cfg.Total/3, 2*time.Minute)
-	m, err := rs[0].scrape()
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := m.heldKeys()
-	if len(held) == 0 {
-		t.Fatal("r0 holds no lease before the cut")
-	}
-	cut := time.Now()
-	for _, p := range proxies {
-		p.cutOff()
-	}
-	rs[0].waitLog("disconnected from NATS", cut, 30*time.Second)
-	for _, key := range held {
-		n, nm := waitOwner(t, rs, key, time.Minute, 0)
-		if nm.epoch[key] <= m.epoch[key] {
-			t.Errorf("%s holds %s at epoch %d, r0 held it at epoch %d", rs[n].name, key, nm.epoch[key], m.epoch[key])
+	var marks []faultMark
+	var settled []replicaMetrics // r0's, after each fault
+	fault := func(name string, start, heal func()) {
+		t.Helper()
+		m, err := rs[0].scrape()
+		if err != nil {
+			t.Fatal(err)
 		}
-		t.Logf("during the cut %s took %s over at epoch %d, %s after the cut", rs[n].name, key, nm.epoch[key], time.Since(cut).Round(time.Millisecond))
-	}
-	time.Sleep(time.Until(cut.Add(3 * time.Second))) // let time pass: the cut lasts at least 3 s, twice the lease TTL
-	healed := time.Now()
-	for _, p := range proxies {
-		p.heal()
-	}
-	ev := rs[0].waitLog("reconnected to NATS", cut, time.Minute)
-	if ev.logged.Before(healed) {
-		t.Errorf("r0 reconnected to %s at %s, during the cut (%s to %s)", ev.attr("url"), ev.logged.Format("15:04:05.000"), cut.Format("15:04:05.000"), healed.Format("15:04:05.000"))
-	}
-	var sm replicaMetrics
-	waitFor(t, time.Minute, "r0 to hold none of its old leases after the heal", func() bool {
-		var err error
-		if sm, err = rs[0].scrape(); err != nil {
-			return false
+		held := m.heldKeys()
+		if len(held) == 0 {
+			t.Fatalf("%s: r0 holds no lease before it", name)
 		}
+		at := time.Now()
+		start()
 		for _, key := range held {
-			if sm.held[key] {
+			n, nm := waitOwner(t, rs, key, time.Minute, 0)
+			if nm.epoch[key] <= m.epoch[key] {
+				t.Errorf("%s: %s holds %s at epoch %d, r0 held it at epoch %d", name, rs[n].name, key, nm.epoch[key], m.epoch[key])
+			}
+			t.Logf("%s: %s took %s over at epoch %d, %s after it began", name, rs[n].name, key, nm.epoch[key], time.Since(at).Round(time.Millisecond))
+		}
+		time.Sleep(time.Until(at.Add(3 * time.Second))) // let time pass: the fault lasts at least 3 s, twice the lease TTL
+		healed := time.Now()
+		heal()
+		var sm replicaMetrics
+		waitFor(t, time.Minute, "r0 to hold none of its old leases after the heal", func() bool {
+			var err error
+			if sm, err = rs[0].scrape(); err != nil {
 				return false
 			}
+			for _, key := range held {
+				if sm.held[key] {
+					return false
+				}
+			}
+			return true
+		})
+		waitQuiet(t, 2*time.Second, time.Minute, func() int {
+			if m, err := rs[0].scrape(); err == nil {
+				sm = m
+			}
+			n := 0
+			for _, v := range sm.delivered {
+				n += int(v)
+			}
+			return n
+		})
+		t.Logf("%s at %s for %s; then r0 held %v, delivered %v (before: %v), fenced writes %v", name, at.Format("15:04:05.000"),
+			healed.Sub(at).Round(time.Millisecond), sm.heldKeys(), sm.delivered, m.delivered, sm.fenced)
+		marks = append(marks, faultMark{name: name + " of r0", at: at, levels: m.heldLevels(clusterLevels)})
+		settled = append(settled, sm)
+	}
+
+	l.waitAcked(cfg.Total/4, 2*time.Minute)
+	var cut time.Time
+	fault("cut", func() {
+		cut = time.Now()
+		for _, p := range proxies {
+			p.cutOff()
 		}
-		return true
+		rs[0].waitLog("disconnected from NATS", cut, 30*time.Second)
+	}, func() {
+		healed := time.Now()
+		for _, p := range proxies {
+			p.heal()
+		}
+		ev := rs[0].waitLog("reconnected to NATS", cut, time.Minute)
+		if ev.logged.Before(healed) {
+			t.Errorf("r0 reconnected to %s at %s, during the cut (%s to %s)", ev.attr("url"), ev.logged.Format("15:04:05.000"), cut.Format("15:04:05.000"), healed.Format("15:04:05.000"))
+		}
+		t.Logf("r0 reconnected %s after the heal", ev.logged.Sub(healed).Round(time.Millisecond))
 	})
-	waitQuiet(t, 2*time.Second, time.Minute, func() int {
-		if m, err := rs[0].scrape(); err == nil {
-			sm = m
+
+	// Every lease back to r0: r1 and r2 hand theirs over as they stop.
+	for _, i := range []int{1, 2} {
+		if err := rs[i].term(30 * time.Second); err != nil {
+			t.Error(err)
 		}
-		n := 0
-		for _, v := range sm.delivered {
-			n += int(v)
+	}
+	for _, key := range keys {
+		waitOwner(t, rs, key, time.Minute)
+	}
+	for _, i := range []int{1, 2} {
+		rs[i].restart()
+		rs[i].waitReady(time.Minute)
+	}
+
+	l.waitAcked(cfg.Total*5/8, 2*time.Minute)
+	fault("stall", func() {
+		for _, p := range proxies {
+			p.stall()
 		}
-		return n
+	}, func() {
+		for _, p := range proxies {
+			p.heal()
+		}
 	})
-	t.Logf("cut at %s for %s; r0 reconnected %s after the heal; then held %v, delivered %v, fenced writes %v",
-		cut.Format("15:04:05.000"), healed.Sub(cut).Round(time.Millisecond), ev.logged.Sub(healed).Round(time.Millisecond), sm.heldKeys(), sm.delivered, sm.fenced)
 
 	l.waitPublished(3 * time.Minute)
 	l.waitDelivered(time.Minute)
@@ -517,25 +568,34 @@ func TestReplicasCutOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// r0 may take a level again after the cut (r1 and r2's graceful stop
+	// hands it everything), so only what followed the stall is checked.
+	sm := settled[len(settled)-1]
 	for _, lvl := range clusterLevels.Levels() {
 		s, key := lvl.Stream(), levelKey(lvl.Stream())
 		if end.epoch[key] == sm.epoch[key] && end.delivered[s] != sm.delivered[s] {
-			t.Errorf("r0 delivered %d on %s after the cut ended its term (epoch %d)", end.delivered[s]-sm.delivered[s], s, sm.epoch[key])
+			t.Errorf("r0 delivered %d on %s after the stall ended its term (epoch %d)", end.delivered[s]-sm.delivered[s], s, sm.epoch[key])
 		}
 	}
 	rep := l.report()
-	t.Logf("owner cut off for 3 s:\n%s", rep)
-	logFailovers(t, l, []faultMark{{name: "cut of r0", at: cut, levels: []int{1, 2, 3}}}, 10*time.Second)
+	t.Logf("owner cut off, then stalled:\n%s", rep)
+	logFailovers(t, l, marks, 10*time.Second)
 	rep.checkLevels(t)
 	rep.checkStream(t)
-	rep.checkCore(t, 1, deliver.ScannerWindowDefault, clusterLevels)
+	rep.checkCore(t, len(marks)+1, deliver.ScannerWindowDefault, clusterLevels) // the two faults and the graceful hand-back
 	t.Logf("%d offset updates seen", offs.check())
 }
 
 // TestReplicasStartTogether starts three replicas at the same instant on a
 // fresh 3-node cluster, as a Kubernetes Deployment's first rollout does:
 // each creates the streams and buckets; every one becomes ready within a
-// minute (asserted).
+// minute (asserted; how long each took is logged, up to five minutes).
+//
+// It fails on today's code with nats-server v2.15.2: three identical
+// creates of an R3 stream at once are all left unanswered (the stream is
+// created, but no request gets its answer: the same with nats.go alone),
+// so each replica's setup waits its 30 s timeout, retries, and collides
+// again on the next stream or bucket.
 func TestReplicasStartTogether(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault test with three replicas on a 3-node cluster: skipped when testing.Short()")
@@ -547,7 +607,23 @@ func TestReplicasStartTogether(t *testing.T) {
 	}
 	at := time.Now()
 	for _, r := range rs {
-		r.waitReady(time.Minute)
-		t.Logf("%s ready %s after the start", r.name, time.Since(at).Round(time.Millisecond))
+		r.waitReady(5 * time.Minute) // how long it takes is logged
+		took := time.Since(at)
+		t.Logf("%s ready %s after the start", r.name, took.Round(time.Millisecond))
+		if took > time.Minute {
+			t.Errorf("%s not ready within a minute of the start (%s): %d setup attempts failed (\"setup failed; retrying\")", r.name, took.Round(time.Millisecond), countLog(r, "setup failed; retrying"))
+		}
 	}
+}
+
+// countLog returns how many records with message msg the current process
+// of r logged.
+func countLog(r *replica, msg string) int {
+	n := 0
+	for _, e := range r.log.events() {
+		if e.msg == msg {
+			n++
+		}
+	}
+	return n
 }
