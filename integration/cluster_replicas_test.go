@@ -347,10 +347,10 @@ func moveLeaderOff(t *testing.T, c *procCluster, nc *nats.Conn, js jetstream.Jet
 // of the lease bucket; each node is restarted once deliveries have
 // resumed. The test's own client stays on node 0, which is never killed
 // (the owner starts with only nodes 1 and 2 in its URLs; leaders on node 0
-// are asked to step down first). Nothing is lost or early, nothing doubled
-// at the stream target, no offset moves back; the stall of each (the
-// longest delivery gap: what the election and the reconnect take) is
-// logged.
+// are asked to step down first). Each kill waits until the deliveries have
+// caught up with the load. Nothing is lost or early, nothing doubled at
+// the stream target, no offset moves back; the stall of each (the longest
+// delivery gap: what the elections and the reconnect take) is logged.
 func TestReplicasNodeKill9(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test with three replicas on a 3-node cluster: skipped when testing.Short()")
@@ -368,7 +368,7 @@ func TestReplicasNodeKill9(t *testing.T) {
 	rs[1].waitReady(time.Minute)
 	rs[2].waitReady(time.Minute)
 	offs := watchOffsets(t, js)
-	cfg := loadConfig{Total: 20000, Rate: 1000, Levels: clusterLevels}
+	cfg := loadConfig{Total: 30000, Rate: 500, Levels: clusterLevels} // a minute: room for three stalls of up to 15 s
 	l := newLoad(t, nc, js, cfg)
 	c.WaitCurrent(js, 2*time.Minute)
 	l.start()
@@ -395,6 +395,10 @@ func TestReplicasNodeKill9(t *testing.T) {
 	var marks []faultMark
 	for k, step := range steps {
 		l.waitAcked((k+1)*cfg.Total/(len(steps)+1), 2*time.Minute)
+		l.waitCaughtUp(2 * time.Minute) // each stall measured on its own
+		if l.acked() == cfg.Total {
+			t.Fatalf("the load was all published before the kill of %s: no traffic to measure its stall on", step.name)
+		}
 		node := step.node()
 		t.Logf("before the kill of %s (node %d): leaders %s", step.name, node, leaders())
 		before := len(l.core.snapshot())
