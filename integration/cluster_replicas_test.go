@@ -4,6 +4,7 @@ package integration
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -96,21 +97,47 @@ func roundAll(ds []time.Duration) []time.Duration {
 // until another replica has taken the level over (its epoch above the
 // stopped owner's: asserted), and for 10 s, longer than the server's ping
 // timeout (the continued process must find its connection closed:
-// asserted from its log). After each long pause, the stale owner stops
-// holding the level's lease once continued (asserted), and from then on
-// its delayd_delivered_total for the level, once settled (deliveries
-// published before the stop may be confirmed after it), does not move
-// unless it takes the lease again (asserted at the end); the offsets never move back (a
-// stale owner's commit after the new owner's bump would fail its
-// compare-and-set, or show as an offset moving back); and the load's
-// checks hold.
+// asserted from its log). Each replica reaches the nodes through proxies
+// of its own (the nodes advertise no other URL) that record its publishes
+// to the load's targets. After each long pause, the stale owner stops
+// holding the level's lease once continued (asserted); it publishes at
+// most once to each level it lost after SIGCONT (README: only a process
+// paused between its lease check and its publish publishes after its
+// lease ended, one delivery per level), and not at all once its
+// deliveries in flight are confirmed, nor does its delayd_delivered_total
+// for the level move from then on, unless it takes the lease again
+// (asserted at the end); no offset moves back (a stale owner's commit
+// after the new owner's bump would fail its compare-and-set, or show as an
+// offset moving back); and the load's checks hold.
 func TestReplicasPauseOwner(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test with three replicas on a 3-node cluster: skipped when testing.Short()")
 	}
 	const ttl = 1500 * time.Millisecond // DELAYD_LEASE_TTL's default
-	c := natstest.StartCluster(t, 3, natstest.PingInterval(2*time.Second, 2))
-	rs := startReplicas(t, c.URLs(), 3, "DELAYD_LEASE_TTL="+ttl.String())
+	c := natstest.StartCluster(t, 3, natstest.NoAdvertise, natstest.PingInterval(2*time.Second, 2))
+	// Each replica reaches the nodes through proxies of its own, which
+	// record its publishes to the load's targets.
+	taps := make([]*pubTap, 3)
+	urls := make([]string, 3)
+	for i := range taps {
+		taps[i] = &pubTap{prefix: "load."}
+		var us []string
+		for n := range c.Len() {
+			p := startProxy(t, strings.TrimPrefix(c.URL(n), "nats://"))
+			p.tapPubs(taps[i])
+			us = append(us, p.URL())
+		}
+		urls[i] = strings.Join(us, ",")
+	}
+	rs := make([]*replica, 3)
+	for i := range rs {
+		rs[i] = startReplica(t, fmt.Sprintf("r%d", i), urls[i], "DELAYD_LEASE_TTL="+ttl.String())
+		if i == 0 {
+			rs[0].waitReady(time.Minute) // r0 creates the streams and takes every lease
+		}
+	}
+	rs[1].waitReady(time.Minute)
+	rs[2].waitReady(time.Minute)
 	nc, js := c.Connect(0)
 	offs := watchOffsets(t, js)
 	cfg := loadConfig{Total: 20000, Rate: 1000, Levels: clusterLevels}
@@ -121,8 +148,10 @@ func TestReplicasPauseOwner(t *testing.T) {
 		r         int
 		key       string
 		stream    string
-		epoch     uint64 // the stale term's
-		delivered uint64 // the level's delayd_delivered_total once it no longer held it
+		level     int       // the level's index
+		epoch     uint64    // the stale term's
+		delivered uint64    // the level's delayd_delivered_total once it no longer held it
+		settled   time.Time // when that count had settled
 	}
 	var stales []stale
 	var marks []faultMark
@@ -142,6 +171,9 @@ func TestReplicasPauseOwner(t *testing.T) {
 		stream := lv[k%len(lv)].Stream()
 		key := levelKey(stream)
 		o, m := waitOwner(t, rs, key, time.Minute)
+		if len(taps[o].since(time.Time{})) == 0 {
+			t.Fatalf("pause %s: %s's proxies saw none of its publishes to the load's targets before the pause", step.name, rs[o].name)
+		}
 		stopped := time.Now()
 		rs[o].pause()
 		took := ""
@@ -195,7 +227,24 @@ func TestReplicasPauseOwner(t *testing.T) {
 				}
 			}
 		}
-		stales = append(stales, stale{r: o, key: key, stream: stream, epoch: m.epoch[key], delivered: sm.delivered[stream]})
+		settled := time.Now()
+		// Publishes to the targets that reached the proxies after SIGCONT:
+		// written by nats.go before the stop and flushed after it, or
+		// published after the fence. Logged per level.
+		perLevel := map[int]int{}
+		for _, p := range taps[o].since(resumed) {
+			perLevel[tappedLevel(p.subject)]++
+		}
+		t.Logf("pause %s: %s's publishes to the load's targets after SIGCONT, by level index (its proxies' tap): %v", step.name, rs[o].name, perLevel)
+		for _, lvl := range m.heldLevels(clusterLevels) {
+			// README "A restart after a crash waits the lease TTL": only a
+			// process paused between its lease check and its publish
+			// publishes after its lease ended, one delivery per level.
+			if n := perLevel[lvl]; n > 1 && !sm.held[levelKey(lv[lvl-1].Stream())] {
+				t.Errorf("pause %s: %s published %d times to level %d's targets after SIGCONT, its lease lost: more than one", step.name, rs[o].name, n, lvl)
+			}
+		}
+		stales = append(stales, stale{r: o, key: key, stream: stream, level: lv[k%len(lv)].Index, epoch: m.epoch[key], delivered: sm.delivered[stream], settled: settled})
 		rs[o].waitReady(time.Minute)
 	}
 
@@ -211,6 +260,18 @@ func TestReplicasPauseOwner(t *testing.T) {
 			t.Logf("%s took %s again later (epoch %d): its deliveries are not checked", rs[s.r].name, s.key, m.epoch[s.key])
 		case m.delivered[s.stream] != s.delivered:
 			t.Errorf("%s delivered %d on %s after its term (epoch %d) ended", rs[s.r].name, m.delivered[s.stream]-s.delivered, s.stream, s.epoch)
+		}
+		if m.epoch[s.key] == s.epoch {
+			var late []string
+			for _, p := range taps[s.r].since(s.settled) {
+				if tappedLevel(p.subject) == s.level {
+					late = append(late, p.subject+" at "+p.at.Format("15:04:05.000"))
+				}
+			}
+			if len(late) > 0 {
+				t.Errorf("%s published %d times to level %d's targets after its term (epoch %d) ended and its deliveries settled at %s, e.g. %v",
+					rs[s.r].name, len(late), s.level, s.epoch, s.settled.Format("15:04:05.000"), late[:min(len(late), 5)])
+			}
 		}
 	}
 	rep := l.report()
@@ -629,5 +690,16 @@ func countLog(r *replica, msg string) int {
 			n++
 		}
 	}
+	return n
+}
+
+// tappedLevel returns the level index of a load target subject
+// ("load.s.l2", "load.c.l2": 2), or 0.
+func tappedLevel(subject string) int {
+	i := strings.LastIndex(subject, ".l")
+	if i < 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(subject[i+2:])
 	return n
 }
