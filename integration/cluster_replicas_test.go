@@ -494,8 +494,10 @@ func TestReplicasNodeKill9(t *testing.T) {
 // open: what r0 sent meanwhile arrives after the heal). Each lasts until
 // r1 or r2 holds every lease r0 held (asserted, with a higher epoch), and
 // at least 3 s, twice the lease TTL. After each heal r0 holds none of
-// them, and its delayd_delivered_total, once settled, does not move again
-// unless it takes a level again (asserted at the end); no offset moves
+// them, it publishes at most once to each level it lost after the heal
+// (its proxies record its publishes to the load's targets), and its
+// delayd_delivered_total and its publishes, once settled, do not move
+// again unless it takes a level again (asserted at the end); no offset moves
 // back (after the stall, r0's offset writes held in the proxy reach the
 // server after the new owners' bumps: they must fail their
 // compare-and-set); the load's checks hold.
@@ -506,8 +508,10 @@ func TestReplicasCutOff(t *testing.T) {
 	c := natstest.StartCluster(t, 3, natstest.NoAdvertise)
 	var proxies []*proxy
 	var urls []string
+	tap := &pubTap{prefix: "load."} // r0's publishes to the load's targets, as its proxies read them
 	for i := range c.Len() {
 		p := startProxy(t, strings.TrimPrefix(c.URL(i), "nats://"))
+		p.tapPubs(tap)
 		proxies = append(proxies, p)
 		urls = append(urls, p.URL())
 	}
@@ -531,6 +535,7 @@ func TestReplicasCutOff(t *testing.T) {
 
 	var marks []faultMark
 	var settled []replicaMetrics // r0's, after each fault
+	var settledAt time.Time      // when the last was read
 	fault := func(name string, start, heal func()) {
 		t.Helper()
 		m, err := rs[0].scrape()
@@ -578,8 +583,21 @@ func TestReplicasCutOff(t *testing.T) {
 		})
 		t.Logf("%s at %s for %s; then r0 held %v, delivered %v (before: %v), fenced writes %v", name, at.Format("15:04:05.000"),
 			healed.Sub(at).Round(time.Millisecond), sm.heldKeys(), sm.delivered, m.delivered, sm.fenced)
+		// r0's publishes the proxies read after the heal (a stall's held
+		// bytes were read during it): at most one per level it lost (see
+		// TestReplicasPauseOwner).
+		perLevel := map[int]int{}
+		for _, p := range tap.since(healed) {
+			perLevel[tappedLevel(p.subject)]++
+		}
+		t.Logf("%s: r0's publishes to the load's targets after the heal, by level index: %v", name, perLevel)
+		for _, lvl := range m.heldLevels(clusterLevels) {
+			if n := perLevel[lvl]; n > 1 {
+				t.Errorf("%s: r0 published %d times to level %d's targets after the heal, its lease lost: more than one", name, n, lvl)
+			}
+		}
 		marks = append(marks, faultMark{name: name + " of r0", at: at, levels: m.heldLevels(clusterLevels)})
-		settled = append(settled, sm)
+		settled, settledAt = append(settled, sm), time.Now()
 	}
 
 	l.waitAcked(cfg.Total/4, 2*time.Minute)
@@ -638,8 +656,20 @@ func TestReplicasCutOff(t *testing.T) {
 	sm := settled[len(settled)-1]
 	for _, lvl := range clusterLevels.Levels() {
 		s, key := lvl.Stream(), levelKey(lvl.Stream())
-		if end.epoch[key] == sm.epoch[key] && end.delivered[s] != sm.delivered[s] {
+		if end.epoch[key] != sm.epoch[key] {
+			continue // r0 took it again
+		}
+		if end.delivered[s] != sm.delivered[s] {
 			t.Errorf("r0 delivered %d on %s after the stall ended its term (epoch %d)", end.delivered[s]-sm.delivered[s], s, sm.epoch[key])
+		}
+		n := 0
+		for _, p := range tap.since(settledAt) {
+			if tappedLevel(p.subject) == lvl.Index {
+				n++
+			}
+		}
+		if n > 0 {
+			t.Errorf("r0 published %d times to level %d's targets after the stall ended its term (epoch %d) and its deliveries settled", n, lvl.Index, sm.epoch[key])
 		}
 	}
 	rep := l.report()
