@@ -494,13 +494,14 @@ func TestReplicasNodeKill9(t *testing.T) {
 // open: what r0 sent meanwhile arrives after the heal). Each lasts until
 // r1 or r2 holds every lease r0 held (asserted, with a higher epoch), and
 // at least 3 s, twice the lease TTL. After each heal r0 holds none of
-// them, it publishes at most once to each level it lost after the heal
-// (its proxies record its publishes to the load's targets), and its
-// delayd_delivered_total and its publishes, once settled, do not move
-// again unless it takes a level again (asserted at the end); no offset moves
-// back (after the stall, r0's offset writes held in the proxy reach the
-// server after the new owners' bumps: they must fail their
-// compare-and-set); the load's checks hold.
+// them; after the cut it publishes at most once to each level it lost (its
+// proxies record its publishes to the load's targets; after the stall,
+// what it wrote before its fence reaches the server after the heal, up to
+// a scanner window per level: logged); its delayd_delivered_total and its
+// publishes, once settled, do not move again unless it takes a level
+// again (asserted at the end); no offset moves back (after the stall, r0's
+// offset writes held in the proxy reach the server after the new owners'
+// bumps: they must fail their compare-and-set); the load's checks hold.
 func TestReplicasCutOff(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test with three replicas on a 3-node cluster: skipped when testing.Short()")
@@ -536,7 +537,7 @@ func TestReplicasCutOff(t *testing.T) {
 	var marks []faultMark
 	var settled []replicaMetrics // r0's, after each fault
 	var settledAt time.Time      // when the last was read
-	fault := func(name string, start, heal func()) {
+	fault := func(name string, holds bool, start, heal func()) {
 		t.Helper()
 		m, err := rs[0].scrape()
 		if err != nil {
@@ -583,16 +584,20 @@ func TestReplicasCutOff(t *testing.T) {
 		})
 		t.Logf("%s at %s for %s; then r0 held %v, delivered %v (before: %v), fenced writes %v", name, at.Format("15:04:05.000"),
 			healed.Sub(at).Round(time.Millisecond), sm.heldKeys(), sm.delivered, m.delivered, sm.fenced)
-		// r0's publishes the proxies read after the heal (a stall's held
-		// bytes were read during it): at most one per level it lost (see
-		// TestReplicasPauseOwner).
+		// r0's publishes the proxies read after the heal. After a cut
+		// (nothing held), at most one per level it lost (see
+		// TestReplicasPauseOwner). A stall holds what r0 wrote while it
+		// still held its leases, and the proxies read it after the heal,
+		// after the new owners took over: logged, not bounded here (they
+		// are deliveries past the committed offset, which the new owner
+		// delivers too: checkCore bounds them).
 		perLevel := map[int]int{}
 		for _, p := range tap.since(healed) {
 			perLevel[tappedLevel(p.subject)]++
 		}
-		t.Logf("%s: r0's publishes to the load's targets after the heal, by level index: %v", name, perLevel)
+		t.Logf("%s: r0's publishes to the load's targets read by its proxies after the heal, by level index: %v", name, perLevel)
 		for _, lvl := range m.heldLevels(clusterLevels) {
-			if n := perLevel[lvl]; n > 1 {
+			if n := perLevel[lvl]; n > 1 && !holds {
 				t.Errorf("%s: r0 published %d times to level %d's targets after the heal, its lease lost: more than one", name, n, lvl)
 			}
 		}
@@ -602,7 +607,7 @@ func TestReplicasCutOff(t *testing.T) {
 
 	l.waitAcked(cfg.Total/4, 2*time.Minute)
 	var cut time.Time
-	fault("cut", func() {
+	fault("cut", false, func() {
 		cut = time.Now()
 		for _, p := range proxies {
 			p.cutOff()
@@ -635,7 +640,7 @@ func TestReplicasCutOff(t *testing.T) {
 	}
 
 	l.waitAcked(cfg.Total*5/8, 2*time.Minute)
-	fault("stall", func() {
+	fault("stall", true, func() {
 		for _, p := range proxies {
 			p.stall()
 		}
