@@ -16,12 +16,15 @@ import (
 // Fault tests on a 3-node NATS cluster (natstest.StartCluster, R3 streams
 // with DELAYD_REPLICAS=3), with delayd as separate processes
 // (procs_test.go), a load with a checker (load_test.go) and a TCP proxy
-// (proxy_test.go). The tests here run ONE replica, which is what today's
-// delayd supports; they prove the harness and hold on today's code.
+// (proxy_test.go). The tests here run ONE replica; the tests with three
+// replicas are in cluster_replicas_test.go (TestReplicas*), which covers
+// the list below except the SIGSTOP of the router alone (today one replica
+// holds the router and its levels together, and TestReplicasPauseOwner
+// stops that replica) and uses a real kill -9 of nats-server processes
+// (natsproc_test.go) for the node faults.
 //
-// Issue 12 adds, once per-level leases with fencing land, tests with three
-// replicas (startReplica "r0".."r2" on c.URLs(); the owner of a level is
-// read from /metrics or `delayctl stats` once they show it), each checked
+// Issue 12's planned tests with three replicas (startReplica "r0".."r2"
+// on c.URLs(); the owner of a level is read from /metrics), each checked
 // with load.report (checkStream: nothing lost, early or duplicated at the
 // stream target; checkCore; and watchOffsets: offsets never move back):
 //   - kill -9 of the owner of a level, at least 10 times during 50,000

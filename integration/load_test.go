@@ -54,6 +54,8 @@ type load struct {
 	isAcked []bool
 	failed  []string // messages given up on
 
+	streamGot []delivery // what report read from the target stream
+
 	nAcked  atomic.Int64
 	retries atomic.Int64
 	done    chan struct{}
@@ -225,6 +227,31 @@ func (l *load) waitAcked(n int, timeout time.Duration) {
 	waitFor(l.t, timeout, fmt.Sprintf("%d of %d messages acked", n, l.cfg.Total), func() bool { return l.acked() >= n })
 }
 
+// waitCaughtUp waits up to timeout until the core target has received
+// every core message that was acked and fell due (its first publish's start
+// plus its level's delay) more than a second ago: the deliveries have
+// caught up with the load, so a fault made next meets no backlog of an
+// earlier one.
+func (l *load) waitCaughtUp(timeout time.Duration) {
+	l.t.Helper()
+	waitFor(l.t, timeout, "deliveries to catch up with the load", func() bool {
+		got := l.core.counts()
+		horizon := time.Now().Add(-time.Second)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for i := 1; i < l.cfg.Total; i += 2 {
+			if !l.isAcked[i] {
+				continue
+			}
+			lvl, _ := l.cfg.Levels.Level(i%l.cfg.Levels.Len() + 1)
+			if l.sent[i].Add(lvl.Delay).Before(horizon) && got[strconv.Itoa(i)] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // waitPublished waits up to timeout until every publisher is done and fails
 // the test unless every message has its PubAck.
 func (l *load) waitPublished(timeout time.Duration) {
@@ -345,13 +372,15 @@ func (l *load) report() loadReport {
 	l.t.Helper()
 	stream := newRecorder(l.t)
 	stream.addStream((&testBundle{t: l.t, js: l.js}).streamMsgs(loadStream))
+	got := stream.snapshot()
 	l.mu.Lock()
 	sent := slices.Clone(l.sent)
+	l.streamGot = got
 	l.mu.Unlock()
 	rep := loadReport{
 		Published: l.acked(),
 		Retries:   int(l.retries.Load()),
-		Stream:    l.targetReport(stream.snapshot(), 0, sent),
+		Stream:    l.targetReport(got, 0, sent),
 		Core:      l.targetReport(l.core.snapshot(), 1, sent),
 	}
 	rep.Ingress = l.streamMsgs(deliver.IngressStream)

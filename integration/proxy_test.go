@@ -1,9 +1,12 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -31,6 +34,7 @@ type proxy struct {
 	gate  chan struct{} // closed while forwarding; open (blocking) while stalled
 	conns map[net.Conn]struct{}
 	n     int // connections accepted and forwarded, in all
+	tap   *pubTap
 }
 
 // startProxy starts a proxy to target (host:port) and closes it when the
@@ -146,17 +150,24 @@ func (p *proxy) accept() {
 				_ = up.Close()
 			})
 		}
-		p.wg.Go(func() { p.copy(up, c); done() })
-		p.wg.Go(func() { p.copy(c, up); done() })
+		var seen func([]byte)
+		if p.tap != nil {
+			seen = (&pubParser{tap: p.tap}).feed
+		}
+		p.wg.Go(func() { p.copy(up, c, seen); done() })
+		p.wg.Go(func() { p.copy(c, up, nil); done() })
 	}
 }
 
 // copy forwards src to dst until either fails, holding each chunk read
-// while the proxy is stalled.
-func (p *proxy) copy(dst, src net.Conn) {
+// while the proxy is stalled. seen, if not nil, gets each chunk as read.
+func (p *proxy) copy(dst, src net.Conn, seen func([]byte)) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && seen != nil {
+			seen(buf[:n])
+		}
 		if n > 0 {
 			p.mu.Lock()
 			gate := p.gate
@@ -168,6 +179,89 @@ func (p *proxy) copy(dst, src net.Conn) {
 		}
 		if err != nil {
 			return
+		}
+	}
+}
+
+// tapPubs makes the proxy record every PUB and HPUB a client sends through
+// it (on connections accepted from now on) to a subject starting with
+// prefix: which subject, and when the proxy read it. Set it before the
+// client connects.
+func (p *proxy) tapPubs(tap *pubTap) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.tap = tap
+}
+
+// pubTap is what proxies' tapPubs recorded: the publishes one client sent
+// to subjects under prefix. Safe for concurrent use.
+type pubTap struct {
+	prefix string
+	mu     sync.Mutex
+	pubs   []tappedPub
+}
+
+// tappedPub is one publish a proxy forwarded.
+type tappedPub struct {
+	subject string
+	at      time.Time // when the proxy read it
+}
+
+// since returns the publishes read at or after t.
+func (tp *pubTap) since(t time.Time) []tappedPub {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	var out []tappedPub
+	for _, p := range tp.pubs {
+		if !p.at.Before(t) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// pubParser reads one connection's client-to-server NATS protocol (one
+// command a line; PUB and HPUB followed by a payload of the size the line
+// ends with) and records the publishes under the tap's prefix.
+type pubParser struct {
+	tap  *pubTap
+	buf  []byte
+	skip int // payload bytes (and their CRLF) still to pass over
+}
+
+func (pp *pubParser) feed(b []byte) {
+	at := time.Now()
+	pp.buf = append(pp.buf, b...)
+	for {
+		if pp.skip > 0 {
+			n := min(pp.skip, len(pp.buf))
+			pp.buf, pp.skip = pp.buf[n:], pp.skip-n
+			if pp.skip > 0 {
+				return
+			}
+		}
+		i := bytes.Index(pp.buf, []byte("\r\n"))
+		if i < 0 {
+			return
+		}
+		f := strings.Fields(string(pp.buf[:i]))
+		pp.buf = pp.buf[i+2:]
+		if len(f) < 3 {
+			continue // PING, PONG, CONNECT, SUB, UNSUB: no payload
+		}
+		op := strings.ToUpper(f[0])
+		if op != "PUB" && op != "HPUB" {
+			continue
+		}
+		size, err := strconv.Atoi(f[len(f)-1]) // PUB's size, HPUB's total size
+		if err != nil {
+			continue
+		}
+		pp.skip = size + 2
+		if strings.HasPrefix(f[1], pp.tap.prefix) {
+			pp.tap.mu.Lock()
+			pp.tap.pubs = append(pp.tap.pubs, tappedPub{subject: f[1], at: at})
+			pp.tap.mu.Unlock()
 		}
 	}
 }
@@ -194,6 +288,8 @@ func TestProxy(t *testing.T) {
 	}
 
 	p := startProxy(t, srv.Addr().String())
+	tap := &pubTap{prefix: "tap."}
+	p.tapPubs(tap)
 	disconnected, reconnected := make(chan struct{}, 10), make(chan struct{}, 10)
 	nc, err := nats.Connect(p.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
 		nats.DisconnectErrHandler(func(*nats.Conn, error) { disconnected <- struct{}{} }),
@@ -213,6 +309,25 @@ func TestProxy(t *testing.T) {
 	}
 	if err := request(5 * time.Second); err != nil {
 		t.Fatalf("through the proxy: %v", err)
+	}
+	// The tap sees publishes under its prefix, with or without headers,
+	// whatever their payload holds.
+	hdr := nats.Header{"K": []string{"v"}}
+	for _, m := range []*nats.Msg{{Subject: "tap.a", Data: []byte("PUB tap.x 1\r\n")}, {Subject: "other", Data: []byte("y")},
+		{Subject: "tap.b", Data: []byte("z"), Header: hdr}} {
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var tapped []string
+	for _, tp := range tap.since(time.Time{}) {
+		tapped = append(tapped, tp.subject)
+	}
+	if strings.Join(tapped, " ") != "tap.a tap.b" {
+		t.Errorf("tapped publishes %q, want tap.a and tap.b", tapped)
 	}
 
 	p.cutOff()

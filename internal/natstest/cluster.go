@@ -48,6 +48,19 @@ type ClusterOption func(i int, o *server.Options)
 // from the INFO it reads through the proxy, and reconnects around a cut.
 func NoAdvertise(_ int, o *server.Options) { o.Cluster.NoAdvertise = true }
 
+// PingInterval returns an option that makes every node ping its clients
+// every interval and close a client's connection as stale once maxOut
+// pings are unanswered (nats-server's ping_interval and ping_max; the
+// defaults are 2 minutes and 2). A test that stops a client process
+// (SIGSTOP) for longer than about interval × (maxOut + 1) sees the server
+// close its connection, as a client gone quiet in production would after
+// 4 to 6 minutes.
+func PingInterval(interval time.Duration, maxOut int) ClusterOption {
+	return func(_ int, o *server.Options) {
+		o.PingInterval, o.MaxPingsOut = interval, maxOut
+	}
+}
+
 // StartCluster starts n nodes (n >= 1; 3 for R3 streams), each with its
 // options changed by opts in order, waits until they form a cluster with a
 // JetStream meta leader and every node is current (up to
