@@ -392,7 +392,7 @@ func (s *Service) Run(ctx context.Context) error {
 	backoff.reset()
 	for {
 		var err error
-		streams, store, bucket, err = s.setup(ctx)
+		streams, store, bucket, err = s.setupInTurn(ctx, holder)
 		if err == nil {
 			break
 		}
@@ -732,7 +732,9 @@ func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, rea
 // if a live replica's level table, prefix or replica count differs. The
 // membership lasts until ctx ends.
 func (s *Service) join(ctx context.Context, holder string) (*lease.Membership, error) {
-	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	// 10 s: creates of the bucket sent at once by replicas started
+	// together may go unanswered (see setupInTurn); the retry finds it.
+	jctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	bucket, err := lease.BindBucket(jctx, mustJS(s.nc, 0), lease.BucketConfig{Replicas: s.cfg.Replicas})
 	if err != nil {
@@ -757,6 +759,39 @@ func (s *Service) sharedSettings() map[string]string {
 		"DELAYD_PREFIX":   s.cfg.Prefix,
 		"DELAYD_REPLICAS": strconv.Itoa(s.cfg.Replicas),
 	}
+}
+
+// setupInTurn runs setup while holding the lease [leadership.SetupKey], so
+// that replicas set up one at a time: identical stream creates sent at
+// once by several replicas to a cluster can all go unanswered
+// (nats-server v2.15.2: three replicas started together waited 60 to 91 s
+// for their streams, integration TestReplicasStartTogether). The lease is
+// released once setup returns; one left by a replica that crashed in its
+// setup is taken a lease TTL after its last renewal. Each later replica's
+// setup finds every stream in place and changes nothing.
+func (s *Service) setupInTurn(ctx context.Context, holder string) ([]string, *offsets.Store, *lease.Bucket, error) {
+	bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	bucket, err := lease.BindBucket(bctx, mustJS(s.nc, 0), lease.BucketConfig{Replicas: s.cfg.Replicas})
+	cancel()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	turn, err := lease.New(bucket, lease.Config{Key: leadership.SetupKey, Holder: holder, TTL: s.cfg.LeaseTTL,
+		Logger: s.logger.With(slog.String("component", "lease"), slog.String("lease", leadership.SetupKey))})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := turn.Acquire(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := turn.Release(rctx); err != nil {
+			s.logger.Warn("setup lease not released; the next replica takes it after the lease TTL", slog.Any("error", err))
+		}
+	}()
+	return s.setup(ctx)
 }
 
 // setup creates or updates every stream, the offsets and lease buckets, and returns

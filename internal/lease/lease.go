@@ -146,6 +146,10 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (
 	return &Bucket{kv: kv}, nil
 }
 
+// createWait bounds BindBucket's create of a missing bucket before it
+// looks whether the bucket exists after all.
+const createWait = 3 * time.Second
+
 // BindBucket returns the [BucketName] bucket as it is, and creates it as
 // [OpenBucket] does only if it does not exist: a replica that may yet
 // refuse to start (a setting differs from a live replica's,
@@ -154,7 +158,20 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (
 func BindBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Bucket, error) {
 	kv, err := js.KeyValue(ctx, BucketName)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return OpenBucket(ctx, js, cfg)
+		// Replicas started together create the bucket at once, and
+		// identical creates sent at once to a cluster may all go
+		// unanswered though the bucket is created (nats-server v2.15.2):
+		// a create unanswered for createWait is followed by a look.
+		cctx, cancel := context.WithTimeout(ctx, createWait)
+		b, err := OpenBucket(cctx, js, cfg)
+		cancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return b, err
+		}
+		if kv, lerr := js.KeyValue(ctx, BucketName); lerr == nil {
+			return &Bucket{kv: kv}, nil
+		}
+		return nil, err
 	}
 	if err != nil {
 		return nil, fmt.Errorf("lease: bucket %s: %w", BucketName, err)

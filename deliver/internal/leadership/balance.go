@@ -12,6 +12,11 @@ import (
 	"github.com/delayd/delayd/internal/lease"
 )
 
+// SetupKey is the lease key a replica holds while it creates or updates
+// delayd's streams and buckets at start: replicas set up one at a time.
+// No elector bids for it.
+const SetupKey = "setup"
+
 // JanitorKey is the lease key of the singleton jobs (the id index trim,
 // the sweep of stopped replicas' membership keys): one replica runs them.
 const JanitorKey = "janitor"
