@@ -237,12 +237,43 @@ func (e *env) streamMsgs(ctx context.Context, name string) (uint64, error) {
 	return info.State.Msgs, nil
 }
 
+// levelMsgs returns how many messages the level stream of delay d holds
+// for target: the routers' epoch markers it also holds (README
+// "Guarantees": epoch markers) are not counted.
+func (e *env) levelMsgs(ctx context.Context, d time.Duration, target string) (uint64, error) {
+	s, err := e.js.Stream(ctx, levels.StreamName(d))
+	if err != nil {
+		return 0, err
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(contract.LevelSubjectPrefix+levels.DurationName(d)+"."+target))
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return n, nil
+}
+
 // waitStreamMsgs polls until the stream holds want messages, and returns the
 // time it first saw them; on timeout it returns errTimeout and the count.
 func (e *env) waitStreamMsgs(ctx context.Context, name string, want uint64, timeout time.Duration) (time.Time, uint64, error) {
+	return waitMsgs(ctx, want, timeout, func() (uint64, error) { return e.streamMsgs(ctx, name) })
+}
+
+// waitLevelMsgs polls until the level stream of delay d holds want
+// messages for target ([env.levelMsgs]), as [env.waitStreamMsgs].
+func (e *env) waitLevelMsgs(ctx context.Context, d time.Duration, target string, want uint64, timeout time.Duration) (time.Time, uint64, error) {
+	return waitMsgs(ctx, want, timeout, func() (uint64, error) { return e.levelMsgs(ctx, d, target) })
+}
+
+// waitMsgs polls count until it reaches want, and returns the time it
+// first did; on timeout it returns errTimeout and the count.
+func waitMsgs(ctx context.Context, want uint64, timeout time.Duration, count func() (uint64, error)) (time.Time, uint64, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		n, err := e.streamMsgs(ctx, name)
+		n, err := count()
 		if err != nil {
 			return time.Time{}, n, err
 		}

@@ -26,7 +26,8 @@
 //   - ingest (delayd): N messages are published to delay.bench.x with
 //     Delay-Level 3 of the table "1s 5s 1h" while delayd is stopped; then a
 //     delayd service starts and msgs_per_s = N / time from its start until
-//     DELAYD_1H holds N (the router's rate, service start-up included).
+//     DELAYD_1H holds the N (its epoch markers not counted; the router's
+//     rate, service start-up included).
 //     early counts deliveries to bench.x, which none may see within the hour.
 //   - burst (delayd and native; targets core and stream): N messages all due
 //     by the same instant T. delayd: a router alone (no scanners) writes N
