@@ -7,7 +7,7 @@
 //	go run ./cmd/delaybench                       # every scenario, default sizes (≤ ~5 min on 2 cores)
 //	go run ./cmd/delaybench -scenarios burst,steady -burst-n 200000
 //	go run ./cmd/delaybench -json                 # one JSON object per row
-//	go run ./cmd/delaybench -scenarios cluster    # the cluster scenario (not in the default set; ~4 min on 2 cores)
+//	go run ./cmd/delaybench -scenarios cluster    # the cluster scenario (not in the default set; ~3 min on 2 cores)
 //
 // Each (scenario, system) pair gets a fresh embedded nats-server (JetStream,
 // file storage in a temporary directory removed at exit, no logging, no
