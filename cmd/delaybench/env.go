@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -44,7 +46,8 @@ func (b *bench) logf(format string, args ...any) {
 	fmt.Fprintf(b.stderr, "%s delaybench: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 }
 
-// progress logs "label: n/total" every 2 s until the returned stop is called.
+// progress logs "label: n/total" ("label: n" for total 0) every 2 s until
+// the returned stop is called.
 func (b *bench) progress(label string, total int, count func() int) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -56,18 +59,24 @@ func (b *bench) progress(label string, total int, count func() int) (stop func()
 			case <-done:
 				return
 			case <-t.C:
-				b.logf("%s: %d/%d", label, count(), total)
+				if total > 0 {
+					b.logf("%s: %d/%d", label, count(), total)
+				} else {
+					b.logf("%s: %d", label, count())
+				}
 			}
 		}
 	})
 	return func() { close(done); wg.Wait() }
 }
 
-// env is one embedded nats-server with its store directory and a client.
+// env is one embedded nats-server, or the nodes of a cluster, with their
+// store directory and a client.
 type env struct {
-	srv   *server.Server
-	dir   string
-	nc    *nats.Conn          // the benchmark's own client
+	srv   *server.Server      // node 0: the only node, or the benchmark client's node in a cluster
+	nodes []*server.Server    // every node; nodes[0] is srv
+	dir   string              // every node's store is under it
+	nc    *nats.Conn          // the benchmark's own client, on node 0
 	js    jetstream.JetStream // on nc, with a bounded async-publish window
 	mu    sync.Mutex
 	conns []*nats.Conn
@@ -80,37 +89,106 @@ func (b *bench) newEnv() (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := server.NewServer(&server.Options{
+	e := &env{dir: dir}
+	srv, err := startServer(&server.Options{
 		ServerName: "delaybench", Host: "127.0.0.1", Port: -1,
 		JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
 	})
+	if err != nil {
+		e.close()
+		return nil, err
+	}
+	e.srv, e.nodes = srv, []*server.Server{srv}
+	return e, e.connectClient()
+}
+
+// newClusterEnv starts a JetStream cluster of n embedded nats-servers on
+// loopback with the options of the tests' clusters
+// (natstest.ClusterOptions), each storing in a directory of its own under
+// the run's root, waits until the cluster is ready (up to
+// natstest.ClusterReadyTimeout), and connects to node 0 in-process.
+func (b *bench) newClusterEnv(ctx context.Context, n int) (*env, error) {
+	dir, err := os.MkdirTemp(b.root, "cluster-")
+	if err != nil {
+		return nil, err
+	}
+	e := &env{dir: dir}
+	dirs := make([]string, n)
+	for i := range dirs {
+		dirs[i] = filepath.Join(dir, fmt.Sprintf("n%d", i))
+	}
+	opts, err := natstest.ClusterOptions("delaybench", dirs)
+	if err != nil {
+		e.close()
+		return nil, err
+	}
+	for _, o := range opts {
+		srv, err := startServer(o)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.nodes = append(e.nodes, srv)
+	}
+	e.srv = e.nodes[0]
+	deadline := time.Now().Add(natstest.ClusterReadyTimeout)
+	for !natstest.ClusterReady(e.nodes) {
+		if time.Now().After(deadline) {
+			e.close()
+			return nil, fmt.Errorf("%d-node cluster not ready within %s", n, natstest.ClusterReadyTimeout)
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			e.close()
+			return nil, err
+		}
+	}
+	return e, e.connectClient()
+}
+
+// startServer starts a nats-server with opts and waits until it accepts
+// connections.
+func startServer(opts *server.Options) (*server.Server, error) {
+	srv, err := server.NewServer(opts)
 	if err != nil {
 		return nil, err
 	}
 	go srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
-		return nil, errors.New("embedded nats-server not ready within 10s")
+		return nil, fmt.Errorf("embedded nats-server %s not ready within 10s", opts.ServerName)
 	}
-	e := &env{srv: srv, dir: dir}
+	return srv, nil
+}
+
+// connectClient connects the benchmark's own client to node 0; it closes
+// the env on failure.
+func (e *env) connectClient() error {
+	var err error
 	if e.nc, err = e.conn(nil); err != nil {
 		e.close()
-		return nil, err
+		return err
 	}
 	if e.js, err = jetstream.New(e.nc, jetstream.WithPublishAsyncMaxPending(pubWindow), jetstream.WithPublishAsyncTimeout(10*time.Second)); err != nil {
 		e.close()
-		return nil, err
+		return err
 	}
-	return e, nil
+	return nil
 }
 
-// conn opens another in-process connection, closed with the env.
+// conn opens another in-process connection to node 0, closed with the env.
 func (e *env) conn(onErr func(error)) (*nats.Conn, error) {
-	opts := []nats.Option{nats.InProcessServer(e.srv), nats.MaxReconnects(-1)}
+	return e.connTo(0, onErr)
+}
+
+// connTo opens an in-process connection to node i, reconnecting for ever,
+// closed with the env; extra options come last.
+func (e *env) connTo(i int, onErr func(error), extra ...nats.Option) (*nats.Conn, error) {
+	srv := e.nodes[i]
+	opts := []nats.Option{nats.InProcessServer(srv), nats.MaxReconnects(-1)}
 	if onErr != nil {
 		opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { onErr(err) }))
 	}
-	nc, err := nats.Connect(e.srv.ClientURL(), opts...)
+	nc, err := nats.Connect(srv.ClientURL(), append(opts, extra...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -120,16 +198,18 @@ func (e *env) conn(onErr func(error)) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// close closes every connection, stops the server and removes its store.
+// close closes every connection, stops every node and removes the stores.
 func (e *env) close() {
 	e.mu.Lock()
 	for _, nc := range e.conns {
 		nc.Close()
 	}
 	e.mu.Unlock()
-	if e.srv != nil {
-		e.srv.Shutdown()
-		e.srv.WaitForShutdown()
+	for _, srv := range e.nodes {
+		srv.Shutdown()
+	}
+	for _, srv := range e.nodes {
+		srv.WaitForShutdown()
 	}
 	_ = os.RemoveAll(e.dir)
 }
@@ -150,25 +230,50 @@ func (e *env) streamMsgs(ctx context.Context, name string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	// Level streams also hold the router's epoch markers: not messages.
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(deliver.MarkerSubjects))
+	info, err := s.Info(ctx)
 	if err != nil {
 		return 0, err
 	}
-	n := info.State.Msgs
-	for _, markers := range info.State.Subjects {
-		n -= markers
+	return info.State.Msgs, nil
+}
+
+// levelMsgs returns how many messages the level stream of delay d holds
+// for target: the routers' epoch markers it also holds (README
+// "Guarantees": epoch markers) are not counted.
+func (e *env) levelMsgs(ctx context.Context, d time.Duration, target string) (uint64, error) {
+	s, err := e.js.Stream(ctx, levels.StreamName(d))
+	if err != nil {
+		return 0, err
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(contract.LevelSubjectPrefix+levels.DurationName(d)+"."+target))
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
 	}
 	return n, nil
 }
 
-// waitStreamMsgs polls until the stream holds want messages (epoch markers
-// not counted), and returns the
+// waitStreamMsgs polls until the stream holds want messages, and returns the
 // time it first saw them; on timeout it returns errTimeout and the count.
 func (e *env) waitStreamMsgs(ctx context.Context, name string, want uint64, timeout time.Duration) (time.Time, uint64, error) {
+	return waitMsgs(ctx, want, timeout, func() (uint64, error) { return e.streamMsgs(ctx, name) })
+}
+
+// waitLevelMsgs polls until the level stream of delay d holds want
+// messages for target ([env.levelMsgs]), as [env.waitStreamMsgs].
+func (e *env) waitLevelMsgs(ctx context.Context, d time.Duration, target string, want uint64, timeout time.Duration) (time.Time, uint64, error) {
+	return waitMsgs(ctx, want, timeout, func() (uint64, error) { return e.levelMsgs(ctx, d, target) })
+}
+
+// waitMsgs polls count until it reaches want, and returns the time it
+// first did; on timeout it returns errTimeout and the count.
+func waitMsgs(ctx context.Context, want uint64, timeout time.Duration, count func() (uint64, error)) (time.Time, uint64, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		n, err := e.streamMsgs(ctx, name)
+		n, err := count()
 		if err != nil {
 			return time.Time{}, n, err
 		}
@@ -266,31 +371,46 @@ func index(p []byte) int {
 type service struct {
 	svc    *deliver.Service
 	nc     *nats.Conn
+	node   int // the node nc is connected to
 	cancel context.CancelFunc
 	done   chan error
 }
 
 // startService runs a delayd service with the level table on its own
-// connection (as cmd/delayd wires it) and waits until it is ready.
+// connection to node 0 (as cmd/delayd wires it) and waits until it is ready.
 func (e *env) startService(ctx context.Context, table string) (*service, error) {
+	return e.startReplica(ctx, 0, deliver.Config{Levels: levels.MustParse(table)})
+}
+
+// startReplica runs a delayd service with cfg (its Prefix set to the
+// benchmark's) on a connection of its own to node i, wired as cmd/delayd
+// wires it (async errors to the service, no reconnect buffer), and waits
+// until it is ready: set up and bidding for its leases, holding none yet
+// perhaps.
+func (e *env) startReplica(ctx context.Context, node int, cfg deliver.Config) (*service, error) {
 	var ref atomic.Pointer[deliver.Service]
-	nc, err := e.conn(func(err error) {
+	nc, err := e.connTo(node, func(err error) {
 		if s := ref.Load(); s != nil {
 			s.HandleAsyncError(err)
 		}
-	})
+	}, nats.ReconnectBufSize(-1), nats.ReconnectHandler(func(*nats.Conn) {
+		if s := ref.Load(); s != nil {
+			s.HandleReconnect()
+		}
+	}))
 	if err != nil {
 		return nil, err
 	}
-	svc, err := deliver.New(nc, deliver.Config{Prefix: prefix, Levels: levels.MustParse(table)})
+	cfg.Prefix = prefix
+	svc, err := deliver.New(nc, cfg)
 	if err != nil {
 		return nil, err
 	}
 	ref.Store(svc)
 	rctx, cancel := context.WithCancel(ctx)
-	s := &service{svc: svc, nc: nc, cancel: cancel, done: make(chan error, 1)}
+	s := &service{svc: svc, nc: nc, node: node, cancel: cancel, done: make(chan error, 1)}
 	go func() { s.done <- svc.Run(rctx) }()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for !svc.Ready() {
 		select {
 		case err := <-s.done:
@@ -300,7 +420,7 @@ func (e *env) startService(ctx context.Context, table string) (*service, error) 
 		}
 		if time.Now().After(deadline) {
 			s.stop()
-			return nil, errors.New("delayd not ready within 30s")
+			return nil, errors.New("delayd not ready within 1 min")
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

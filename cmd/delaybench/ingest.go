@@ -36,7 +36,7 @@ func (b *bench) ingest(ctx context.Context) ([]result, []string, error) {
 		return nil, nil, err
 	}
 	stop := b.progress("ingest: routed", n, func() int { rs, _ := svc.svc.Stats(); return int(rs.Routed) })
-	at, got, err := e.waitStreamMsgs(ctx, "DELAYD_1H", uint64(n), 2*time.Minute)
+	at, got, err := e.waitLevelMsgs(ctx, time.Hour, "bench.x", uint64(n), 2*time.Minute)
 	stop()
 	row := result{Scenario: "ingest", System: "delayd", Target: "stream", N: n, Lost: n - int(got), Early: early.count(), Note: refusedNote(n, pub.acked)}
 	if err == nil {

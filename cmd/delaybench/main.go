@@ -7,6 +7,7 @@
 //	go run ./cmd/delaybench                       # every scenario, default sizes (≤ ~5 min on 2 cores)
 //	go run ./cmd/delaybench -scenarios burst,steady -burst-n 200000
 //	go run ./cmd/delaybench -json                 # one JSON object per row
+//	go run ./cmd/delaybench -scenarios cluster    # the cluster scenario (not in the default set; ~3 min on 2 cores)
 //
 // Each (scenario, system) pair gets a fresh embedded nats-server (JetStream,
 // file storage in a temporary directory removed at exit, no logging, no
@@ -25,7 +26,8 @@
 //   - ingest (delayd): N messages are published to delay.bench.x with
 //     Delay-Level 3 of the table "1s 5s 1h" while delayd is stopped; then a
 //     delayd service starts and msgs_per_s = N / time from its start until
-//     DELAYD_1H holds N (the router's rate, service start-up included).
+//     DELAYD_1H holds the N (its epoch markers not counted; the router's
+//     rate, service start-up included).
 //     early counts deliveries to bench.x, which none may see within the hour.
 //   - burst (delayd and native; targets core and stream): N messages all due
 //     by the same instant T. delayd: a router alone (no scanners) writes N
@@ -59,6 +61,29 @@
 //     earlier scenarios) and two runtime.GC(). pending-own
 //     (delayd): heap with the service running minus heap once it stopped:
 //     delayd's own memory, which must not grow with N.
+//   - cluster (delayd; only when named in -scenarios): a 3-node cluster of
+//     embedded servers (the options of the tests' clusters,
+//     internal/natstest) with every delayd stream R3, against a 1-node
+//     server with R1 streams as the reference, a fresh server or cluster
+//     for every row. delayd runs as 1, 2 and 3 services, each on its own
+//     in-process connection to a node of its own, without a reconnect
+//     buffer (as cmd/delayd). cluster-burst: -cluster-burst-n messages
+//     at level "1s" to a core target, routed by a router alone and all
+//     due by T, when the services start (as in burst). cluster-steady:
+//     -cluster-rate msg/s for -cluster-duration at level "1s" to a core
+//     target, once the services hold every lease, balanced. Their R3 rows
+//     carry r3_over_r1 (msgs_per_s, resp. lateness p99, over the R1 row's).
+//     cluster-failover-kill and -graceful: 3 services, -cluster-rate msg/s
+//     at level "1s" to an R3 stream target, while the service owning
+//     DELAYD_1S is stopped -cluster-kills times each way, the load
+//     running on: killed (its connection closed without releasing its
+//     leases: what kill -9 looks like to the cluster) or stopped
+//     gracefully (its context cancelled: it settles, commits and releases
+//     them), and a new service started on its node at once. gap_ms is the
+//     longest time between two deliveries in a row at the target after
+//     each stop, up to the next (store times), over the stops; lost,
+//     early and duplicates count the messages published in that phase.
+//     Every node, service and client shares this process's cores.
 //
 // Every row counts lost (published and PubAcked, but never delivered, by
 // payload index; a timeout counts the rest as lost) and early (delivered
@@ -95,10 +120,23 @@ const (
 	// SettleDefault is how long the pending scenario waits before a heap
 	// reading: past the file store's 10 s block cache expiry.
 	SettleDefault = 11 * time.Second
+	// ClusterBurstNDefault is the cluster scenario's burst size.
+	ClusterBurstNDefault = 20_000
+	// ClusterRateDefault is the cluster scenario's steady and failover
+	// load, msg/s.
+	ClusterRateDefault = 2_000
+	// ClusterDurationDefault is how long each cluster-steady row publishes.
+	ClusterDurationDefault = 10 * time.Second
+	// ClusterKillsDefault is how many times the failover rows stop the
+	// level's owner, each way.
+	ClusterKillsDefault = 10
 )
 
 // scenarioNames are the scenarios, in the order they run.
-var scenarioNames = []string{"raw", "ingest", "burst", "steady", "cancel-storm", "pending"}
+var scenarioNames = []string{"raw", "ingest", "burst", "steady", "cancel-storm", "pending", "cluster"}
+
+// defaultScenarios run when -scenarios is not given: all but cluster.
+var defaultScenarios = scenarioNames[:len(scenarioNames)-1]
 
 // config is the harness's configuration; the flags set it.
 type config struct {
@@ -109,7 +147,11 @@ type config struct {
 	CancelRate     int           // cancel-storm: cancel requests per second
 	BurstN         int           // burst message count
 	PendingN       int           // pending message count
-	Scenarios      []string      // subset of scenarioNames; empty = all
+	ClusterBurstN  int           // cluster-burst message count
+	ClusterRate    int           // cluster-steady and cluster-failover: msg/s offered
+	ClusterDur     time.Duration // cluster-steady: publishing time
+	ClusterKills   int           // cluster-failover: stops of the level's owner, each way
+	Scenarios      []string      // subset of scenarioNames; empty = defaultScenarios
 	JSON           bool          // one JSON object per row instead of a table
 	Settle         time.Duration // pending: wait before heap readings
 	CommandLine    string        // printed in the header
@@ -118,6 +160,9 @@ type config struct {
 func (c *config) validate() error {
 	if c.N < 1 || c.BurstN < 1 || c.PendingN < 1 || c.SteadyRate < 1 || c.SteadyDuration <= 0 || c.CancelRate < 1 {
 		return errors.New("-n, -burst-n, -pending-n, -steady-rate, -steady-duration and -cancel-rate must be positive")
+	}
+	if c.wants("cluster") && (c.ClusterBurstN < 1 || c.ClusterRate < 1 || c.ClusterDur <= 0 || c.ClusterKills < 1) {
+		return errors.New("-cluster-burst-n, -cluster-rate, -cluster-duration and -cluster-kills must be positive")
 	}
 	if c.Payload < idxWidth {
 		return fmt.Errorf("-payload %d: must be at least %d (the index is written in the first %d bytes)", c.Payload, idxWidth, idxWidth)
@@ -131,7 +176,10 @@ func (c *config) validate() error {
 }
 
 func (c *config) wants(name string) bool {
-	return len(c.Scenarios) == 0 || slices.Contains(c.Scenarios, name)
+	if len(c.Scenarios) == 0 {
+		return slices.Contains(defaultScenarios, name)
+	}
+	return slices.Contains(c.Scenarios, name)
 }
 
 func main() {
@@ -144,7 +192,11 @@ func main() {
 	fs.IntVar(&cfg.CancelRate, "cancel-rate", CancelRateDefault, "cancel-storm: cancel requests per second (the level takes -steady-rate msg/s for -steady-duration)")
 	fs.IntVar(&cfg.BurstN, "burst-n", BurstNDefault, "burst: messages all due at the same instant")
 	fs.IntVar(&cfg.PendingN, "pending-n", PendingNDefault, "pending: messages waiting 2h")
-	scen := fs.String("scenarios", strings.Join(scenarioNames, ","), "comma-separated subset of "+strings.Join(scenarioNames, ","))
+	fs.IntVar(&cfg.ClusterBurstN, "cluster-burst-n", ClusterBurstNDefault, "cluster: burst messages all due at the same instant")
+	fs.IntVar(&cfg.ClusterRate, "cluster-rate", ClusterRateDefault, "cluster: steady and failover load, messages per second")
+	fs.DurationVar(&cfg.ClusterDur, "cluster-duration", ClusterDurationDefault, "cluster: how long each steady row publishes")
+	fs.IntVar(&cfg.ClusterKills, "cluster-kills", ClusterKillsDefault, "cluster: stops of the level's owner, killed and then graceful, this many each")
+	scen := fs.String("scenarios", strings.Join(defaultScenarios, ","), "comma-separated subset of "+strings.Join(scenarioNames, ",")+" (cluster only when named)")
 	fs.BoolVar(&cfg.JSON, "json", false, "one JSON object per row instead of a table")
 	fs.DurationVar(&cfg.Settle, "settle", SettleDefault, "pending: wait before each heap reading (the file store's block cache expires after 10s)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
@@ -250,6 +302,8 @@ func (b *bench) scenario(ctx context.Context, name string) ([]result, []string, 
 		return b.cancelStorm(ctx)
 	case "pending":
 		return b.pending(ctx)
+	case "cluster":
+		return b.cluster(ctx)
 	}
 	return nil, nil, fmt.Errorf("unknown scenario %q", name)
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -55,5 +56,76 @@ func TestSmoke(t *testing.T) {
 		if !seen[want] {
 			t.Errorf("no row %s; got %v", want, seen)
 		}
+	}
+}
+
+// TestCluster runs the cluster scenario tiny (two kills, two graceful
+// stops) and checks correctness only: every row has lost == 0, early == 0
+// and no duplicates at the stream target; each kill left the owner's
+// leases to expire (at least the level's lease per kill) while each
+// graceful stop released them all. It never asserts a speed.
+func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts eight servers and clusters with delayd services; skipped when testing.Short()")
+	}
+	const kills = 2
+	cfg := config{
+		Payload: PayloadDefault, ClusterBurstN: 500, ClusterRate: 200, ClusterDur: 2 * time.Second, ClusterKills: kills,
+		Scenarios: []string{"cluster"}, JSON: true, CommandLine: "delaybench (cluster test)",
+		N: 1, BurstN: 1, PendingN: 1, SteadyRate: 1, SteadyDuration: time.Second, CancelRate: 1,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	if err := run(ctx, cfg, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s\n%s", err, stdout.String(), stderr.String())
+	}
+	seen := map[string]int{}
+	sc := bufio.NewScanner(&stdout)
+	for sc.Scan() {
+		var r result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("bad JSON line %q: %v", sc.Text(), err)
+		}
+		if r.Scenario == "" {
+			continue // a note
+		}
+		if r.Cluster == nil {
+			t.Errorf("%s: no cluster set-up in the row", sc.Text())
+			continue
+		}
+		key := fmt.Sprintf("%s/R%d/%d", r.Scenario, r.Cluster.StreamReplicas, r.Cluster.Replicas)
+		seen[key]++
+		if r.Lost != 0 || r.Early != 0 {
+			t.Errorf("%s: lost=%d early=%d (note: %s)", key, r.Lost, r.Early, r.Note)
+		}
+		if r.Target == "stream" && (r.Duplicates == nil || *r.Duplicates != 0) {
+			t.Errorf("%s: duplicates %v at the stream target, want 0", key, r.Duplicates)
+		}
+		switch r.Scenario {
+		case "cluster-failover-kill", "cluster-failover-graceful":
+			if r.Events != kills || r.Gap == nil || r.Unreleased == nil {
+				t.Errorf("%s: events %d (want %d), gap %v, unreleased %v", key, r.Events, kills, r.Gap, r.Unreleased)
+				continue
+			}
+			if kill := r.Scenario == "cluster-failover-kill"; kill && *r.Unreleased < kills {
+				t.Errorf("%s: %d lease terms ended unreleased over %d kills, want at least one (the level's) per kill", key, *r.Unreleased, kills)
+			} else if !kill && *r.Unreleased != 0 {
+				t.Errorf("%s: %d lease terms ended unreleased over graceful stops, want 0", key, *r.Unreleased)
+			}
+		}
+	}
+	var want []string
+	for _, s := range []string{"cluster-burst", "cluster-steady"} {
+		want = append(want, s+"/R1/1", s+"/R3/1", s+"/R3/2", s+"/R3/3")
+	}
+	want = append(want, "cluster-failover-kill/R3/3", "cluster-failover-graceful/R3/3")
+	for _, w := range want {
+		if seen[w] != 1 {
+			t.Errorf("row %s seen %d times, want once; got %v", w, seen[w], seen)
+		}
+	}
+	if t.Failed() {
+		t.Logf("rows:\n%s\nprogress:\n%s", stdout.String(), stderr.String())
 	}
 }

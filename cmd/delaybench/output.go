@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -31,7 +32,33 @@ type result struct {
 	Cancels *cancelCounts `json:"cancels,omitempty"`
 	// P99Ratio is lateness p99 with cancels over p99 without (cancel-storm row only).
 	P99Ratio *float64 `json:"p99_ratio,omitempty"`
-	Note     string   `json:"note,omitempty"`
+	// Cluster is the set-up of a cluster row: nodes, stream replicas and
+	// delayd replicas (cluster rows only).
+	Cluster *clusterSetup `json:"cluster,omitempty"`
+	// Duplicates counts deliveries beyond the first of a message, by
+	// payload index (cluster rows only; other rows note them).
+	Duplicates *int `json:"duplicates,omitempty"`
+	// R3OverR1 is the row's figure over the R1 reference's, both measured
+	// in this run: msgs_per_s for cluster-burst, lateness p99 for
+	// cluster-steady (cluster R3 rows only).
+	R3OverR1 *float64 `json:"r3_over_r1,omitempty"`
+	// Events is how many times the level's owner was stopped, and Gap the
+	// level's longest delivery gap after each stop, in ms, over the
+	// events (cluster-failover rows only).
+	Events int       `json:"events,omitempty"`
+	Gap    *lateness `json:"gap_ms,omitempty"`
+	// Unreleased counts the stopped owners' lease terms that ended without
+	// a release (cluster-failover rows only): a kill leaves every lease it
+	// held to expire, a graceful stop releases them all (0).
+	Unreleased *int   `json:"unreleased_terms,omitempty"`
+	Note       string `json:"note,omitempty"`
+}
+
+// clusterSetup is where a cluster row ran.
+type clusterSetup struct {
+	Nodes          int `json:"nodes"`           // nats-server nodes
+	StreamReplicas int `json:"stream_replicas"` // replicas of every stream delayd creates (R)
+	Replicas       int `json:"replicas"`        // delayd services, each on its own connection to a node of its own
 }
 
 // lateness is a distribution in milliseconds, over every message.
@@ -97,12 +124,14 @@ func pct(sorted []time.Duration, p float64) time.Duration {
 	return sorted[max(0, min(rank, len(sorted)-1))]
 }
 
-// output writes rows as a table (flushed at the end) or JSON lines.
+// output writes rows as tables (flushed at the end: cluster rows in a
+// table of their own) or JSON lines.
 type output struct {
-	cfg   config
-	w     io.Writer
-	tw    *tabwriter.Writer
-	notes []string
+	cfg     config
+	w       io.Writer
+	tw      *tabwriter.Writer
+	cluster []result
+	notes   []string
 }
 
 func newOutput(cfg config, w io.Writer) *output {
@@ -118,13 +147,23 @@ func (o *output) header() {
 	fmt.Fprintf(o.w, "command: %s\n", o.cfg.CommandLine)
 	fmt.Fprintf(o.w, "payload %d B; n=%d burst-n=%d steady %d msg/s for %s; cancel-rate %d/s; pending-n=%d; lateness in ms over every message\n\n",
 		o.cfg.Payload, o.cfg.N, o.cfg.BurstN, o.cfg.SteadyRate, o.cfg.SteadyDuration, o.cfg.CancelRate, o.cfg.PendingN)
-	fmt.Fprintln(o.tw, "scenario\tsystem\ttarget\tn\tmsgs/s\tp50 ms\tp99 ms\tmax ms\tlost\tearly\theap B/pending\t")
+	if o.cfg.wants("cluster") {
+		fmt.Fprintf(o.w, "cluster: cluster-burst-n=%d; %d msg/s, steady for %s; %d kills and %d graceful stops; every node and service in this process\n",
+			o.cfg.ClusterBurstN, o.cfg.ClusterRate, o.cfg.ClusterDur, o.cfg.ClusterKills, o.cfg.ClusterKills)
+	}
+	if slices.ContainsFunc(defaultScenarios, o.cfg.wants) {
+		fmt.Fprintln(o.tw, "scenario\tsystem\ttarget\tn\tmsgs/s\tp50 ms\tp99 ms\tmax ms\tlost\tearly\theap B/pending\t")
+	}
 }
 
 func (o *output) row(r result) {
 	if o.cfg.JSON {
 		b, _ := json.Marshal(r)
 		fmt.Fprintln(o.w, string(b))
+		return
+	}
+	if r.Cluster != nil {
+		o.cluster = append(o.cluster, r)
 		return
 	}
 	dash := "-"
@@ -166,10 +205,50 @@ func (o *output) footer(elapsed time.Duration) {
 		return
 	}
 	_ = o.tw.Flush()
+	o.clusterTable()
 	for _, n := range o.notes {
 		fmt.Fprintln(o.w, "note: "+n)
 	}
 	fmt.Fprintf(o.w, "total %s\n", elapsed.Round(100*time.Millisecond))
+}
+
+// clusterTable writes the cluster rows: for cluster-failover rows, n is
+// the messages of the load and p50/p99/max are the gap over the events.
+func (o *output) clusterTable() {
+	if len(o.cluster) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(o.w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(o.w)
+	fmt.Fprintln(tw, "cluster scenario\ttarget\tnodes\tR\treplicas\tn\tmsgs/s\tp50 ms\tp99 ms\tmax ms\tlost\tearly\tdups\tR3/R1\tevents\t")
+	f := func(v float64, format string) string {
+		if v == 0 {
+			return "-"
+		}
+		return fmt.Sprintf(format, v)
+	}
+	for _, r := range o.cluster {
+		p50, p99, mx := "-", "-", "-"
+		if d := cmp.Or(r.Gap, r.Lateness); d != nil {
+			p50, p99, mx = fmt.Sprintf("%.1f", d.P50), fmt.Sprintf("%.1f", d.P99), fmt.Sprintf("%.1f", d.Max)
+		}
+		dups, ratio, events := "-", "-", "-"
+		if r.Duplicates != nil {
+			dups = fmt.Sprint(*r.Duplicates)
+		}
+		if r.R3OverR1 != nil {
+			ratio = fmt.Sprintf("%.2f", *r.R3OverR1)
+		}
+		if r.Events > 0 {
+			events = fmt.Sprint(r.Events)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t\n", r.Scenario, r.Target, r.Cluster.Nodes,
+			r.Cluster.StreamReplicas, r.Cluster.Replicas, r.N, f(r.MsgsPerS, "%.0f"), p50, p99, mx, r.Lost, r.Early, dups, ratio, events)
+		if r.Note != "" {
+			o.notes = append(o.notes, fmt.Sprintf("%s/R%d/%d replicas: %s", r.Scenario, r.Cluster.StreamReplicas, r.Cluster.Replicas, r.Note))
+		}
+	}
+	_ = tw.Flush()
 }
 
 func mib(b int64) string {

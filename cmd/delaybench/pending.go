@@ -71,7 +71,7 @@ func (b *bench) pendingDelayd(ctx context.Context) ([]result, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, got, err := e.waitStreamMsgs(ctx, "DELAYD_2H", uint64(n), 2*time.Minute)
+	_, got, err := e.waitLevelMsgs(ctx, 2*time.Hour, "pending.x", uint64(n), 2*time.Minute)
 	if err != nil && err != errTimeout {
 		return nil, err
 	}

@@ -31,25 +31,38 @@ type paced struct {
 	elapsed       time.Duration // first publish to last PubAck (monotonic)
 }
 
-// publishPaced publishes rate msg/s for dur in batches every 5 ms, catching
-// up on the schedule when a batch ran late, and waits for the PubAcks.
+// publishPaced publishes -steady-rate msg/s for -steady-duration (see
+// [bench.publishRate]).
 func (b *bench) publishPaced(ctx context.Context, e *env, label string, mk func(i int) *nats.Msg) (paced, error) {
-	rate, dur := b.cfg.SteadyRate, b.cfg.SteadyDuration
-	total := int(float64(rate) * dur.Seconds())
-	var refused, sent atomic.Int64
+	total := int(float64(b.cfg.SteadyRate) * b.cfg.SteadyDuration.Seconds())
+	return b.publishRate(ctx, e, label, b.cfg.SteadyRate, total, nil, nil, mk)
+}
+
+// publishRate publishes rate msg/s in batches every 5 ms, catching up on
+// the schedule when a batch ran late, until total are sent (total 0: until
+// stop is closed), then waits for the PubAcks. sent, if not nil, follows
+// how many were published.
+func (b *bench) publishRate(ctx context.Context, e *env, label string, rate, total int, stop <-chan struct{}, sent *atomic.Int64, mk func(i int) *nats.Msg) (paced, error) {
+	var refused atomic.Int64
+	if sent == nil {
+		sent = new(atomic.Int64)
+	}
 	js, err := jetstream.New(e.nc, jetstream.WithPublishAsyncMaxPending(pubWindow), jetstream.WithPublishAsyncTimeout(30*time.Second),
 		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, _ *nats.Msg, _ error) { refused.Add(1) }))
 	if err != nil {
 		return paced{}, err
 	}
-	stop := b.progress(label+": published", total, func() int { return int(sent.Load()) })
-	defer stop()
+	stopProgress := b.progress(label+": published", total, func() int { return int(sent.Load()) })
+	defer stopProgress()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	start := time.Now()
 	i := 0
-	for i < total {
-		want := min(total, int(float64(rate)*time.Since(start).Seconds())+1)
+	for total == 0 || i < total {
+		want := int(float64(rate)*time.Since(start).Seconds()) + 1
+		if total > 0 {
+			want = min(total, want)
+		}
 		for ; i < want; i++ {
 			if _, err := js.PublishMsgAsync(mk(i), jetstream.WithStallWait(time.Minute)); err != nil {
 				refused.Add(1)
@@ -59,6 +72,8 @@ func (b *bench) publishPaced(ctx context.Context, e *env, label string, mk func(
 		select {
 		case <-ctx.Done():
 			return paced{}, ctx.Err()
+		case <-stop:
+			total = i
 		case <-tick.C:
 		}
 	}
@@ -67,7 +82,7 @@ func (b *bench) publishPaced(ctx context.Context, e *env, label string, mk func(
 	case <-time.After(time.Minute):
 		return paced{}, errors.New("PubAcks still missing after 1 min")
 	}
-	return paced{sent: total, refused: int(refused.Load()), elapsed: time.Since(start)}, nil
+	return paced{sent: i, refused: int(refused.Load()), elapsed: time.Since(start)}, nil
 }
 
 func (b *bench) steadyDelayd(ctx context.Context) (result, error) {

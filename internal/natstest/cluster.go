@@ -65,32 +65,25 @@ func PingInterval(interval time.Duration, maxOut int) ClusterOption {
 // options changed by opts in order, waits until they form a cluster with a
 // JetStream meta leader and every node is current (up to
 // [ClusterReadyTimeout]), and shuts every node down when the test ends.
+// The nodes' options are [ClusterOptions]'s.
 func StartCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("natstest: cluster of %d nodes", n)
 	}
-	ports := freePorts(t, 2*n)
 	name := "C" + strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
 	if len(name) > 60 {
 		name = name[:60]
 	}
-	var routes []*url.URL
-	for i := range n {
-		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", ports[n+i])})
+	dirs := make([]string, n)
+	for i := range dirs {
+		dirs[i] = t.TempDir()
 	}
-	c := &Cluster{t: t, opts: make([]*server.Options, n), servers: make([]*server.Server, n)}
-	for i := range n {
-		o := Options(t.TempDir())
-		o.ServerName = fmt.Sprintf("N%d", i)
-		o.Port = ports[i]
-		o.Cluster = server.ClusterOpts{Name: name, Host: "127.0.0.1", Port: ports[n+i]}
-		o.Routes = routes
-		for _, opt := range opts {
-			opt(i, o)
-		}
-		c.opts[i] = o
+	nodeOpts, err := ClusterOptions(name, dirs, opts...)
+	if err != nil {
+		t.Fatal(err)
 	}
+	c := &Cluster{t: t, opts: nodeOpts, servers: make([]*server.Server, n)}
 	t.Cleanup(func() {
 		for i := range c.servers {
 			c.Stop(i)
@@ -103,19 +96,55 @@ func StartCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
 	return c
 }
 
+// ClusterOptions returns the options of the nodes of a cluster named name,
+// one node per store directory (len(storeDirs) nodes), as [StartCluster]
+// starts them; it is also the entry point for programs that are not tests
+// (cmd/delaybench), which start the servers themselves and wait on
+// [ClusterReady]. Node i is [Options](storeDirs[i]) named "N<i>", with a
+// client port and a cluster port on loopback that the OS reports free now,
+// and routes to every node's cluster port; opts then change it in order.
+// It returns an error for an empty name or no store directory, or if no
+// free port can be found.
+func ClusterOptions(name string, storeDirs []string, opts ...ClusterOption) ([]*server.Options, error) {
+	n := len(storeDirs)
+	if name == "" || n == 0 {
+		return nil, fmt.Errorf("natstest: cluster %q of %d nodes: a name and at least one store dir are required", name, n)
+	}
+	ports, err := freePorts(2 * n)
+	if err != nil {
+		return nil, err
+	}
+	var routes []*url.URL
+	for i := range n {
+		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", ports[n+i])})
+	}
+	out := make([]*server.Options, n)
+	for i := range n {
+		o := Options(storeDirs[i])
+		o.ServerName = fmt.Sprintf("N%d", i)
+		o.Port = ports[i]
+		o.Cluster = server.ClusterOpts{Name: name, Host: "127.0.0.1", Port: ports[n+i]}
+		o.Routes = routes
+		for _, opt := range opts {
+			opt(i, o)
+		}
+		out[i] = o
+	}
+	return out, nil
+}
+
 // freePorts returns n distinct loopback TCP ports the OS reports free now.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
+func freePorts(n int) ([]int, error) {
 	ports := make([]int, n)
 	for i := range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			t.Fatal(err)
+			return nil, fmt.Errorf("natstest: free port: %w", err)
 		}
 		defer l.Close()
 		ports[i] = l.Addr().(*net.TCPAddr).Port
 	}
-	return ports
+	return ports, nil
 }
 
 func (c *Cluster) start(i int) {
@@ -216,33 +245,43 @@ func (c *Cluster) Restart(i int) {
 	c.WaitReady()
 }
 
-// WaitReady waits until a JetStream meta leader exists, it sees every
-// node as a peer, and every running node is current, as nats-server's
-// waitOnClusterReady does; it fails the test after [ClusterReadyTimeout].
+// WaitReady waits until the cluster is ready ([ClusterReady]); it fails
+// the test after [ClusterReadyTimeout].
 func (c *Cluster) WaitReady() {
 	c.t.Helper()
 	deadline := time.Now().Add(ClusterReadyTimeout)
 	for time.Now().Before(deadline) {
-		if l := c.MetaLeader(); l >= 0 && len(c.servers[l].JetStreamClusterPeers()) == len(c.servers) {
-			current := true
-			for _, s := range c.servers {
-				if s != nil && !s.JetStreamIsCurrent() {
-					current = false
-				}
-			}
-			if current {
-				return
-			}
+		if ClusterReady(c.servers) {
+			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	c.t.Fatalf("natstest: cluster not ready within %s (meta leader node %d)", ClusterReadyTimeout, c.MetaLeader())
 }
 
+// ClusterReady reports whether servers (the nodes of one cluster, nil for
+// a stopped node) are ready: a JetStream meta leader exists, it sees
+// every node as a peer, and every running node is current, as
+// nats-server's waitOnClusterReady checks. Poll it with a deadline.
+func ClusterReady(servers []*server.Server) bool {
+	l := metaLeader(servers)
+	if l < 0 || len(servers[l].JetStreamClusterPeers()) != len(servers) {
+		return false
+	}
+	for _, s := range servers {
+		if s != nil && !s.JetStreamIsCurrent() {
+			return false
+		}
+	}
+	return true
+}
+
 // MetaLeader returns the index of the node that is JetStream's meta
 // leader, or -1 if none is now.
-func (c *Cluster) MetaLeader() int {
-	for i, s := range c.servers {
+func (c *Cluster) MetaLeader() int { return metaLeader(c.servers) }
+
+func metaLeader(servers []*server.Server) int {
+	for i, s := range servers {
 		if s != nil && s.JetStreamIsLeader() {
 			return i
 		}
