@@ -38,12 +38,6 @@ import (
 // no level message of a publisher's can have the marker subject.
 const markerTarget = contract.InternalPrefix + ".router.epoch"
 
-// MarkerSubjects is the subject filter of every level stream's epoch
-// markers, "delayd.level.*.delayd.router.epoch": a level stream's messages
-// on it are markers, not level messages (tools that count a level stream's
-// messages subtract them).
-const MarkerSubjects = levelSubjects + "*." + markerTarget
-
 // markerSubject returns the marker subject of the level named name.
 func markerSubject(name string) string { return levelSubjects + name + "." + markerTarget }
 
