@@ -165,10 +165,19 @@ func TestBalanceGracefulStop(t *testing.T) {
 	b := setupOwners(t)
 	rs := b.startBalanced(3)
 	gone := rs[0].held()
+	stopped := time.Now()
 	rs[0].stopGracefully(t)
 	b.waitBalanced(rs[1:]...)
 	for _, k := range slices.Sorted(maps.Keys(gone)) {
 		checkHandedOver(t, rs[0], holderOf(k, rs[1:]...), k)
+	}
+	// Each took no more than its share: neither hands a lease on.
+	for _, r := range rs[1:] {
+		for _, ev := range r.eventsCopy() {
+			if ev.Kind == leadership.HandedOver && ev.ValidUntil.After(stopped) {
+				t.Errorf("%s handed %s over after R0's stop: it took more than its share", r.name, ev.Key)
+			}
+		}
 	}
 	noneLost(t, rs...)
 	checkNoOverlap(t, rs...)
