@@ -159,16 +159,26 @@ func TestBalanceSpread(t *testing.T) {
 
 // TestBalanceGracefulStop: of three replicas sharing the leases, one
 // stops gracefully; the other two take each of its leases by its release,
-// before its fence (no TTL wait), and no replica loses a lease.
+// before its fence (no TTL wait), each no more than its share (no
+// hand-over between them), and no replica loses a lease.
 func TestBalanceGracefulStop(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
 	rs := b.startBalanced(3)
 	gone := rs[0].held()
+	stopped := time.Now()
 	rs[0].stopGracefully(t)
 	b.waitBalanced(rs[1:]...)
 	for _, k := range slices.Sorted(maps.Keys(gone)) {
 		checkHandedOver(t, rs[0], holderOf(k, rs[1:]...), k)
+	}
+	// Each took no more than its share: neither hands a lease on.
+	for _, r := range rs[1:] {
+		for _, ev := range r.eventsCopy() {
+			if ev.Kind == leadership.HandedOver && ev.ValidUntil.After(stopped) {
+				t.Errorf("%s handed %s over after R0's stop: it took more than its share", r.name, ev.Key)
+			}
+		}
 	}
 	noneLost(t, rs...)
 	checkNoOverlap(t, rs...)
@@ -177,14 +187,24 @@ func TestBalanceGracefulStop(t *testing.T) {
 // TestBalanceKilled: of three replicas sharing the leases, one is killed
 // (its connection closed: no renewal, no release, its membership key
 // left); the other two count it out and take each of its leases, each only
-// after its term's fence.
+// after its term's fence, and no more than its share (no hand-over
+// between them).
 func TestBalanceKilled(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
 	rs := b.startBalanced(3)
 	crashed := rs[0].held()
+	killed := time.Now()
 	rs[0].nc.Close()
 	b.waitBalanced(rs[1:]...)
+	// Each took no more than its share: neither hands a lease on.
+	for _, r := range rs[1:] {
+		for _, ev := range r.eventsCopy() {
+			if ev.Kind == leadership.HandedOver && ev.ValidUntil.After(killed) {
+				t.Errorf("%s handed %s over after R0 was killed: it took more than its share", r.name, ev.Key)
+			}
+		}
+	}
 	for _, k := range slices.Sorted(maps.Keys(crashed)) {
 		lost := rs[0].waitEvent(t, k, leadership.Lost, time.Minute)
 		if !errors.Is(lost.Cause, lease.ErrExpired) {

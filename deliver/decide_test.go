@@ -170,12 +170,15 @@ func TestCancelDecidedByOwner(t *testing.T) {
 // TestMergeAcrossReplicas: the router runs in replica B and the level
 // stream in replica A. A second message with the merge key of a pending
 // first is merged into it: the router asked A, the level's owner, whether
-// the first is pending. Only the first payload is delivered.
+// the first is pending. Only the first payload is delivered. Then the
+// level's decide subject answers "passed" (the router's placed check for
+// a hop purged from the level) with A's handed-off sequence: not 0 once
+// the first was delivered from it.
 func TestMergeAcrossReplicas(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
 	b.targetStream()
-	_, c := b.splitOwners()
+	a, c := b.splitOwners()
 	h := func() nats.Header {
 		return nats.Header{contract.HeaderLevel: {"2"}, contract.HeaderMergeKey: {"user-42"}}
 	}
@@ -196,6 +199,18 @@ func TestMergeAcrossReplicas(t *testing.T) {
 	}
 	if rs, _ := c.svc.Stats(); rs.Merged != 1 {
 		t.Errorf("B's router merged %d messages, want 1", rs.Merged)
+	}
+	stream := levels.MustParse(decideLevels).Levels()[1].Stream()
+	m, err := b.nc.Request(contract.DecideSubject(stream), []byte(`{"op":"passed"}`), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.svc.mu.Lock()
+	sc := a.svc.scanners[stream]
+	a.svc.mu.Unlock()
+	passed, err := strconv.ParseUint(string(m.Data), 10, 64)
+	if owner := sc.passed.Load(); err != nil || passed == 0 || passed > owner {
+		t.Errorf("passed of %s answered %q; want A's handed-off sequence (%d now), not 0 once the first was delivered", stream, m.Data, owner)
 	}
 }
 

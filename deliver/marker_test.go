@@ -80,6 +80,27 @@ func (g *gateScanners) committed(context.Context, string) uint64 { return 0 }
 // the markers.
 func TestStaleRouterFenced(t *testing.T) {
 	t.Parallel()
+	staleRouterFenced(t, false)
+}
+
+// TestStaleRouterFencedMarkersPurged is [TestStaleRouterFenced] once
+// router B's epoch markers are gone from every level stream (B wrote m2
+// and m3 past its marker in the level, and the scanners purge delivered
+// messages; the test deletes them): no marker fences A, yet A stops
+// without taking its refused m2 for stored, by the per-term ingress
+// consumer (B's, of term 6, exists: resetConsumers) or by the tail check
+// after a failed write's resync (m3 past A's m2: checkTails), whichever A
+// meets first. (Here A's pull finds its consumer deleted first, so the
+// consumer check is what this test exercises.)
+func TestStaleRouterFencedMarkersPurged(t *testing.T) {
+	t.Parallel()
+	staleRouterFenced(t, true)
+}
+
+// staleRouterFenced runs the race of [TestStaleRouterFenced]; with
+// purged, router B writes m2 and m3 and its markers are deleted before A
+// is let go.
+func staleRouterFenced(t *testing.T, purged bool) {
 	srv := natstest.Start(t, nil)
 	connect := func() *nats.Conn {
 		nc, err := nats.Connect(srv.ClientURL())
@@ -115,7 +136,9 @@ func TestStaleRouterFenced(t *testing.T) {
 		t.Helper()
 		m := &nats.Msg{Subject: "delay.orders.close", Data: []byte("m" + strconv.Itoa(i)), Header: nats.Header{}}
 		m.Header.Set(contract.HeaderLevel, "1")
-		m.Header.Set(contract.HeaderMergeKey, "order-42")
+		if i < 3 { // m3 has no merge key: no merge check holds it
+			m.Header.Set(contract.HeaderMergeKey, "order-42")
+		}
 		if _, err := js.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)
 		}
@@ -162,6 +185,26 @@ func TestStaleRouterFenced(t *testing.T) {
 	doneB, errB := run(b, 6, gateB)
 	<-gateB.entered
 	t.Log("router B (term 6) wrote its markers and holds m2 from its own consumer")
+	if purged {
+		close(gateB.release)
+		waitFor("router B to route m2", func() bool { return b.Stats().Routed == 1 })
+		publish(3)
+		waitFor("router B to route m3", func() bool { return b.Stats().Routed == 2 })
+		for _, w := range b.writers {
+			h, seq, err := lastOnSubject(ctx, nc, w.stream, w.marker)
+			if e, ok := markerEpoch(h); err != nil || !ok || e != 6 {
+				t.Fatalf("%s: newest marker of epoch %d (%v), error %v; want router B's, 6", w.stream, e, ok, err)
+			}
+			ws, err := js.Stream(ctx, w.stream)
+			if err == nil {
+				err = ws.DeleteMsg(ctx, seq)
+			}
+			if err != nil {
+				t.Fatalf("delete router B's marker in %s: %v", w.stream, err)
+			}
+		}
+		t.Log("router B wrote m2 and m3; its markers are purged")
+	}
 	close(gateA.release)
 
 	select {
@@ -177,12 +220,21 @@ func TestStaleRouterFenced(t *testing.T) {
 	for _, n := range st.FencedWrites {
 		fenced += n
 	}
-	if st.Routed != 1 || st.Skipped != 0 || fenced != 1 {
+	if st.Routed != 1 || st.Skipped != 0 || (!purged && fenced != 1) {
 		t.Errorf("stale router A: routed %d (want 1: m2's write refused), skipped %d (want 0: its refused write never taken for stored), fenced %v (want one)",
 			st.Routed, st.Skipped, st.FencedWrites)
 	}
-	close(gateB.release)
-	waitFor("router B to route m2", func() bool { return b.Stats().Routed == 1 })
+	if purged && (fenced > 1 || fenced != st.FencedWrites[stream]) {
+		// Whichever A meets first: its resync's tail check (m3 past its
+		// m2: fenced by the level stream) or, after its pull finds its
+		// consumer deleted, the next session's consumer check (B's
+		// consumer of term 6 exists: no level stream counted).
+		t.Errorf("stale router A: fenced %v, want at most once, by %s", st.FencedWrites, stream)
+	}
+	if !purged {
+		close(gateB.release)
+		waitFor("router B to route m2", func() bool { return b.Stats().Routed == 1 })
+	}
 	if st := b.Stats(); len(st.FencedWrites) != 0 || st.Skipped != 0 {
 		t.Errorf("router B: %+v", st)
 	}
@@ -216,7 +268,11 @@ func TestStaleRouterFenced(t *testing.T) {
 		}
 		ingress = append(ingress, seq)
 	}
-	if want := []string{"marker 5", "m1", "marker 6", "m2"}; !slices.Equal(got, want) {
+	want, newest, newestSeq := []string{"marker 5", "m1", "marker 6", "m2"}, uint64(6), uint64(3)
+	if purged {
+		want, newest, newestSeq = []string{"marker 5", "m1", "m2", "m3"}, 5, 1
+	}
+	if !slices.Equal(got, want) {
 		t.Errorf("level stream %s holds %v, want %v", stream, got, want)
 	}
 	if !slices.IsSorted(ingress) || len(slices.Compact(slices.Clone(ingress))) != len(ingress) {
@@ -224,8 +280,8 @@ func TestStaleRouterFenced(t *testing.T) {
 	}
 	// What a resync reads of the newest marker, from the stream's leader.
 	h, seq, err := lastOnSubject(ctx, nc, stream, markerSubject(level.Name()))
-	if e, ok := markerEpoch(h); err != nil || !ok || e != 6 || seq != 3 {
-		t.Errorf("newest marker of %s: epoch %d (%v) at sequence %d, error %v; want epoch 6 at sequence 3", stream, e, ok, seq, err)
+	if e, ok := markerEpoch(h); err != nil || !ok || e != newest || seq != newestSeq {
+		t.Errorf("newest marker of %s: epoch %d (%v) at sequence %d, error %v; want epoch %d at sequence %d", stream, e, ok, seq, err, newest, newestSeq)
 	}
 	if h, _, err := lastOnSubject(ctx, nc, stream, "delayd.level.1H.orders.none"); h != nil || err != nil {
 		t.Errorf("last message on a subject with none: %v, %v; want nil, nil", h, err)

@@ -28,7 +28,10 @@ import (
 // markers excluded, in strictly increasing ingress order, and each message
 // of the load in its own level's stream exactly once; nothing is lost,
 // early or duplicated at the stream target, and the core target sees no
-// more than a window per level again.
+// more than a window per level again. (A stop at a random instant rarely
+// lands between the router's lease check and its level write, so this
+// test passes without the markers too: TestRouterPausedInMergeCheck
+// stops the router there.)
 func TestClusterRouterPaused(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test on a 3-node cluster: skipped when testing.Short()")

@@ -53,6 +53,7 @@ func TestDelayctlStatsReplicas(t *testing.T) {
 		Levels []struct {
 			Stream   string `json:"stream"`
 			Exists   bool   `json:"exists"`
+			InTable  bool   `json:"in_table"`
 			OwnerPID *int   `json:"owner_pid"`
 			Holder   string `json:"owner_holder"`
 		} `json:"levels"`
@@ -89,10 +90,18 @@ func TestDelayctlStatsReplicas(t *testing.T) {
 	if s.Counters == nil || !s.Counters.RouterOwner {
 		t.Errorf("counters %+v: want the router owner's reply", s.Counters)
 	}
+	inTable := 0
 	for _, l := range s.Levels {
+		if l.Exists && l.InTable {
+			inTable++
+		}
 		if l.Exists && (l.OwnerPID == nil || !holders[l.Holder] || owners["level."+l.Stream] != 1) {
 			t.Errorf("level %s: owner pid %v holder %q: want the replica holding level.%s", l.Stream, l.OwnerPID, l.Holder, l.Stream)
 		}
+	}
+
+	if inTable != 3 {
+		t.Errorf("stats --json lists %d existing level streams of the table %q, want 3 (level 0 and its two, each with its owner):\n%s", inTable, table, r.stdout)
 	}
 
 	text := delayctl(t, url, "stats", "--levels="+table)

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"sync"
@@ -38,7 +39,9 @@ func waitLive(t *testing.T, m *Membership, want int) {
 }
 
 // TestMembershipLive: two members count each other; one that leaves is
-// counted out and its key is gone; membership keys are not leases.
+// counted out and its key is gone; one whose key stays but is not renewed
+// (a crashed replica's) is counted out once it was unchanged for the TTL;
+// membership keys are not leases.
 func TestMembershipLive(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -67,6 +70,20 @@ func TestMembershipLive(t *testing.T) {
 		t.Errorf("B left, but its key: %v", err)
 	}
 	waitLive(t, a, 1)
+
+	// A crashed replica's key: written once, never renewed, never deleted.
+	crashed, err := json.Marshal(Member{Version: ValueVersion, Holder: "Z", Bidding: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.kv.Put(testCtx(t, 5*time.Second), MemberKey("Z"), crashed); err != nil {
+		t.Fatal(err)
+	}
+	waitLive(t, a, 2)
+	waitLive(t, a, 1)
+	if _, err := b.kv.Get(testCtx(t, 5*time.Second), MemberKey("Z")); err != nil {
+		t.Errorf("Z's key: %v; want it still there (counted out by its age, not by its deletion)", err)
+	}
 }
 
 // TestMembershipMismatch: a member whose setting differs from a live
