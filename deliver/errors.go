@@ -48,6 +48,12 @@ var (
 	// stopped once its key is seen unchanged for the lease TTL.
 	ErrReplicaMismatch = errors.New("configuration differs from a live replica's")
 
+	// ErrReplicasUnsupported is wrapped by the error [Service.Run] returns
+	// at start when the server refuses a stream or bucket of more than one
+	// replica because it is not clustered (JetStream error 10074): the
+	// error names DELAYD_REPLICAS and its value. It is not retried.
+	ErrReplicasUnsupported = errors.New("the NATS server is not clustered: replicas > 1 not supported")
+
 	// ErrRouterBehind is a cancel's error when the router has not placed the
 	// messages published before it within 25 s: the answer is not known yet.
 	// The request may be sent again. The cancel API answers it with code

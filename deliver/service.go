@@ -380,6 +380,9 @@ func (s *Service) Run(ctx context.Context) error {
 		if errors.Is(err, lease.ErrMismatch) {
 			return fmt.Errorf("%w: %w", ErrReplicaMismatch, err)
 		}
+		if err := s.permanent(err); err != nil {
+			return err
+		}
 		s.logger.Warn("joining the replicas failed; retrying", slog.Any("error", err))
 		if !backoff.sleep(ctx) {
 			return nil
@@ -401,6 +404,9 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		if errors.Is(err, ErrHopKey) {
 			return err // retrying cannot help: an operator must act
+		}
+		if err := s.permanent(err); err != nil {
+			return err
 		}
 		s.logger.Warn("setup failed; retrying", slog.Any("error", err))
 		if !backoff.sleep(ctx) {
@@ -760,6 +766,23 @@ func (s *Service) sharedSettings() map[string]string {
 		"DELAYD_REPLICAS": strconv.Itoa(s.cfg.Replicas),
 	}
 }
+
+// permanent returns the error Run stops with for a setup or join error
+// that no retry can mend, nil for any other: a replica count the server
+// cannot give (not clustered) wraps [ErrReplicasUnsupported] and names
+// DELAYD_REPLICAS.
+func (s *Service) permanent(err error) error {
+	var api *jetstream.APIError
+	if errors.As(err, &api) && api.ErrorCode == jsErrReplicasNotSupported {
+		return fmt.Errorf("DELAYD_REPLICAS=\"%d\": %w (%w)", s.cfg.Replicas, ErrReplicasUnsupported, err)
+	}
+	return nil
+}
+
+// jsErrReplicasNotSupported is JetStream's error code for a stream of
+// more than one replica on a server that is not clustered
+// (nats-server's JSStreamReplicasNotSupportedErr).
+const jsErrReplicasNotSupported jetstream.ErrorCode = 10074
 
 // setupInTurn runs setup while holding the lease [leadership.SetupKey], so
 // that replicas set up one at a time: identical stream creates sent at

@@ -41,3 +41,24 @@ func TestReplicaTableMismatch(t *testing.T) {
 	b.restart()
 	b.waitReady(time.Minute)
 }
+
+// TestReplicasOnSingleServer: DELAYD_REPLICAS=3 against a server that is
+// not clustered exits at once with status 2 (bad configuration), its
+// error naming DELAYD_REPLICAS and its value, instead of retrying its
+// setup for ever without becoming ready.
+func TestReplicasOnSingleServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs a delayd process: skipped under testing.Short()")
+	}
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	r := startReplica(t, "r", srv.ClientURL(), "DELAYD_REPLICAS=3")
+	st := r.wait(time.Minute)
+	if st.ExitCode() != 2 {
+		t.Errorf("DELAYD_REPLICAS=3 on a single server: %s, want exit status 2", st)
+	}
+	ev := r.waitLog("delayd cannot start: the server cannot hold replicated streams", time.Time{}, time.Second)
+	if e := ev.attr("error"); !strings.Contains(e, `DELAYD_REPLICAS="3"`) || !strings.Contains(e, "not clustered") {
+		t.Errorf("error %q does not name DELAYD_REPLICAS, its value and the cause", e)
+	}
+}

@@ -180,6 +180,12 @@ func run() int {
 	}
 
 	if err := svc.Run(ctx); err != nil {
+		if errors.Is(err, deliver.ErrReplicasUnsupported) {
+			logger.Error("delayd cannot start: the server cannot hold replicated streams", slog.Any("error", err))
+			fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
+			cancel()
+			return exitConfig
+		}
 		if errors.Is(err, deliver.ErrReplicaMismatch) {
 			// A live replica runs with another level table, prefix or
 			// replica count: this one changed nothing and must not run.
