@@ -54,6 +54,10 @@ type levelStats struct {
 	OwnerPID    *int   `json:"owner_pid,omitempty"`
 	OwnerEpoch  uint64 `json:"owner_epoch,omitempty"`
 	OwnerHolder string `json:"owner_holder,omitempty"`
+	// NoOwner is true when delayd processes answered but none of them owns (scans) the level now: its owner
+	// died and another has not taken its lease yet (DELAYD_LEASE_TTL), or it does not answer. Delivered and
+	// DeadLettered are then null.
+	NoOwner bool `json:"no_owner,omitempty"`
 }
 
 // statsReport is the output of stats.
@@ -86,7 +90,8 @@ func (a *app) statsCmd() *cobra.Command {
   DELIVERED, DEAD-LETTERED
               the counters since it started of the delayd process that owns the level (holds its lease),
               from its stats API (delayd.api.stats); "?" when no delayd answers
-  OWNER       with several delayd processes (replicas): the owner's pid and lease epoch
+  OWNER       with several delayd processes (replicas): the owner's pid and lease epoch; "none answering"
+              for a level no answering process owns now (its counters are then ?)
 
 Every delayd process answers the stats API; stats gathers the replies to one request until no more come
 for a quarter of a second, and prints one line per process: its pid, lease holder id, counters, and the
@@ -142,9 +147,11 @@ func (a *app) collectStats(ctx context.Context) (*statsReport, error) {
 			if c.Owner {
 				s.OwnerPID, s.OwnerEpoch, s.OwnerHolder = &c.PID, c.Epoch, c.Holder
 			}
-		} else if counters != nil && r.Exists {
-			var zero uint64 // the process does not scan it (yet): nothing delivered by it
-			s.Delivered, s.DeadLettered = &zero, &zero
+		} else if r.Exists {
+			// No process that answered scans it now (its owner died and
+			// its lease is not taken yet, or it does not answer): its
+			// counters are unknown, not 0.
+			s.NoOwner = len(replicas) > 0
 		}
 		if r.Exists {
 			if err := a.fillLevel(ctx, kv, r, now, &s); err != nil {
@@ -315,7 +322,7 @@ type ownedLevel struct {
 }
 
 // ownersView returns each level stream's numbers from the process that owns it (the highest epoch if two claim
-// it, as during a failover); a level no process owns now takes the main replica's numbers (mainReplica).
+// it, as during a failover); a level no answering process owns now is not in it (its counters are unknown).
 func ownersView(replicas []deliver.StatsReply) map[string]ownedLevel {
 	out := map[string]ownedLevel{}
 	for _, r := range replicas {
@@ -325,20 +332,16 @@ func ownersView(replicas []deliver.StatsReply) map[string]ownedLevel {
 			}
 		}
 	}
-	if m := mainReplica(replicas); m != nil {
-		for _, l := range m.Levels {
-			if _, ok := out[l.Stream]; !ok {
-				out[l.Stream] = ownedLevel{l, m.PID, m.Holder}
-			}
-		}
-	}
 	return out
 }
 
 // printStats prints rep as a table.
 func printStats(w io.Writer, rep *statsReport) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	many := len(rep.Replicas) > 1 // the OWNER column
+	many := len(rep.Replicas) > 1 // the OWNER column: with several processes, or a level none of them owns
+	for _, s := range rep.Levels {
+		many = many || s.NoOwner
+	}
 	head := "LEVEL\tDELAY\tSTREAM\tPENDING\tDUE NOW\tOLDEST DUE\tBEHIND\tOFFSET\tDELIVERED\tDEAD-LETTERED"
 	if many {
 		head += "\tOWNER"
@@ -377,6 +380,9 @@ func printStats(w io.Writer, rep *statsReport) error {
 			oldest, behind, offset, counter(s.Delivered), counter(s.DeadLettered))
 		if many {
 			owner := "-"
+			if s.NoOwner {
+				owner = "none answering"
+			}
 			if s.OwnerPID != nil {
 				owner = fmt.Sprintf("pid %d epoch %d", *s.OwnerPID, s.OwnerEpoch)
 			}
