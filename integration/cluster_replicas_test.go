@@ -327,7 +327,9 @@ func TestReplicasRollingAndScaling(t *testing.T) {
 
 	point(1)
 	at := time.Now()
-	rs = append(rs, startReplica(t, "r1", c.URLs()), startReplica(t, "r2", c.URLs()))
+	// Every replica on nodes 1 and 2 only: node 0 is the test client's,
+	// and the balance may give the level to any replica.
+	rs = append(rs, startReplica(t, "r1", c.URL(1)+","+c.URL(2)), startReplica(t, "r2", c.URL(1)+","+c.URL(2)))
 	rs[1].waitReady(time.Minute)
 	rs[2].waitReady(time.Minute)
 	marks = append(marks, faultMark{name: "scale 1 -> 3", at: at, levels: all})
@@ -418,7 +420,9 @@ func TestReplicasNodeKill9(t *testing.T) {
 		waitOwner(t, rs, levelKey(lvl.Stream()), time.Minute)
 	}
 	waitOwner(t, rs, routerKey, time.Minute)
-	rs = append(rs, startReplica(t, "r1", c.URLs()), startReplica(t, "r2", c.URLs()))
+	// Every replica on nodes 1 and 2 only: node 0 is the test client's,
+	// and the balance may give the level to any replica.
+	rs = append(rs, startReplica(t, "r1", c.URL(1)+","+c.URL(2)), startReplica(t, "r2", c.URL(1)+","+c.URL(2)))
 	rs[1].waitReady(time.Minute)
 	rs[2].waitReady(time.Minute)
 	offs := watchOffsets(t, js)
@@ -517,7 +521,9 @@ func TestReplicasCutOff(t *testing.T) {
 	for _, key := range keys {
 		waitOwner(t, rs, key, time.Minute)
 	}
-	rs = append(rs, startReplica(t, "r1", c.URLs()), startReplica(t, "r2", c.URLs()))
+	// Every replica on nodes 1 and 2 only: node 0 is the test client's,
+	// and the balance may give the level to any replica.
+	rs = append(rs, startReplica(t, "r1", c.URL(1)+","+c.URL(2)), startReplica(t, "r2", c.URL(1)+","+c.URL(2)))
 	rs[1].waitReady(time.Minute)
 	rs[2].waitReady(time.Minute)
 	nc, js := c.Connect(0)
