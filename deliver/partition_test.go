@@ -421,3 +421,37 @@ func TestNewRejectsPartitionsOutsideTable(t *testing.T) {
 		t.Fatalf("New: %v; want levels.ErrBadPartitions", err)
 	}
 }
+
+// TestPartitionChangeOldMarkersOnly: a change of partition count when the
+// old stream holds nothing but a router's epoch marker (or only messages
+// already delivered) holds nothing back: the new messages are delivered.
+func TestPartitionChangeOldMarkersOnly(t *testing.T) {
+	t.Parallel()
+	b := setupOwners(t)
+	b.targetStream()
+	old := b.startParts("A", "")
+	for deadline := time.Now().Add(30 * time.Second); len(b.levelMsgs(levels.StreamName(500*time.Millisecond))) > 0 ||
+		!old.svc.Ready(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("A not ready in 30 s")
+		}
+	}
+	st, err := b.js.Stream(context.Background(), levels.StreamName(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); st.CachedInfo().State.Msgs == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the router's epoch marker is not in DELAYD_500MS after 30 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+		if st, err = b.js.Stream(context.Background(), levels.StreamName(500*time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old.stopGracefully(t)
+	b.startParts("B", "500ms=4")
+	msgs := keyedLoad(10, 100, 0)
+	b.publishKeyed(msgs)
+	b.checkKeyOrder(msgs)
+}
