@@ -218,11 +218,13 @@ func (b *ownerBundle) checkKeyOrder(msgs []keyedMsg) {
 }
 
 // TestPartitionRouting: with level 500ms in 4 partitions and no replica
-// delivering them (their leases left alone), 600 messages over 30 keys
-// land in the partition streams DELAYD_500MS-P0..P3, each key's in exactly
-// one, the one levels.PartitionOf(key, 4) names (the key is the
-// Delay-Partition-Key if set, else the target subject), and the keys are
-// spread over every partition. No unpartitioned DELAYD_500MS is created.
+// delivering them (their leases left alone), 600 messages over 30 keys,
+// and 10 cascading messages (Delay-Duration 1.6s: 1s, then a hop on to
+// 500ms) with a Delay-Partition-Key each, land in the partition streams
+// DELAYD_500MS-P0..P3, each key's in exactly one, the one
+// levels.PartitionOf(key, 4) names (the key is the Delay-Partition-Key if
+// set, else the target subject; a hop keeps it), and the keys are spread
+// over every partition. No unpartitioned DELAYD_500MS is created.
 func TestPartitionRouting(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
@@ -234,22 +236,36 @@ func TestPartitionRouting(t *testing.T) {
 	b.startParts("A", "500ms=4", skip...)
 	msgs := keyedLoad(30, 600, 0)
 	b.publishKeyed(msgs)
-	b.waitRouted()
-
-	where := map[string]map[int]int{} // key -> partition -> messages
-	total := 0
-	for i := range 4 {
-		for _, m := range b.levelMsgs(levels.PartitionStreamName(d, i)) {
-			key, _, _ := strings.Cut(string(m.Data), "|")
-			if where[key] == nil {
-				where[key] = map[int]int{}
-			}
-			where[key][i]++
-			total++
+	// Cascading messages: 1.6s waits at 1s, then hops on to 500ms, where
+	// its Delay-Partition-Key, kept across the hop, picks the partition.
+	ctx := context.Background()
+	for i := range 10 {
+		key := "hop-" + strconv.Itoa(i)
+		h := nats.Header{contract.HeaderDuration: {"1.6s"}, contract.HeaderPartitionKey: {key}}
+		if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: "delay.tgt.hop", Header: h, Data: []byte(key + "|0")}); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if total != len(msgs) {
-		t.Errorf("the partitions hold %d messages, want %d", total, len(msgs))
+	want := len(msgs) + 10
+
+	var where map[string]map[int]int // key -> partition -> messages
+	total := 0
+	for deadline := time.Now().Add(time.Minute); total != want; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the partitions hold %d messages after a minute, want %d", total, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+		where, total = map[string]map[int]int{}, 0
+		for i := range 4 {
+			for _, m := range b.levelMsgs(levels.PartitionStreamName(d, i)) {
+				key, _, _ := strings.Cut(string(m.Data), "|")
+				if where[key] == nil {
+					where[key] = map[int]int{}
+				}
+				where[key][i]++
+				total++
+			}
+		}
 	}
 	used := map[int]bool{}
 	for key, parts := range where {
@@ -259,10 +275,10 @@ func TestPartitionRouting(t *testing.T) {
 		}
 		used[want] = true
 	}
-	if len(where) != 30 || len(used) != 4 {
-		t.Errorf("%d keys over partitions %v: want 30 keys over all 4", len(where), used)
+	if len(where) != 40 || len(used) != 4 {
+		t.Errorf("%d keys over partitions %v: want 40 keys (30, and 10 hops) over all 4", len(where), used)
 	}
-	if _, err := b.js.Stream(context.Background(), levels.StreamName(d)); !errors.Is(err, jetstream.ErrStreamNotFound) {
+	if _, err := b.js.Stream(ctx, levels.StreamName(d)); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Errorf("DELAYD_500MS exists (or: %v): a partitioned level has only its partition streams", err)
 	}
 }
