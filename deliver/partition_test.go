@@ -471,3 +471,51 @@ func TestPartitionChangeOldMarkersOnly(t *testing.T) {
 	b.publishKeyed(msgs)
 	b.checkKeyOrder(msgs)
 }
+
+// TestPartitionCancel: on a level in 4 partitions shared by two replicas,
+// a cancel by id of each of 12 pending messages (12 targets, so spread
+// over the partitions) is answered "cancelled" through the partition
+// owner's decide subject, and none of them is delivered, while 12
+// messages published after them, not cancelled, are.
+func TestPartitionCancel(t *testing.T) {
+	t.Parallel()
+	b := setupOwners(t)
+	b.targetStream()
+	b.startParts("A", "1s=4")
+	b.startParts("B", "1s=4")
+	for i := range 12 {
+		target := "tgt.c" + strconv.Itoa(i)
+		b.publishTo(target, "cancel-me-"+strconv.Itoa(i), nats.Header{contract.HeaderLevel: {"3"}, contract.HeaderNatsMsgID: {"c-" + strconv.Itoa(i)}})
+	}
+	for i := range 12 {
+		target := "tgt.c" + strconv.Itoa(i)
+		m, err := b.nc.Request(contract.CancelSubjectFor(target), []byte("c-"+strconv.Itoa(i)), 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(m.Data) != contract.CancelReplyCancelled {
+			t.Errorf("cancel of c-%d (target %s): %q, want %q", i, target, m.Data, contract.CancelReplyCancelled)
+		}
+	}
+	for i := range 12 {
+		b.publishTo("tgt.c"+strconv.Itoa(i), "keep-"+strconv.Itoa(i), nats.Header{contract.HeaderLevel: {"3"}})
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got := b.targetPayloads()
+		kept := 0
+		for _, p := range got {
+			if strings.HasPrefix(p, "cancel-me-") {
+				t.Fatalf("cancelled message %s delivered", p)
+			}
+			kept++
+		}
+		if kept == 12 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("TGT holds %d of the 12 messages not cancelled after a minute", kept)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
