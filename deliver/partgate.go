@@ -17,7 +17,7 @@ import (
 	"github.com/delayd/delayd/offsets"
 )
 
-// Partition changes and per-key order (README "Partitions").
+// Partition changes and per-key order (README "Partitions for hot levels").
 //
 // A level's partition count P decides which of its streams a key's
 // messages go to. When P changes (1 -> P, P -> 1, P -> Q), a key's older

@@ -170,7 +170,8 @@ type scannerWiring struct {
 
 	// gate holds the level's messages routed under its current partition
 	// count while another stream of the level still holds one routed
-	// under an older count (partgate.go). Optional: nil holds nothing.
+	// under an older count (README "Partitions for hot levels"). Optional:
+	// nil holds nothing.
 	gate *orderGate
 }
 

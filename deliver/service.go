@@ -153,7 +153,7 @@ type Service struct {
 	hopKey hopKey // set by setup
 	// boundaries are, by level delay, the boundaries of its streams at
 	// the last change of its partition count, while old messages may be
-	// pending (partgate.go); set by setup.
+	// pending (README "Partitions for hot levels"); set by setup.
 	boundaries map[time.Duration]map[string]uint64
 	routed     *routedGate // shared by the cancel workers; set by Run
 	lookups    *lookupGate // paces the cancel workers' index lookups
