@@ -49,11 +49,6 @@ type InfoLevel struct {
 	// nanoseconds.
 	Delay   string `json:"delay"`
 	DelayNS int64  `json:"delay_ns"`
-	// Stream is the level's stream, e.g. "DELAYD_5S"; for a partitioned
-	// level (DELAYD_PARTITIONS) its unpartitioned name, which does not
-	// exist: see Partitions.
+	// Stream is the level's stream, e.g. "DELAYD_5S".
 	Stream string `json:"stream"`
-	// Partitions are a partitioned level's partition streams, in order
-	// ("DELAYD_1M-P0", "DELAYD_1M-P1", ...); absent if it is not.
-	Partitions []string `json:"partitions,omitempty"`
 }

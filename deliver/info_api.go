@@ -20,8 +20,8 @@ func (s *Service) Info() contract.InfoReply {
 	r := contract.InfoReply{
 		Version:         version(),
 		Prefix:          s.cfg.Prefix,
-		Levels:          infoLevels(s.cfg.Levels.Levels(), s.cfg.Partitions),
-		PrecisionLevels: infoLevels(s.cfg.Levels.PrecisionLevels(), levels.Partitions{}),
+		Levels:          infoLevels(s.cfg.Levels.Levels()),
+		PrecisionLevels: infoLevels(s.cfg.Levels.PrecisionLevels()),
 		MaxDelay:        maxDelay.String(),
 		MaxDelayNS:      int64(maxDelay),
 		AllowTargets:    append([]string{}, s.cfg.Targets.Allow...),
@@ -32,14 +32,10 @@ func (s *Service) Info() contract.InfoReply {
 	return r
 }
 
-func infoLevels(ls []levels.Level, parts levels.Partitions) []contract.InfoLevel {
+func infoLevels(ls []levels.Level) []contract.InfoLevel {
 	out := make([]contract.InfoLevel, 0, len(ls))
 	for _, l := range ls {
-		il := contract.InfoLevel{Level: l.Index, Delay: l.Delay.String(), DelayNS: int64(l.Delay), Stream: l.Stream()}
-		if parts.Count(l.Delay) > 1 {
-			il.Partitions = parts.Streams(l.Delay)
-		}
-		out = append(out, il)
+		out = append(out, contract.InfoLevel{Level: l.Index, Delay: l.Delay.String(), DelayNS: int64(l.Delay), Stream: l.Stream()})
 	}
 	return out
 }
