@@ -32,6 +32,10 @@ type Client struct {
 	// Levels is delayd's level table, as [Config].Levels. Optional. Default [levels.DefaultTable].
 	Levels levels.Table `envconfig:"DELAYD_LEVELS"`
 
+	// Partitions is delayd's partition list, as [Config].Partitions: `delayctl levels` lists a partitioned level's
+	// streams. Optional. Default "": none.
+	Partitions levels.Partitions `envconfig:"DELAYD_PARTITIONS"`
+
 	// Prefix is delayd's ingress subject prefix, as [Config].Prefix. Optional. Default [PrefixDefault].
 	Prefix string `envconfig:"DELAYD_PREFIX"`
 
@@ -110,6 +114,8 @@ func (c Client) Validate() error {
 	}
 	if c.Levels.Len() == 0 {
 		errs = append(errs, &VarError{Var: "DELAYD_LEVELS", Reason: "must hold at least one level", Err: levels.ErrEmptyTable})
+	} else if err := c.Partitions.Check(c.Levels); err != nil {
+		errs = append(errs, &VarError{Var: "DELAYD_PARTITIONS", Value: c.Partitions.String(), Reason: err.Error(), Err: err})
 	}
 	if c.NATSURL != "" {
 		errs = append(errs, c.config().validateSecurity()...)
@@ -127,7 +133,7 @@ func (c Client) AuthMethod() string { return c.config().AuthMethod() }
 // config returns c as a Config, for the checks and options the two share.
 func (c Client) config() Config {
 	return Config{
-		NATSURL: c.NATSURL, Levels: c.Levels, Prefix: c.Prefix,
+		NATSURL: c.NATSURL, Levels: c.Levels, Partitions: c.Partitions, Prefix: c.Prefix,
 		NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, NATSToken: c.NATSToken, NATSNKeySeed: c.NATSNKeySeed,
 		NATSCreds: c.NATSCreds, NATSTLSCA: c.NATSTLSCA, NATSTLSCert: c.NATSTLSCert, NATSTLSKey: c.NATSTLSKey,
 	}

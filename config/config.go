@@ -86,6 +86,13 @@ type Config struct {
 	// Optional. Default [levels.DefaultTable], RocketMQ 4's 18 levels.
 	Levels levels.Table `envconfig:"DELAYD_LEVELS"`
 
+	// Partitions splits hot levels into partition streams, parsed by [levels.ParsePartitions]: entries
+	// <level delay>=<count> separated by spaces or commas, e.g. "1m=4 5m=2"; each delay a level of Levels, each
+	// count 1 to [levels.PartitionsMax] (1: not partitioned), no level twice. Level 1m with count 4 is the streams
+	// DELAYD_1M-P0 to DELAYD_1M-P3. Every live replica must have the same list.
+	// Optional. Default "": no level partitioned.
+	Partitions levels.Partitions `envconfig:"DELAYD_PARTITIONS"`
+
 	// Prefix is the ingress subject prefix: publishers write to <Prefix>.<target subject>. See [ValidatePrefix].
 	// Optional. Default [PrefixDefault].
 	Prefix string `envconfig:"DELAYD_PREFIX"`
@@ -263,6 +270,9 @@ func parseReason(pe *envconfig.ParseError) string {
 	case "DELAYD_LEVELS":
 		// The levels error names the offending token and what is wrong with it.
 		return pe.Err.Error()
+	case "DELAYD_PARTITIONS":
+		// The partitions error names the offending entry and what is wrong with it.
+		return pe.Err.Error()
 	case "DELAYD_REPLICAS":
 		return fmt.Sprintf("must be an integer between %d and %d", ReplicasMin, ReplicasMax)
 	case "DELAYD_START_GRACE":
@@ -315,6 +325,9 @@ func (c Config) Validate() error {
 	}
 	if c.Levels.Len() == 0 {
 		bad("DELAYD_LEVELS", c.Levels.String(), "must hold at least one level", levels.ErrEmptyTable)
+	}
+	if err := c.Partitions.Check(c.Levels); err != nil && c.Levels.Len() > 0 {
+		bad("DELAYD_PARTITIONS", c.Partitions.String(), err.Error(), err)
 	}
 	if reason := prefixReason(c.Prefix); reason != "" {
 		bad("DELAYD_PREFIX", c.Prefix, reason, nil)

@@ -19,6 +19,7 @@ var vars = []string{
 	"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY", "DELAYD_CANCEL_SHARE", "DELAYD_LEASE_TTL",
 	"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED", "DELAYD_NATS_CREDS",
 	"DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY", "DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS",
+	"DELAYD_PARTITIONS",
 }
 
 // clearEnv unsets every DELAYD_* variable (and the unprefixed names envconfig could fall back to) for the test.
@@ -78,7 +79,7 @@ func TestVarTags(t *testing.T) {
 		"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY", "DELAYD_CANCEL_SHARE", "DELAYD_LEASE_TTL",
 		"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED",
 		"DELAYD_NATS_CREDS", "DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY",
-		"DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS",
+		"DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS", "DELAYD_PARTITIONS",
 	} {
 		known[name] = true
 	}
@@ -145,6 +146,7 @@ func TestLoadValues(t *testing.T) {
 	t.Setenv("DELAYD_LOG_LEVEL", "Debug")
 	t.Setenv("DELAYD_START_GRACE", "0s")
 	t.Setenv("DELAYD_LEASE_TTL", "3s")
+	t.Setenv("DELAYD_PARTITIONS", "90s=4, 1d=2")
 
 	c, err := Load()
 	if err != nil {
@@ -165,6 +167,10 @@ func TestLoadValues(t *testing.T) {
 		CancelShare: CancelShareDefault,
 		LeaseTTL:    3 * time.Second,
 	}
+	if got := c.Partitions.String(); got != "1m30s=4 24h=2" {
+		t.Errorf("Partitions = %q, want %q", got, "1m30s=4 24h=2")
+	}
+	c.Partitions = levels.Partitions{}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load() = %+v, want %+v", c, want)
 	}
@@ -196,6 +202,13 @@ func TestLoadBadValue(t *testing.T) {
 		{name: "DELAYD_LEVELS", value: "90s 1m30s", want: "same delay", err: levels.ErrDuplicate},
 		{name: "DELAYD_LEVELS", value: "5s 1s", want: "strictly increasing", err: levels.ErrNotIncreasing},
 		{name: "DELAYD_LEVELS", value: " ", want: "no durations", err: levels.ErrEmptyTable},
+		{name: "DELAYD_PARTITIONS", value: "7s=2", want: "not a level of the table", err: levels.ErrBadPartitions},
+		{name: "DELAYD_PARTITIONS", value: "1m=0", want: "want an integer from 1 to 64", err: levels.ErrBadPartitions},
+		{name: "DELAYD_PARTITIONS", value: "1m=65", want: "want an integer from 1 to 64", err: levels.ErrBadPartitions},
+		{name: "DELAYD_PARTITIONS", value: "1m=two", want: "want an integer from 1 to 64", err: levels.ErrBadPartitions},
+		{name: "DELAYD_PARTITIONS", value: "1m=2 60s=4", want: "level 1m is given twice", err: levels.ErrBadPartitions},
+		{name: "DELAYD_PARTITIONS", value: "1m", want: "want <level delay>=<count>", err: levels.ErrBadPartitions},
+		{name: "DELAYD_PARTITIONS", value: "1x=2", want: `unknown unit "x"`, err: levels.ErrBadPartitions},
 		{name: "DELAYD_PREFIX", value: "delayd", want: "reserved"},
 		{name: "DELAYD_PREFIX", value: "$JS", want: "'$'"},
 		{name: "DELAYD_PREFIX", value: "a..b", want: "empty tokens"},

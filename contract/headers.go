@@ -51,6 +51,12 @@ const (
 	// (their payloads dropped and counted). "Delay-Merge-Key: user-42".
 	HeaderMergeKey = "Delay-Merge-Key"
 
+	// HeaderPartitionKey chooses the partition of a partitioned level
+	// (DELAYD_PARTITIONS): messages with one key go to one partition stream
+	// and keep their order. Without it the key is the target subject. It is
+	// a control header and never reaches the target: "Delay-Partition-Key: user-42".
+	HeaderPartitionKey = "Delay-Partition-Key"
+
 	// HeaderAttempt is set by retry ladders: the attempt this delivery is,
 	// 1 for the first retry.
 	HeaderAttempt = "Delay-Attempt"
@@ -101,12 +107,13 @@ func IsDelayHeader(key string) bool {
 
 // IsControlHeader reports whether key (in any case) is one of delayd's
 // control headers, which are consumed at ingress and never delivered: the
-// delay headers, the merge key, and the headers delayd sets itself
+// delay headers, the merge key, the partition key, and the headers delayd sets itself
 // (Delay-Enqueued-At, Delay-Due-At, Delay-Hops: a publisher's own values
 // are replaced).
 func IsControlHeader(key string) bool {
 	return IsDelayHeader(key) ||
 		strings.EqualFold(key, HeaderMergeKey) ||
+		strings.EqualFold(key, HeaderPartitionKey) ||
 		strings.EqualFold(key, HeaderHops) ||
 		strings.EqualFold(key, HeaderEnqueuedAt) ||
 		strings.EqualFold(key, HeaderDueAt)

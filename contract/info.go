@@ -23,6 +23,10 @@ type InfoReply struct {
 	// cascading messages use (levels.Table.PrecisionLevels); no publisher
 	// names them.
 	PrecisionLevels []InfoLevel `json:"precision_levels"`
+	// Partitions is the partition list (DELAYD_PARTITIONS) in canonical
+	// form, "1m=4 5m=2": level 1m's messages are in streams DELAYD_1M-P0 to
+	// DELAYD_1M-P3 instead of its InfoLevel.Stream. Absent: none.
+	Partitions string `json:"partitions,omitempty"`
 	// MaxDelay is the longest Delay-Duration, or Delay-Deliver-At ahead of
 	// the ingress store time, accepted (DELAYD_MAX_DELAY), in Go's duration
 	// form; MaxDelayNS is the same in nanoseconds.

@@ -10,12 +10,13 @@ import (
 // "Delayd-" is reserved: publishers' headers with it are removed at ingress.
 const (
 	hdrInternalPrefix = contract.InternalHeaderPrefix
-	hdrMsgID          = "Delayd-Msg-Id"  // the publisher's Nats-Msg-Id, when it gave one
-	hdrIngress        = "Delayd-Ingress" // derived id "delayd-<ingress created, unix ns>-<ingress seq>"
-	hdrOrigin         = "Delayd-Origin"  // a cascading message's first derived id: its delivery id
-	hdrHops           = "Delayd-Hops"    // hops so far, decimal
-	hdrHopDue         = "Delayd-Hop-Due" // when this level's wait ends, if before Delay-Due-At
-	hdrMerge          = "Delayd-Merge"   // the message's merge key, so a hop keeps it
+	hdrMsgID          = "Delayd-Msg-Id"        // the publisher's Nats-Msg-Id, when it gave one
+	hdrIngress        = "Delayd-Ingress"       // derived id "delayd-<ingress created, unix ns>-<ingress seq>"
+	hdrOrigin         = "Delayd-Origin"        // a cascading message's first derived id: its delivery id
+	hdrHops           = "Delayd-Hops"          // hops so far, decimal
+	hdrHopDue         = "Delayd-Hop-Due"       // when this level's wait ends, if before Delay-Due-At
+	hdrMerge          = "Delayd-Merge"         // the message's merge key, so a hop keeps it
+	hdrPartKey        = "Delayd-Partition-Key" // the message's Delay-Partition-Key, so a hop keeps it
 
 	// On a router's epoch marker only (marker.go).
 	hdrRouterEpoch = "Delayd-Router-Epoch" // the router lease's epoch of the term that wrote it, decimal

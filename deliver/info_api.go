@@ -22,6 +22,7 @@ func (s *Service) Info() contract.InfoReply {
 		Prefix:          s.cfg.Prefix,
 		Levels:          infoLevels(s.cfg.Levels.Levels()),
 		PrecisionLevels: infoLevels(s.cfg.Levels.PrecisionLevels()),
+		Partitions:      s.cfg.Partitions.String(),
 		MaxDelay:        maxDelay.String(),
 		MaxDelayNS:      int64(maxDelay),
 		AllowTargets:    append([]string{}, s.cfg.Targets.Allow...),

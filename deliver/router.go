@@ -59,6 +59,12 @@ type RouterConfig struct {
 	// Targets is the operator's target policy. Optional. Default allows all.
 	Targets contract.TargetPolicy
 
+	// Partitions splits levels of Levels into partition streams: a message
+	// for a partitioned level goes to partition [levels.PartitionOf] of its
+	// partition key (its Delay-Partition-Key, else its target subject).
+	// Optional. Default: none.
+	Partitions levels.Partitions
+
 	// MaxDelay is the longest Delay-Duration, or Delay-Deliver-At ahead of
 	// the ingress store time, delayd accepts. Optional. Default
 	// [contract.MaxDelayDefault].
@@ -220,8 +226,9 @@ type Router struct {
 	pipe       *writePipeline
 	merges     *mergeCache
 
-	ingressID string         // unique to the ingress stream's life: its creation time
-	writers   []*levelWriter // by level index, 0 = immediate
+	ingressID string           // unique to the ingress stream's life: its creation time
+	writers   []*levelWriter   // every level stream written: each level's partitions in order
+	byLevel   [][]*levelWriter // by level index (0 = immediate): the level's partitions, one if unpartitioned
 
 	failing failClock // sessions or dead letters of placed messages failing; see Healthy
 	epoch   time.Time // the failure clocks' origin (monotonic reading)
@@ -335,9 +342,18 @@ func newRouter(js jetstream.JetStream, cfg RouterConfig, wiring routerWiring) (*
 	r.pipe = newWritePipeline(js, cfg.Logger, r, cfg.MaxInFlight)
 	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
 	all = append(all, cfg.Levels.PrecisionLevels()...)
+	if err := cfg.Partitions.Check(cfg.Levels); err != nil {
+		return nil, fmt.Errorf("deliver: router: %w", err)
+	}
 	for _, l := range all {
-		w := &levelWriter{level: l, stream: l.Stream(), subject: levelSubjects + l.Name() + ".", marker: markerSubject(l.Name())}
-		r.writers = append(r.writers, w)
+		var parts []*levelWriter
+		for _, stream := range cfg.Partitions.Streams(l.Delay) {
+			name := strings.TrimPrefix(stream, levels.StreamPrefix)
+			w := &levelWriter{level: l, stream: stream, subject: levelSubjects + name + ".", marker: markerSubject(name)}
+			r.writers = append(r.writers, w)
+			parts = append(parts, w)
+		}
+		r.byLevel = append(r.byLevel, parts)
 	}
 	return r, nil
 }
@@ -664,7 +680,7 @@ func (r *Router) syncTail(ctx context.Context, w *levelWriter) error {
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		// Deleted while delayd ran: without it no level could be routed.
 		r.logger.Warn("level stream missing; recreating it", slog.String("stream", w.stream))
-		if err = ensureLevelStream(ctx, r.js, w.level.Delay, max(r.cfg.Replicas, 1)); err == nil {
+		if err = ensureLevelStream(ctx, r.js, w.stream, w.level.Delay, max(r.cfg.Replicas, 1)); err == nil {
 			s, err = r.js.Stream(ctx, w.stream)
 		}
 	}
@@ -856,7 +872,8 @@ func (r *Router) route(ctx context.Context, m *nats.Msg, meta jswire.AckMeta) {
 		r.deadLetter(rt, err)
 		return
 	}
-	w := r.writers[p.Level.Index]
+	partKey := headerFold(m.Header, contract.HeaderPartitionKey)
+	w := r.writerFor(p, partKey)
 	if rt.seq <= w.lastRouted.Load() {
 		r.skipped.Add(1)
 		rt.ack()
@@ -891,8 +908,27 @@ func (r *Router) route(ctx context.Context, m *nats.Msg, meta jswire.AckMeta) {
 	rt.w = w
 	var due time.Time
 	rt.out, due = levelMessage(m.Header, m.Data, p, w.subject, meta.Stored, r.ingressRef(rt.seq))
+	if partKey != "" {
+		rt.out.Header[hdrPartKey] = []string{partKey} // a hop keeps it (forward)
+	}
 	rt.setIndex(w.stream, p, due)
 	r.submit(rt)
+}
+
+// writerFor returns the level writer of placement p: for a partitioned
+// level, partition [levels.PartitionOf] of the partition key, key if it is
+// not "" (a Delay-Partition-Key), else the target subject. One key thus
+// always goes to one partition stream, which has one writer and is
+// delivered in order: the key's order holds.
+func (r *Router) writerFor(p placement, key string) *levelWriter {
+	parts := r.byLevel[p.Level.Index]
+	if len(parts) == 1 {
+		return parts[0]
+	}
+	if key == "" {
+		key = p.Target
+	}
+	return parts[levels.PartitionOf(key, len(parts))]
 }
 
 // headerFold returns the first value of header name in any case; "" if

@@ -167,6 +167,12 @@ type scannerWiring struct {
 	// the tombstones, and the scanner stops at a failed compare-and-set.
 	// Optional: false for a scanner on its own (plain offset writes).
 	fenced bool
+
+	// gate holds the level's messages routed under its current partition
+	// count while another stream of the level still holds one routed
+	// under an older count (README "Partitions for hot levels"). Optional:
+	// nil holds nothing.
+	gate *orderGate
 }
 
 func (w *scannerWiring) validate() error {
@@ -301,6 +307,7 @@ type Scanner struct {
 	// Scanner goroutine only.
 	term       leadership.Term
 	fencedStop bool
+	gateHeld   string // what the order gate last held the head for (logged once)
 	// owned and epoch mirror term for Stats; fencedWrites counts fenced
 	// commits.
 	owned        atomic.Bool
@@ -858,6 +865,21 @@ func (s *Scanner) step(ctx context.Context) error {
 	if s.cancelHolds(ctx, seq) {
 		return nil // looked at again: skipped if cancelled
 	}
+	if held, err := s.cfg.gate.holds(ctx, seq); held != "" {
+		// Routed under the level's current partition count while an older
+		// message of the level waits in another stream: it goes first.
+		if err != nil && ctx.Err() == nil {
+			s.logger.Warn("partition order check failed; holding the head", slog.Any("error", err))
+		}
+		if held != s.gateHeld {
+			s.gateHeld = held
+			s.logger.Info("holding the level's new messages until an older partition's are delivered", slog.String("older", held), slog.Uint64("seq", seq))
+		}
+		if !s.quiesce(ctx, false) {
+			return nil
+		}
+		return s.sleep(ctx, orderGatePoll)
+	}
 	if !s.owns() {
 		// Checked once per hand-off, after any wait: the head stays
 		// unpassed for the next owner.
@@ -921,7 +943,7 @@ func (s *Scanner) forward(ctx context.Context, m *nats.Msg, seq uint64, target s
 	}
 	hops, _ := strconv.Atoi(h.Get(hdrHops))
 	hops++
-	userID, enqueued, merge := h.Get(hdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(hdrMerge)
+	userID, enqueued, merge, partKey := h.Get(hdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(hdrMerge), h.Get(hdrPartKey)
 	stripInternal(h)
 	delete(h, contract.HeaderDueAt)
 	h[contract.HeaderDeliverAt] = []string{contract.FormatTime(due)}
@@ -933,6 +955,9 @@ func (s *Scanner) forward(ctx context.Context, m *nats.Msg, seq uint64, target s
 	}
 	if merge != "" {
 		h[hdrMerge] = []string{merge}
+	}
+	if partKey != "" {
+		h[contract.HeaderPartitionKey] = []string{partKey}
 	}
 	h[contract.HeaderNatsMsgID] = []string{s.cfg.hopKey.hopID(origin, hops)}
 	m.Subject, m.Reply, m.Sub = s.cfg.Prefix+"."+target, "", nil

@@ -48,6 +48,13 @@ type Config struct {
 	// levels 1s ... 2h of RocketMQ 4).
 	Levels levels.Table
 
+	// Partitions splits levels of Levels into partition streams
+	// ("DELAYD_1M-P0" ...); the router puts a message in partition
+	// [levels.PartitionOf] (its Delay-Partition-Key, else its target
+	// subject). It must name only levels of Levels. Optional. Default:
+	// no level partitioned.
+	Partitions levels.Partitions
+
 	// Targets is the operator's allow and deny lists of target subject
 	// patterns; deny wins. Optional. Default allows every valid target.
 	Targets contract.TargetPolicy
@@ -143,9 +150,13 @@ type Service struct {
 
 	cancelCancelled, cancelNotFound, cancelDelivered, cancelBusy atomic.Uint64
 
-	hopKey  hopKey      // set by setup
-	routed  *routedGate // shared by the cancel workers; set by Run
-	lookups *lookupGate // paces the cancel workers' index lookups
+	hopKey hopKey // set by setup
+	// boundaries are, by level delay, the boundaries of its streams at
+	// the last change of its partition count, while old messages may be
+	// pending (README "Partitions for hot levels"); set by setup.
+	boundaries map[time.Duration]map[string]uint64
+	routed     *routedGate // shared by the cancel workers; set by Run
+	lookups    *lookupGate // paces the cancel workers' index lookups
 
 	// leases are the electors' counters by lease key, filled by Run before
 	// the electors start and read-only after; onLease, if set (tests),
@@ -242,6 +253,9 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	if cfg.CancelLookupShare == 0 {
 		cfg.CancelLookupShare = CancelLookupShareDefault
+	}
+	if err := cfg.Partitions.Check(cfg.Levels); err != nil {
+		return nil, fmt.Errorf("deliver: %w", err)
 	}
 	if !(cfg.CancelLookupShare > 0 && cfg.CancelLookupShare <= 1) {
 		return nil, fmt.Errorf("deliver: cancel lookup share %v: must be above 0 and at most 1", cfg.CancelLookupShare)
@@ -441,8 +455,12 @@ func (s *Service) Run(ctx context.Context) error {
 		if window == 0 {
 			window = ScannerWindowDefault
 		}
+		var gate *orderGate
+		if d, ok := levels.ParseStreamName(name); ok && s.boundaries[d] != nil {
+			gate = newOrderGate(name, s.boundaries[d], store, mustJS(s.nc, 0))
+		}
 		scanner, err := newScanner(s.nc, mustJS(s.nc, window+16), sc, scannerWiring{
-			reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey, fenced: true,
+			reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey, fenced: true, gate: gate,
 			mergeGone: func(rec index.Record) {
 				if r := routerRef.Load(); r != nil {
 					r.forgetMerge(rec)
@@ -456,6 +474,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	rc := s.cfg.Router
 	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas, rc.MaxDelay = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas, s.cfg.MaxDelay
+	rc.Partitions = s.cfg.Partitions
 	rc.OnRouted = func(stream string, seq uint64) {
 		if sc := scanners[stream]; sc != nil {
 			sc.Written(seq)
@@ -761,9 +780,10 @@ func (s *Service) join(ctx context.Context, holder string) (*lease.Membership, e
 // variable that sets each: they decide which streams exist and how.
 func (s *Service) sharedSettings() map[string]string {
 	return map[string]string{
-		"DELAYD_LEVELS":   s.cfg.Levels.String(),
-		"DELAYD_PREFIX":   s.cfg.Prefix,
-		"DELAYD_REPLICAS": strconv.Itoa(s.cfg.Replicas),
+		"DELAYD_LEVELS":     s.cfg.Levels.String(),
+		"DELAYD_PARTITIONS": s.cfg.Partitions.String(),
+		"DELAYD_PREFIX":     s.cfg.Prefix,
+		"DELAYD_REPLICAS":   strconv.Itoa(s.cfg.Replicas),
 	}
 }
 
@@ -854,10 +874,12 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, *lease.B
 	want = append(want, s.cfg.Levels.PrecisionLevels()...)
 	var streams []string
 	for _, l := range want {
-		if err := ensureLevelStream(ctx, js, l.Delay, r); err != nil {
-			return nil, nil, nil, err
+		for _, name := range s.cfg.Partitions.Streams(l.Delay) {
+			if err := ensureLevelStream(ctx, js, name, l.Delay, r); err != nil {
+				return nil, nil, nil, err
+			}
+			streams = append(streams, name)
 		}
-		streams = append(streams, l.Stream())
 	}
 	names := js.StreamNames(ctx, jetstream.WithStreamListSubject(levelSubjects+">"))
 	for name := range names.Name() {
@@ -876,6 +898,14 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, *lease.B
 	if s.hopKey, err = loadHopKey(ctx, js, s.logger); err != nil {
 		return nil, nil, nil, err
 	}
+	existing := make(map[time.Duration][]string)
+	for _, name := range streams {
+		d, _ := levels.ParseStreamName(name)
+		existing[d] = append(existing[d], name)
+	}
+	if s.boundaries, err = s.partitionBoundaries(ctx, js, want, existing); err != nil {
+		return nil, nil, nil, err
+	}
 	bucket, err := lease.OpenBucket(ctx, js, lease.BucketConfig{Replicas: r})
 	if err != nil {
 		return nil, nil, nil, err
@@ -883,13 +913,18 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, *lease.B
 	return streams, store, bucket, nil
 }
 
-// ensureLevelStream creates or updates the level stream for delay.
-func ensureLevelStream(ctx context.Context, js jetstream.JetStream, delay time.Duration, replicas int) error {
-	name := levels.StreamName(delay)
+// ensureLevelStream creates or updates the level stream name (a
+// [levels.StreamName] or [levels.PartitionStreamName]) of delay, on the
+// subjects "delayd.level.<name without DELAYD_>.>".
+func ensureLevelStream(ctx context.Context, js jetstream.JetStream, name string, delay time.Duration, replicas int) error {
+	desc := "delayd level " + levels.FormatDuration(delay) + ": messages waiting for their due time"
+	if _, part, _ := levels.ParseStream(name); part >= 0 {
+		desc = fmt.Sprintf("delayd level %s, partition %d: messages waiting for their due time", levels.FormatDuration(delay), part)
+	}
 	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        name,
-		Description: "delayd level " + levels.FormatDuration(delay) + ": messages waiting for their due time",
-		Subjects:    []string{levelSubjects + levels.DurationName(delay) + ".>"},
+		Description: desc,
+		Subjects:    []string{levelSubjects + strings.TrimPrefix(name, levels.StreamPrefix) + ".>"},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    replicas,

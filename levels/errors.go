@@ -13,6 +13,9 @@ var (
 	ErrNotIncreasing = errors.New("levels not strictly increasing")
 	// ErrDuplicate means two levels have the same delay, whether spelled the same ("1s 1s") or not ("90s 1m30s").
 	ErrDuplicate = errors.New("duplicate level")
+	// ErrBadPartitions means a partition list ([ParsePartitions]) does not parse, names a level twice, gives a count
+	// outside 1 to [PartitionsMax], or ([Partitions.Check]) names a delay that is not a level of the table.
+	ErrBadPartitions = errors.New("bad partitions")
 
 	// ErrMissingLevel means the Delay-Level value is empty or only whitespace.
 	ErrMissingLevel = errors.New("missing delay level")

@@ -2,6 +2,7 @@ package levels_test
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/delayd/delayd/levels"
 )
@@ -44,4 +45,30 @@ func ExampleParse() {
 	// 2 DELAYD_1M30S
 	// 3 DELAYD_24H
 	// levels: "1x" (level 3): unknown unit "x" (want ms, s, m, h or d): bad duration
+}
+
+func ExampleParsePartitions() {
+	table := levels.MustParse("1s 1m 5m")
+	parts, err := levels.ParsePartitions("1m=4, 5m=2")
+	if err == nil {
+		err = parts.Check(table)
+	}
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(parts)
+	fmt.Println(parts.Streams(time.Minute))
+	fmt.Println(parts.Streams(time.Second))
+	// The partition of a key (a Delay-Partition-Key, or the target subject): FNV-1a 32 of its bytes mod the count.
+	fmt.Println(levels.PartitionOf("orders.eu", 4), levels.PartitionOf("orders.us", 4), levels.PartitionOf("user-42", 4))
+
+	_, err = levels.ParsePartitions("1m=4 60s=2")
+	fmt.Println(err)
+	// Output:
+	// 1m=4 5m=2
+	// [DELAYD_1M-P0 DELAYD_1M-P1 DELAYD_1M-P2 DELAYD_1M-P3]
+	// [DELAYD_1S]
+	// 0 2 3
+	// levels: partitions entry "60s=2": level 1m is given twice: bad partitions
 }

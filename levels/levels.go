@@ -249,10 +249,49 @@ func DurationName(d time.Duration) string {
 // StreamName returns the name of the level stream for delay d: [StreamPrefix] + [DurationName], e.g. "DELAYD_1M30S".
 func StreamName(d time.Duration) string { return StreamPrefix + DurationName(d) }
 
-// ParseStreamName is the inverse of [StreamName]: "DELAYD_1M30S" returns 90s and true, "DELAYD_0S" returns 0 and true.
-// It returns false for any name that StreamName would not produce for a delay >= 0 of whole milliseconds, such as
+// PartitionsMax is the highest partition count of a level (see [Partitions]).
+const PartitionsMax = 64
+
+// partitionSep separates a level stream's name from its partition index: "DELAYD_1M-P0".
+const partitionSep = "-P"
+
+// PartitionStreamName returns the name of partition i of the level stream for delay d: [StreamName] + "-P" + i,
+// e.g. "DELAYD_1M-P0". Stream names cannot hold '.', so the partition is a suffix of the name, and of its subject
+// token ("delayd.level.1M-P0.<target>").
+func PartitionStreamName(d time.Duration, i int) string {
+	return StreamName(d) + partitionSep + strconv.Itoa(i)
+}
+
+// ParseStream parses a level stream's name: [StreamName] of a delay, or [PartitionStreamName] of a delay and a
+// partition index 0 to [PartitionsMax]-1. part is -1 for an unpartitioned level stream. It returns false for any name
+// neither would produce ("DELAYD_1M-P01", "DELAYD_1M-P64", "DELAYD_INGRESS").
+func ParseStream(name string) (d time.Duration, part int, ok bool) {
+	base, idx, found := strings.Cut(name, partitionSep)
+	d, ok = parseUnpartitioned(base)
+	if !ok {
+		return 0, 0, false
+	}
+	if !found {
+		return d, -1, true
+	}
+	n, err := strconv.Atoi(idx)
+	if err != nil || n < 0 || n >= PartitionsMax || strconv.Itoa(n) != idx {
+		return 0, 0, false
+	}
+	return d, n, true
+}
+
+// ParseStreamName returns the delay of a level stream: "DELAYD_1M30S" returns 90s and true, "DELAYD_0S" 0 and true,
+// and a partition stream "DELAYD_1M-P3" 1m and true (see [ParseStream]). It returns false for any name that
+// [StreamName] or [PartitionStreamName] would not produce for a delay >= 0 of whole milliseconds, such as
 // "DELAYD_INGRESS", "DELAYD_DLQ", "DELAYD_OFFSETS", "DELAYD_90S" (not canonical) or "FOO".
 func ParseStreamName(name string) (time.Duration, bool) {
+	d, _, ok := ParseStream(name)
+	return d, ok
+}
+
+// parseUnpartitioned is the inverse of [StreamName].
+func parseUnpartitioned(name string) (time.Duration, bool) {
 	rest, ok := strings.CutPrefix(name, StreamPrefix)
 	if !ok || rest == "" {
 		return 0, false

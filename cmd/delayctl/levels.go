@@ -56,9 +56,11 @@ func (a *app) levelRows(ctx context.Context) ([]levelRow, time.Time, error) {
 	seen := map[string]bool{}
 	for _, l := range append([]levels.Level{{}}, a.cfg.Levels.Levels()...) {
 		idx := l.Index
-		info := infos[l.Stream()]
-		rows = append(rows, levelRow{Index: &idx, Delay: l.Delay, Stream: l.Stream(), Exists: info != nil, InTable: true, info: info})
-		seen[l.Stream()] = true
+		for _, name := range a.cfg.Partitions.Streams(l.Delay) { // a partitioned level: a row per partition stream
+			info := infos[name]
+			rows = append(rows, levelRow{Index: &idx, Delay: l.Delay, Stream: name, Exists: info != nil, InTable: true, info: info})
+			seen[name] = true
+		}
 	}
 	for _, l := range a.cfg.Levels.PrecisionLevels() {
 		info := infos[l.Stream()]

@@ -140,6 +140,7 @@ func run() int {
 	svc, err := deliver.New(nc, deliver.Config{
 		Prefix:     cfg.Prefix,
 		Levels:     cfg.Levels,
+		Partitions: cfg.Partitions,
 		Replicas:   cfg.Replicas,
 		StartGrace: cfg.StartGrace,
 		// A restart of delayd restarts its embedded server, so core

@@ -1,0 +1,200 @@
+package deliver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/levels"
+	"github.com/delayd/delayd/offsets"
+)
+
+// Partition changes and per-key order (README "Partitions for hot levels").
+//
+// A level's partition count P decides which of its streams a key's
+// messages go to. When P changes (1 -> P, P -> 1, P -> Q), a key's older
+// messages may wait in another stream of the level than its newer ones:
+// a retired stream (drained like a level no longer in the table), or a
+// partition that is still in use but was written under the old count.
+// Every older message was ingested before every newer one and has the
+// same delay, so it is due first; but the stream holding it is delivered
+// by its own scanner, perhaps on another replica, which may lag.
+//
+// So, at the change, setup records in DELAYD_OFFSETS (key
+// "partitions.<level stream>") the new count and each stream of the
+// level's boundary: its last sequence then. A message at or before its
+// stream's boundary was routed under an older count ("old"), one after it
+// under the current count ("new"). A scanner does not hand off a new
+// message while another stream of its level still holds an old one (its
+// committed offset is below its boundary, and the message is still in
+// the stream). Old messages are never held, so the old ones drain and the
+// new ones follow: no wait in a cycle. Since the old messages are due
+// first, the rule delays nothing but a lagging drain. Once a stream's
+// offset passes its boundary it is never looked at again: the cost is a
+// few reads per stream and scanner, at the change only.
+//
+// Only every live replica's count being the same (DELAYD_PARTITIONS is a
+// shared setting) makes "routed under the current count" one thing.
+
+// partitionsKey is the key, in the offsets bucket, of a level's partition
+// record; stream is the level's unpartitioned stream name.
+func partitionsKey(stream string) string { return "partitions." + stream }
+
+// partitionRecord is the value of a level's partition record: the count
+// the level's streams are routed under, and, from the last change of the
+// count, each stream's boundary (its last sequence at the change; streams
+// that held nothing are left out).
+type partitionRecord struct {
+	Partitions int               `json:"partitions"`
+	Boundaries map[string]uint64 `json:"boundaries,omitempty"`
+}
+
+// partitionBoundaries returns, for each level of want whose streams' last
+// change of partition count may still hold old messages, the boundary of
+// each of its streams (see above); nil for a level never changed. existing
+// lists the level streams that exist, by delay. At a change it records the
+// new count and the boundaries (a compare-and-set: a replica starting at
+// the same time with the same count takes the record the first one
+// wrote).
+func (s *Service) partitionBoundaries(ctx context.Context, js jetstream.JetStream, want []levels.Level, existing map[time.Duration][]string) (map[time.Duration]map[string]uint64, error) {
+	kv, err := js.KeyValue(ctx, offsets.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("partitions: %w", err)
+	}
+	out := make(map[time.Duration]map[string]uint64)
+	for _, l := range want {
+		if l.Index == 0 || l.Index > s.cfg.Levels.Len() {
+			continue // the immediate and precision levels are never partitioned
+		}
+		key := partitionsKey(l.Stream())
+		count := s.cfg.Partitions.Count(l.Delay)
+		for attempt := 0; ; attempt++ {
+			stored, rev, found := partitionRecord{Partitions: 1}, uint64(0), false // no record: never partitioned
+			e, err := kv.Get(ctx, key)
+			switch {
+			case err == nil:
+				found = true
+				if jerr := json.Unmarshal(e.Value(), &stored); jerr != nil || stored.Partitions < 1 {
+					return nil, fmt.Errorf("partitions: %s holds %q, not a partition record", key, e.Value())
+				}
+				rev = e.Revision()
+			case errors.Is(err, jetstream.ErrKeyNotFound):
+			default:
+				return nil, fmt.Errorf("partitions: read %s: %w", key, err)
+			}
+			if stored.Partitions == count {
+				if len(stored.Boundaries) > 0 {
+					out[l.Delay] = stored.Boundaries
+				}
+				break
+			}
+			// A change: every stream of the level holds old messages up
+			// to its last sequence now.
+			rec := partitionRecord{Partitions: count, Boundaries: map[string]uint64{}}
+			for _, name := range existing[l.Delay] {
+				str, err := js.Stream(ctx, name)
+				if errors.Is(err, jetstream.ErrStreamNotFound) {
+					continue
+				}
+				if err != nil {
+					return nil, fmt.Errorf("partitions: stream %s: %w", name, err)
+				}
+				if st := str.CachedInfo().State; st.Msgs > 0 {
+					rec.Boundaries[name] = st.LastSeq
+				}
+			}
+			v, _ := json.Marshal(rec) // strings and numbers only: always marshals
+			if !found {
+				_, err = kv.Create(ctx, key, v)
+			} else {
+				_, err = kv.Update(ctx, key, v, rev)
+			}
+			if err != nil {
+				if attempt < 3 && (errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)) {
+					continue // another replica recorded it first: take its record
+				}
+				return nil, fmt.Errorf("partitions: record %s: %w", key, err)
+			}
+			s.logger.Info("level's partition count changed: new messages wait for the old ones of its other streams",
+				slog.String("level", levels.FormatDuration(l.Delay)), slog.Int("from", stored.Partitions), slog.Int("to", count),
+				slog.Any("boundaries", rec.Boundaries))
+			if len(rec.Boundaries) > 0 {
+				out[l.Delay] = rec.Boundaries
+			}
+			break
+		}
+	}
+	return out, nil
+}
+
+// orderGate holds a scanner's new messages while another stream of its
+// level still holds old ones (see above). The scanner's goroutine only.
+type orderGate struct {
+	own    uint64            // this stream's boundary: later sequences are new
+	others map[string]uint64 // the level's other streams whose old messages may be pending, by boundary
+	store  *offsets.Store
+	js     jetstream.JetStream
+}
+
+// newOrderGate returns the gate of stream among boundaries (the level's
+// streams' boundaries), or nil if no other stream of the level holds old
+// messages.
+func newOrderGate(stream string, boundaries map[string]uint64, store *offsets.Store, js jetstream.JetStream) *orderGate {
+	others := maps.Clone(boundaries)
+	delete(others, stream)
+	if len(others) == 0 {
+		return nil
+	}
+	return &orderGate{own: boundaries[stream], others: others, store: store, js: js}
+}
+
+// orderGatePoll is how often a held scanner looks at the old messages again.
+const orderGatePoll = 50 * time.Millisecond
+
+// holds reports whether the message at seq must wait: it is new, and
+// another stream of the level still holds an old message. It names that
+// stream. An error (a failed read) holds too: it is looked at again.
+func (g *orderGate) holds(ctx context.Context, seq uint64) (string, error) {
+	if g == nil || seq <= g.own || len(g.others) == 0 {
+		return "", nil
+	}
+	for _, name := range slices.Sorted(maps.Keys(g.others)) {
+		boundary := g.others[name]
+		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		committed, err := g.store.Load(rctx, name)
+		if errors.Is(err, offsets.ErrNotFound) {
+			committed, err = 0, nil
+		}
+		if err == nil && committed < boundary {
+			// Not passed yet: unless its old messages are gone (the
+			// stream deleted or purged by hand), it holds one.
+			var str jetstream.Stream
+			str, err = g.js.Stream(rctx, name)
+			switch {
+			case errors.Is(err, jetstream.ErrStreamNotFound):
+				err, committed = nil, boundary
+			case err == nil:
+				if st := str.CachedInfo().State; st.Msgs == 0 || st.FirstSeq > boundary {
+					committed = boundary
+				}
+			}
+		}
+		cancel()
+		if err != nil {
+			return name, fmt.Errorf("order gate: offset of %s: %w", name, err)
+		}
+		if committed < boundary {
+			return name + " up to sequence " + strconv.FormatUint(boundary, 10), nil
+		}
+		delete(g.others, name) // passed for good: nothing is written to it under the old count again
+	}
+	return "", nil
+}
