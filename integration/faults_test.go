@@ -52,7 +52,11 @@ func TestClockSkew(t *testing.T) {
 			var late []time.Duration
 			for i, r := range got {
 				if r.msg.Subject == "skew.marker" {
-					t.Errorf("the marker sent %s after the last due time arrived before %d of %d deliveries: a scanner clock behind by %s made them late by the skew", -skew*3/4, n-i, n, -skew)
+					// After every delivery is fine: the collector may hold
+					// it too by the time the wait returns.
+					if i < n {
+						t.Errorf("the marker sent %s after the last due time arrived before %d of %d deliveries: a scanner clock behind by %s made them late by the skew", -skew*3/4, n-i, n, -skew)
+					}
 					break
 				}
 				due := parseTime(t, r.msg.Header, contract.HeaderDueAt)

@@ -125,6 +125,28 @@ func (l *load) watchMarkers(nc *nats.Conn) {
 	if err := nc.Flush(); err != nil {
 		l.t.Fatal(err)
 	}
+	// A router term that began just before the subscription (the replica
+	// was started and found ready just before the load) may be writing its
+	// markers now: one published before the subscription's interest
+	// reached the router's node and stored after the base is read would
+	// count as a level message. So the base is read once every level
+	// stream holds a marker (up to 30 s: a test whose router starts later
+	// has its markers seen by the subscription).
+	deadline := time.Now().Add(30 * time.Second)
+	for _, lvl := range l.cfg.Levels.Levels() {
+		for time.Now().Before(deadline) {
+			wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+			s, err := l.js.Stream(wctx, lvl.Stream())
+			if err == nil {
+				_, err = s.GetLastMsgForSubject(wctx, "delayd.level."+lvl.Name()+".delayd.router.epoch")
+			}
+			wcancel()
+			if err == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, lvl := range l.cfg.Levels.Levels() {
