@@ -199,27 +199,42 @@ func (m *Membership) Start(ctx context.Context) error {
 
 // check waits until no member with different settings is live: each
 // such member's key must stay unchanged for TTL from when it was first
-// seen. A change of its revision means it is live: a *MismatchError.
+// seen. A change of its revision means it is live: a *MismatchError. It
+// also watches for one renewal period (TTL/3, and a tenth of TTL more)
+// whatever it saw first: a live member renews its key within it, so one
+// missing from the watch's initial values (seen once under load) is
+// caught by its next renewal, and a member first seen by an update wrote
+// its key after this one's watch began: it is live.
 func (m *Membership) check(ctx context.Context, w jetstream.KeyWatcher) error {
 	type suspect struct {
 		rev uint64
 		err *MismatchError
 	}
+	start := time.Now()
+	settle := m.ttl/3 + m.ttl/10
 	suspects := map[string]suspect{}
+	initial := map[string]bool{}
 	m.mu.Lock()
 	for k, o := range m.others {
+		initial[k] = true
 		if err := m.differs(o.member); err != nil {
 			suspects[k] = suspect{o.rev, err}
 		}
 	}
 	m.mu.Unlock()
-	if len(suspects) == 0 {
-		return nil
-	}
 	t := time.NewTicker(m.ttl / 10)
 	defer t.Stop()
 	for {
 		m.mu.Lock()
+		for k, o := range m.others {
+			if initial[k] {
+				continue
+			}
+			if err := m.differs(o.member); err != nil {
+				m.mu.Unlock()
+				return err // written since the watch began: live
+			}
+		}
 		for k, s := range suspects {
 			o, present := m.others[k]
 			switch {
@@ -233,7 +248,7 @@ func (m *Membership) check(ctx context.Context, w jetstream.KeyWatcher) error {
 			}
 		}
 		m.mu.Unlock()
-		if len(suspects) == 0 {
+		if len(suspects) == 0 && time.Since(start) >= settle {
 			return nil
 		}
 		select {
