@@ -124,6 +124,7 @@ type BucketConfig struct {
 // use; each [Lease] owns one key in it.
 type Bucket struct {
 	kv jetstream.KeyValue
+	js jetstream.JetStream // for the bucket's stream state; nil in some tests
 }
 
 // OpenBucket creates or updates the [BucketName] bucket (file storage,
@@ -143,7 +144,7 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (
 	if err != nil {
 		return nil, fmt.Errorf("lease: create bucket %s: %w", BucketName, err)
 	}
-	return &Bucket{kv: kv}, nil
+	return &Bucket{kv: kv, js: js}, nil
 }
 
 // createWait bounds BindBucket's create of a missing bucket before it
@@ -169,14 +170,14 @@ func BindBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (
 			return b, err
 		}
 		if kv, lerr := js.KeyValue(ctx, BucketName); lerr == nil {
-			return &Bucket{kv: kv}, nil
+			return &Bucket{kv: kv, js: js}, nil
 		}
 		return nil, err
 	}
 	if err != nil {
 		return nil, fmt.Errorf("lease: bucket %s: %w", BucketName, err)
 	}
-	return &Bucket{kv: kv}, nil
+	return &Bucket{kv: kv, js: js}, nil
 }
 
 // Entry is one lease key's stored state, for observability (delayctl

@@ -82,6 +82,7 @@ type MembershipConfig struct {
 // clock belongs to a replica that stopped; no wall clock is compared.
 type Membership struct {
 	kv       jetstream.KeyValue
+	js       jetstream.JetStream // nil: no reconcile
 	key      string
 	holder   string
 	ttl      time.Duration
@@ -123,7 +124,7 @@ func NewMembership(b *Bucket, cfg MembershipConfig) (*Membership, error) {
 	}
 	v, _ := json.Marshal(Member{Version: ValueVersion, Holder: cfg.Holder, Settings: cfg.Settings}) // strings only: always marshals
 	v2, _ := json.Marshal(Member{Version: ValueVersion, Holder: cfg.Holder, Settings: cfg.Settings, Bidding: true})
-	return &Membership{kv: b.kv, key: MemberKey(cfg.Holder), holder: cfg.Holder, ttl: cfg.TTL, value: v, value2: v2,
+	return &Membership{kv: b.kv, js: b.js, key: MemberKey(cfg.Holder), holder: cfg.Holder, ttl: cfg.TTL, value: v, value2: v2,
 		settings: maps.Clone(cfg.Settings), logger: cfg.Logger, others: map[string]memberSeen{}, done: make(chan struct{}),
 		bidding: make(chan struct{})}, nil
 }
@@ -188,6 +189,10 @@ func (m *Membership) Start(ctx context.Context) error {
 			return fmt.Errorf("lease: read members: %w", jctx.Err())
 		}
 	}
+	if err := m.reconcile(jctx); err != nil {
+		m.leave()
+		return err
+	}
 	if err := m.check(jctx, w); err != nil {
 		m.leave()
 		return err
@@ -197,44 +202,68 @@ func (m *Membership) Start(ctx context.Context) error {
 	return nil
 }
 
+// reconcile reads the member keys the bucket's stream holds and observes
+// any that the watch's initial values did not deliver: under load a
+// replica once started with another level table while a live one ran,
+// whose key was missing from its initial values. One stream info request
+// (the subjects under member.>) and a get per key missed.
+func (m *Membership) reconcile(ctx context.Context) error {
+	if m.js == nil {
+		return nil
+	}
+	s, err := m.js.Stream(ctx, "KV_"+BucketName)
+	if err != nil {
+		return fmt.Errorf("lease: read members: %w", err)
+	}
+	prefix := "$KV." + BucketName + "."
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(prefix+MemberKeyPrefix+">"))
+	if err != nil {
+		return fmt.Errorf("lease: read members: %w", err)
+	}
+	for subject := range info.State.Subjects {
+		key := strings.TrimPrefix(subject, prefix)
+		m.mu.Lock()
+		_, seen := m.others[key]
+		m.mu.Unlock()
+		if key == m.key || seen {
+			continue
+		}
+		e, err := m.kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // deleted (a delete marker is left on the subject), or gone meanwhile
+		}
+		if err != nil {
+			return fmt.Errorf("lease: read member %s: %w", key, err)
+		}
+		m.logger.Debug("member key missing from the watch's initial values", slog.String("key", key))
+		m.observe(e)
+	}
+	return nil
+}
+
 // check waits until no member with different settings is live: each
 // such member's key must stay unchanged for TTL from when it was first
-// seen. A change of its revision means it is live: a *MismatchError. It
-// also watches for one renewal period (TTL/3, and a tenth of TTL more)
-// whatever it saw first: a live member renews its key within it, so one
-// missing from the watch's initial values (seen once under load) is
-// caught by its next renewal, and a member first seen by an update wrote
-// its key after this one's watch began: it is live.
+// seen. A change of its revision means it is live: a *MismatchError.
 func (m *Membership) check(ctx context.Context, w jetstream.KeyWatcher) error {
 	type suspect struct {
 		rev uint64
 		err *MismatchError
 	}
-	start := time.Now()
-	settle := m.ttl/3 + m.ttl/10
 	suspects := map[string]suspect{}
-	initial := map[string]bool{}
 	m.mu.Lock()
 	for k, o := range m.others {
-		initial[k] = true
 		if err := m.differs(o.member); err != nil {
 			suspects[k] = suspect{o.rev, err}
 		}
 	}
 	m.mu.Unlock()
+	if len(suspects) == 0 {
+		return nil
+	}
 	t := time.NewTicker(m.ttl / 10)
 	defer t.Stop()
 	for {
 		m.mu.Lock()
-		for k, o := range m.others {
-			if initial[k] {
-				continue
-			}
-			if err := m.differs(o.member); err != nil {
-				m.mu.Unlock()
-				return err // written since the watch began: live
-			}
-		}
 		for k, s := range suspects {
 			o, present := m.others[k]
 			switch {
@@ -248,7 +277,7 @@ func (m *Membership) check(ctx context.Context, w jetstream.KeyWatcher) error {
 			}
 		}
 		m.mu.Unlock()
-		if len(suspects) == 0 && time.Since(start) >= settle {
+		if len(suspects) == 0 {
 			return nil
 		}
 		select {
