@@ -157,27 +157,35 @@ const createWait = 3 * time.Second
 // [Membership.Start]) changes nothing of it. It returns an error if the
 // bucket cannot be read or created.
 func BindBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Bucket, error) {
-	kv, err := js.KeyValue(ctx, BucketName)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		// Replicas started together create the bucket at once, and
-		// identical creates sent at once to a cluster may all go
-		// unanswered though the bucket is created (nats-server v2.15.2):
-		// a create unanswered for createWait is followed by a look.
-		cctx, cancel := context.WithTimeout(ctx, createWait)
-		b, err := OpenBucket(cctx, js, cfg)
+	// Replicas started together look the bucket up and create it at once,
+	// and requests sent at once to a cluster while it creates a stream may
+	// go unanswered though they take effect (nats-server v2.15.2; a look-up
+	// went unanswered for 10 s in CI under -race): each request gets
+	// createWait, and one left unanswered is followed by a new look.
+	for {
+		lctx, cancel := context.WithTimeout(ctx, createWait)
+		kv, err := js.KeyValue(lctx, BucketName)
 		cancel()
-		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
-			return b, err
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			cctx, cancel := context.WithTimeout(ctx, createWait)
+			var b *Bucket
+			b, err = OpenBucket(cctx, js, cfg)
+			cancel()
+			if err == nil {
+				return b, nil
+			}
 		}
-		if kv, lerr := js.KeyValue(ctx, BucketName); lerr == nil {
+		switch {
+		case err == nil:
 			return &Bucket{kv: kv, js: js}, nil
+		case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			continue // unanswered: look again
+		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+			return nil, fmt.Errorf("lease: bucket %s: %w", BucketName, cmpErr(ctx.Err(), err))
+		default:
+			return nil, fmt.Errorf("lease: bucket %s: %w", BucketName, err)
 		}
-		return nil, err
 	}
-	if err != nil {
-		return nil, fmt.Errorf("lease: bucket %s: %w", BucketName, err)
-	}
-	return &Bucket{kv: kv, js: js}, nil
 }
 
 // Entry is one lease key's stored state, for observability (delayctl
