@@ -509,7 +509,8 @@ func (l *Lease) LastTerm() TermInfo {
 // TryAcquire makes one attempt to take the lease and reports whether this
 // replica now holds it. It returns true at once if a term is already held.
 // Otherwise it reads the key: it creates a key never written and takes a
-// released one at once; a key naming a holder, deleted or purged by hand,
+// released one, or one still naming this Lease's own holder (its term ended
+// and nobody wrote since), at once; a key naming another holder, deleted or purged by hand,
 // or unreadable, it takes only once this Lease has seen the same revision
 // for TTL (measured across calls from the first Get response that showed
 // it). A value with an empty holder written by hand over a held lease is
@@ -553,6 +554,13 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
 			epoch, wait = rev+1, true
 		case v.Holder == "":
 			epoch = v.Epoch + 1 // released: take it at once
+		case v.Holder == l.holder:
+			// This lease's own value: its term ended (expired while the
+			// bucket did not answer its renewals, say while the bucket's
+			// leader was elected) and nobody wrote the key since, or it
+			// would name another holder. Take it back at once: the
+			// compare-and-set at rev fails if a contender wrote first.
+			epoch = v.Epoch + 1
 		default:
 			epoch, wait, holder = v.Epoch+1, true, v.Holder
 		}

@@ -191,6 +191,55 @@ func TestFailedCASLosesAtOnce(t *testing.T) {
 	}
 }
 
+// TestOwnExpiredLeaseRetakenAtOnce: a holder whose term expired because
+// its renewals went unanswered (a bucket leader being elected; here they
+// are paused) takes its lease back on its first attempt, at the next
+// epoch, when the key still holds its own value: nobody else can have
+// started a term without writing the key. A contender waits T as before,
+// and loses the compare-and-set race. Without the rule, the first
+// attempt after the expiry returns false (it starts the T wait).
+func TestOwnExpiredLeaseRetakenAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = 2 * time.Second
+	a := newLease(t, b.bucket, "level.DELAYD_1M", "A", ttl, 0)
+	c := newLease(t, b.bucket, "level.DELAYD_1M", "B", ttl, 0)
+	acquire(t, a, 5*time.Second)
+	first := a.LastTerm()
+	if ok, err := c.TryAcquire(testCtx(t, 5*time.Second)); ok || err != nil {
+		t.Fatalf("B took a held lease: %v %v", ok, err)
+	}
+
+	a.PauseRenewals(true)
+	end := waitEnded(t, a, 3*ttl)
+	if !errors.Is(end.Cause, ErrExpired) {
+		t.Fatalf("A's term ended with %v, want ErrExpired", end.Cause)
+	}
+	a.PauseRenewals(false)
+	ok, err := a.TryAcquire(testCtx(t, 5*time.Second))
+	if err != nil || !ok {
+		t.Fatalf("A's first attempt after its term expired: %v %v, want its own lease back at once", ok, err)
+	}
+	next := a.LastTerm()
+	if next.Epoch != first.Epoch+1 || !end.ValidUntil.Before(next.Acquired) {
+		t.Fatalf("A's terms %+v then %+v: want the next epoch, beginning after the old term's validity", end, next)
+	}
+	if ok, err := c.TryAcquire(testCtx(t, 5*time.Second)); ok || err != nil {
+		t.Fatalf("B took the lease A holds again: %v %v", ok, err)
+	}
+
+	// Once another holder wrote the key, A waits like any contender.
+	a.PauseRenewals(true)
+	waitEnded(t, a, 3*ttl)
+	if err := c.Acquire(testCtx(t, 20*time.Second)); err != nil {
+		t.Fatalf("B never took A's expired lease: %v", err)
+	}
+	a.PauseRenewals(false)
+	if ok, err := a.TryAcquire(testCtx(t, 5*time.Second)); ok || err != nil {
+		t.Fatalf("A took back a lease B holds: %v %v", ok, err)
+	}
+}
+
 // TestReleaseHandsOverAtOnce: a released lease is taken by a waiting
 // contender at once, with the next epoch. T is a minute and the contender
 // waits at most 20 s, so waiting for T would fail the test.
