@@ -344,7 +344,8 @@ type Lease struct {
 	gate Gate
 	wake chan struct{} // Wake: Acquire tries again at once
 
-	pauseRenewals atomic.Bool // tests: simulate a paused holder
+	pauseRenewals atomic.Bool   // tests: simulate a paused holder
+	watchReady    chan struct{} // tests: if set, a watch waits for it before it is created
 
 	mu sync.Mutex
 	// The revision last seen in a Get (0: the key was never written), and
@@ -816,6 +817,13 @@ func (l *Lease) Release(ctx context.Context) error {
 // wait for a meta leader; it runs here so that Acquire polls meanwhile, and
 // a watch that fails or ends leaves Acquire polling.
 func (l *Lease) watch(ctx context.Context, changed chan<- struct{}) {
+	if l.watchReady != nil {
+		select {
+		case <-l.watchReady:
+		case <-ctx.Done():
+			return
+		}
+	}
 	w, err := l.kv.Watch(ctx, l.key, jetstream.UpdatesOnly())
 	if err != nil {
 		if ctx.Err() == nil {
@@ -824,6 +832,13 @@ func (l *Lease) watch(ctx context.Context, changed chan<- struct{}) {
 		return
 	}
 	defer func() { _ = w.Stop() }()
+	// The watch shows only updates from now on: one made after Acquire's
+	// last read and before now (a release while the watch was created)
+	// would wait for the next poll, TTL/3 later. Try once more now.
+	select {
+	case changed <- struct{}{}:
+	default:
+	}
 	for {
 		select {
 		case <-ctx.Done():

@@ -240,6 +240,45 @@ func TestOwnExpiredLeaseRetakenAtOnce(t *testing.T) {
 	}
 }
 
+// TestReleaseWhileWatchStarts: a release made after a contender's first
+// read but before its watch exists (creating the watch's consumer can be
+// slow) is still taken at once: the contender reads again once its watch
+// is ready. T is a minute, so a contender left to its TTL/3 poll (20 s)
+// fails the test's 10 s wait.
+func TestReleaseWhileWatchStarts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = time.Minute
+	a := newLease(t, b.bucket, "router", "A", ttl, 0)
+	c := newLease(t, b.bucket, "router", "B", ttl, 0)
+	acquire(t, a, 5*time.Second)
+	releaseWatch := c.HoldWatch()
+	taken := make(chan error, 1)
+	go func() { taken <- c.Acquire(testCtx(t, 30*time.Second)) }()
+	// B's first read sees A's value; only then does A release.
+	for {
+		if holder, ok := c.Observed(); ok && holder == "A" {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := a.Release(testCtx(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	releaseWatch()
+	select {
+	case err := <-taken:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("B did not take the lease released while its watch was being created (it waits for its TTL/3 poll)")
+	}
+	if e, _ := c.Held(); e != a.LastTerm().Epoch+1 {
+		t.Fatalf("B holds epoch %d, want %d", e, a.LastTerm().Epoch+1)
+	}
+}
+
 // TestReleaseHandsOverAtOnce: a released lease is taken by a waiting
 // contender at once, with the next epoch. T is a minute and the contender
 // waits at most 20 s, so waiting for T would fail the test.
