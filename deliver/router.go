@@ -304,7 +304,6 @@ type routing struct {
 
 	index  [2]index.Record // the placement's records: by id, and by merge key if any
 	nIndex int
-	group  *index.Group // the index write holding them
 }
 
 func (rt *routing) ack() { _ = rt.msg.Respond(jswire.AckAck) }
@@ -554,10 +553,8 @@ func (r *Router) session(ctx context.Context) error {
 		}
 		m, err := pull.Next(ctx, r.pipe.kick, false, 0)
 		if m == nil && err == nil {
-			// Nothing waiting: store the index records routed so far.
-			r.pipe.flush()
-			// Nothing in flight and nothing failed: caught up, which is
-			// progress.
+			// Nothing waiting. Nothing in flight and nothing failed:
+			// caught up, which is progress.
 			if r.pipe.idle() {
 				r.progress()
 			}
@@ -1026,9 +1023,9 @@ func (r *Router) submit(rt *routing) {
 	r.pipe.sent(rt)
 }
 
-// writeIndex adds the index records of rt's placement at (stream, seq) to
-// the pipeline's open index group, and its merge key's placement to the
-// merge cache as in flight.
+// writeIndex places the index records of rt's write at (stream, seq) (the
+// pipeline writes them once the write is stored), and adds its merge key's
+// placement to the merge cache as in flight.
 func (r *Router) writeIndex(rt *routing, stream string, seq uint64) {
 	r.pipe.addIndex(rt, stream, seq)
 	for _, rec := range rt.index[:rt.nIndex] {
@@ -1273,11 +1270,11 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 		return err
 	}
 	if rt.w != nil && rt.nIndex > 0 {
-		// Its placement records point at a sequence another message will
-		// take: supersede them with "left delayd".
+		// Its level write was never stored, so its placement records were
+		// never written; a hop's earlier placement is still its latest
+		// record: record that it left delayd.
 		r.writeIndex(rt, "", 0)
-		r.pipe.flush()
-		r.pipe.settleIndex(rt)
+		r.pipe.storeIndex(rt)
 		r.settleMerges(rt, true)
 	}
 	r.deadLettered.Add(1)
