@@ -191,7 +191,7 @@ func staleRouterFenced(t *testing.T, purged bool) {
 		publish(3)
 		waitFor("router B to route m3", func() bool { return b.Stats().Routed == 2 })
 		for _, w := range b.writers {
-			h, seq, err := lastOnSubject(ctx, nc, w.stream, w.marker)
+			h, seq, _, err := jswire.LastOnSubject(ctx, nc, w.stream, w.marker)
 			if e, ok := markerEpoch(h); err != nil || !ok || e != 6 {
 				t.Fatalf("%s: newest marker of epoch %d (%v), error %v; want router B's, 6", w.stream, e, ok, err)
 			}
@@ -279,11 +279,11 @@ func staleRouterFenced(t *testing.T, purged bool) {
 		t.Errorf("level stream %s: ingress sequences %v not strictly increasing", stream, ingress)
 	}
 	// What a resync reads of the newest marker, from the stream's leader.
-	h, seq, err := lastOnSubject(ctx, nc, stream, markerSubject(level.Name()))
+	h, seq, _, err := jswire.LastOnSubject(ctx, nc, stream, markerSubject(level.Name()))
 	if e, ok := markerEpoch(h); err != nil || !ok || e != newest || seq != newestSeq {
 		t.Errorf("newest marker of %s: epoch %d (%v) at sequence %d, error %v; want epoch %d at sequence %d", stream, e, ok, seq, err, newest, newestSeq)
 	}
-	if h, _, err := lastOnSubject(ctx, nc, stream, "delayd.level.1H.orders.none"); h != nil || err != nil {
+	if h, _, found, err := jswire.LastOnSubject(ctx, nc, stream, "delayd.level.1H.orders.none"); h != nil || found || err != nil {
 		t.Errorf("last message on a subject with none: %v, %v; want nil, nil", h, err)
 	}
 }
