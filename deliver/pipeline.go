@@ -2,6 +2,7 @@ package deliver
 
 import (
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -318,6 +319,13 @@ func (p *writePipeline) fail(rt *routing) {
 	case p.kick <- struct{}{}:
 	default:
 	}
+}
+
+// failedWrites returns the failed writes, leaving them to be retried.
+func (p *writePipeline) failedWrites() []*routing {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.failed)
 }
 
 // takeFailed returns the failed writes and clears the broken state.
