@@ -1246,8 +1246,10 @@ func (r *Router) retryFailed(ctx context.Context) error {
 // the failures may show: a write refused because its level stream was not
 // at the last sequence it expected, where the stream's newest epoch marker
 // is a newer term's (checkMarker counts it). Once, at the first such level
-// stream; nothing if none.
+// stream; nothing if none. It reads even once ctx is done (the term's
+// end may have cancelled it), each read bounded by opTimeout.
 func (r *Router) noteFenced(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
 	checked := make(map[*levelWriter]bool)
 	for _, rt := range r.pipe.failedWrites() {
 		w := rt.w
