@@ -156,8 +156,8 @@ func (p *writePipeline) drain() { p.pending.Wait() }
 func (p *writePipeline) idle() bool { return p.inflightN.Load() == 0 && !p.broken.Load() }
 
 // acker takes the writes in order and waits for each one's outcome. It
-// starts an index group for the records of the stored ones and hands them
-// to the confirmer when groupMax wait, or when the next outcome is not
+// packs the records of the stored ones into an index group, starts the
+// group's writes and hands the batch to the confirmer when groupMax wait, or when the next outcome is not
 // known yet and the confirmer has no group left to settle (so groups grow
 // while the index writes are slow, and a lone write costs one index write).
 func (p *writePipeline) acker(in <-chan ackItem, done chan<- struct{}) {
@@ -254,7 +254,7 @@ func (p *writePipeline) acker(in <-chan ackItem, done chan<- struct{}) {
 	<-confirmed
 }
 
-// resolve reports whether it's outcome is known now, without waiting, and
+// resolve reports whether the outcome of it is known now, without waiting, and
 // records it (the PubAck, or the write's error in it.rt.err). A tail report
 // is known.
 func (it *ackItem) resolve() bool {
