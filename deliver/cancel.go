@@ -387,7 +387,7 @@ func (s *Scanner) loadTombstones(ctx context.Context, offset uint64) error {
 			return fmt.Errorf("cancel tombstones: %w", err)
 		}
 		lctx, cancel := context.WithTimeout(ctx, opTimeout)
-		last, found, err := lastSeqOnSubject(lctx, s.nc, CancelStream, subject)
+		_, last, found, err := jswire.LastOnSubject(lctx, s.nc, CancelStream, subject)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("cancel tombstones: %w", err)

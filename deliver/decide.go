@@ -333,7 +333,7 @@ func (s *Scanner) confirmOwner(ctx context.Context, t leadership.Term) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	rev, found, err := lastSeqOnSubject(ctx, s.nc, "KV_"+offsets.Bucket, "$KV."+offsets.Bucket+"."+s.cfg.Stream)
+	_, rev, found, err := jswire.LastOnSubject(ctx, s.nc, "KV_"+offsets.Bucket, "$KV."+offsets.Bucket+"."+s.cfg.Stream)
 	if err != nil {
 		return fmt.Errorf("level stream %s: offset key check: %w", s.cfg.Stream, err)
 	}
@@ -363,41 +363,4 @@ func (s *Scanner) confirmOwner(ctx context.Context, t leadership.Term) error {
 			return fmt.Errorf("level stream %s: offset key check: %w", s.cfg.Stream, err)
 		}
 	}
-}
-
-// lastSeqOnSubject returns the sequence of stream's last message on
-// subject, as the stream's leader has it ($JS.API.STREAM.MSG.GET, which
-// only the leader answers; a direct get may be answered by a follower
-// that has not applied the latest writes yet). found is false when the
-// stream holds none on subject.
-func lastSeqOnSubject(ctx context.Context, nc *nats.Conn, stream, subject string) (seq uint64, found bool, err error) {
-	req, _ := json.Marshal(struct {
-		LastBySubject string `json:"last_by_subj"`
-	}{subject})
-	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
-	if err != nil {
-		return 0, false, fmt.Errorf("message get from %s: %w", stream, err)
-	}
-	var resp struct {
-		Message *struct {
-			Seq uint64 `json:"seq"`
-		} `json:"message"`
-		Error *struct {
-			Code        int    `json:"code"`
-			ErrCode     int    `json:"err_code"`
-			Description string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return 0, false, fmt.Errorf("message get from %s: %w", stream, err)
-	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrCode == 10037: // no message found
-		return 0, false, nil
-	case resp.Error != nil:
-		return 0, false, fmt.Errorf("message get from %s: %s (%d)", stream, resp.Error.Description, resp.Error.ErrCode)
-	case resp.Message == nil:
-		return 0, false, fmt.Errorf("message get from %s: empty reply", stream)
-	}
-	return resp.Message.Seq, true, nil
 }

@@ -3,7 +3,6 @@ package deliver
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/jswire"
 )
 
 // Epoch markers (README "Guarantees": epoch markers).
@@ -94,7 +94,7 @@ func (r *Router) checkMarker(ctx context.Context, w *levelWriter) error {
 		return nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, opTimeout)
-	h, seq, err := lastOnSubject(rctx, r.js.Conn(), w.stream, w.marker)
+	h, seq, _, err := jswire.LastOnSubject(rctx, r.js.Conn(), w.stream, w.marker)
 	cancel()
 	switch {
 	case err != nil:
@@ -113,44 +113,6 @@ func (r *Router) checkMarker(ctx context.Context, w *levelWriter) error {
 		w.marked = epoch
 	}
 	return nil
-}
-
-// lastOnSubject reads the headers and sequence of stream's last message on
-// subject from the stream's leader (a message get, not a direct get, which
-// a replica behind the leader may answer); nil headers if there is none.
-func lastOnSubject(ctx context.Context, nc *nats.Conn, stream, subject string) (nats.Header, uint64, error) {
-	req, _ := json.Marshal(struct {
-		LastFor string `json:"last_by_subj"`
-	}{subject})
-	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
-	if err != nil {
-		return nil, 0, err
-	}
-	var resp struct {
-		Error *jetstream.APIError `json:"error"`
-		Msg   *struct {
-			Seq uint64 `json:"seq"`
-			Hdr []byte `json:"hdrs"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return nil, 0, fmt.Errorf("message get: %w", err)
-	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
-		return nil, 0, nil
-	case resp.Error != nil:
-		return nil, 0, resp.Error
-	case resp.Msg == nil:
-		return nil, 0, errors.New("message get: empty answer")
-	}
-	h := nats.Header{}
-	if len(resp.Msg.Hdr) > 0 {
-		if h, err = nats.DecodeHeadersMsg(resp.Msg.Hdr); err != nil {
-			return nil, 0, fmt.Errorf("message get: headers: %w", err)
-		}
-	}
-	return h, resp.Msg.Seq, nil
 }
 
 // markLevels writes this term's epoch marker to every level stream not

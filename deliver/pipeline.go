@@ -2,6 +2,7 @@ package deliver
 
 import (
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -10,57 +11,61 @@ import (
 	"github.com/delayd/delayd/deliver/internal/index"
 )
 
-// ackSink is what the write pipeline's acker reports to, in ingress order,
-// on the acker goroutine. The router implements it.
+// ackSink is what the write pipeline's confirmer reports to, in ingress
+// order, on one goroutine. The router implements it.
 type ackSink interface {
 	// writeConfirmed: rt's write (level or dead letter) is stored as ack
 	// says, and its index records are stored or their failure counted.
 	writeConfirmed(rt *routing, ack *jetstream.PubAck)
-	// writeRefused: rt's write failed with rt.err (set); its index
-	// records are settled.
+	// writeRefused: rt's write failed with rt.err (set); none of its
+	// index records was written.
 	writeRefused(rt *routing)
 	// tailSynced: a level stream's last sequence, read by a tail sync.
 	tailSynced(stream string, seq uint64)
 }
 
 // writePipeline is the router's ordered write pipeline: level and
-// dead-letter writes sent asynchronously, their index records packed into
-// index groups, and an acker goroutine confirming them in ingress order.
+// dead-letter writes sent asynchronously, and an acker confirming them in
+// ingress order.
 //
-// Two goroutines use it. The submitting goroutine (the router's session)
-// calls every method except the [ackSink] ones; the acker goroutine, which
-// the pipeline starts per session, confirms writes and calls the sink, and
-// may call fail.
+// A write's index records are written only once the write is stored (its
+// PubAck), and the write is reported confirmed (its ingress message acked)
+// only once they are stored too. So a write the server refuses leaves no
+// record: a router fenced by a newer router's epoch marker writes none
+// that points at a sequence the newer router's messages or marker took
+// (README "Cancel").
 //
-// The acker waits for a write's index group to be stored, and only the
-// submitting goroutine starts a group's writes (flush). The acker therefore
-// must never wait for a group that is still open while the submitting
-// goroutine waits for room in the acker's queue. The structure rules that
-// out: the acker's queue (toAcker) is sent to only by hand, and a write
-// whose group is open is held back (held) until that group is flushed;
-// flush hands the held writes over after starting the group's writes.
+// Three goroutines use it. The submitting goroutine (the router's session)
+// calls every method except the [ackSink] ones. The acker, which the
+// pipeline starts per session, takes the writes in order, waits for each
+// one's PubAck or error, packs the stored ones' records into an index
+// group, starts the group's writes and hands the batch to the confirmer;
+// the confirmer waits for the group to be stored and reports each write to
+// the sink (which may call fail). None waits for a goroutine before it in
+// that chain, so they cannot wait on each other.
 type writePipeline struct {
 	js       jetstream.JetStream
 	logger   *slog.Logger
 	sink     ackSink
-	groupMax int // writes held back at most before their group is flushed
+	groupMax int // placements one index group packs at most
 	queue    int // the acker queue's capacity
 
 	// Submitting goroutine only.
-	group   *index.Group    // the open index group, nil if none
-	held    []ackItem       // writes behind the open group, not handed to the acker yet
-	toAcker chan<- ackItem  // the acker's queue, sent to only by hand
-	done    <-chan struct{} // closed when the acker has returned
+	toAcker chan<- ackItem  // the acker's queue
+	done    <-chan struct{} // closed when the acker and the confirmer have returned
 
-	pending   sync.WaitGroup // writes sent and not settled by the acker
+	pending   sync.WaitGroup // writes sent and not settled by the confirmer
 	inflightN atomic.Int64   // the same, readable from anywhere
 	kick      chan struct{}  // wakes the submitting goroutine when a write failed
+
+	groupsOut atomic.Int64  // index groups handed to the confirmer and not settled
+	settled   chan struct{} // the confirmer settled a group (capacity 1)
 
 	mu     sync.Mutex
 	failed []*routing // writes to retry, in no particular order
 	broken atomic.Bool
 
-	indexErrors atomic.Uint64 // index groups that failed, per write
+	indexErrors atomic.Uint64 // writes whose index records failed
 }
 
 // ackItem is a write for the acker to confirm, or a tail report.
@@ -68,21 +73,27 @@ type ackItem struct {
 	rt     *routing
 	stream string // a tail report: rt is nil
 	seq    uint64
+	ack    *jetstream.PubAck // set by the acker: the write's PubAck; nil if it failed
+}
+
+// ackBatch is consecutive acker items and the index group holding the
+// records of the stored writes among them (nil if none has records).
+type ackBatch struct {
+	items []ackItem
+	group *index.Group
 }
 
 // newWritePipeline returns a pipeline for at most maxInFlight writes
 // awaiting their PubAck.
 func newWritePipeline(js jetstream.JetStream, logger *slog.Logger, sink ackSink, maxInFlight int) *writePipeline {
-	// Up to groupMax writes wait for their group, so the acker's queue
-	// holds the rest of maxInFlight.
-	groupMax := max(1, min(index.GroupMax, maxInFlight/2))
 	return &writePipeline{
-		js: js, logger: logger, sink: sink, groupMax: groupMax, queue: max(0, maxInFlight-groupMax),
-		kick: make(chan struct{}, 1),
+		js: js, logger: logger, sink: sink,
+		groupMax: max(1, min(index.GroupMax, maxInFlight/2)), queue: max(0, maxInFlight-1),
+		kick: make(chan struct{}, 1), settled: make(chan struct{}, 1),
 	}
 }
 
-// start starts the acker for a session.
+// start starts the acker and the confirmer for a session.
 func (p *writePipeline) start() {
 	q := make(chan ackItem, p.queue)
 	done := make(chan struct{})
@@ -90,119 +101,210 @@ func (p *writePipeline) start() {
 	go p.acker(q, done)
 }
 
-// stop hands every held write to the acker, then waits for the acker to
-// settle them all and return.
+// stop waits for the acker and the confirmer to settle every write sent
+// and return.
 func (p *writePipeline) stop() {
-	p.flush()
 	close(p.toAcker)
 	<-p.done
 }
 
-// addIndex adds the index records of rt's placement at (stream, seq) to the
-// open index group. They are stored before the ingress message is acked:
-// the group is written when enough writes wait for it, when no ingress
-// message is waiting, and before a retry or the end of a session.
+// addIndex places the index records of rt's write at (stream, seq); stream
+// "" records that the message left delayd. The acker writes them once the
+// write is stored, before its ingress message is acked.
 func (p *writePipeline) addIndex(rt *routing, stream string, seq uint64) {
-	if p.group == nil {
-		p.group = index.NewGroup()
-	}
 	for i := range rt.nIndex {
-		rec := &rt.index[i]
-		rec.Stream, rec.Seq = stream, seq
-		p.group.Add(*rec)
+		rt.index[i].Stream, rt.index[i].Seq = stream, seq
 	}
-	rt.group = p.group
+}
+
+// storeIndex writes rt's index records now and waits until they are
+// stored: for a write confirmed outside the pipeline (a dead letter
+// written synchronously). A failure is counted and logged.
+func (p *writePipeline) storeIndex(rt *routing) {
+	if rt.nIndex == 0 {
+		return
+	}
+	g := index.NewGroup()
+	for _, rec := range rt.index[:rt.nIndex] {
+		g.Add(rec)
+	}
+	g.Flush(p.js)
+	if err := g.Stored(); err != nil {
+		p.indexErrors.Add(1)
+		p.logger.Warn("id index write failed; the message cannot be cancelled", slog.Any("error", err))
+	}
 }
 
 // sent queues rt, whose write was sent (rt.fut), for the acker.
 func (p *writePipeline) sent(rt *routing) {
 	p.pending.Add(1)
 	p.inflightN.Add(1)
-	p.enqueue(ackItem{rt: rt})
+	p.toAcker <- ackItem{rt: rt}
 }
 
 // reportTail queues a tail report for the acker, behind every write queued
 // so far.
 func (p *writePipeline) reportTail(stream string, seq uint64) {
-	p.enqueue(ackItem{stream: stream, seq: seq})
+	p.toAcker <- ackItem{stream: stream, seq: seq}
 }
 
-func (p *writePipeline) enqueue(it ackItem) {
-	if len(p.held) == 0 && (it.rt == nil || it.rt.group == nil || it.rt.group != p.group) {
-		p.hand(it) // nothing open ahead of it
-		return
-	}
-	p.held = append(p.held, it)
-	if len(p.held) >= p.groupMax {
-		p.flush()
-	}
-}
-
-// flush starts the writes of the open index group, then hands the writes
-// held behind it to the acker.
-func (p *writePipeline) flush() {
-	if p.group != nil {
-		p.group.Flush(p.js)
-		p.group = nil
-	}
-	for i, it := range p.held {
-		p.hand(it)
-		p.held[i] = ackItem{}
-	}
-	p.held = p.held[:0]
-}
-
-// hand gives the acker a write whose index group, if any, is flushed. It
-// blocks while the acker's queue is full; the acker never waits for the
-// submitting goroutine, so it makes room.
-func (p *writePipeline) hand(it ackItem) {
-	if it.rt != nil && it.rt.group != nil && it.rt.group == p.group {
-		panic("deliver: write handed to the acker before its index group was flushed")
-	}
-	p.toAcker <- it
-}
-
-// drain flushes and waits until every write sent is settled.
-func (p *writePipeline) drain() {
-	p.flush()
-	p.pending.Wait()
-}
+// drain waits until every write sent is settled.
+func (p *writePipeline) drain() { p.pending.Wait() }
 
 // idle reports whether no write is in flight and none failed. (In flight is
-// read first: the acker records a failure before it settles the write.)
+// read first: the confirmer records a failure before it settles the write.)
 func (p *writePipeline) idle() bool { return p.inflightN.Load() == 0 && !p.broken.Load() }
 
-// acker confirms writes in order.
+// acker takes the writes in order and waits for each one's outcome. It
+// packs the records of the stored ones into an index group, starts the
+// group's writes and hands the batch to the confirmer when groupMax wait, or when the next outcome is not
+// known yet and the confirmer has no group left to settle (so groups grow
+// while the index writes are slow, and a lone write costs one index write).
 func (p *writePipeline) acker(in <-chan ackItem, done chan<- struct{}) {
 	defer close(done)
-	for it := range in {
-		rt := it.rt
-		if rt == nil {
-			p.sink.tailSynced(it.stream, it.seq)
+	batches := make(chan ackBatch, 1)
+	confirmed := make(chan struct{})
+	go func() {
+		defer close(confirmed)
+		p.confirm(batches)
+	}()
+	var (
+		b      ackBatch
+		cur    *ackItem // taken from in, its outcome not known yet
+		closed bool     // in is closed and empty
+	)
+	handOff := func() {
+		if b.group != nil {
+			b.group.Flush(p.js)
+		}
+		p.groupsOut.Add(1)
+		batches <- b // the confirmer waits for nothing of the acker's
+		b = ackBatch{}
+	}
+	take := func(it ackItem, ok bool) {
+		if !ok {
+			closed = true
+			return
+		}
+		cur = &it
+	}
+	add := func() {
+		it := *cur
+		cur = nil
+		if it.ack != nil && it.rt.nIndex > 0 {
+			if b.group == nil {
+				b.group = index.NewGroup()
+			}
+			for _, rec := range it.rt.index[:it.rt.nIndex] {
+				b.group.Add(rec)
+			}
+		}
+		b.items = append(b.items, it)
+		if len(b.items) >= p.groupMax {
+			handOff()
+		}
+	}
+	for {
+		if cur == nil && !closed {
+			select {
+			case it, ok := <-in:
+				take(it, ok)
+			default:
+			}
+		}
+		if cur != nil && cur.resolve() {
+			add()
 			continue
 		}
-		select {
-		case ack := <-rt.fut.Ok():
-			p.settleIndex(rt)
-			p.sink.writeConfirmed(rt, ack)
-		case err := <-rt.fut.Err():
-			rt.err = err
-			p.settleIndex(rt) // superseded by the records of the retried write
-			p.sink.writeRefused(rt)
+		// Nothing more is known now.
+		if len(b.items) > 0 && ((closed && cur == nil) || p.groupsOut.Load() == 0) {
+			handOff()
+			continue
 		}
-		p.inflightN.Add(-1)
-		p.pending.Done()
+		if closed && cur == nil {
+			break
+		}
+		var (
+			inCh   <-chan ackItem
+			okCh   <-chan *jetstream.PubAck
+			errCh  <-chan error
+			settle <-chan struct{}
+		)
+		if cur == nil {
+			inCh = in
+		} else {
+			okCh, errCh = cur.rt.fut.Ok(), cur.rt.fut.Err()
+		}
+		if len(b.items) > 0 {
+			settle = p.settled
+		}
+		select {
+		case it, ok := <-inCh:
+			take(it, ok)
+		case ack := <-okCh:
+			cur.ack = ack
+			add()
+		case err := <-errCh:
+			cur.rt.err = err
+			add()
+		case <-settle:
+		}
 	}
+	close(batches)
+	<-confirmed
 }
 
-// settleIndex waits until rt's index records are stored.
-func (p *writePipeline) settleIndex(rt *routing) {
-	if rt.group != nil {
-		if err := rt.group.Stored(); err != nil {
-			p.indexErrors.Add(1)
-			p.logger.Warn("id index write failed; the message cannot be cancelled", slog.Any("error", err))
+// resolve reports whether the outcome of it is known now, without waiting, and
+// records it (the PubAck, or the write's error in it.rt.err). A tail report
+// is known.
+func (it *ackItem) resolve() bool {
+	if it.rt == nil {
+		return true
+	}
+	select {
+	case it.ack = <-it.rt.fut.Ok():
+	case it.rt.err = <-it.rt.fut.Err():
+	default:
+		return false
+	}
+	return true
+}
+
+// confirm waits for each batch's index group to be stored and reports its
+// items to the sink, in order.
+func (p *writePipeline) confirm(batches <-chan ackBatch) {
+	for b := range batches {
+		var err error
+		if b.group != nil {
+			err = b.group.Stored()
 		}
-		rt.group = nil
+		failed := 0
+		for _, it := range b.items {
+			rt := it.rt
+			switch {
+			case rt == nil:
+				p.sink.tailSynced(it.stream, it.seq)
+				continue
+			case it.ack == nil:
+				p.sink.writeRefused(rt)
+			default:
+				if err != nil && rt.nIndex > 0 {
+					failed++
+				}
+				p.sink.writeConfirmed(rt, it.ack)
+			}
+			p.inflightN.Add(-1)
+			p.pending.Done()
+		}
+		if failed > 0 {
+			p.indexErrors.Add(uint64(failed))
+			p.logger.Warn("id index write failed; the messages cannot be cancelled", slog.Int("messages", failed), slog.Any("error", err))
+		}
+		p.groupsOut.Add(-1)
+		select {
+		case p.settled <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -217,6 +319,13 @@ func (p *writePipeline) fail(rt *routing) {
 	case p.kick <- struct{}{}:
 	default:
 	}
+}
+
+// failedWrites returns the failed writes, leaving them to be retried.
+func (p *writePipeline) failedWrites() []*routing {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.failed)
 }
 
 // takeFailed returns the failed writes and clears the broken state.

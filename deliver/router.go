@@ -192,8 +192,11 @@ type RouterStats struct {
 
 	// FencedWrites counts, by level stream, the router's terms that ended
 	// because a router of a newer term had written that level stream (its
-	// epoch marker, or messages past this router's last write): each
-	// stopped the router in this process.
+	// epoch marker, or messages past this router's last write), also when
+	// the refusal of a write expecting the old tail came after the term
+	// ended; and under [IngressStream], those that found a newer term's
+	// ingress consumer. Each stopped the router in this process; each term
+	// counts once.
 	FencedWrites map[string]uint64 `json:",omitempty"`
 }
 
@@ -237,6 +240,9 @@ type Router struct {
 	index *jswire.BatchReader // index lookups (Run's goroutine)
 
 	routed, deadLettered, clamped, skipped, merged atomic.Uint64
+	// fencedIngress counts the terms that found a newer term's ingress
+	// consumer (resetConsumers), in FencedWrites under [IngressStream].
+	fencedIngress atomic.Uint64
 
 	// term is the router lease's term the router runs in
 	// ([Router.runTerm]); the zero Term, always held, for a router on its
@@ -304,7 +310,6 @@ type routing struct {
 
 	index  [2]index.Record // the placement's records: by id, and by merge key if any
 	nIndex int
-	group  *index.Group // the index write holding them
 }
 
 func (rt *routing) ack() { _ = rt.msg.Respond(jswire.AckAck) }
@@ -394,14 +399,18 @@ func (r *Router) Stats() RouterStats {
 		Merged: r.merged.Load(), IndexErrors: r.pipe.indexErrors.Load(),
 		Owner: r.owned.Load(), Epoch: r.termEpoch.Load(),
 	}
-	for _, w := range r.writers {
-		if n := w.fenced.Load(); n > 0 {
+	count := func(stream string, n uint64) {
+		if n > 0 {
 			if st.FencedWrites == nil {
 				st.FencedWrites = make(map[string]uint64)
 			}
-			st.FencedWrites[w.stream] = n
+			st.FencedWrites[stream] = n
 		}
 	}
+	for _, w := range r.writers {
+		count(w.stream, w.fenced.Load())
+	}
+	count(IngressStream, r.fencedIngress.Load())
 	return st
 }
 
@@ -554,10 +563,8 @@ func (r *Router) session(ctx context.Context) error {
 		}
 		m, err := pull.Next(ctx, r.pipe.kick, false, 0)
 		if m == nil && err == nil {
-			// Nothing waiting: store the index records routed so far.
-			r.pipe.flush()
-			// Nothing in flight and nothing failed: caught up, which is
-			// progress.
+			// Nothing waiting. Nothing in flight and nothing failed:
+			// caught up, which is progress.
 			if r.pipe.idle() {
 				r.progress()
 			}
@@ -639,6 +646,7 @@ func (r *Router) resetConsumers(ctx context.Context, ingress jetstream.Stream) (
 		switch {
 		case !ok:
 		case e > r.term.Epoch && r.term.Epoch > 0:
+			r.fencedIngress.Add(1)
 			return "", fmt.Errorf("%w: the ingress consumer %s of term %d exists, this router's term is %d", errRouterFenced, name, e, r.term.Epoch)
 		case name == mine || (e < r.term.Epoch && r.term.Epoch > 0):
 			old = append(old, name)
@@ -1026,9 +1034,9 @@ func (r *Router) submit(rt *routing) {
 	r.pipe.sent(rt)
 }
 
-// writeIndex adds the index records of rt's placement at (stream, seq) to
-// the pipeline's open index group, and its merge key's placement to the
-// merge cache as in flight.
+// writeIndex places the index records of rt's write at (stream, seq) (the
+// pipeline writes them once the write is stored), and adds its merge key's
+// placement to the merge cache as in flight.
 func (r *Router) writeIndex(rt *routing, stream string, seq uint64) {
 	r.pipe.addIndex(rt, stream, seq)
 	for _, rec := range rt.index[:rt.nIndex] {
@@ -1156,6 +1164,7 @@ func (r *Router) retryFailed(ctx context.Context) error {
 	for round := 0; ; round++ {
 		r.pipe.drain()
 		if !r.term.Held() {
+			r.noteFenced(ctx)
 			return errNotOwner // the failed writes stay unacked, for the next owner
 		}
 		failed := r.pipe.takeFailed()
@@ -1190,6 +1199,7 @@ func (r *Router) retryFailed(ctx context.Context) error {
 			// before any newer term began, whose markers then refuse
 			// every write expecting them.
 			r.pipe.requeue(failed)
+			r.noteFenced(ctx)
 			return errNotOwner
 		}
 		for i, rt := range failed {
@@ -1228,6 +1238,27 @@ func (r *Router) retryFailed(ctx context.Context) error {
 			}
 			rt.err = nil
 			r.submit(rt)
+		}
+	}
+}
+
+// noteFenced counts, for a term that ended with failed writes, the fence
+// the failures may show: a write refused because its level stream was not
+// at the last sequence it expected, where the stream's newest epoch marker
+// is a newer term's (checkMarker counts it). Once, at the first such level
+// stream; nothing if none. It reads even once ctx is done (the term's
+// end may have cancelled it), each read bounded by opTimeout.
+func (r *Router) noteFenced(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	checked := make(map[*levelWriter]bool)
+	for _, rt := range r.pipe.failedWrites() {
+		w := rt.w
+		if w == nil || checked[w] || !wrongLastSeq(rt.err) {
+			continue
+		}
+		checked[w] = true
+		if errors.Is(r.checkMarker(ctx, w), errRouterFenced) {
+			return
 		}
 	}
 }
@@ -1273,11 +1304,11 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 		return err
 	}
 	if rt.w != nil && rt.nIndex > 0 {
-		// Its placement records point at a sequence another message will
-		// take: supersede them with "left delayd".
+		// Its level write was never stored, so its placement records were
+		// never written; a hop's earlier placement is still its latest
+		// record: record that it left delayd.
 		r.writeIndex(rt, "", 0)
-		r.pipe.flush()
-		r.pipe.settleIndex(rt)
+		r.pipe.storeIndex(rt)
 		r.settleMerges(rt, true)
 	}
 	r.deadLettered.Add(1)

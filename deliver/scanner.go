@@ -1400,6 +1400,9 @@ func (s *Scanner) shutdown() {
 		s.logger.Warn("offset commit unconfirmed at shutdown", slog.Uint64("offset", s.commits.Committed()))
 	}
 	ccancel()
+	if s.commits.Fenced() {
+		s.fenced() // a commit refused after the term ended, or before a Commit saw it
+	}
 	s.noteAcked()
 	s.purge(ctx, true) // the delivered prefix goes with a clean stop
 	s.logger.Debug("scanner stopped", slog.Uint64("offset", s.commits.Committed()))

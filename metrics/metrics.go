@@ -73,7 +73,7 @@ func New(svc *deliver.Service, nc *nats.Conn) *Metrics {
 		failovers:    prometheus.NewDesc("delayd_failovers_total", "Terms of this process's leases that ended without a graceful release (expired, lost to another holder, or given up when fenced): each hands the work to another replica after the lease TTL.", []string{"lease"}, nil),
 		replicasLive: prometheus.NewDesc("delayd_replicas_live", "delayd processes (replicas) this one counts as live, itself included: those that bid for leases and whose membership key in DELAYD_LEASES changed within the lease TTL.", nil, nil),
 		leaseShare:   prometheus.NewDesc("delayd_lease_share", "This process's share of the leases, ceil(leases / live replicas): it bids for a free lease only while it holds fewer, and hands the surplus over when it holds more.", nil, nil),
-		fencedWrites: prometheus.NewDesc("delayd_fenced_writes_total", "Offset commits refused by their compare-and-set because another owner wrote the offset, and router writes refused because a router of a newer term wrote the level stream (its epoch marker); each stopped the level, or the router, in this process.", lv, nil),
+		fencedWrites: prometheus.NewDesc("delayd_fenced_writes_total", "Offset commits refused by their compare-and-set because another owner wrote the offset (also after the term ended), and router terms fenced because a router of a newer term wrote the level stream (its epoch marker, or past this router's writes; also when the refusal came after the term ended) or, under stream DELAYD_INGRESS, created its ingress consumer; each stopped the level, or the router, in this process, and counts once per term.", lv, nil),
 	}
 }
 
@@ -113,6 +113,8 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.cancelled, prometheus.CounterValue, float64(s.Cancelled), l...)
 		ch <- prometheus.MustNewConstMetric(m.fencedWrites, prometheus.CounterValue, float64(s.FencedWrites+rs.FencedWrites[s.Stream]), l...)
 	}
+	// Router terms stopped by a newer term's ingress consumer: no level's.
+	ch <- prometheus.MustNewConstMetric(m.fencedWrites, prometheus.CounterValue, float64(rs.FencedWrites[deliver.IngressStream]), deliver.IngressStream, "")
 	for _, ls := range m.svc.Leases() {
 		held := 0.0
 		if ls.Held {

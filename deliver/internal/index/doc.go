@@ -17,8 +17,10 @@
 // index write per message cost a third of the ingest rate). A lookup reads
 // only its slot's messages; the latest record for a key is the message's
 // current placement (a cascading message gets a new record at every hop).
-// Records are stored before the ingress message is acked, so once the
-// router has passed an ingress sequence, its record is readable. The
+// Records are written only once their level write is stored, and stored
+// before the ingress message is acked, so once the router has passed an
+// ingress sequence, its record is readable, and a level write the server
+// refused (a stale router's) left none. The
 // service purges records older than the oldest head any level had a while
 // ago ([Trim]), so the index holds about the longest level's wait of
 // records, on disk.

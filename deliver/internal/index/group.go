@@ -14,9 +14,9 @@ import (
 // [Group.Flush] once. Any goroutine may call [Group.Stored], which first
 // waits for Flush. So a goroutine waiting in Stored must never be one the
 // writer waits for before it flushes, or the two wait on each other for
-// ever. deliver's write pipeline rules that out by its structure: its acker
-// waits in Stored, and the submitting goroutine hands the acker a write
-// only after that write's group is flushed.
+// ever. deliver's write pipeline rules that out by its structure: its
+// acker fills and flushes each group before it hands it to the confirmer,
+// which waits in Stored.
 type Group struct {
 	slots   map[string][]byte // slot subject -> packed records
 	futs    []jetstream.PubAckFuture
