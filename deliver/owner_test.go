@@ -588,8 +588,14 @@ func TestFencedCommitStopsLevel(t *testing.T) {
 	if err := <-published; err != nil {
 		t.Fatal(err)
 	}
+	// More messages after the bump: their commit is refused even if every
+	// earlier one was committed before the bump succeeded (the bump loses
+	// to A's commits while they come quickly).
+	if err := b.publishLoad(900, 1000); err != nil {
+		t.Fatal(err)
+	}
 	lost := a.waitEvent(t, key, leadership.Lost, 20*time.Second)
-	b.checkTarget(900, a)
+	b.checkTarget(1000, a)
 	var fenced uint64
 	_, ss := a.svc.Stats()
 	for _, s := range ss {
