@@ -2,6 +2,7 @@ package deliver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -99,7 +100,8 @@ func (b *ownerBundle) checkNotEarly() {
 // streams keep them: every message is in the partition DELAYD_500MS-P<j>
 // where j mod 4 is its published subject's ingress partition and j div 4
 // its partition key's hash among that router's 2 partitions, and each
-// router routed exactly its partition's messages (RouterStats). Then a
+// router routed exactly its partition's messages (RouterStats; the stats API
+// lists each router of a replica). Then a
 // third replica delivers them: each key's messages reach the stream target
 // in publish order, none lost, doubled or early.
 func TestIngressPartitions(t *testing.T) {
@@ -139,6 +141,35 @@ func TestIngressPartitions(t *testing.T) {
 			t.Errorf("router %d routed %d messages, want %d (its partition's)", i, got[i], want[i])
 		}
 	}
+	// The stats API lists each router of a replica: its partition, lease
+	// and counters.
+	stop, err := a.svc.StartStatsAPI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = stop() }()
+	resp, err := a.nc.Request(contract.StatsSubject, nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reply StatsReply
+	if err := json.Unmarshal(resp.Data, &reply); err != nil {
+		t.Fatal(err)
+	}
+	if len(reply.Routers) != 4 {
+		t.Fatalf("A's stats reply lists %d routers, want 4", len(reply.Routers))
+	}
+	var sum uint64
+	for i, r := range reply.Routers {
+		sum += r.Routed
+		if r.IngressPartition != i || r.Lease != leadership.RouterPartitionKey(i) {
+			t.Errorf("A's router %d in the stats reply: %+v", i, r)
+		}
+	}
+	if sum != reply.Routed || sum == 0 {
+		t.Errorf("A's routers routed %d in all, its reply's routed is %d", sum, reply.Routed)
+	}
+
 	stored := 0
 	d := 500 * time.Millisecond
 	for j := range 8 {
