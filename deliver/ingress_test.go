@@ -262,6 +262,9 @@ func (b *ownerBundle) publishPlain(target string, payloads ...string) {
 // transform, 4 -> 1 removes it, and at every step the messages published
 // reach the target, each key's in publish order, none lost, doubled or
 // early (the level streams' partition change keeps the order across it).
+// Level 500ms has 4 partitions throughout, so the new routers find in them
+// the epoch markers of lease "router" (of epoch 3, written last by C2),
+// whose epochs are not theirs: no router is fenced by them.
 func TestIngressPartitionsChange(t *testing.T) {
 	if testing.Short() {
 		t.Skip("five starts of delayd: skipped under testing.Short()")
@@ -271,25 +274,30 @@ func TestIngressPartitionsChange(t *testing.T) {
 	b.targetStream()
 	var all []keyedMsg
 	run := func(name string, n int, first int) {
-		r := b.launch(name, ingressCfg(t, n, ""))
+		r := b.launch(name, ingressCfg(t, n, "500ms=4"))
 		waitReady(t, r)
 		msgs := keyedLoad(24, 240, first)
 		b.publishKeyed(msgs)
 		all = append(all, msgs...)
 		b.checkKeyOrder(all)
+		for _, st := range r.svc.RouterStats() {
+			if len(st.FencedWrites) > 0 {
+				t.Errorf("%s: router %d (%s) fenced by another router's markers: %v", name, st.IngressPartition, st.Lease, st.FencedWrites)
+			}
+		}
 		r.stopGracefully(t)
 	}
 	run("A", 1, 0)
 
 	// Messages left in ingress by a replica with 1 that routes nothing.
-	idle := b.launch("idle", ingressCfg(t, 1, ""), noRouter)
+	idle := b.launch("idle", ingressCfg(t, 1, "500ms=4"), noRouter)
 	waitReady(t, idle)
 	held := keyedLoad(24, 48, 1000)
 	b.publishKeyed(held)
 	idle.stopGracefully(t)
 	all = append(all, held...)
 
-	refused := b.launch("B", ingressCfg(t, 4, ""))
+	refused := b.launch("B", ingressCfg(t, 4, "500ms=4"))
 	select {
 	case <-refused.done:
 	case <-time.After(30 * time.Second):
@@ -303,6 +311,13 @@ func TestIngressPartitionsChange(t *testing.T) {
 	}
 
 	run("C", 1, 2000) // routes the held messages, then its own
+	// A router term that writes its epoch markers and nothing after them:
+	// each level stream's last message is a marker of lease "router" with
+	// a higher epoch than the new routers' first terms.
+	marks := b.launch("C2", ingressCfg(t, 1, "500ms=4"))
+	waitReady(t, marks)
+	b.waitRouterConsumer(marks)
+	marks.stopGracefully(t)
 	run("D", 4, 3000)
 	if dest, _ := b.ingressState(); dest != "delayd.in.{{partition(4)}}.>" {
 		t.Fatalf("with 4 ingress partitions DELAYD_INGRESS's transform is %q", dest)
@@ -312,6 +327,26 @@ func TestIngressPartitionsChange(t *testing.T) {
 		t.Fatalf("back to 1 ingress partition DELAYD_INGRESS's transform is %q", dest)
 	}
 	b.checkNotEarly()
+}
+
+// waitRouterConsumer waits until r routes (one ingress partition) and
+// DELAYD_INGRESS has its term's consumer: the term wrote its epoch markers
+// before creating it.
+func (b *ownerBundle) waitRouterConsumer(r *replica) {
+	b.t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if st := r.svc.RouterStats(); len(st) == 1 && st[0].Owner {
+			if _, err := b.js.Consumer(ctx, IngressStream, RouterConsumerName(st[0].Epoch)); err == nil {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatal("no router consumer on DELAYD_INGRESS after a minute")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // TestOldIngressSubject: the subject a message stored under another
