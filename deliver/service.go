@@ -160,11 +160,11 @@ type Service struct {
 	mu       sync.Mutex
 	routers  []*Router // by ingress partition
 	scanners map[string]*Scanner
+	ready    atomic.Bool
 
 	// partitionsSetting is DELAYD_PARTITIONS as given (cfg.Partitions
 	// carries the ingress partitions too), for the shared settings.
 	partitionsSetting string
-	ready             atomic.Bool
 
 	cancelCancelled, cancelNotFound, cancelDelivered, cancelBusy atomic.Uint64
 
@@ -379,16 +379,13 @@ func (s *Service) Stats() (RouterStats, []ScannerStats) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var rs RouterStats
-	for i, r := range s.routers {
-		st := r.Stats()
-		if i == 0 {
-			rs = st
-			if len(s.routers) > 1 {
-				rs.IngressPartition, rs.Lease, rs.FencedWrites = 0, "", nil
-			} else {
-				continue
-			}
-		} else {
+	switch len(s.routers) {
+	case 0:
+	case 1:
+		rs = s.routers[0].Stats()
+	default:
+		for _, r := range s.routers {
+			st := r.Stats()
 			rs.Routed += st.Routed
 			rs.DeadLettered += st.DeadLettered
 			rs.Clamped += st.Clamped
@@ -397,12 +394,12 @@ func (s *Service) Stats() (RouterStats, []ScannerStats) {
 			rs.IndexErrors += st.IndexErrors
 			rs.Owner = rs.Owner || st.Owner
 			rs.Epoch = max(rs.Epoch, st.Epoch)
-		}
-		for stream, n := range st.FencedWrites {
-			if rs.FencedWrites == nil {
-				rs.FencedWrites = make(map[string]uint64)
+			for stream, n := range st.FencedWrites {
+				if rs.FencedWrites == nil {
+					rs.FencedWrites = make(map[string]uint64)
+				}
+				rs.FencedWrites[stream] += n
 			}
-			rs.FencedWrites[stream] += n
 		}
 	}
 	var ss []ScannerStats
