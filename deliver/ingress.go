@@ -95,6 +95,9 @@ func (s *Service) ensureIngress(ctx context.Context, js jetstream.JetStream) err
 			}
 			checked, changed = info.State.LastSeq, true
 			s.logger.Info("ingress partition count changed", slog.Int("from", have), slog.Int("to", n))
+			if s.ingressChanging != nil {
+				s.ingressChanging()
+			}
 		}
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("stream %s: %w", IngressStream, err)

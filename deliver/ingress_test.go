@@ -349,6 +349,38 @@ func (b *ownerBundle) waitRouterConsumer(r *replica) {
 	}
 }
 
+// TestIngressPartitionsChangeRace: messages a publisher stores while the
+// first replica with a new ingress partition count is between its check
+// that DELAYD_INGRESS is empty and its update of the transform are stored
+// under the old count's subjects; the replica publishes them again under
+// the new one, so they are routed and delivered (each target's in publish
+// order, none lost, doubled or early) and DELAYD_INGRESS ends empty. Both
+// ways: 1 -> 4 and 4 -> 1.
+func TestIngressPartitionsChangeRace(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		from, to int
+	}{{"1to4", 1, 4}, {"4to1", 4, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupOwners(t)
+			b.targetStream()
+			old := b.launch("A", ingressCfg(t, tc.from, ""))
+			waitReady(t, old)
+			old.stopGracefully(t)
+			race := keyedLoad(8, 40, 0)
+			cur := b.launch("B", ingressCfg(t, tc.to, ""), func(s *Service) {
+				s.ingressChanging = func() { b.publishKeyed(race) }
+			})
+			waitReady(t, cur)
+			b.checkKeyOrder(race)
+			b.checkNotEarly()
+			b.waitRouted()
+		})
+	}
+}
+
 // TestOldIngressSubject: the subject a message stored under another
 // ingress partition count was published to.
 func TestOldIngressSubject(t *testing.T) {

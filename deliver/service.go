@@ -190,6 +190,11 @@ type Service struct {
 	// ownership on another replica.
 	holder string
 	noBid  func(key string) bool
+
+	// ingressChanging, if set (tests), runs in setup between the check
+	// that DELAYD_INGRESS is empty and the update of its transform at a
+	// change of the ingress partition count.
+	ingressChanging func()
 }
 
 // leaseState is one lease's state in this Service, for [Service.Leases].
