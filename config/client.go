@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 
 	"github.com/kelseyhightower/envconfig"
 	"github.com/nats-io/nats.go"
@@ -35,6 +36,10 @@ type Client struct {
 	// Partitions is delayd's partition list, as [Config].Partitions: `delayctl levels` lists a partitioned level's
 	// streams. Optional. Default "": none.
 	Partitions levels.Partitions `envconfig:"DELAYD_PARTITIONS"`
+
+	// IngressPartitions is delayd's ingress partition count, as [Config].IngressPartitions: with it above 1 every
+	// level is partitioned, and `delayctl levels` lists each level's partition streams. Optional. Default 1.
+	IngressPartitions int `envconfig:"DELAYD_INGRESS_PARTITIONS"`
 
 	// Prefix is delayd's ingress subject prefix, as [Config].Prefix. Optional. Default [PrefixDefault].
 	Prefix string `envconfig:"DELAYD_PREFIX"`
@@ -114,8 +119,12 @@ func (c Client) Validate() error {
 	}
 	if c.Levels.Len() == 0 {
 		errs = append(errs, &VarError{Var: "DELAYD_LEVELS", Reason: "must hold at least one level", Err: levels.ErrEmptyTable})
-	} else if err := c.Partitions.Check(c.Levels); err != nil {
+	} else if err := c.Partitions.WithIngress(c.IngressPartitions).Check(c.Levels); err != nil {
 		errs = append(errs, &VarError{Var: "DELAYD_PARTITIONS", Value: c.Partitions.String(), Reason: err.Error(), Err: err})
+	}
+	if c.IngressPartitions < 0 || c.IngressPartitions > levels.PartitionsMax {
+		errs = append(errs, &VarError{Var: "DELAYD_INGRESS_PARTITIONS", Value: strconv.Itoa(c.IngressPartitions),
+			Reason: fmt.Sprintf("must be between 1 and %d", levels.PartitionsMax)})
 	}
 	if c.NATSURL != "" {
 		errs = append(errs, c.config().validateSecurity()...)

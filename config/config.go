@@ -35,6 +35,8 @@ const (
 	// HTTPAddrDefault is the default health and metrics address (DELAYD_HTTP_ADDR): loopback, port 8223, next to
 	// nats-server's own monitoring port 8222.
 	HTTPAddrDefault = "127.0.0.1:8223"
+	// IngressPartitionsDefault is DELAYD_INGRESS_PARTITIONS's default: ingress is not partitioned, one router.
+	IngressPartitionsDefault = 1
 	// ReplicasDefault is the default replica count of the streams and buckets delayd creates (DELAYD_REPLICAS).
 	ReplicasDefault = 1
 	// LogFormatDefault is the default log format (DELAYD_LOG_FORMAT).
@@ -92,6 +94,14 @@ type Config struct {
 	// DELAYD_1M-P0 to DELAYD_1M-P3. Every live replica must have the same list.
 	// Optional. Default "": no level partitioned.
 	Partitions levels.Partitions `envconfig:"DELAYD_PARTITIONS"`
+
+	// IngressPartitions is the number of ingress partitions N, 1 to [levels.PartitionsMax]: with N above 1,
+	// DELAYD_INGRESS stores "<Prefix>.<target>" under "delayd.in.<i>.<target>", i a hash of the subject mod N, and
+	// N routers each route one partition under their own lease. Every level then has a multiple of N partitions
+	// (N where Partitions gives it none), and a count in Partitions that is not a multiple of N is an error. Every
+	// live replica must have the same value.
+	// Optional. Default [IngressPartitionsDefault].
+	IngressPartitions int `envconfig:"DELAYD_INGRESS_PARTITIONS"`
 
 	// Prefix is the ingress subject prefix: publishers write to <Prefix>.<target subject>. See [ValidatePrefix].
 	// Optional. Default [PrefixDefault].
@@ -248,16 +258,18 @@ func Load() (Config, error) {
 // untouched when its variable is unset), so each default is written once, here, from its constant.
 func defaults() Config {
 	return Config{
-		Listen:     ListenDefault,
-		StoreDir:   StoreDirDefault,
-		Levels:     levels.Default(),
-		Prefix:     PrefixDefault,
-		HTTPAddr:   HTTPAddrDefault,
-		Replicas:   ReplicasDefault,
-		LogFormat:  LogFormatDefault,
-		LogLevel:   LogLevelDefault,
-		StartGrace: StartGraceDefault,
-		MaxDelay:   MaxDelayDefault,
+		Listen:   ListenDefault,
+		StoreDir: StoreDirDefault,
+		Levels:   levels.Default(),
+		Prefix:   PrefixDefault,
+		HTTPAddr: HTTPAddrDefault,
+		Replicas: ReplicasDefault,
+
+		IngressPartitions: IngressPartitionsDefault,
+		LogFormat:         LogFormatDefault,
+		LogLevel:          LogLevelDefault,
+		StartGrace:        StartGraceDefault,
+		MaxDelay:          MaxDelayDefault,
 
 		CancelShare: CancelShareDefault,
 		LeaseTTL:    LeaseTTLDefault,
@@ -275,6 +287,8 @@ func parseReason(pe *envconfig.ParseError) string {
 		return pe.Err.Error()
 	case "DELAYD_REPLICAS":
 		return fmt.Sprintf("must be an integer between %d and %d", ReplicasMin, ReplicasMax)
+	case "DELAYD_INGRESS_PARTITIONS":
+		return fmt.Sprintf("must be an integer between 1 and %d", levels.PartitionsMax)
 	case "DELAYD_START_GRACE":
 		return `must be a Go duration >= 0, such as "3s" or "500ms"`
 	case "DELAYD_MAX_DELAY":
@@ -326,8 +340,14 @@ func (c Config) Validate() error {
 	if c.Levels.Len() == 0 {
 		bad("DELAYD_LEVELS", c.Levels.String(), "must hold at least one level", levels.ErrEmptyTable)
 	}
-	if err := c.Partitions.Check(c.Levels); err != nil && c.Levels.Len() > 0 {
-		bad("DELAYD_PARTITIONS", c.Partitions.String(), err.Error(), err)
+	if c.IngressPartitions < 1 || c.IngressPartitions > levels.PartitionsMax {
+		bad("DELAYD_INGRESS_PARTITIONS", strconv.Itoa(c.IngressPartitions), fmt.Sprintf("must be between 1 and %d", levels.PartitionsMax), nil)
+	} else if err := c.Partitions.WithIngress(c.IngressPartitions).Check(c.Levels); err != nil && c.Levels.Len() > 0 {
+		reason := err.Error()
+		if c.IngressPartitions > 1 {
+			reason = fmt.Sprintf("%s (DELAYD_INGRESS_PARTITIONS=%d: each level's count must be a multiple of it)", reason, c.IngressPartitions)
+		}
+		bad("DELAYD_PARTITIONS", c.Partitions.String(), reason, err)
 	}
 	if reason := prefixReason(c.Prefix); reason != "" {
 		bad("DELAYD_PREFIX", c.Prefix, reason, nil)

@@ -19,7 +19,7 @@ var vars = []string{
 	"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY", "DELAYD_CANCEL_SHARE", "DELAYD_LEASE_TTL",
 	"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED", "DELAYD_NATS_CREDS",
 	"DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY", "DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS",
-	"DELAYD_PARTITIONS",
+	"DELAYD_PARTITIONS", "DELAYD_INGRESS_PARTITIONS",
 }
 
 // clearEnv unsets every DELAYD_* variable (and the unprefixed names envconfig could fall back to) for the test.
@@ -43,18 +43,20 @@ func TestLoadDefaults(t *testing.T) {
 		t.Fatalf("Load: %v", err)
 	}
 	want := Config{
-		Listen:      ListenDefault,
-		StoreDir:    StoreDirDefault,
-		Levels:      levels.Default(),
-		Prefix:      PrefixDefault,
-		HTTPAddr:    HTTPAddrDefault,
-		Replicas:    ReplicasDefault,
-		LogFormat:   LogFormatDefault,
-		LogLevel:    LogLevelDefault,
-		StartGrace:  StartGraceDefault,
-		MaxDelay:    MaxDelayDefault,
-		CancelShare: CancelShareDefault,
-		LeaseTTL:    LeaseTTLDefault,
+		Listen:    ListenDefault,
+		StoreDir:  StoreDirDefault,
+		Levels:    levels.Default(),
+		Prefix:    PrefixDefault,
+		HTTPAddr:  HTTPAddrDefault,
+		Replicas:  ReplicasDefault,
+		LogFormat: LogFormatDefault,
+
+		IngressPartitions: IngressPartitionsDefault,
+		LogLevel:          LogLevelDefault,
+		StartGrace:        StartGraceDefault,
+		MaxDelay:          MaxDelayDefault,
+		CancelShare:       CancelShareDefault,
+		LeaseTTL:          LeaseTTLDefault,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load() = %+v, want %+v", c, want)
@@ -79,7 +81,7 @@ func TestVarTags(t *testing.T) {
 		"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY", "DELAYD_CANCEL_SHARE", "DELAYD_LEASE_TTL",
 		"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED",
 		"DELAYD_NATS_CREDS", "DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY",
-		"DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS", "DELAYD_PARTITIONS",
+		"DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS", "DELAYD_PARTITIONS", "DELAYD_INGRESS_PARTITIONS",
 	} {
 		known[name] = true
 	}
@@ -153,19 +155,21 @@ func TestLoadValues(t *testing.T) {
 		t.Fatalf("Load: %v", err)
 	}
 	want := Config{
-		NATSURL:     " nats://a:4222, tls://b:4223 ,c:4224,d",
-		Listen:      ":4333",
-		StoreDir:    "/var/lib/delayd",
-		Levels:      levels.MustParse("100ms 1m30s 24h"),
-		Prefix:      "sched.in",
-		HTTPAddr:    "",
-		Replicas:    3,
-		LogFormat:   "JSON",
-		LogLevel:    "Debug",
-		StartGrace:  0,
-		MaxDelay:    MaxDelayDefault,
-		CancelShare: CancelShareDefault,
-		LeaseTTL:    3 * time.Second,
+		NATSURL:   " nats://a:4222, tls://b:4223 ,c:4224,d",
+		Listen:    ":4333",
+		StoreDir:  "/var/lib/delayd",
+		Levels:    levels.MustParse("100ms 1m30s 24h"),
+		Prefix:    "sched.in",
+		HTTPAddr:  "",
+		Replicas:  3,
+		LogFormat: "JSON",
+
+		IngressPartitions: IngressPartitionsDefault,
+		LogLevel:          "Debug",
+		StartGrace:        0,
+		MaxDelay:          MaxDelayDefault,
+		CancelShare:       CancelShareDefault,
+		LeaseTTL:          3 * time.Second,
 	}
 	if got := c.Partitions.String(); got != "1m30s=4 24h=2" {
 		t.Errorf("Partitions = %q, want %q", got, "1m30s=4 24h=2")
@@ -209,6 +213,9 @@ func TestLoadBadValue(t *testing.T) {
 		{name: "DELAYD_PARTITIONS", value: "1m=2 60s=4", want: "level 1m is given twice", err: levels.ErrBadPartitions},
 		{name: "DELAYD_PARTITIONS", value: "1m", want: "want <level delay>=<count>", err: levels.ErrBadPartitions},
 		{name: "DELAYD_PARTITIONS", value: "1x=2", want: `unknown unit "x"`, err: levels.ErrBadPartitions},
+		{name: "DELAYD_INGRESS_PARTITIONS", value: "0", want: "must be between 1 and 64"},
+		{name: "DELAYD_INGRESS_PARTITIONS", value: "65", want: "must be between 1 and 64"},
+		{name: "DELAYD_INGRESS_PARTITIONS", value: "four", want: "must be an integer between 1 and 64"},
 		{name: "DELAYD_PREFIX", value: "delayd", want: "reserved"},
 		{name: "DELAYD_PREFIX", value: "$JS", want: "'$'"},
 		{name: "DELAYD_PREFIX", value: "a..b", want: "empty tokens"},
@@ -248,6 +255,31 @@ func TestLoadBadValue(t *testing.T) {
 				t.Errorf("Load() error = %#v, want a *VarError for %s", err, tt.name)
 			}
 		})
+	}
+}
+
+// TestLoadIngressPartitionsNotDividing: a level count in DELAYD_PARTITIONS that is not a multiple of
+// DELAYD_INGRESS_PARTITIONS fails, the error naming both variables; a multiple loads.
+func TestLoadIngressPartitionsNotDividing(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("DELAYD_INGRESS_PARTITIONS", "4")
+	t.Setenv("DELAYD_PARTITIONS", "1m=6")
+	_, err := Load()
+	var ve *VarError
+	if !errors.As(err, &ve) || ve.Var != "DELAYD_PARTITIONS" || !errors.Is(err, levels.ErrBadPartitions) {
+		t.Fatalf("Load() error = %v, want a *VarError for DELAYD_PARTITIONS wrapping levels.ErrBadPartitions", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, `DELAYD_PARTITIONS="1m=6"`) || !strings.Contains(msg, "DELAYD_INGRESS_PARTITIONS=4") ||
+		!strings.Contains(msg, "not a multiple") {
+		t.Errorf("Load() error = %q, want it to name both variables and say the count is not a multiple", msg)
+	}
+	t.Setenv("DELAYD_PARTITIONS", "1m=8")
+	cfg, err := Load()
+	if err != nil {
+		t.Fatalf("Load() with 1m=8 and 4 ingress partitions: %v", err)
+	}
+	if cfg.IngressPartitions != 4 {
+		t.Errorf("IngressPartitions = %d, want 4", cfg.IngressPartitions)
 	}
 }
 

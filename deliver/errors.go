@@ -48,6 +48,18 @@ var (
 	// stopped once its key is seen unchanged for the lease TTL.
 	ErrReplicaMismatch = errors.New("configuration differs from a live replica's")
 
+	// ErrIngressPartitionsChanged is wrapped by the error [Service.Run]
+	// returns at start when DELAYD_INGRESS_PARTITIONS differs from the
+	// count DELAYD_INGRESS's subject transform was set up with while the
+	// stream still holds messages: they were stored under the old count's
+	// subjects, which the new count's routers do not read, so changing it
+	// then could strand or reorder them. The error names the variable,
+	// both counts and how many messages wait. It is not retried and nothing
+	// was changed: start with the old count until the stream is empty
+	// (stop the publishers, let the routers drain it), then change it
+	// (README "Ingress partitions").
+	ErrIngressPartitionsChanged = errors.New("DELAYD_INGRESS holds messages stored under another ingress partition count")
+
 	// ErrReplicasUnsupported is wrapped by the error [Service.Run] returns
 	// at start when the server refuses a stream or bucket of more than one
 	// replica because it is not clustered (JetStream error 10074): the

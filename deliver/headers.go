@@ -21,6 +21,7 @@ const (
 	// On a router's epoch marker only (marker.go).
 	hdrRouterEpoch = "Delayd-Router-Epoch" // the router lease's epoch of the term that wrote it, decimal
 	hdrRouterTail  = "Delayd-Router-Tail"  // the Delayd-Ingress of the level's last router write before it; absent if none
+	hdrRouterLease = "Delayd-Router-Lease" // the lease the epoch is of, "router.<i>"; absent: "router"
 )
 
 // Headers JetStream adds to direct-get replies that the scanner reads.

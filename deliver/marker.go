@@ -14,6 +14,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/leadership"
 )
 
 // Epoch markers (README "Guarantees": epoch markers).
@@ -69,6 +70,11 @@ func markerEpoch(h nats.Header) (uint64, bool) {
 	return e, err == nil
 }
 
+// markerLease returns the key of the lease whose epoch a marker carries:
+// [leadership.RouterKey] unless it names another (the router of an
+// ingress partition, "router.<i>").
+func markerLease(h nats.Header) string { return cmp.Or(h.Get(hdrRouterLease), leadership.RouterKey) }
+
 // errRouterFenced ends a router's term: a router of a newer term wrote a
 // level stream (its epoch marker, or messages past this router's last
 // write). This router acks nothing more and stops until it takes the lease
@@ -88,7 +94,10 @@ func wrongLastSeq(err error) bool {
 // than this router's term fences the router; this term's own marks the
 // level as done for the term (a marker whose PubAck was lost is not
 // written twice). A router on its own (epoch 0) writes and checks no
-// markers.
+// markers. Epochs are per lease: a marker of another router lease (written
+// under another ingress partition count, whose routers all stopped before
+// this count started: a shared setting) fences nothing, and this term
+// writes its own after it.
 func (r *Router) checkMarker(ctx context.Context, w *levelWriter) error {
 	if r.term.Epoch == 0 {
 		return nil
@@ -104,7 +113,7 @@ func (r *Router) checkMarker(ctx context.Context, w *levelWriter) error {
 	}
 	epoch, ok := markerEpoch(h)
 	switch {
-	case !ok:
+	case !ok || markerLease(h) != r.LeaseKey():
 	case epoch > r.term.Epoch:
 		w.fenced.Add(1)
 		return fmt.Errorf("%w: level stream %s holds the epoch marker of term %d at sequence %d, this router's term is %d",
@@ -136,6 +145,9 @@ func (r *Router) markLevels(ctx context.Context) error {
 			continue
 		}
 		h := nats.Header{hdrRouterEpoch: {epoch}, jetstream.ExpectedLastSeqHeader: {strconv.FormatUint(w.expected, 10)}}
+		if key := r.LeaseKey(); key != leadership.RouterKey {
+			h[hdrRouterLease] = []string{key}
+		}
 		if w.tailRef != "" {
 			h[hdrRouterTail] = []string{w.tailRef}
 		}

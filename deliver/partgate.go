@@ -71,9 +71,6 @@ func (s *Service) partitionBoundaries(ctx context.Context, js jetstream.JetStrea
 	}
 	out := make(map[time.Duration]map[string]uint64)
 	for _, l := range want {
-		if l.Index == 0 || l.Index > s.cfg.Levels.Len() {
-			continue // the immediate and precision levels are never partitioned
-		}
 		key := partitionsKey(l.Stream())
 		count := s.cfg.Partitions.Count(l.Delay)
 		for attempt := 0; ; attempt++ {

@@ -62,8 +62,18 @@ type RouterConfig struct {
 	// Partitions splits levels of Levels into partition streams: a message
 	// for a partitioned level goes to partition [levels.PartitionOf] of its
 	// partition key (its Delay-Partition-Key, else its target subject).
-	// Optional. Default: none.
+	// Optional. Default: none. With ingress partitions
+	// ([levels.Partitions.WithIngress], N above 1) the router routes
+	// IngressPartition only, and writes only the level streams of that
+	// partition (partition j of a level where j mod N is IngressPartition);
+	// among those it picks by the partition key's hash.
 	Partitions levels.Partitions
+
+	// IngressPartition is the ingress partition the router routes, 0 to
+	// N-1: its consumer reads the subjects "delayd.in.<IngressPartition>.>"
+	// of DELAYD_INGRESS. Optional. Default 0 (the only one when ingress is
+	// not partitioned).
+	IngressPartition int
 
 	// MaxDelay is the longest Delay-Duration, or Delay-Deliver-At ahead of
 	// the ingress store time, delayd accepts. Optional. Default
@@ -123,6 +133,9 @@ func (c *RouterConfig) validate() error {
 	}
 	if c.MaxInFlight < 1 || c.Batch < 1 {
 		return errors.New("deliver: router: MaxInFlight and Batch must be positive")
+	}
+	if c.IngressPartition < 0 || c.IngressPartition >= c.Partitions.Ingress() {
+		return fmt.Errorf("deliver: router: ingress partition %d: want 0 to %d", c.IngressPartition, c.Partitions.Ingress()-1)
 	}
 	if err := c.Targets.Validate(); err != nil {
 		return fmt.Errorf("deliver: router: target policy: %w", err)
@@ -190,6 +203,12 @@ type RouterStats struct {
 	Owner        bool   // this replica holds the router lease and routes now
 	Epoch        uint64 // the epoch of this replica's last term of the router lease; 0 if it never held it
 
+	// IngressPartition is the ingress partition the router routes (0 when
+	// ingress is not partitioned); Lease is its lease key, "router" or
+	// "router.<IngressPartition>".
+	IngressPartition int    `json:",omitempty"`
+	Lease            string `json:",omitempty"`
+
 	// FencedWrites counts, by level stream, the router's terms that ended
 	// because a router of a newer term had written that level stream (its
 	// epoch marker, or messages past this router's last write), also when
@@ -243,6 +262,11 @@ type Router struct {
 	// fencedIngress counts the terms that found a newer term's ingress
 	// consumer (resetConsumers), in FencedWrites under [IngressStream].
 	fencedIngress atomic.Uint64
+
+	// part is the ingress partition routed, parts the ingress partition
+	// count; refusal prefixes this router's keys in dlqRefusals.
+	part, parts int
+	refusal     string
 
 	// term is the router lease's term the router runs in
 	// ([Router.runTerm]); the zero Term, always held, for a router on its
@@ -343,6 +367,10 @@ func newRouter(js jetstream.JetStream, cfg RouterConfig, wiring routerWiring) (*
 		classifier: classifier{prefix: cfg.Prefix, levels: cfg.Levels, targets: cfg.Targets, maxDelay: cfg.MaxDelay},
 		merges:     newMergeCache(),
 		epoch:      time.Now(),
+		part:       cfg.IngressPartition, parts: cfg.Partitions.Ingress(), refusal: routerRefusal,
+	}
+	if r.parts > 1 {
+		r.refusal = routerRefusal + strconv.Itoa(r.part) + ":"
 	}
 	r.pipe = newWritePipeline(js, cfg.Logger, r, cfg.MaxInFlight)
 	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
@@ -352,7 +380,10 @@ func newRouter(js jetstream.JetStream, cfg RouterConfig, wiring routerWiring) (*
 	}
 	for _, l := range all {
 		var parts []*levelWriter
-		for _, stream := range cfg.Partitions.Streams(l.Delay) {
+		for j, stream := range cfg.Partitions.Streams(l.Delay) {
+			if cfg.Partitions.Router(j) != r.part {
+				continue // another ingress partition's router writes it
+			}
 			name := strings.TrimPrefix(stream, levels.StreamPrefix)
 			w := &levelWriter{level: l, stream: stream, subject: levelSubjects + name + ".", marker: markerSubject(name)}
 			r.writers = append(r.writers, w)
@@ -398,6 +429,7 @@ func (r *Router) Stats() RouterStats {
 		Routed: r.routed.Load(), DeadLettered: r.deadLettered.Load(), Clamped: r.clamped.Load(), Skipped: r.skipped.Load(),
 		Merged: r.merged.Load(), IndexErrors: r.pipe.indexErrors.Load(),
 		Owner: r.owned.Load(), Epoch: r.termEpoch.Load(),
+		IngressPartition: r.part, Lease: r.LeaseKey(),
 	}
 	count := func(stream string, n uint64) {
 		if n > 0 {
@@ -522,8 +554,13 @@ func (r *Router) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var filter string
+	if r.parts > 1 {
+		filter = ingressPartitionSubject(r.part) + ">"
+	}
 	_, err = r.js.CreateOrUpdateConsumer(ctx, IngressStream, jetstream.ConsumerConfig{
 		Durable:       consumer,
+		FilterSubject: filter,
 		Description:   "delayd router: ingress to level streams",
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       ingressAckWait,
@@ -540,7 +577,7 @@ func (r *Router) session(ctx context.Context) error {
 	}
 	// The fresh consumer redelivers every unacked message: dead letters
 	// still refused are recorded again when they are.
-	r.wiring.refused.forget(routerRefusal)
+	r.wiring.refused.forget(r.refusal)
 	stop := context.AfterFunc(ctx, pull.Stop)
 	defer stop()
 	defer pull.Stop()
@@ -595,6 +632,13 @@ func (r *Router) session(ctx context.Context) error {
 			// monotonic clock read): m stays unacked, for the next owner.
 			return errNotOwner
 		}
+		if r.parts > 1 {
+			// Stored as "delayd.in.<i>.<target>": routed, indexed and
+			// dead-lettered under the subject it was published to.
+			if rest, ok := strings.CutPrefix(m.Subject, ingressPartitionSubject(r.part)); ok {
+				m.Subject = r.cfg.Prefix + "." + rest
+			}
+		}
 		r.route(ctx, m, meta)
 	}
 }
@@ -627,6 +671,39 @@ func routerConsumerEpoch(name string) (uint64, bool) {
 	return e, err == nil
 }
 
+// LeaseKey returns the key of the router's lease: "router", or
+// "router.<ingress partition>" when ingress is partitioned.
+func (r *Router) LeaseKey() string {
+	if r.parts > 1 {
+		return leadership.RouterPartitionKey(r.part)
+	}
+	return leadership.RouterKey
+}
+
+// consumerName returns the durable name of the router's ingress consumer
+// in a term of epoch: [RouterConsumerName] when ingress is not
+// partitioned, else "delayd-router-p<ingress partition>-<epoch>".
+func (r *Router) consumerName(epoch uint64) string {
+	if r.parts > 1 {
+		return RouterConsumer + "-p" + strconv.Itoa(r.part) + "-" + strconv.FormatUint(epoch, 10)
+	}
+	return RouterConsumerName(epoch)
+}
+
+// consumerEpoch returns the epoch in the name of one of this router's
+// ingress consumers (of its ingress partition); false for any other name.
+func (r *Router) consumerEpoch(name string) (uint64, bool) {
+	if r.parts < 2 {
+		return routerConsumerEpoch(name)
+	}
+	rest, ok := strings.CutPrefix(name, RouterConsumer+"-p"+strconv.Itoa(r.part)+"-")
+	if !ok {
+		return 0, false
+	}
+	e, err := strconv.ParseUint(rest, 10, 64)
+	return e, err == nil
+}
+
 // resetConsumers deletes this term's ingress consumer if an earlier session
 // left it (a fresh consumer redelivers every unacked ingress message at
 // once, instead of after the ack wait) and every router consumer of an
@@ -636,13 +713,13 @@ func routerConsumerEpoch(name string) (uint64, bool) {
 // router runs: this one is fenced. (So a stale router can never delete the
 // consumer of a newer term, nor create its own beside it.)
 func (r *Router) resetConsumers(ctx context.Context, ingress jetstream.Stream) (string, error) {
-	mine := RouterConsumerName(r.term.Epoch)
+	mine := r.consumerName(r.term.Epoch)
 	lctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	names := ingress.ConsumerNames(lctx)
 	var old []string
 	for name := range names.Name() {
-		e, ok := routerConsumerEpoch(name)
+		e, ok := r.consumerEpoch(name)
 		switch {
 		case !ok:
 		case e > r.term.Epoch && r.term.Epoch > 0:
@@ -1066,7 +1143,7 @@ func (r *Router) writeConfirmed(rt *routing, ack *jetstream.PubAck) {
 	rt.ack()
 	r.failing.progress() // the session works
 	if rt.w == nil {
-		r.wiring.refused.stored(routerRefusal + r.ingressRef(rt.seq))
+		r.wiring.refused.stored(r.refusal + r.ingressRef(rt.seq))
 		r.deadLettered.Add(1)
 		r.wiring.reasons.add(reasonOf(rt.reason))
 		return
@@ -1126,7 +1203,7 @@ const routerRefusal = "router:"
 // stream, so routing the messages behind it keeps every level stream in
 // ingress order. Nothing is acked before its dead letter is stored.
 func (r *Router) deferDeadLetter(rt *routing) {
-	first := r.wiring.refused.refused(routerRefusal+r.ingressRef(rt.seq), rt.err)
+	first := r.wiring.refused.refused(r.refusal+r.ingressRef(rt.seq), rt.err)
 	delay := 5 * time.Second
 	if meta, ok := jswire.ParseAck(rt.msg.Reply); ok && meta.Delivered < 6 {
 		delay = min(delay, 100*time.Millisecond<<meta.Delivered)
@@ -1216,14 +1293,14 @@ func (r *Router) retryFailed(ctx context.Context) error {
 				w := rt.w
 				if err := r.deadLetterSync(ctx, rt); err != nil {
 					logLevel := slog.LevelWarn // the first refusal; its retries at debug
-					if !r.wiring.refused.refused(routerRefusal+r.ingressRef(rt.seq), err) {
+					if !r.wiring.refused.refused(r.refusal+r.ingressRef(rt.seq), err) {
 						logLevel = slog.LevelDebug
 					}
 					r.logger.Log(ctx, logLevel, "dead-letter write failed; retrying", slog.Uint64("ingress_seq", rt.seq), slog.Any("error", err))
 					r.pipe.requeue(failed[i:])
 					break
 				}
-				r.wiring.refused.stored(routerRefusal + r.ingressRef(rt.seq))
+				r.wiring.refused.stored(r.refusal + r.ingressRef(rt.seq))
 				r.failing.progress()
 				if w != nil {
 					w.failing.progress()

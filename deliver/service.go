@@ -55,6 +55,20 @@ type Config struct {
 	// no level partitioned.
 	Partitions levels.Partitions
 
+	// IngressPartitions is the number of ingress partitions N, 1 to
+	// [levels.PartitionsMax] (DELAYD_INGRESS_PARTITIONS). Above 1,
+	// DELAYD_INGRESS stores each "<Prefix>.<target>" under
+	// "delayd.in.<i>.<target>", i = FNV-1a 32 of the published subject mod
+	// N (the server's subject transform partition(N)), and N routers run,
+	// each under its own lease "router.<i>", each writing only its share of
+	// every level's partitions: every level has a multiple of N partitions
+	// (N where Partitions gives it none; another count is an error), and
+	// partition j is written by router j mod N. A change of N is refused
+	// while DELAYD_INGRESS holds messages ([ErrIngressPartitionsChanged]).
+	// Optional. Default 1: one router, lease "router", subjects stored as
+	// published.
+	IngressPartitions int
+
 	// Targets is the operator's allow and deny lists of target subject
 	// patterns; deny wins. Optional. Default allows every valid target.
 	Targets contract.TargetPolicy
@@ -144,9 +158,13 @@ type Service struct {
 	refused dlqRefusals // dead letters DELAYD_DLQ refused, not stored yet
 
 	mu       sync.Mutex
-	router   *Router
+	routers  []*Router // by ingress partition
 	scanners map[string]*Scanner
 	ready    atomic.Bool
+
+	// partitionsSetting is DELAYD_PARTITIONS as given (cfg.Partitions
+	// carries the ingress partitions too), for the shared settings.
+	partitionsSetting string
 
 	cancelCancelled, cancelNotFound, cancelDelivered, cancelBusy atomic.Uint64
 
@@ -172,6 +190,11 @@ type Service struct {
 	// ownership on another replica.
 	holder string
 	noBid  func(key string) bool
+
+	// ingressChanging, if set (tests), runs in setup between the check
+	// that DELAYD_INGRESS is empty and the update of its transform at a
+	// change of the ingress partition count.
+	ingressChanging func()
 }
 
 // leaseState is one lease's state in this Service, for [Service.Leases].
@@ -254,6 +277,12 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if cfg.CancelLookupShare == 0 {
 		cfg.CancelLookupShare = CancelLookupShareDefault
 	}
+	cfg.IngressPartitions = max(cfg.IngressPartitions, 1)
+	if cfg.IngressPartitions > levels.PartitionsMax {
+		return nil, fmt.Errorf("deliver: ingress partitions %d: must be between 1 and %d", cfg.IngressPartitions, levels.PartitionsMax)
+	}
+	setting := cfg.Partitions.String()
+	cfg.Partitions = cfg.Partitions.WithIngress(cfg.IngressPartitions)
 	if err := cfg.Partitions.Check(cfg.Levels); err != nil {
 		return nil, fmt.Errorf("deliver: %w", err)
 	}
@@ -269,7 +298,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if err := cfg.Targets.Validate(); err != nil {
 		return nil, fmt.Errorf("deliver: target policy: %w", err)
 	}
-	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger, targets: NewTargetIndex(nc, mustJS(nc, 0), cfg.Logger)}, nil
+	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger, targets: NewTargetIndex(nc, mustJS(nc, 0), cfg.Logger), partitionsSetting: setting}, nil
 }
 
 // Ready reports whether the resources exist and the service bids for its
@@ -291,8 +320,8 @@ func (s *Service) Unready() []string {
 		why = append(why, "NATS connection down")
 	}
 	s.mu.Lock()
-	if s.router != nil {
-		if r := s.router.Unhealthy(); r != "" {
+	for _, router := range s.routers {
+		if r := router.Unhealthy(); r != "" {
 			why = append(why, r)
 		}
 	}
@@ -348,12 +377,35 @@ func (s *Service) Stalled() []string {
 }
 
 // Stats returns the router's counters and each scanner's, by stream name.
+// With ingress partitions the router's are the sum over this replica's
+// routers (Owner if it routes any partition, Epoch the highest, no
+// IngressPartition or Lease); [Service.RouterStats] gives each one's.
 func (s *Service) Stats() (RouterStats, []ScannerStats) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var rs RouterStats
-	if s.router != nil {
-		rs = s.router.Stats()
+	switch len(s.routers) {
+	case 0:
+	case 1:
+		rs = s.routers[0].Stats()
+	default:
+		for _, r := range s.routers {
+			st := r.Stats()
+			rs.Routed += st.Routed
+			rs.DeadLettered += st.DeadLettered
+			rs.Clamped += st.Clamped
+			rs.Skipped += st.Skipped
+			rs.Merged += st.Merged
+			rs.IndexErrors += st.IndexErrors
+			rs.Owner = rs.Owner || st.Owner
+			rs.Epoch = max(rs.Epoch, st.Epoch)
+			for stream, n := range st.FencedWrites {
+				if rs.FencedWrites == nil {
+					rs.FencedWrites = make(map[string]uint64)
+				}
+				rs.FencedWrites[stream] += n
+			}
+		}
 	}
 	var ss []ScannerStats
 	for _, sc := range s.scanners {
@@ -361,6 +413,19 @@ func (s *Service) Stats() (RouterStats, []ScannerStats) {
 	}
 	slices.SortFunc(ss, func(a, b ScannerStats) int { return strings.Compare(a.Stream, b.Stream) })
 	return rs, ss
+}
+
+// RouterStats returns each router's counters in this replica, by ingress
+// partition: one entry when ingress is not partitioned; nil until Run has
+// set up.
+func (s *Service) RouterStats() []RouterStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]RouterStats, 0, len(s.routers))
+	for _, r := range s.routers {
+		out = append(out, r.Stats())
+	}
+	return out
 }
 
 // Run sets up the resources (retrying until the server answers), then
@@ -416,7 +481,7 @@ func (s *Service) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ErrHopKey) {
+		if errors.Is(err, ErrHopKey) || errors.Is(err, ErrIngressPartitionsChanged) {
 			return err // retrying cannot help: an operator must act
 		}
 		if err := s.permanent(err); err != nil {
@@ -434,7 +499,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 
 	start := time.Now()
-	var routerRef atomic.Pointer[Router] // for the scanners' mergeGone, set below
+	var routersRef atomic.Pointer[[]*Router] // for the scanners' mergeGone, set below
 	scanners := make(map[string]*Scanner, len(streams))
 	for _, name := range streams {
 		sc := s.cfg.Scanner
@@ -462,8 +527,10 @@ func (s *Service) Run(ctx context.Context) error {
 		scanner, err := newScanner(s.nc, mustJS(s.nc, window+16), sc, scannerWiring{
 			reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey, fenced: true, gate: gate,
 			mergeGone: func(rec index.Record) {
-				if r := routerRef.Load(); r != nil {
-					r.forgetMerge(rec)
+				if rs := routersRef.Load(); rs != nil {
+					for _, r := range *rs {
+						r.forgetMerge(rec)
+					}
 				}
 			},
 		})
@@ -480,20 +547,31 @@ func (s *Service) Run(ctx context.Context) error {
 			sc.Written(seq)
 		}
 	}
-	rc.Logger = s.logger.With(slog.String("component", "router"))
 	inflight := rc.MaxInFlight
 	if inflight == 0 {
 		inflight = RouterMaxInFlightDefault
 	}
-	// Every level write is followed by one or two index writes.
-	router, err := newRouter(mustJS(s.nc, 3*inflight+16), rc, routerWiring{
-		reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey,
-		scanners: serviceScanners{scanners: scanners, store: store, owners: newPendingAsker(s.nc)},
-	})
-	if err != nil {
-		return err
+	// One router per ingress partition (README "Ingress partitions").
+	routers := make([]*Router, s.cfg.IngressPartitions)
+	owners := newPendingAsker(s.nc)
+	for i := range routers {
+		rc := rc
+		rc.IngressPartition = i
+		rc.Logger = s.logger.With(slog.String("component", "router"))
+		if len(routers) > 1 {
+			rc.Logger = rc.Logger.With(slog.Int("ingress_partition", i))
+		}
+		// Every level write is followed by one or two index writes.
+		router, err := newRouter(mustJS(s.nc, 3*inflight+16), rc, routerWiring{
+			reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey,
+			scanners: serviceScanners{scanners: scanners, store: store, owners: owners},
+		})
+		if err != nil {
+			return err
+		}
+		routers[i] = router
 	}
-	routerRef.Store(router)
+	routersRef.Store(&routers)
 
 	// One elector per lease: the router's, each level stream's and the
 	// janitor's, sharing the leases with the other live replicas.
@@ -521,9 +599,12 @@ func (s *Service) Run(ctx context.Context) error {
 		works = append(works, leasedWork{e, work})
 		return nil
 	}
-	if err := addLease(leadership.RouterKey, router.runTerm); err != nil { // works[0]: started last, below
-		return err
+	for _, router := range routers { // works[:len(routers)]: started last, below
+		if err := addLease(router.LeaseKey(), router.runTerm); err != nil {
+			return err
+		}
 	}
+	nRouters := len(works) // fewer than the routers where noBid skips some
 	for _, name := range streams {
 		if err := addLease(leadership.LevelKey(name), scanners[name].runTerm); err != nil {
 			return err
@@ -537,7 +618,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.balancer.Store(balancer)
 	s.mu.Lock()
-	s.router, s.scanners, s.leases, s.holder = router, scanners, leases, holder
+	s.routers, s.scanners, s.leases, s.holder = routers, scanners, leases, holder
 	s.mu.Unlock()
 
 	cancelSubs, cancelCh, err := s.subscribeCancel(ctx)
@@ -564,20 +645,22 @@ func (s *Service) Run(ctx context.Context) error {
 	// process then routes only once its scanners run, and the merge check
 	// (pendingAt, which trusts only a scanner this process runs) works
 	// from the first message.
-	for _, o := range works[1:] {
+	for _, o := range works[nRouters:] {
 		wg.Go(func() { errs <- o.elector.Run(runCtx, o.work) })
 	}
-	wg.Go(func() {
-		for _, o := range works[1:] {
-			select {
-			case <-o.elector.Tried():
-			case <-runCtx.Done():
-				errs <- nil
-				return
+	for _, router := range works[:nRouters] {
+		wg.Go(func() {
+			for _, o := range works[nRouters:] {
+				select {
+				case <-o.elector.Tried():
+				case <-runCtx.Done():
+					errs <- nil
+					return
+				}
 			}
-		}
-		errs <- works[0].elector.Run(runCtx, works[0].work)
-	})
+			errs <- router.elector.Run(runCtx, router.work)
+		})
+	}
 	cancelJS := mustJS(s.nc, 0)
 	s.routed = newRoutedGate(cancelJS, s.refused.routerWaiting)
 	s.lookups = newLookupGate(s.cfg.CancelLookupShare)
@@ -781,9 +864,11 @@ func (s *Service) join(ctx context.Context, holder string) (*lease.Membership, e
 func (s *Service) sharedSettings() map[string]string {
 	return map[string]string{
 		"DELAYD_LEVELS":     s.cfg.Levels.String(),
-		"DELAYD_PARTITIONS": s.cfg.Partitions.String(),
-		"DELAYD_PREFIX":     s.cfg.Prefix,
-		"DELAYD_REPLICAS":   strconv.Itoa(s.cfg.Replicas),
+		"DELAYD_PARTITIONS": s.partitionsSetting,
+
+		"DELAYD_INGRESS_PARTITIONS": strconv.Itoa(s.cfg.IngressPartitions),
+		"DELAYD_PREFIX":             s.cfg.Prefix,
+		"DELAYD_REPLICAS":           strconv.Itoa(s.cfg.Replicas),
 	}
 }
 
@@ -845,16 +930,8 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, *lease.B
 	defer cancel()
 	js := mustJS(s.nc, 0)
 	r := s.cfg.Replicas
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        IngressStream,
-		Description: "delayd ingress: publish to " + s.cfg.Prefix + ".<target subject> with a Delay-Level header",
-		Subjects:    []string{s.cfg.Prefix + ".>"},
-		Retention:   jetstream.WorkQueuePolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    r,
-		Duplicates:  DuplicateWindowDefault,
-	}); err != nil {
-		return nil, nil, nil, fmt.Errorf("stream %s: %w", IngressStream, err)
+	if err := s.ensureIngress(ctx, js); err != nil {
+		return nil, nil, nil, err
 	}
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        DLQStream,

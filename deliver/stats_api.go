@@ -32,6 +32,11 @@ type StatsReply struct {
 	// and RouterEpoch its last term's epoch (0 if never).
 	RouterOwner bool   `json:"router_owner"`
 	RouterEpoch uint64 `json:"router_epoch"`
+	// Routers holds one entry per ingress partition's router when ingress
+	// is partitioned (DELAYD_INGRESS_PARTITIONS above 1), by partition;
+	// Routed, Clamped, DeadLettered, RouterOwner and RouterEpoch above are
+	// then their sums, any owner and the highest epoch. Absent otherwise.
+	Routers []RouterReply `json:"routers,omitempty"`
 	// DeadLetters counts every dead letter written since start by reason
 	// ([Reasons]), the router's and the scanners' together.
 	DeadLetters map[string]uint64 `json:"dead_letters"`
@@ -45,7 +50,8 @@ type StatsReply struct {
 
 // LeaseReply is one lease in a [StatsReply] ([LeaseStats]).
 type LeaseReply struct {
-	// Key is "router", or "level." + a level stream's name.
+	// Key is "router" (or "router.<ingress partition>"), "janitor", or
+	// "level." + a level stream's name.
 	Key string `json:"key"`
 	// Held reports whether this process holds the lease now.
 	Held bool `json:"held"`
@@ -56,6 +62,23 @@ type LeaseReply struct {
 	// those that ended without its resigning.
 	Gained    uint64 `json:"gained"`
 	Failovers uint64 `json:"failovers"`
+}
+
+// RouterReply is one ingress partition's router in a [StatsReply]
+// ([RouterStats]).
+type RouterReply struct {
+	// IngressPartition is the partition it routes, 0 to N-1; Lease its
+	// lease key, "router.<IngressPartition>".
+	IngressPartition int    `json:"ingress_partition"`
+	Lease            string `json:"lease"`
+	// Owner reports whether this process holds its lease and routes now;
+	// Epoch is its last term's epoch (0 if never).
+	Owner bool   `json:"owner"`
+	Epoch uint64 `json:"epoch"`
+	// Routed, Clamped and DeadLettered count since this process's start.
+	Routed       uint64 `json:"routed"`
+	Clamped      uint64 `json:"clamped"`
+	DeadLettered uint64 `json:"dead_lettered"`
 }
 
 // LevelStats is one scanner's counters in a [StatsReply] ([ScannerStats]).
@@ -102,6 +125,12 @@ func (s *Service) StartStatsAPI() (stop func() error, err error) {
 			RouterOwner: rs.Owner, RouterEpoch: rs.Epoch,
 			DeadLetters: s.DeadLetters(),
 			Levels:      make([]LevelStats, 0, len(ss)),
+		}
+		if s.cfg.IngressPartitions > 1 {
+			for _, r := range s.RouterStats() {
+				reply.Routers = append(reply.Routers, RouterReply{IngressPartition: r.IngressPartition, Lease: r.Lease,
+					Owner: r.Owner, Epoch: r.Epoch, Routed: r.Routed, Clamped: r.Clamped, DeadLettered: r.DeadLettered})
+			}
 		}
 		for _, sc := range ss {
 			reply.Levels = append(reply.Levels, LevelStats{

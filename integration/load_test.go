@@ -35,6 +35,20 @@ type loadConfig struct {
 	Total  int
 	Rate   int          // messages offered per second; the publishers fall behind while the cluster cannot store
 	Levels levels.Table // delayd's level table (DELAYD_LEVELS), for the send-time bound of each delivery
+
+	// IngressPartitions is delayd's DELAYD_INGRESS_PARTITIONS: above 1, each level is that many partition
+	// streams, each checked on its own. 0 is 1.
+	IngressPartitions int
+}
+
+// levelStreams returns the streams of level lvl: one, or one per ingress partition.
+func (c loadConfig) levelStreams(lvl levels.Level) []string {
+	return levels.Partitions{}.WithIngress(c.IngressPartitions).Streams(lvl.Delay)
+}
+
+// markerSubjectOf returns the epoch marker subject of a level stream.
+func markerSubjectOf(stream string) string {
+	return "delayd.level." + strings.TrimPrefix(stream, levels.StreamPrefix) + ".delayd.router.epoch"
 }
 
 // load publishes a [loadConfig] through JetStream (each message retried
@@ -132,13 +146,17 @@ func (l *load) watchMarkers(nc *nats.Conn) {
 	// count as a level message. So the base is read once every level
 	// stream holds a marker (up to 30 s: a test whose router starts later
 	// has its markers seen by the subscription).
-	deadline := time.Now().Add(30 * time.Second)
+	var streams []string
 	for _, lvl := range l.cfg.Levels.Levels() {
+		streams = append(streams, l.cfg.levelStreams(lvl)...)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, name := range streams {
 		for time.Now().Before(deadline) {
 			wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
-			s, err := l.js.Stream(wctx, lvl.Stream())
+			s, err := l.js.Stream(wctx, name)
 			if err == nil {
-				_, err = s.GetLastMsgForSubject(wctx, "delayd.level."+lvl.Name()+".delayd.router.epoch")
+				_, err = s.GetLastMsgForSubject(wctx, markerSubjectOf(name))
 			}
 			wcancel()
 			if err == nil {
@@ -149,19 +167,19 @@ func (l *load) watchMarkers(nc *nats.Conn) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, lvl := range l.cfg.Levels.Levels() {
-		s, err := l.js.Stream(ctx, lvl.Stream())
+	for _, name := range streams {
+		s, err := l.js.Stream(ctx, name)
 		if err != nil {
-			l.t.Fatalf("level stream %s: %v", lvl.Stream(), err)
+			l.t.Fatalf("level stream %s: %v", name, err)
 		}
 		l.mu.Lock()
-		l.base[lvl.Stream()] = s.CachedInfo().State.LastSeq
+		l.base[name] = s.CachedInfo().State.LastSeq
 		l.mu.Unlock()
-		m, err := s.GetLastMsgForSubject(ctx, "delayd.level."+lvl.Name()+".delayd.router.epoch")
+		m, err := s.GetLastMsgForSubject(ctx, markerSubjectOf(name))
 		if err == nil {
 			e, _ := strconv.ParseUint(m.Header.Get("Delayd-Router-Epoch"), 10, 64)
 			l.mu.Lock()
-			l.baseEpoch[lvl.Stream()] = e
+			l.baseEpoch[name] = e
 			l.mu.Unlock()
 		}
 	}
@@ -408,26 +426,32 @@ func (l *load) report() loadReport {
 	rep.Ingress = l.streamMsgs(deliver.IngressStream)
 	for _, lvl := range l.cfg.Levels.Levels() {
 		w := levelWrites{Stream: lvl.Stream()}
+		if l.cfg.IngressPartitions > 1 {
+			w.Stream += fmt.Sprintf(" (%d partitions)", l.cfg.IngressPartitions)
+		}
 		for i := range l.cfg.Total {
 			if i%l.cfg.Levels.Len()+1 == lvl.Index {
 				w.Sent++
 			}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		s, err := l.js.Stream(ctx, w.Stream)
-		if err == nil {
-			var info *jetstream.StreamInfo
-			if info, err = s.Info(ctx); err == nil {
-				l.mu.Lock()
-				base := l.base[w.Stream]
-				l.mu.Unlock()
-				w.Markers = l.markersSince(w.Stream)
-				w.Written = info.State.LastSeq - base - w.Markers
+		for _, name := range l.cfg.levelStreams(lvl) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			s, err := l.js.Stream(ctx, name)
+			if err == nil {
+				var info *jetstream.StreamInfo
+				if info, err = s.Info(ctx); err == nil {
+					l.mu.Lock()
+					base := l.base[name]
+					l.mu.Unlock()
+					markers := l.markersSince(name)
+					w.Markers += markers
+					w.Written += info.State.LastSeq - base - markers
+				}
 			}
-		}
-		cancel()
-		if err != nil {
-			l.t.Errorf("level stream %s: %v", w.Stream, err)
+			cancel()
+			if err != nil {
+				l.t.Errorf("level stream %s: %v", name, err)
+			}
 		}
 		rep.Levels = append(rep.Levels, w)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"hash/fnv"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -91,5 +92,41 @@ func TestPartitionOf(t *testing.T) {
 	// Fixed values: a change of the hash would move keys between partitions.
 	if got := PartitionOf("a", 64); got != 0xe40c292c%64 {
 		t.Errorf("PartitionOf(a, 64) = %d, want %d", got, 0xe40c292c%64)
+	}
+}
+
+// TestPartitionsWithIngress: with N ingress partitions every level without a count of its own, the immediate and
+// precision levels too, has N partitions; a count of its own must be a multiple of N; partition j's router is j mod
+// N; String is the list as given.
+func TestPartitionsWithIngress(t *testing.T) {
+	tbl := MustParse("1s 1m")
+	p, err := ParsePartitions("1m=8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := p.WithIngress(4)
+	if err := q.Check(tbl); err != nil {
+		t.Fatalf("1m=8 with 4 ingress partitions: %v", err)
+	}
+	for _, tc := range []struct {
+		d    time.Duration
+		want int
+	}{{0, 4}, {time.Millisecond, 4}, {time.Second, 4}, {time.Minute, 8}} {
+		if got := q.Count(tc.d); got != tc.want {
+			t.Errorf("Count(%s) = %d, want %d", tc.d, got, tc.want)
+		}
+	}
+	if got := q.Streams(0); len(got) != 4 || got[3] != "DELAYD_0S-P3" {
+		t.Errorf("Streams(0) = %v, want DELAYD_0S-P0 to -P3", got)
+	}
+	if q.Router(6) != 2 || q.Ingress() != 4 || p.Ingress() != 1 || p.Count(0) != 1 {
+		t.Errorf("Router(6) = %d, Ingress() = %d (%d without), Count(0) without = %d", q.Router(6), q.Ingress(), p.Ingress(), p.Count(0))
+	}
+	if q.String() != "1m=8" {
+		t.Errorf("String() = %q, want the list as given", q.String())
+	}
+	bad, _ := ParsePartitions("1m=6")
+	if err := bad.WithIngress(4).Check(tbl); !errors.Is(err, ErrBadPartitions) || !strings.Contains(err.Error(), "not a multiple") {
+		t.Errorf("1m=6 with 4 ingress partitions: %v, want ErrBadPartitions saying not a multiple", err)
 	}
 }

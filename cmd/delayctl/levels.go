@@ -54,18 +54,21 @@ func (a *app) levelRows(ctx context.Context) ([]levelRow, time.Time, error) {
 	}
 	var rows []levelRow
 	seen := map[string]bool{}
+	parts := a.cfg.Partitions.WithIngress(a.cfg.IngressPartitions) // every level partitioned with ingress partitions
 	for _, l := range append([]levels.Level{{}}, a.cfg.Levels.Levels()...) {
 		idx := l.Index
-		for _, name := range a.cfg.Partitions.Streams(l.Delay) { // a partitioned level: a row per partition stream
+		for _, name := range parts.Streams(l.Delay) { // a partitioned level: a row per partition stream
 			info := infos[name]
 			rows = append(rows, levelRow{Index: &idx, Delay: l.Delay, Stream: name, Exists: info != nil, InTable: true, info: info})
 			seen[name] = true
 		}
 	}
 	for _, l := range a.cfg.Levels.PrecisionLevels() {
-		info := infos[l.Stream()]
-		rows = append(rows, levelRow{Delay: l.Delay, Stream: l.Stream(), Exists: info != nil, Precision: true, info: info})
-		seen[l.Stream()] = true
+		for _, name := range parts.Streams(l.Delay) {
+			info := infos[name]
+			rows = append(rows, levelRow{Delay: l.Delay, Stream: name, Exists: info != nil, Precision: true, info: info})
+			seen[name] = true
+		}
 	}
 	var extra []levelRow
 	for name, info := range infos {

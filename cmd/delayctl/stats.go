@@ -95,7 +95,8 @@ func (a *app) statsCmd() *cobra.Command {
 
 Every delayd process answers the stats API; stats gathers the replies to one request until no more come
 for a quarter of a second, and prints one line per process: its pid, lease holder id, counters, and the
-leases it holds with their epochs. --json prints them all under "replicas".
+leases it holds with their epochs; with ingress partitions (DELAYD_INGRESS_PARTITIONS) also a line per
+router in it: its lease router.<i>, whether it routes now, its epoch and counters. --json prints them all under "replicas".
 
 It costs O(levels) requests, whatever the backlog: one stream list, one offset read and at most two direct
 gets per level, one request to the stats API. "Now" is the server's time.`,
@@ -409,6 +410,14 @@ func printStats(w io.Writer, rep *statsReport) error {
 			c.PID, rep.Time.Sub(c.Started).Round(time.Second), c.Ready, c.Routed, c.Clamped,
 			c.DeadLetters[deliver.ReasonLevel], c.DeadLetters[deliver.ReasonTarget], c.DeadLetters[deliver.ReasonSize], c.DeadLetters[deliver.ReasonUndeliverable])
 		fmt.Fprintf(w, "  holder %s holds: %s\n", cmp.Or(c.Holder, "?"), heldLeases(c))
+		for _, r := range c.Routers { // with ingress partitions: one line per router
+			state := "not routing"
+			if r.Owner {
+				state = "routing"
+			}
+			fmt.Fprintf(w, "  %s (ingress partition %d): %s, epoch %d, routed %d, clamped %d, dead-lettered %d\n",
+				r.Lease, r.IngressPartition, state, r.Epoch, r.Routed, r.Clamped, r.DeadLettered)
+		}
 	}
 	return nil
 }

@@ -142,7 +142,9 @@ func run() int {
 		Levels:     cfg.Levels,
 		Partitions: cfg.Partitions,
 		Replicas:   cfg.Replicas,
-		StartGrace: cfg.StartGrace,
+
+		IngressPartitions: cfg.IngressPartitions,
+		StartGrace:        cfg.StartGrace,
 		// A restart of delayd restarts its embedded server, so core
 		// subscribers reconnect after a start too.
 		GraceAtStart:      srv != nil,
@@ -191,6 +193,12 @@ func run() int {
 			// A live replica runs with another level table, prefix or
 			// replica count: this one changed nothing and must not run.
 			logger.Error("delayd cannot start: a live replica's configuration differs", slog.Any("error", err))
+			fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
+			cancel()
+			return exitConfig
+		}
+		if errors.Is(err, deliver.ErrIngressPartitionsChanged) {
+			logger.Error("delayd cannot start: DELAYD_INGRESS_PARTITIONS changed while DELAYD_INGRESS holds messages", slog.Any("error", err))
 			fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
 			cancel()
 			return exitConfig

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -32,13 +33,19 @@ import (
 
 // Lease keys.
 const (
-	// RouterKey is the router's lease key: one router routes ingress.
+	// RouterKey is the router's lease key when ingress is not partitioned:
+	// one router routes ingress.
 	RouterKey = "router"
 
 	// levelKeyPrefix prefixes a level stream's (or partition stream's)
 	// lease key: "level.DELAYD_5S", "level.DELAYD_1M-P0".
 	levelKeyPrefix = "level."
 )
+
+// RouterPartitionKey returns the lease key of the router of ingress
+// partition i when ingress is partitioned (DELAYD_INGRESS_PARTITIONS above
+// 1): "router.<i>", e.g. "router.0".
+func RouterPartitionKey(i int) string { return RouterKey + "." + strconv.Itoa(i) }
 
 // LevelKey returns the lease key of a level stream or of one partition
 // stream of a level: "level." + the stream name, e.g. "level.DELAYD_5S" or

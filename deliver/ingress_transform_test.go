@@ -1,0 +1,72 @@
+package deliver
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/natstest"
+)
+
+// TestIngressTransformServer checks what ingress partitioning relies on in
+// nats-server: a work-queue stream on "<prefix>.>" takes a subject
+// transform to "delayd.in.{{partition(n)}}.>", stores each message under
+// its partition, answers the publisher's PubAck, still drops a repeated
+// Nats-Msg-Id, and serves a consumer filtered on one partition.
+func TestIngressTransformServer(t *testing.T) {
+	t.Parallel()
+	_, js := natstest.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := jetstream.StreamConfig{
+		Name: IngressStream, Subjects: []string{"delay.>"}, Retention: jetstream.WorkQueuePolicy,
+		SubjectTransform: ingressTransform("delay", 4),
+	}
+	s, err := js.CreateOrUpdateStream(ctx, cfg)
+	if err != nil {
+		t.Fatalf("create ingress stream with transform: %v", err)
+	}
+	ack, err := js.Publish(ctx, "delay.orders.close", []byte("a"), jetstream.WithMsgID("id-1"))
+	if err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if ack.Duplicate {
+		t.Fatal("first publish reported duplicate")
+	}
+	dup, err := js.Publish(ctx, "delay.orders.close", []byte("a"), jetstream.WithMsgID("id-1"))
+	if err != nil || !dup.Duplicate {
+		t.Fatalf("repeated Nats-Msg-Id: ack %+v err %v, want a duplicate", dup, err)
+	}
+	m, err := s.GetMsg(ctx, ack.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ingressPartitionSubject(ingressPartitionOf("delay.orders.close", 4)) + "orders.close"
+	if m.Subject != want {
+		t.Fatalf("stored subject %q, want %q", m.Subject, want)
+	}
+	if m.Subject != "delayd.in.1.orders.close" {
+		t.Fatalf("stored subject %q, want delayd.in.1.orders.close (the server's partition())", m.Subject)
+	}
+	// One consumer per partition: non-overlapping filters on a work queue.
+	for i := range 4 {
+		if _, err := js.CreateOrUpdateConsumer(ctx, IngressStream, jetstream.ConsumerConfig{
+			Durable: "p" + string(rune('0'+i)), FilterSubject: ingressPartitionSubject(i) + ">", AckPolicy: jetstream.AckExplicitPolicy,
+		}); err != nil {
+			t.Fatalf("consumer on partition %d: %v", i, err)
+		}
+	}
+	c, err := js.Consumer(ctx, IngressStream, "p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatalf("partition 1's consumer: %v", err)
+	}
+	if got.Subject() != "delayd.in.1.orders.close" {
+		t.Fatalf("partition 1's consumer got %q", got.Subject())
+	}
+}
