@@ -29,7 +29,6 @@ func TestKill9(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test: skipped when testing.Short()")
 	}
-	t.Parallel()
 	b := itest.Setup(t)
 	const (
 		total = 100_000
@@ -171,7 +170,6 @@ func TestKill9Cancel(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test: skipped when testing.Short()")
 	}
-	t.Parallel()
 	b := itest.Setup(t)
 	const total = 3000
 	env := []string{"DELAYD_LEVELS=3s 10s", itest.KillLeaseTTLEnv}
@@ -335,7 +333,6 @@ func TestKill9Index(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test: skipped when testing.Short()")
 	}
-	t.Parallel()
 	b := itest.Setup(t)
 	env := []string{"DELAYD_LEVELS=1s 1h", itest.KillLeaseTTLEnv}
 	p := b.StartProcess(env...)
