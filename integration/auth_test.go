@@ -30,6 +30,7 @@ import (
 	"github.com/delayd/delayd/config"
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
 )
@@ -128,7 +129,7 @@ func secRunDelayd(t *testing.T, nc *nats.Conn, policy contract.TargetPolicy) *de
 // secRunDelaydTable is secRunDelayd with the level table table.
 func secRunDelaydTable(t *testing.T, nc *nats.Conn, policy contract.TargetPolicy, table string) *deliver.Service {
 	t.Helper()
-	svc, err := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse(table), Targets: policy, Logger: testLogger(t)})
+	svc, err := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse(table), Targets: policy, Logger: itest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +147,7 @@ func secRunDelaydTable(t *testing.T, nc *nats.Conn, policy contract.TargetPolicy
 			t.Error("delayd did not stop within 30s")
 		}
 	})
-	waitFor(t, 20*time.Second, "delayd ready", svc.Ready)
+	itest.WaitFor(t, 20*time.Second, "delayd ready", svc.Ready)
 	return svc
 }
 
@@ -169,7 +170,7 @@ func secExpectDelivery(t *testing.T, pub, sub *nats.Conn, target string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	payload := []byte("payload for " + target)
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "delay." + target, Data: payload, Header: level(1)}); err != nil {
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "delay." + target, Data: payload, Header: itest.Level(1)}); err != nil {
 		t.Fatalf("publish delay.%s: %v", target, err)
 	}
 	m, err := s.NextMsg(15 * time.Second)
@@ -647,7 +648,7 @@ func TestAuthREADMEPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "a dead letter of delay.orders.bad", func() bool {
+	itest.WaitFor(t, 15*time.Second, "a dead letter of delay.orders.bad", func() bool {
 		m, err := dlq.GetLastMsgForSubject(rctx, "delayd.dlq.level")
 		return err == nil && m.Header.Get(delayd.HeaderSubject) == "delay.orders.bad"
 	})
@@ -657,7 +658,7 @@ func TestAuthREADMEPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "an offset of DELAYD_1S", func() bool {
+	itest.WaitFor(t, 15*time.Second, "an offset of DELAYD_1S", func() bool {
 		e, err := kv.Get(rctx, "DELAYD_1S")
 		return err == nil && len(e.Value()) > 0 && string(e.Value()) != "0"
 	})
@@ -713,7 +714,7 @@ func TestAuthREADMECancelScope(t *testing.T) {
 		"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": "delayd", "DELAYD_NATS_PASSWORD": delaydPassword,
 	})
 	svc, err := deliver.New(dnc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("1s 1h"),
-		Targets: contract.TargetPolicy{Allow: []string{"orders.>", "billing.>"}}, Logger: testLogger(t)})
+		Targets: contract.TargetPolicy{Allow: []string{"orders.>", "billing.>"}}, Logger: itest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -721,7 +722,7 @@ func TestAuthREADMECancelScope(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()
 	t.Cleanup(func() { stop(); <-done })
-	waitFor(t, 20*time.Second, "delayd ready", svc.Ready)
+	itest.WaitFor(t, 20*time.Second, "delayd ready", svc.Ready)
 
 	user := func(name, password string) (*nats.Conn, jetstream.JetStream, chan error) {
 		nc := secMustConnect(t, map[string]string{"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": name, "DELAYD_NATS_PASSWORD": password})
@@ -840,10 +841,10 @@ func TestAuthREADMEDelayctl(t *testing.T) {
 		"DELAYD_LEVELS": "1s 1h",
 	}
 
-	pub := delayctlEnv(t, orders, "pub", "orders.close", "close order 42", "--level", "2")
-	pub.want(t, 0, "published to delay.orders.close")
-	id := strings.TrimSpace(pub.stdout)
-	delayctlEnv(t, orders, "cancel", "orders.close", id).want(t, 0, "cancelled")
+	pub := itest.DelayctlEnv(t, orders, "pub", "orders.close", "close order 42", "--level", "2")
+	pub.Want(t, 0, "published to delay.orders.close")
+	id := strings.TrimSpace(pub.Stdout)
+	itest.DelayctlEnv(t, orders, "cancel", "orders.close", id).Want(t, 0, "cancelled")
 
 	// Refused by the server: another tenant's cancel scope, the operator's unscoped form, another tenant's
 	// ingress subject. Each fails with the violation, not "no answer ... within 30s" or a PubAck timeout.
@@ -855,10 +856,10 @@ func TestAuthREADMEDelayctl(t *testing.T) {
 		{[]string{"cancel", "--any", id}, "delayd.api.cancel"},
 		{[]string{"pub", "billing.charge", "x", "--level", "1"}, "delay.billing.charge"},
 	} {
-		r := delayctlEnv(t, orders, tc.args...)
-		r.want(t, 1, "permission denied", fmt.Sprintf("may not publish to %q", tc.subject))
-		if strings.Contains(r.stderr, "no answer") || strings.Contains(r.stderr, "timeout") {
-			t.Errorf("delayctl %s waited for its timeout: %s", strings.Join(tc.args, " "), r.stderr)
+		r := itest.DelayctlEnv(t, orders, tc.args...)
+		r.Want(t, 1, "permission denied", fmt.Sprintf("may not publish to %q", tc.subject))
+		if strings.Contains(r.Stderr, "no answer") || strings.Contains(r.Stderr, "timeout") {
+			t.Errorf("delayctl %s waited for its timeout: %s", strings.Join(tc.args, " "), r.Stderr)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // TestCancelSlowTombstone: a cancel whose tombstone write gets no answer
@@ -29,38 +30,38 @@ func TestCancelSlowTombstone(t *testing.T) {
 		name := map[bool]string{true: "stored", false: "refused"}[stored]
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
-			b.startDelayd("1s 4s")
-			c := b.collect("slow.x")
+			b := itest.Setup(t)
+			b.StartDelayd("1s 4s")
+			c := b.Collect("slow.x")
 			ctx, cancelCtx := context.WithTimeout(context.Background(), time.Minute)
 			defer cancelCtx()
 
-			tombs, err := b.js.Stream(ctx, deliver.CancelStream)
+			tombs, err := b.JS.Stream(ctx, deliver.CancelStream)
 			if err != nil {
 				t.Fatal(err)
 			}
 			cfg := tombs.CachedInfo().Config
 			original := slices.Clone(cfg.Subjects)
 			cfg.Subjects = []string{"test.diverted.>"}
-			if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+			if _, err := b.JS.UpdateStream(ctx, cfg); err != nil {
 				t.Fatal(err)
 			}
 			held := make(chan *nats.Msg, 4)
-			sub, err := b.nc.ChanSubscribe("delayd.cancels.>", held)
+			sub, err := b.NC.ChanSubscribe("delayd.cancels.>", held)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer func() { _ = sub.Unsubscribe() }()
-			if err := b.nc.Flush(); err != nil {
+			if err := b.NC.Flush(); err != nil {
 				t.Fatal(err)
 			}
 
 			for i := range 5 {
-				b.publish("delay.slow.x", []byte{'a', byte('0' + i)}, level(2))
+				b.Publish("delay.slow.x", []byte{'a', byte('0' + i)}, itest.Level(2))
 			}
-			hdr := level(2)
+			hdr := itest.Level(2)
 			hdr.Set("Nats-Msg-Id", "slow-x")
-			b.publish("delay.slow.x", []byte("x"), hdr)
+			b.Publish("delay.slow.x", []byte("x"), hdr)
 
 			type answer struct {
 				r   delayd.CancelResult
@@ -68,7 +69,7 @@ func TestCancelSlowTombstone(t *testing.T) {
 			}
 			replied := make(chan answer, 1)
 			go func() {
-				r, err := delayd.CancelAny(ctx, b.nc, "slow-x")
+				r, err := delayd.CancelAny(ctx, b.NC, "slow-x")
 				replied <- answer{r, err}
 			}()
 			var write *nats.Msg
@@ -82,18 +83,18 @@ func TestCancelSlowTombstone(t *testing.T) {
 
 			// The write is held. The five earlier messages must be
 			// delivered meanwhile, and before the cancel is answered.
-			for len(c.snapshot()) < 5 {
+			for len(c.Snapshot()) < 5 {
 				select {
-				case <-c.ch:
+				case <-c.Ch:
 				case a := <-replied:
 					t.Fatalf("cancel answered %q, %v while the level had delivered %d of the 5 messages before it: the tombstone write held the level",
-						a.r, a.err, len(c.snapshot()))
+						a.r, a.err, len(c.Snapshot()))
 				case <-ctx.Done():
 					t.Fatal("the 5 messages before the cancelled one were not delivered")
 				}
 			}
-			for _, r := range c.snapshot() {
-				if string(r.msg.Data) == "x" {
+			for _, r := range c.Snapshot() {
+				if string(r.Msg.Data) == "x" {
 					t.Fatal("the message being cancelled was delivered while its tombstone write was held")
 				}
 			}
@@ -103,10 +104,10 @@ func TestCancelSlowTombstone(t *testing.T) {
 				// Store the tombstone where delayd meant to, and answer
 				// with its PubAck.
 				cfg.Subjects = original
-				if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+				if _, err := b.JS.UpdateStream(ctx, cfg); err != nil {
 					t.Fatal(err)
 				}
-				ack, err := b.nc.RequestMsgWithContext(ctx, &nats.Msg{Subject: write.Subject, Data: write.Data})
+				ack, err := b.NC.RequestMsgWithContext(ctx, &nats.Msg{Subject: write.Subject, Data: write.Data})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -118,15 +119,15 @@ func TestCancelSlowTombstone(t *testing.T) {
 				}
 				// A message published after the cancel was answered is
 				// delivered after the cancelled one was passed.
-				b.publish("delay.slow.x", []byte("z"), level(2))
-				got := c.wait(t, 6, 30*time.Second)
+				b.Publish("delay.slow.x", []byte("z"), itest.Level(2))
+				got := c.Wait(t, 6, 30*time.Second)
 				for _, r := range got {
-					if string(r.msg.Data) == "x" {
+					if string(r.Msg.Data) == "x" {
 						t.Fatal("cancelled message delivered")
 					}
 				}
-				if string(got[5].msg.Data) != "z" {
-					t.Fatalf("6th delivery %q, want z", got[5].msg.Data)
+				if string(got[5].Msg.Data) != "z" {
+					t.Fatalf("6th delivery %q, want z", got[5].Msg.Data)
 				}
 			} else {
 				if err := write.Respond([]byte(`{"error":{"code":503,"err_code":10077,"description":"test: tombstone refused"}}`)); err != nil {
@@ -135,13 +136,13 @@ func TestCancelSlowTombstone(t *testing.T) {
 				if a = <-replied; !errors.Is(a.err, delayd.ErrCancelReply) {
 					t.Fatalf("cancel: %q, %v; want an error reply", a.r, a.err)
 				}
-				got := c.wait(t, 6, 30*time.Second)
-				if string(got[5].msg.Data) != "x" {
-					t.Fatalf("6th delivery %q, want x (its cancel failed)", got[5].msg.Data)
+				got := c.Wait(t, 6, 30*time.Second)
+				if string(got[5].Msg.Data) != "x" {
+					t.Fatalf("6th delivery %q, want x (its cancel failed)", got[5].Msg.Data)
 				}
 			}
 			var n uint64
-			_, ss := b.svc.Stats()
+			_, ss := b.Svc.Stats()
 			for _, s := range ss {
 				n += s.Cancelled
 			}

@@ -17,32 +17,8 @@ import (
 	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
-
-// cancel cancels id with the unscoped operator form (delayd.CancelAny).
-func (b *testBundle) cancel(id string) delayd.CancelResult {
-	b.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	r, err := delayd.CancelAny(ctx, b.nc, id)
-	if err != nil {
-		b.t.Fatalf("cancel %q: %v", id, err)
-	}
-	return r
-}
-
-// wantCancelReply sends a raw cancel request for id on the unscoped subject
-// and checks the reply's body and Delay-Status code.
-func (b *testBundle) wantCancelReply(id, body, status string) {
-	b.t.Helper()
-	m, err := b.nc.Request(delayd.CancelSubject, []byte(id), 15*time.Second)
-	if err != nil {
-		b.t.Fatalf("cancel %q: %v", id, err)
-	}
-	if string(m.Data) != body || m.Header.Get(contract.HeaderStatus) != status {
-		b.t.Errorf("cancel %q: body %q %s %q, want %q %q", id, m.Data, contract.HeaderStatus, m.Header.Get(contract.HeaderStatus), body, status)
-	}
-}
 
 // TestCancel: of 100 pending messages, the 50 cancelled are never
 // delivered and the other 50 are; ids are ingress sequences and publisher
@@ -50,86 +26,86 @@ func (b *testBundle) wantCancelReply(id, body, status string) {
 // cancelled messages cost nothing once passed (their tombstones go).
 func TestCancel(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("1s 2s")
-	c := b.collect("cancel.x")
-	rec := newRecorder(t)
-	rec.subscribe(b.nc, "cancel.x")
+	b := itest.Setup(t)
+	b.StartDelayd("1s 2s")
+	c := b.Collect("cancel.x")
+	rec := itest.NewRecorder(t)
+	rec.Subscribe(b.NC, "cancel.x")
 
 	ids := make([]string, 100)
 	for i := range ids {
-		hdr := level(2)
+		hdr := itest.Level(2)
 		if i%2 == 1 {
 			ids[i] = fmt.Sprintf("order-%d", i)
 			hdr.Set("Nats-Msg-Id", ids[i])
-			b.publish("delay.cancel.x", []byte(strconv.Itoa(i)), hdr)
+			b.Publish("delay.cancel.x", []byte(strconv.Itoa(i)), hdr)
 		} else {
-			ids[i] = strconv.FormatUint(b.publish("delay.cancel.x", []byte(strconv.Itoa(i)), hdr), 10)
+			ids[i] = strconv.FormatUint(b.Publish("delay.cancel.x", []byte(strconv.Itoa(i)), hdr), 10)
 		}
-		rec.expectKeys(strconv.Itoa(i))
+		rec.ExpectKeys(strconv.Itoa(i))
 	}
 	cancelled := map[string]bool{}
 	for i := 0; i < len(ids); i += 4 { // 25 sequence ids
-		if r := b.cancel(ids[i]); r != delayd.Cancelled {
+		if r := b.Cancel(ids[i]); r != delayd.Cancelled {
 			t.Fatalf("cancel %s: %q, want cancelled", ids[i], r)
 		}
 		cancelled[strconv.Itoa(i)] = true
-		rec.excused(strconv.Itoa(i), "cancelled")
+		rec.Excused(strconv.Itoa(i), "cancelled")
 	}
 	for i := 1; i < len(ids); i += 4 { // 25 publisher ids
-		if r := b.cancel(ids[i]); r != delayd.Cancelled {
+		if r := b.Cancel(ids[i]); r != delayd.Cancelled {
 			t.Fatalf("cancel %s: %q, want cancelled", ids[i], r)
 		}
 		cancelled[strconv.Itoa(i)] = true
-		rec.excused(strconv.Itoa(i), "cancelled")
+		rec.Excused(strconv.Itoa(i), "cancelled")
 	}
-	if r := b.cancel(ids[1]); r != delayd.Cancelled {
+	if r := b.Cancel(ids[1]); r != delayd.Cancelled {
 		t.Errorf("cancelling twice: %q, want cancelled again", r)
 	}
 	for _, unknown := range []string{"no-such-id", "999999"} {
-		if r := b.cancel(unknown); r != delayd.NotFound {
+		if r := b.Cancel(unknown); r != delayd.NotFound {
 			t.Errorf("cancel %q: %q, want not found", unknown, r)
 		}
 	}
-	if m, err := b.nc.Request(delayd.CancelSubject, []byte(" "), 5*time.Second); err != nil || string(m.Data) != "not found" {
+	if m, err := b.NC.Request(delayd.CancelSubject, []byte(" "), 5*time.Second); err != nil || string(m.Data) != "not found" {
 		t.Errorf("cancel with an empty id: %v %v, want not found", m, err)
 	}
 	// Each answer's body is its text and its Delay-Status its code.
-	b.wantCancelReply(ids[1], "cancelled", "200")
-	b.wantCancelReply("no-such-id", "not found", "404")
+	b.WantCancelReply(ids[1], "cancelled", "200")
+	b.WantCancelReply("no-such-id", "not found", "404")
 
 	// The last message published (99, not cancelled) is delivered last: the
 	// level is FIFO, so every message before it has been passed by then.
-	waitFor(t, 15*time.Second, "message 99 delivered", func() bool { return rec.counts()["99"] > 0 })
-	rec.checkAll()
+	itest.WaitFor(t, 15*time.Second, "message 99 delivered", func() bool { return rec.Counts()["99"] > 0 })
+	rec.CheckAll()
 	// c is a second subscription: its callbacks run on a goroutine of their
 	// own and may trail rec's.
-	waitFor(t, 10*time.Second, "50 deliveries at the second subscriber", func() bool { return len(c.snapshot()) >= 50 })
-	got := c.snapshot()
+	itest.WaitFor(t, 10*time.Second, "50 deliveries at the second subscriber", func() bool { return len(c.Snapshot()) >= 50 })
+	got := c.Snapshot()
 	if len(got) != 50 {
 		t.Fatalf("delivered %d, want exactly 50", len(got))
 	}
 	for _, r := range got {
-		if cancelled[string(r.msg.Data)] {
-			t.Errorf("cancelled message %s was delivered", r.msg.Data)
+		if cancelled[string(r.Msg.Data)] {
+			t.Errorf("cancelled message %s was delivered", r.Msg.Data)
 		}
 	}
-	if r := b.cancel(ids[2]); r != delayd.AlreadyDelivered {
+	if r := b.Cancel(ids[2]); r != delayd.AlreadyDelivered {
 		t.Errorf("cancel of a delivered message: %q, want already delivered", r)
 	}
-	if r := b.cancel(ids[3]); r != delayd.AlreadyDelivered {
+	if r := b.Cancel(ids[3]); r != delayd.AlreadyDelivered {
 		t.Errorf("cancel of a delivered message by publisher id: %q, want already delivered", r)
 	}
-	b.wantCancelReply(ids[2], "already delivered", "409")
+	b.WantCancelReply(ids[2], "already delivered", "409")
 	var n uint64
-	_, ss := b.svc.Stats()
+	_, ss := b.Svc.Stats()
 	for _, s := range ss {
 		n += s.Cancelled
 	}
 	if n != 50 {
 		t.Errorf("scanners counted %d cancelled, want 50", n)
 	}
-	waitFor(t, 10*time.Second, "tombstones deleted once passed", func() bool { return b.streamCount(deliver.CancelStream) == 0 })
+	itest.WaitFor(t, 10*time.Second, "tombstones deleted once passed", func() bool { return b.StreamCount(deliver.CancelStream) == 0 })
 }
 
 // TestCancelCascade cancels a Delay-Duration message after it moved on to
@@ -137,31 +113,31 @@ func TestCancel(t *testing.T) {
 // restart of delayd.
 func TestCancelCascade(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("200ms 500ms")
-	c := b.collect("cascade.cancel")
+	b := itest.Setup(t)
+	b.StartDelayd("200ms 500ms")
+	c := b.Collect("cascade.cancel")
 	hdr := nats.Header{contract.HeaderDuration: []string{"1500ms"}}
-	hop := strconv.FormatUint(b.publish("delay.cascade.cancel", []byte("hop"), hdr), 10)
+	hop := strconv.FormatUint(b.Publish("delay.cascade.cancel", []byte("hop"), hdr), 10)
 	hdr = nats.Header{contract.HeaderDuration: []string{"1500ms"}, "Nats-Msg-Id": []string{"restart-1"}}
-	b.publish("delay.cascade.cancel", []byte("restart"), hdr)
-	keep := b.publish("delay.cascade.cancel", []byte("keep"), nats.Header{contract.HeaderDuration: []string{"1500ms"}})
-	waitFor(t, 10*time.Second, "past the first hop", func() bool { return b.forwarded() >= 3 })
-	if r := b.cancel(hop); r != delayd.Cancelled {
+	b.Publish("delay.cascade.cancel", []byte("restart"), hdr)
+	keep := b.Publish("delay.cascade.cancel", []byte("keep"), nats.Header{contract.HeaderDuration: []string{"1500ms"}})
+	itest.WaitFor(t, 10*time.Second, "past the first hop", func() bool { return b.Forwarded() >= 3 })
+	if r := b.Cancel(hop); r != delayd.Cancelled {
 		t.Fatalf("cancel after a hop: %q", r)
 	}
-	if r := b.cancel("restart-1"); r != delayd.Cancelled {
+	if r := b.Cancel("restart-1"); r != delayd.Cancelled {
 		t.Fatalf("cancel: %q", r)
 	}
-	b.stopDelayd()
-	b.startDelayd("200ms 500ms")
-	c.wait(t, 1, 10*time.Second)
+	b.StopDelayd()
+	b.StartDelayd("200ms 500ms")
+	c.Wait(t, 1, 10*time.Second)
 	// Let time pass: the cancelled ones, due with keep, would show now.
-	waitQuiet(t, time.Second, 10*time.Second, func() int { return len(c.snapshot()) })
-	got := c.snapshot()
-	if len(got) != 1 || string(got[0].msg.Data) != "keep" {
+	itest.WaitQuiet(t, time.Second, 10*time.Second, func() int { return len(c.Snapshot()) })
+	got := c.Snapshot()
+	if len(got) != 1 || string(got[0].Msg.Data) != "keep" {
 		var data []string
 		for _, r := range got {
-			data = append(data, string(r.msg.Data))
+			data = append(data, string(r.Msg.Data))
 		}
 		t.Fatalf("delivered %q, want only keep (seq %d)", data, keep)
 	}
@@ -172,19 +148,19 @@ func TestCancelCascade(t *testing.T) {
 // says which, and both outcomes occur (the race is really run).
 func TestCancelRace(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms")
-	rec := newRecorder(t)
-	rec.subscribe(b.nc, "race.x")
+	b := itest.Setup(t)
+	b.StartDelayd("100ms")
+	rec := itest.NewRecorder(t)
+	rec.Subscribe(b.NC, "race.x")
 	const n = 200
 	replies := map[string]delayd.CancelResult{}
 	for i := range n {
-		seq := b.publish("delay.race.x", []byte(strconv.Itoa(i)), level(1))
-		rec.expectKeys(strconv.Itoa(i))
+		seq := b.Publish("delay.race.x", []byte(strconv.Itoa(i)), itest.Level(1))
+		rec.ExpectKeys(strconv.Itoa(i))
 		// Let time pass: up to the due instant, 100 ms after the store, give
 		// or take.
 		time.Sleep(time.Duration(80+i%40) * time.Millisecond)
-		replies[strconv.Itoa(i)] = b.cancel(strconv.FormatUint(seq, 10))
+		replies[strconv.Itoa(i)] = b.Cancel(strconv.FormatUint(seq, 10))
 	}
 	var nCancelled, nDelivered int
 	for i := range n {
@@ -192,17 +168,17 @@ func TestCancelRace(t *testing.T) {
 		switch replies[id] {
 		case delayd.Cancelled:
 			nCancelled++
-			rec.excused(id, "cancelled")
+			rec.Excused(id, "cancelled")
 		case delayd.AlreadyDelivered:
 			nDelivered++
 		default:
 			t.Errorf("message %s: reply %q", id, replies[id])
 		}
 	}
-	waitFor(t, 10*time.Second, fmt.Sprintf("%d deliveries", nDelivered), func() bool { return len(rec.snapshot()) >= nDelivered })
-	waitQuiet(t, 500*time.Millisecond, 10*time.Second, func() int { return len(rec.snapshot()) }) // a cancelled one delivered late would show now
+	itest.WaitFor(t, 10*time.Second, fmt.Sprintf("%d deliveries", nDelivered), func() bool { return len(rec.Snapshot()) >= nDelivered })
+	itest.WaitQuiet(t, 500*time.Millisecond, 10*time.Second, func() int { return len(rec.Snapshot()) }) // a cancelled one delivered late would show now
 	t.Logf("%d tries at the due instant: %d cancelled, %d already delivered", n, nCancelled, nDelivered)
-	rec.checkAll() // each "already delivered" delivered once, each "cancelled" never
+	rec.CheckAll() // each "already delivered" delivered once, each "cancelled" never
 	if nCancelled == 0 || nDelivered == 0 {
 		t.Errorf("%d cancelled, %d already delivered: want both outcomes of the race", nCancelled, nDelivered)
 	}
@@ -213,20 +189,20 @@ func TestCancelRace(t *testing.T) {
 // its due time; after that the key is free again.
 func TestMerge(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.createStream("MERGE", "merge.>")
-	b.startDelayd("3s")
+	b := itest.Setup(t)
+	b.CreateStream("MERGE", "merge.>")
+	b.StartDelayd("3s")
 	start := time.Now()
 	for i := range 1000 {
-		hdr := level(1)
+		hdr := itest.Level(1)
 		hdr.Set(contract.HeaderMergeKey, "user-"+strconv.Itoa(i%10))
-		b.publish("delay.merge.x", []byte(strconv.Itoa(i)), hdr)
+		b.Publish("delay.merge.x", []byte(strconv.Itoa(i)), hdr)
 	}
 	t.Logf("published 1,000 in %s", time.Since(start))
-	waitFor(t, 10*time.Second, "10 deliveries", func() bool { return b.streamCount("MERGE") >= 10 })
+	itest.WaitFor(t, 10*time.Second, "10 deliveries", func() bool { return b.StreamCount("MERGE") >= 10 })
 	// Every message in the level passed: nothing else will follow.
-	waitFor(t, 10*time.Second, "DELAYD_3S offset at its 10 messages", func() bool { return b.scannerStats("DELAYD_3S").Offset >= 10 })
-	msgs := b.streamMsgs("MERGE")
+	itest.WaitFor(t, 10*time.Second, "DELAYD_3S offset at its 10 messages", func() bool { return b.ScannerStats("DELAYD_3S").Offset >= 10 })
+	msgs := b.StreamMsgs("MERGE")
 	if len(msgs) != 10 {
 		t.Fatalf("delivered %d, want 10", len(msgs))
 	}
@@ -243,36 +219,36 @@ func TestMerge(t *testing.T) {
 			t.Errorf("message %d: Delay-Merge-Key delivered", i)
 		}
 	}
-	rs, _ := b.svc.Stats()
+	rs, _ := b.Svc.Stats()
 	if rs.Merged != 990 {
 		t.Errorf("merged %d, want 990", rs.Merged)
 	}
 	// The key is free again: a new message is delivered on its own.
-	hdr := level(1)
+	hdr := itest.Level(1)
 	hdr.Set(contract.HeaderMergeKey, "user-0")
-	b.publish("delay.merge.x", []byte("again"), hdr)
-	waitFor(t, 10*time.Second, "the key free again", func() bool { return b.streamCount("MERGE") == 11 })
+	b.Publish("delay.merge.x", []byte("again"), hdr)
+	itest.WaitFor(t, 10*time.Second, "the key free again", func() bool { return b.StreamCount("MERGE") == 11 })
 }
 
 // TestCancelNumericIDs: a publisher's Nats-Msg-Id that is also an ingress
 // sequence is ambiguous and cancels nothing; seq:N and id:N say which.
 func TestCancelNumericIDs(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("2s")
-	c := b.collect("num.x")
+	b := itest.Setup(t)
+	b.StartDelayd("2s")
+	c := b.Collect("num.x")
 	for i := range 3 {
-		if seq := b.publish("delay.num.x", []byte(fmt.Sprint("seq-", i)), level(1)); seq != uint64(i+1) {
+		if seq := b.Publish("delay.num.x", []byte(fmt.Sprint("seq-", i)), itest.Level(1)); seq != uint64(i+1) {
 			t.Fatalf("ingress sequence %d, want %d", seq, i+1)
 		}
 	}
 	for _, id := range []string{"2", "3", "77", "seq:1"} {
-		hdr := level(1)
+		hdr := itest.Level(1)
 		hdr.Set("Nats-Msg-Id", id)
-		b.publish("delay.num.x", []byte("id-"+id), hdr)
+		b.Publish("delay.num.x", []byte("id-"+id), hdr)
 	}
 	for _, id := range []string{"2", "seq:1"} { // each names two messages
-		m, err := b.nc.Request(delayd.CancelSubject, []byte(id), 10*time.Second)
+		m, err := b.NC.Request(delayd.CancelSubject, []byte(id), 10*time.Second)
 		if err != nil || !strings.HasPrefix(string(m.Data), "error: ambiguous id") {
 			t.Fatalf("cancel %s: %v %v, want an ambiguous id error", id, m, err)
 		}
@@ -281,7 +257,7 @@ func TestCancelNumericIDs(t *testing.T) {
 		}
 		// A Go caller gets it as a typed error, with the reply's text.
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		r, err := delayd.CancelAny(ctx, b.nc, id)
+		r, err := delayd.CancelAny(ctx, b.NC, id)
 		cancel()
 		if r != "" || !errors.Is(err, delayd.ErrAmbiguousID) || !errors.Is(err, delayd.ErrCancelReply) || errors.Is(err, delayd.ErrRouterBehind) {
 			t.Errorf("CancelAny(%s) = %q, %v; want ErrAmbiguousID and ErrCancelReply", id, r, err)
@@ -290,16 +266,16 @@ func TestCancelNumericIDs(t *testing.T) {
 		}
 	}
 	for id, want := range map[string]delayd.CancelResult{"seq:2": delayd.Cancelled, "id:3": delayd.Cancelled, "77": delayd.Cancelled, "seq:77": delayd.NotFound, "id:1": delayd.NotFound, "id:seq:1": delayd.Cancelled} {
-		if r := b.cancel(id); r != want {
+		if r := b.Cancel(id); r != want {
 			t.Errorf("cancel %s: %q, want %q", id, r, want)
 		}
 	}
-	c.wait(t, 3, 10*time.Second)
+	c.Wait(t, 3, 10*time.Second)
 	// Every message in the level passed: nothing else will follow.
-	waitFor(t, 10*time.Second, "DELAYD_2S offset at its 7 messages", func() bool { return b.scannerStats("DELAYD_2S").Offset >= 7 })
+	itest.WaitFor(t, 10*time.Second, "DELAYD_2S offset at its 7 messages", func() bool { return b.ScannerStats("DELAYD_2S").Offset >= 7 })
 	var got []string
-	for _, r := range c.snapshot() {
-		got = append(got, string(r.msg.Data))
+	for _, r := range c.Snapshot() {
+		got = append(got, string(r.Msg.Data))
 	}
 	slices.Sort(got)
 	if strings.Join(got, " ") != "id-2 seq-0 seq-2" {
@@ -312,26 +288,26 @@ func TestCancelNumericIDs(t *testing.T) {
 // subject.
 func TestMergeAfterRestart(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("1s 1h")
+	b := itest.Setup(t)
+	b.StartDelayd("1s 1h")
 	for i := range 20000 {
-		if _, err := b.js.PublishMsgAsync(&nats.Msg{Subject: "delay.bulk.x", Header: level(2)}); err != nil {
+		if _, err := b.JS.PublishMsgAsync(&nats.Msg{Subject: "delay.bulk.x", Header: itest.Level(2)}); err != nil {
 			t.Fatal(err)
 		}
 		if i%1000 == 0 {
-			<-b.js.PublishAsyncComplete()
+			<-b.JS.PublishAsyncComplete()
 		}
 	}
-	<-b.js.PublishAsyncComplete()
-	hdr := level(2)
+	<-b.JS.PublishAsyncComplete()
+	hdr := itest.Level(2)
 	hdr.Set(contract.HeaderMergeKey, "k")
-	b.publish("delay.mr.x", []byte("first"), hdr)
-	waitFor(t, 30*time.Second, "routing", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
-	b.stopDelayd()
-	b.startDelayd("1s 1h")
-	b.publish("delay.mr.x", []byte("second"), hdr)
-	waitFor(t, 10*time.Second, "routing", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
-	if rs, _ := b.svc.Stats(); rs.Merged != 1 || rs.Routed != 0 {
+	b.Publish("delay.mr.x", []byte("first"), hdr)
+	itest.WaitFor(t, 30*time.Second, "routing", func() bool { return b.StreamCount(deliver.IngressStream) == 0 })
+	b.StopDelayd()
+	b.StartDelayd("1s 1h")
+	b.Publish("delay.mr.x", []byte("second"), hdr)
+	itest.WaitFor(t, 10*time.Second, "routing", func() bool { return b.StreamCount(deliver.IngressStream) == 0 })
+	if rs, _ := b.Svc.Stats(); rs.Merged != 1 || rs.Routed != 0 {
 		t.Errorf("after a restart: merged %d, routed %d; want the second merged into the first", rs.Merged, rs.Routed)
 	}
 }
@@ -342,19 +318,19 @@ func TestMergeAfterRestart(t *testing.T) {
 // own derived id, and cannot take over another message's id.
 func TestForgedHopHeaders(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 1h")
-	c := b.collect("forge.x")
-	victim := level(2)
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 1h")
+	c := b.Collect("forge.x")
+	victim := itest.Level(2)
 	victim.Set("Nats-Msg-Id", "victim-id")
-	b.publish("delay.forge.x", []byte("victim"), victim)
-	forged := level(1)
+	b.Publish("delay.forge.x", []byte("victim"), victim)
+	forged := itest.Level(1)
 	forged.Set("Delayd-Origin", "delayd-1-424242")
 	forged.Set("Delayd-Msg-Id", "victim-id")
 	forged.Set("Delayd-Hops", "3")
 	forged.Set("Delayd-Hop-Mac", "AAAAAAAAAAAAAAAAAAAAAAAA")
-	seq := b.publish("delay.forge.x", []byte("forged"), forged)
-	m := c.wait(t, 1, 10*time.Second)[0].msg
+	seq := b.Publish("delay.forge.x", []byte("forged"), forged)
+	m := c.Wait(t, 1, 10*time.Second)[0].Msg
 	if id := m.Header.Get("Nats-Msg-Id"); !strings.Contains(id, fmt.Sprintf("-%d-", seq)) || id == "victim-id" {
 		t.Errorf("forged message delivered with Nats-Msg-Id %q, want its own derived id", id)
 	}
@@ -363,7 +339,7 @@ func TestForgedHopHeaders(t *testing.T) {
 			t.Errorf("header %s delivered", k)
 		}
 	}
-	if r := b.cancel("victim-id"); r != delayd.Cancelled {
+	if r := b.Cancel("victim-id"); r != delayd.Cancelled {
 		t.Errorf("cancel victim-id: %q, want cancelled (the victim is pending for an hour)", r)
 	}
 }
@@ -373,24 +349,24 @@ func TestForgedHopHeaders(t *testing.T) {
 // delivered on its own, not merged into the cancelled one.
 func TestMergeCancelledCascade(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("200ms 500ms")
-	c := b.collect("mcc.x")
+	b := itest.Setup(t)
+	b.StartDelayd("200ms 500ms")
+	c := b.Collect("mcc.x")
 	hdr := nats.Header{contract.HeaderDuration: []string{"1500ms"}, contract.HeaderMergeKey: []string{"k"}}
-	first := b.publish("delay.mcc.x", []byte("first"), hdr)
+	first := b.Publish("delay.mcc.x", []byte("first"), hdr)
 	firstDue := time.Now().Add(1500 * time.Millisecond)
-	waitFor(t, 10*time.Second, "past its first hop", func() bool { return b.forwarded() >= 1 })
-	if r := b.cancel(fmt.Sprint(first)); r != delayd.Cancelled {
+	itest.WaitFor(t, 10*time.Second, "past its first hop", func() bool { return b.Forwarded() >= 1 })
+	if r := b.Cancel(fmt.Sprint(first)); r != delayd.Cancelled {
 		t.Fatalf("cancel first: %q", r)
 	}
 	hdr = nats.Header{"Delay-Level": []string{"1"}, contract.HeaderMergeKey: []string{"k"}}
-	b.publish("delay.mcc.x", []byte("second"), hdr)
-	c.wait(t, 1, 10*time.Second)
+	b.Publish("delay.mcc.x", []byte("second"), hdr)
+	c.Wait(t, 1, 10*time.Second)
 	time.Sleep(time.Until(firstDue)) // let time pass: the first's due time passes
-	waitQuiet(t, 300*time.Millisecond, 10*time.Second, func() int { return len(c.snapshot()) })
-	got := c.snapshot()
-	if len(got) != 1 || string(got[0].msg.Data) != "second" {
-		t.Errorf("delivered %d messages (first %q), want only second", len(got), got[0].msg.Data)
+	itest.WaitQuiet(t, 300*time.Millisecond, 10*time.Second, func() int { return len(c.Snapshot()) })
+	got := c.Snapshot()
+	if len(got) != 1 || string(got[0].Msg.Data) != "second" {
+		t.Errorf("delivered %d messages (first %q), want only second", len(got), got[0].Msg.Data)
 	}
 }
 
@@ -400,26 +376,26 @@ func TestMergeCancelledCascade(t *testing.T) {
 // message with the key arrives.
 func TestMergeIntoCancelledHopAfterCommit(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("200ms 500ms")
-	c := b.collect("mch.x")
+	b := itest.Setup(t)
+	b.StartDelayd("200ms 500ms")
+	c := b.Collect("mch.x")
 	hdr := nats.Header{contract.HeaderDuration: []string{"6s"}, contract.HeaderMergeKey: []string{"k"}}
-	first := b.publish("delay.mch.x", []byte("first"), hdr)
-	waitFor(t, 10*time.Second, "past its first hop", func() bool { return b.forwarded() >= 1 })
-	if r := b.cancel(fmt.Sprint(first)); r != delayd.Cancelled {
+	first := b.Publish("delay.mch.x", []byte("first"), hdr)
+	itest.WaitFor(t, 10*time.Second, "past its first hop", func() bool { return b.Forwarded() >= 1 })
+	if r := b.Cancel(fmt.Sprint(first)); r != delayd.Cancelled {
 		t.Fatalf("cancel first: %q", r)
 	}
 	for i := range 4 { // traffic in the level, so its offset commits are acknowledged
-		b.publish("delay.other.x", []byte(fmt.Sprint(i)), level(2))
+		b.Publish("delay.other.x", []byte(fmt.Sprint(i)), itest.Level(2))
 		time.Sleep(600 * time.Millisecond) // let time pass: traffic spread over the level's delays
 	}
-	waitFor(t, 10*time.Second, "the tombstone deleted", func() bool { return b.streamCount(deliver.CancelStream) == 0 })
-	b.publish("delay.mch.x", []byte("second"), nats.Header{"Delay-Level": []string{"1"}, contract.HeaderMergeKey: []string{"k"}})
-	got := c.wait(t, 1, 10*time.Second)
-	if string(got[0].msg.Data) != "second" {
-		t.Errorf("delivered %q, want second", got[0].msg.Data)
+	itest.WaitFor(t, 10*time.Second, "the tombstone deleted", func() bool { return b.StreamCount(deliver.CancelStream) == 0 })
+	b.Publish("delay.mch.x", []byte("second"), nats.Header{"Delay-Level": []string{"1"}, contract.HeaderMergeKey: []string{"k"}})
+	got := c.Wait(t, 1, 10*time.Second)
+	if string(got[0].Msg.Data) != "second" {
+		t.Errorf("delivered %q, want second", got[0].Msg.Data)
 	}
-	if rs, _ := b.svc.Stats(); rs.Merged != 0 {
+	if rs, _ := b.Svc.Stats(); rs.Merged != 0 {
 		t.Errorf("merged %d into a cancelled message", rs.Merged)
 	}
 }
@@ -436,39 +412,39 @@ func TestMergeIntoCancelledHopAfterCommit(t *testing.T) {
 // guesses below would be exact.
 func TestHopIDNotGuessable(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.createStream("SQUAT", "squat.>")
-	b.startDelayd("1s")
-	info, err := b.js.Stream(context.Background(), deliver.IngressStream)
+	b := itest.Setup(t)
+	b.CreateStream("SQUAT", "squat.>")
+	b.StartDelayd("1s")
+	info, err := b.JS.Stream(context.Background(), deliver.IngressStream)
 	if err != nil {
 		t.Fatal(err)
 	}
 	created := info.CachedInfo().Created.UnixNano()
 
 	// An id the attacker sees delivered.
-	seen := b.publish("delay.squat.seen", []byte("seen"), level(0))
-	waitFor(t, 10*time.Second, "the seen message delivered", func() bool { return b.streamCount("SQUAT") == 1 })
-	seenID := b.streamMsgs("SQUAT")[0].Header.Get(contract.HeaderNatsMsgID)
+	seen := b.Publish("delay.squat.seen", []byte("seen"), itest.Level(0))
+	itest.WaitFor(t, 10*time.Second, "the seen message delivered", func() bool { return b.StreamCount("SQUAT") == 1 })
+	seenID := b.StreamMsgs("SQUAT")[0].Header.Get(contract.HeaderNatsMsgID)
 	prefix := fmt.Sprintf("delayd-%d-%d", created, seen)
 	if !strings.HasPrefix(seenID, prefix) {
 		t.Fatalf("delivered with Nats-Msg-Id %q, want the derived form %s…", seenID, prefix)
 	}
 	mac := strings.TrimPrefix(seenID, prefix)
 
-	seq := b.publish("delay.squat.victim", []byte("victim"), nats.Header{contract.HeaderDuration: []string{"1500ms"}})
+	seq := b.Publish("delay.squat.victim", []byte("victim"), nats.Header{contract.HeaderDuration: []string{"1500ms"}})
 	victimRef := fmt.Sprintf("delayd-%d-%d", created, seq)
 	for _, id := range []string{victimRef + "-hop1", victimRef} { // at ingress: the hop's id under a guessable scheme
-		hdr := level(0)
+		hdr := itest.Level(0)
 		hdr.Set("Nats-Msg-Id", id)
-		b.publish("delay.squat.attacker", []byte(id), hdr)
+		b.Publish("delay.squat.attacker", []byte(id), hdr)
 	}
 	for _, id := range []string{victimRef, victimRef + mac} { // at the target, before the victim's delivery
-		if _, err := b.js.Publish(context.Background(), "squat.victim", []byte("squatter "+id), jetstream.WithMsgID(id)); err != nil {
+		if _, err := b.JS.Publish(context.Background(), "squat.victim", []byte("squatter "+id), jetstream.WithMsgID(id)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 10*time.Second, "the victim delivered", func() bool {
-		for _, m := range b.streamMsgs("SQUAT") {
+	itest.WaitFor(t, 10*time.Second, "the victim delivered", func() bool {
+		for _, m := range b.StreamMsgs("SQUAT") {
 			if string(m.Data) == "victim" {
 				return true
 			}
@@ -483,15 +459,15 @@ func TestHopIDNotGuessable(t *testing.T) {
 // delivered one "already delivered", a cancelled one "cancelled".
 func TestCancelAnswersAfterLeaving(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("200ms 5s", func(c *deliver.Config) { c.IndexKeep = 2 * time.Second })
-	c := b.collect("leave.x")
+	b := itest.Setup(t)
+	b.StartDelayd("200ms 5s", func(c *deliver.Config) { c.IndexKeep = 2 * time.Second })
+	c := b.Collect("leave.x")
 	for _, id := range []string{"leave-a", "leave-m"} {
-		hdr := level(2)
+		hdr := itest.Level(2)
 		hdr.Set("Nats-Msg-Id", id)
-		b.publish("delay.leave.x", []byte(id), hdr)
+		b.Publish("delay.leave.x", []byte(id), hdr)
 	}
-	if r := b.cancel("leave-m"); r != delayd.Cancelled {
+	if r := b.Cancel("leave-m"); r != delayd.Cancelled {
 		t.Fatalf("cancel leave-m: %q", r)
 	}
 	stop := make(chan struct{})
@@ -504,7 +480,7 @@ func TestCancelAnswersAfterLeaving(t *testing.T) {
 				return
 			case <-time.After(50 * time.Millisecond): // pacing the churn, not a correctness wait
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				_, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: "delay.churn.x", Header: level(1)})
+				_, err := b.JS.PublishMsg(ctx, &nats.Msg{Subject: "delay.churn.x", Header: itest.Level(1)})
 				cancel()
 				if err != nil {
 					t.Errorf("churn publish: %v", err) // not t.Fatal: this is not the test's goroutine
@@ -514,19 +490,19 @@ func TestCancelAnswersAfterLeaving(t *testing.T) {
 		}
 	}()
 	defer func() { close(stop); <-churned }()
-	c.wait(t, 1, 15*time.Second)
+	c.Wait(t, 1, 15*time.Second)
 	left := time.Now()
 	for time.Since(left) < 1500*time.Millisecond {
-		if r := b.cancel("leave-a"); r != delayd.AlreadyDelivered {
+		if r := b.Cancel("leave-a"); r != delayd.AlreadyDelivered {
 			t.Fatalf("%s after leave-a was delivered: %q, want already delivered", time.Since(left).Round(time.Millisecond), r)
 		}
-		if r := b.cancel("leave-m"); r != delayd.Cancelled {
+		if r := b.Cancel("leave-m"); r != delayd.Cancelled {
 			t.Fatalf("%s after leave-m left: %q, want cancelled", time.Since(left).Round(time.Millisecond), r)
 		}
 		time.Sleep(200 * time.Millisecond) // let time pass: ask again and again over 1.5 s
 	}
 	// Long after: the records are gone, the index does not grow.
-	waitFor(t, 20*time.Second, "leave-a forgotten", func() bool { return b.cancel("leave-a") == delayd.NotFound })
+	itest.WaitFor(t, 20*time.Second, "leave-a forgotten", func() bool { return b.Cancel("leave-a") == delayd.NotFound })
 }
 
 // TestCancelScopeOldRecords: index records written before records carried
@@ -536,15 +512,15 @@ func TestCancelAnswersAfterLeaving(t *testing.T) {
 // answers not found in any scope, and cancelled to the unscoped form.
 func TestCancelScopeOldRecords(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 1h")
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 1h")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := delayd.Publish(ctx, b.js, "legacy.x", []byte("old"), delayd.WithLevel(2), delayd.WithMsgID("legacy-1")); err != nil {
+	if _, err := delayd.Publish(ctx, b.JS, "legacy.x", []byte("old"), delayd.WithLevel(2), delayd.WithMsgID("legacy-1")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "legacy-1 in DELAYD_1H", func() bool { return b.levelCount("DELAYD_1H") == 1 })
-	seq := b.levelMsgs("DELAYD_1H")[0].Sequence
+	itest.WaitFor(t, 10*time.Second, "legacy-1 in DELAYD_1H", func() bool { return b.LevelCount("DELAYD_1H") == 1 })
+	seq := b.LevelMsgs("DELAYD_1H")[0].Sequence
 	// The records an older delayd wrote: a placement of legacy-1, and a
 	// cancelled legacy-2, both without a target.
 	oldRecord := func(key, rest string) {
@@ -552,7 +528,7 @@ func TestCancelScopeOldRecords(t *testing.T) {
 		_, _ = h.Write([]byte(key))
 		subject := fmt.Sprintf("delayd.idx.%d", h.Sum64()%deliver.IndexSlots)
 		data := fmt.Sprintf("%s %d\n%s", rest, len(key), key)
-		if _, err := b.js.Publish(ctx, subject, []byte(data)); err != nil {
+		if _, err := b.JS.Publish(ctx, subject, []byte(data)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -567,11 +543,11 @@ func TestCancelScopeOldRecords(t *testing.T) {
 		{"legacy.x", "legacy-1", delayd.Cancelled},
 		{"legacy.x", "legacy-2", delayd.NotFound},
 	} {
-		if r, err := delayd.Cancel(ctx, b.nc, c.target, c.id); err != nil || r != c.want {
+		if r, err := delayd.Cancel(ctx, b.NC, c.target, c.id); err != nil || r != c.want {
 			t.Errorf("cancel %s %s: %q %v, want %q", c.target, c.id, r, err, c.want)
 		}
 	}
-	if r := b.cancel("legacy-2"); r != delayd.Cancelled {
+	if r := b.Cancel("legacy-2"); r != delayd.Cancelled {
 		t.Errorf("unscoped cancel of legacy-2: %q, want cancelled", r)
 	}
 }
@@ -584,20 +560,20 @@ func TestCancelScopeOldRecords(t *testing.T) {
 // again and then answer as usual.
 func TestCancelStormAnswered(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("2s", func(c *deliver.Config) { c.CancelLookupShare = 0 }) // the default pacing
-	rec := newRecorder(t)
-	rec.subscribe(b.nc, "storm.x")
+	b := itest.Setup(t)
+	b.StartDelayd("2s", func(c *deliver.Config) { c.CancelLookupShare = 0 }) // the default pacing
+	rec := itest.NewRecorder(t)
+	rec.Subscribe(b.NC, "storm.x")
 	const pending, requests = 100, 4000
 	for i := range pending {
-		hdr := level(1)
+		hdr := itest.Level(1)
 		hdr.Set("Nats-Msg-Id", fmt.Sprintf("storm-%d", i))
-		b.publish("delay.storm.x", []byte(strconv.Itoa(i)), hdr)
-		rec.expectKeys(strconv.Itoa(i))
+		b.Publish("delay.storm.x", []byte(strconv.Itoa(i)), hdr)
+		rec.ExpectKeys(strconv.Itoa(i))
 	}
 	// A connection of its own, with no limit on pending replies, so the
 	// client drops none of them.
-	nc, err := nats.Connect(b.srv.ClientURL())
+	nc, err := nats.Connect(b.Srv.ClientURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -659,7 +635,7 @@ func TestCancelStormAnswered(t *testing.T) {
 			if body != "cancelled" || status != "200" {
 				t.Errorf("request %d for pending %s: %q %s, want cancelled 200", k, id(k), body, status)
 			}
-			rec.excused(strconv.Itoa(j), "cancelled")
+			rec.Excused(strconv.Itoa(j), "cancelled")
 		default:
 			if body != "not found" || status != "404" {
 				t.Errorf("request %d for unknown %s: %q %s, want not found 404", k, id(k), body, status)
@@ -669,7 +645,7 @@ func TestCancelStormAnswered(t *testing.T) {
 	if busy == 0 {
 		t.Fatalf("no request was answered busy: %d requests did not fill the queue of %d, so the storm was not one", requests, deliver.CancelQueueMax)
 	}
-	if st := b.svc.CancelStats(); st.Busy != uint64(busy) {
+	if st := b.Svc.CancelStats(); st.Busy != uint64(busy) {
 		t.Errorf("CancelStats().Busy = %d, want %d", st.Busy, busy)
 	}
 	// Sent again one at a time, after a pause when busy (as README tells
@@ -679,7 +655,7 @@ func TestCancelStormAnswered(t *testing.T) {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			res, err := delayd.CancelAny(ctx, b.nc, id(k))
+			res, err := delayd.CancelAny(ctx, b.NC, id(k))
 			cancel()
 			if errors.Is(err, delayd.ErrCancelBusy) && time.Now().Before(deadline) {
 				time.Sleep(100 * time.Millisecond) // the pause README asks for
@@ -695,13 +671,13 @@ func TestCancelStormAnswered(t *testing.T) {
 			t.Errorf("cancel %s again after busy: %q, want cancelled", id(k), r)
 		}
 		j, _ := msgOf(k)
-		rec.excused(strconv.Itoa(j), "cancelled")
+		rec.Excused(strconv.Itoa(j), "cancelled")
 	}
 	t.Logf("%d requests: %d busy (%d of them for pending messages, sent again)", requests, busy, len(retry))
 	// A last message, not cancelled: the level is FIFO, so once it is
 	// delivered every cancelled one before it has been passed.
-	b.publish("delay.storm.x", []byte("last"), level(1))
-	rec.expectKeys("last")
-	waitFor(t, 15*time.Second, "the last message delivered", func() bool { return rec.counts()["last"] > 0 })
-	rec.checkAll()
+	b.Publish("delay.storm.x", []byte("last"), itest.Level(1))
+	rec.ExpectKeys("last")
+	itest.WaitFor(t, 15*time.Second, "the last message delivered", func() bool { return rec.Counts()["last"] > 0 })
+	rec.CheckAll()
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // TestAnyDelay publishes a seeded spread of Delay-Duration and
@@ -40,9 +41,9 @@ func TestAnyDelay(t *testing.T) {
 }
 
 func anyDelay(t *testing.T, table string, smallest time.Duration, n, spread int) {
-	b := setup(t)
-	b.createStream("ANYDELAY", "any.>")
-	b.startDelayd(table)
+	b := itest.Setup(t)
+	b.CreateStream("ANYDELAY", "any.>")
+	b.StartDelayd(table)
 	rng := rand.New(rand.NewPCG(42, 7))
 	type want struct {
 		due   time.Time // zero: enqueue + d
@@ -62,22 +63,22 @@ func anyDelay(t *testing.T, table string, smallest time.Duration, n, spread int)
 			hdr.Set(contract.HeaderDuration, d.String())
 			wants[id] = want{d: d, byDur: true}
 		}
-		b.publish("delay.any.x", []byte(id), hdr)
+		b.Publish("delay.any.x", []byte(id), hdr)
 		time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond) // let time pass: spread the store times
 	}
-	waitFor(t, 20*time.Second, "every message delivered", func() bool { return b.streamCount("ANYDELAY") >= uint64(len(wants)) })
-	waitQuiet(t, 300*time.Millisecond, 10*time.Second, func() int { return int(b.streamCount("ANYDELAY")) }) // a late duplicate would show now
-	rec := newRecorder(t)
+	itest.WaitFor(t, 20*time.Second, "every message delivered", func() bool { return b.StreamCount("ANYDELAY") >= uint64(len(wants)) })
+	itest.WaitQuiet(t, 300*time.Millisecond, 10*time.Second, func() int { return int(b.StreamCount("ANYDELAY")) }) // a late duplicate would show now
+	rec := itest.NewRecorder(t)
 	for id := range wants {
-		rec.expectKeys(id)
+		rec.ExpectKeys(id)
 	}
-	rec.addStream(b.streamMsgs("ANYDELAY"))
-	rec.checkAll()
+	rec.AddStream(b.StreamMsgs("ANYDELAY"))
+	rec.CheckAll()
 
 	var late []time.Duration
 	seen := map[string]int{}
 	hopped := 0
-	for _, m := range b.streamMsgs("ANYDELAY") {
+	for _, m := range b.StreamMsgs("ANYDELAY") {
 		id := m.Header.Get("Nats-Msg-Id")
 		seen[id]++
 		w, ok := wants[id]
@@ -115,12 +116,12 @@ func anyDelay(t *testing.T, table string, smallest time.Duration, n, spread int)
 		}
 	}
 	slices.Sort(late)
-	t.Logf("lateness over %d: p50=%s p99=%s max=%s; %d cascaded through levels", len(late), percentile(late, 50), percentile(late, 99), late[len(late)-1], hopped)
+	t.Logf("lateness over %d: p50=%s p99=%s max=%s; %d cascaded through levels", len(late), itest.Percentile(late, 50), itest.Percentile(late, 99), late[len(late)-1], hopped)
 	// Precision as an ordering, not a clock threshold: the last stretch goes
 	// through precision levels no longer than what remains, so a message is
 	// at the target before any message due more than half the smallest level
 	// after it. (A last stretch held in the smallest level breaks this.)
-	msgs := b.streamMsgs("ANYDELAY")
+	msgs := b.StreamMsgs("ANYDELAY")
 	inverted := 0
 	for _, a := range msgs {
 		dueA := parseTime(t, a.Header, contract.HeaderDueAt)
@@ -142,8 +143,8 @@ func anyDelay(t *testing.T, table string, smallest time.Duration, n, spread int)
 // too-long delays.
 func TestAnyDelayInvalid(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 1s", func(c *deliver.Config) { c.MaxDelay = time.Hour })
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 1s", func(c *deliver.Config) { c.MaxDelay = time.Hour })
 	cases := []nats.Header{
 		{contract.HeaderLevel: {"1"}, contract.HeaderDuration: {"1s"}},
 		{contract.HeaderDuration: {"1s"}, contract.HeaderDeliverAt: {time.Now().Format(time.RFC3339)}},
@@ -155,10 +156,10 @@ func TestAnyDelayInvalid(t *testing.T) {
 		{contract.HeaderDuration: {"1s", "2s"}},
 	}
 	for i, h := range cases {
-		b.publish("delay.bad.x"+strconv.Itoa(i), []byte(fmt.Sprint(h)), h)
+		b.Publish("delay.bad.x"+strconv.Itoa(i), []byte(fmt.Sprint(h)), h)
 	}
-	waitFor(t, 10*time.Second, "every case dead-lettered", func() bool { return b.streamCount(deliver.DLQStream) >= uint64(len(cases)) })
-	for _, m := range b.streamMsgs(deliver.DLQStream) {
+	itest.WaitFor(t, 10*time.Second, "every case dead-lettered", func() bool { return b.StreamCount(deliver.DLQStream) >= uint64(len(cases)) })
+	for _, m := range b.StreamMsgs(deliver.DLQStream) {
 		if m.Subject != "delayd.dlq.level" || m.Header.Get(contract.HeaderError) == "" {
 			t.Errorf("%s: dead letter on %s with Delay-Error %q", m.Data, m.Subject, m.Header.Get(contract.HeaderError))
 		}
@@ -169,40 +170,40 @@ func TestAnyDelayInvalid(t *testing.T) {
 // starts it again: each arrives once at a stream-bound target, never early.
 func TestCascadeRestart(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	capture := b.createStream("CASCADECAP", "cas.>")
+	b := itest.Setup(t)
+	capture := b.CreateStream("CASCADECAP", "cas.>")
 	const table = "100ms 300ms"
-	b.startDelayd(table)
-	offs := watchOffsets(t, b.js)
+	b.StartDelayd(table)
+	offs := itest.WatchOffsets(t, b.JS)
 	const n = 50
-	rec := newRecorder(t)
+	rec := itest.NewRecorder(t)
 	for i := range n {
 		h := nats.Header{contract.HeaderDuration: {"1500ms"}}
 		if i%2 == 0 {
 			h.Set("Nats-Msg-Id", "cas-"+strconv.Itoa(i))
 		}
-		b.publish("delay.cas.x", []byte(strconv.Itoa(i)), h)
-		rec.expectKeys(strconv.Itoa(i))
+		b.Publish("delay.cas.x", []byte(strconv.Itoa(i)), h)
+		rec.ExpectKeys(strconv.Itoa(i))
 	}
 	lastDue := time.Now().Add(1500 * time.Millisecond)
 	// Mid-cascade: some hops done, nothing delivered yet.
-	waitFor(t, 10*time.Second, "a first hop", func() bool { return b.forwarded() > 0 })
-	if n := b.streamCount("CASCADECAP"); n != 0 {
+	itest.WaitFor(t, 10*time.Second, "a first hop", func() bool { return b.Forwarded() > 0 })
+	if n := b.StreamCount("CASCADECAP"); n != 0 {
 		t.Fatalf("%d captured before the stop: not mid-cascade", n)
 	}
-	b.stopDelayd()
+	b.StopDelayd()
 	time.Sleep(time.Until(lastDue)) // let time pass: the due times pass while delayd is down
-	b.startDelayd(table)
-	waitFor(t, 15*time.Second, "all captured", func() bool {
+	b.StartDelayd(table)
+	itest.WaitFor(t, 15*time.Second, "all captured", func() bool {
 		info, err := capture.Info(context.Background())
 		return err == nil && info.State.Msgs >= n
 	})
 	// Let time pass: a late duplicate would show now.
-	waitQuiet(t, 500*time.Millisecond, 10*time.Second, func() int { return int(b.streamCount("CASCADECAP")) })
-	msgs := b.streamMsgs("CASCADECAP")
-	rec.addStream(msgs)
-	rec.checkAll()
-	if n := offs.check(); n == 0 {
+	itest.WaitQuiet(t, 500*time.Millisecond, 10*time.Second, func() int { return int(b.StreamCount("CASCADECAP")) })
+	msgs := b.StreamMsgs("CASCADECAP")
+	rec.AddStream(msgs)
+	rec.CheckAll()
+	if n := offs.Check(); n == 0 {
 		t.Error("no offset written")
 	}
 	for _, m := range msgs {

@@ -9,6 +9,7 @@ import (
 	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // wallClock is a [deliver.Clock] whose wall reading is off the machine's by
@@ -39,32 +40,32 @@ func TestClockStep(t *testing.T) {
 	for _, step := range []time.Duration{10 * time.Minute, 30 * time.Second, -10 * time.Minute} {
 		t.Run(fmt.Sprint(step), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
-			b.createStream("STEP", "step.s.>")
-			core := b.collect("step.c.>")
+			b := itest.Setup(t)
+			b.CreateStream("STEP", "step.s.>")
+			core := b.Collect("step.c.>")
 			clock := &wallClock{}
-			b.startDelayd("1s 5s", func(c *deliver.Config) { c.Clock = clock })
+			b.StartDelayd("1s 5s", func(c *deliver.Config) { c.Clock = clock })
 			const n = 8 // per phase and target kind
 			publish := func(phase string) {
 				for i := range n {
-					b.publish("delay.step.s.x", []byte(phase+fmt.Sprint(i)), level(1+i%2))
-					b.publish("delay.step.c.x", []byte(phase+fmt.Sprint(i)), level(1+i%2))
+					b.Publish("delay.step.s.x", []byte(phase+fmt.Sprint(i)), itest.Level(1+i%2))
+					b.Publish("delay.step.c.x", []byte(phase+fmt.Sprint(i)), itest.Level(1+i%2))
 				}
 			}
 			publish("before")
-			waitFor(t, 10*time.Second, "first messages routed", func() bool {
-				rs, _ := b.svc.Stats()
+			itest.WaitFor(t, 10*time.Second, "first messages routed", func() bool {
+				rs, _ := b.Svc.Stats()
 				return rs.Routed >= 2*n
 			})
 			clock.step(step)
 			publish("after")
 
-			waitFor(t, 30*time.Second, "all delivered", func() bool {
-				return b.streamCount("STEP") >= 2*n && len(core.snapshot()) >= 2*n
+			itest.WaitFor(t, 30*time.Second, "all delivered", func() bool {
+				return b.StreamCount("STEP") >= 2*n && len(core.Snapshot()) >= 2*n
 			})
 			const tooLate = 5 * time.Second
 			var latest time.Duration
-			for _, m := range b.streamMsgs("STEP") {
+			for _, m := range b.StreamMsgs("STEP") {
 				due := parseTime(t, m.Header, contract.HeaderDueAt)
 				if m.Time.Before(due) {
 					t.Errorf("stream delivery %s stored %s before its due, wall clock stepped %s", m.Data, due.Sub(m.Time), step)
@@ -74,20 +75,20 @@ func TestClockStep(t *testing.T) {
 					t.Errorf("stream delivery %s stored %s after its due, wall clock stepped %s", m.Data, late, step)
 				}
 			}
-			for _, r := range core.snapshot() {
-				due := parseTime(t, r.msg.Header, contract.HeaderDueAt)
-				if r.at.Before(due) {
-					t.Errorf("core delivery %s received %s before its due, wall clock stepped %s", r.msg.Data, due.Sub(r.at), step)
+			for _, r := range core.Snapshot() {
+				due := parseTime(t, r.Msg.Header, contract.HeaderDueAt)
+				if r.At.Before(due) {
+					t.Errorf("core delivery %s received %s before its due, wall clock stepped %s", r.Msg.Data, due.Sub(r.At), step)
 				}
-				latest = max(latest, r.at.Sub(due))
-				if late := r.at.Sub(due); late > tooLate {
-					t.Errorf("core delivery %s received %s after its due, wall clock stepped %s", r.msg.Data, late, step)
+				latest = max(latest, r.At.Sub(due))
+				if late := r.At.Sub(due); late > tooLate {
+					t.Errorf("core delivery %s received %s after its due, wall clock stepped %s", r.Msg.Data, late, step)
 				}
 			}
 			t.Logf("wall clock stepped %s: max lateness %s", step, latest)
 			// Each message costs a few loop iterations, and a waiting level
 			// wakes every 10 s; a busy loop makes thousands a second.
-			_, ss := b.svc.Stats()
+			_, ss := b.Svc.Stats()
 			var steps uint64
 			for _, s := range ss {
 				steps += s.Steps
@@ -107,27 +108,27 @@ func TestClockStep(t *testing.T) {
 // the message is never delivered.
 func TestCancelAfterRestartClockAhead(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	c := b.collect("stepcancel.>")
-	b.startDelayd("1s 15s")
-	id := fmt.Sprint(b.publish("delay.stepcancel.x", []byte("x"), level(2)))
+	b := itest.Setup(t)
+	c := b.Collect("stepcancel.>")
+	b.StartDelayd("1s 15s")
+	id := fmt.Sprint(b.Publish("delay.stepcancel.x", []byte("x"), itest.Level(2)))
 	due := time.Now().Add(15 * time.Second)
-	waitFor(t, 10*time.Second, "message routed", func() bool {
-		rs, _ := b.svc.Stats()
+	itest.WaitFor(t, 10*time.Second, "message routed", func() bool {
+		rs, _ := b.Svc.Stats()
 		return rs.Routed >= 1
 	})
-	b.stopDelayd()
+	b.StopDelayd()
 	clock := &wallClock{}
 	clock.step(10 * time.Minute)
-	b.startDelayd("1s 15s", func(c *deliver.Config) { c.Clock = clock })
+	b.StartDelayd("1s 15s", func(c *deliver.Config) { c.Clock = clock })
 	if time.Now().After(due) {
 		t.Fatalf("restart took longer than the level's delay: the cancel cannot be tested")
 	}
-	if r := b.cancel(id); r != delayd.Cancelled {
+	if r := b.Cancel(id); r != delayd.Cancelled {
 		t.Fatalf("cancel %s after a restart with the wall clock 10 min ahead: %q, want %q", id, r, delayd.Cancelled)
 	}
-	waitFor(t, 30*time.Second, "the message's due passed", func() bool { return time.Now().After(due.Add(2 * time.Second)) })
-	if got := c.snapshot(); len(got) != 0 {
-		t.Errorf("a cancelled message was delivered: %q", got[0].msg.Data)
+	itest.WaitFor(t, 30*time.Second, "the message's due passed", func() bool { return time.Now().After(due.Add(2 * time.Second)) })
+	if got := c.Snapshot(); len(got) != 0 {
+		t.Errorf("a cancelled message was delivered: %q", got[0].Msg.Data)
 	}
 }

@@ -1,13 +1,9 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -20,96 +16,9 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/offsets"
 )
-
-// delaydBinary builds cmd/delayd once per test binary.
-var delaydBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "delayd-bin-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "delayd")
-	out, err := exec.Command("go", "build", "-race", "-o", bin, "../cmd/delayd").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
-
-// killLeaseTTL is the lease TTL of the kill -9 tests' delayd processes: a
-// process started after a SIGKILL routes and delivers only once its dead
-// predecessor's leases have been unchanged that long (README "A restart
-// after a crash waits the lease TTL"), so each kill comes that much later
-// than before leases, and the TTL is shorter than the default to keep the
-// tests' length.
-const (
-	killLeaseTTL    = 500 * time.Millisecond
-	killLeaseTTLEnv = "DELAYD_LEASE_TTL=500ms"
-)
-
-// process is delayd running as a separate OS process.
-type process struct {
-	cmd *exec.Cmd
-	out *syncWriter // its stdout and stderr
-}
-
-// startProcess runs the delayd binary against the test's server. Call it
-// from the test's goroutine only; other goroutines use tryStartProcess.
-func (b *testBundle) startProcess(env ...string) *process {
-	b.t.Helper()
-	p, err := b.tryStartProcess(env...)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	return p
-}
-
-// tryStartProcess is startProcess returning its error instead of failing the
-// test, for goroutines other than the test's.
-func (b *testBundle) tryStartProcess(env ...string) (*process, error) {
-	bin, err := delaydBinary()
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(),
-		"DELAYD_NATS_URL="+b.srv.ClientURL(),
-		"DELAYD_HTTP_ADDR=",
-		"DELAYD_LOG_FORMAT=json",
-		"DELAYD_LOG_LEVEL=warn",
-		// Cancel tests check answers, not pacing: lookups may take a
-		// whole core (the default paces them to a tenth:
-		// TestCancelStormAnswered, and deliver's TestLookupGate).
-		"DELAYD_CANCEL_SHARE=1",
-	)
-	cmd.Env = append(cmd.Env, env...)
-	out := &syncWriter{w: &bytes.Buffer{}}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start delayd: %w", err)
-	}
-	p := &process{cmd: cmd, out: out}
-	b.t.Cleanup(func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() })
-	return p, nil
-}
-
-type syncWriter struct {
-	mu sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
-}
-
-func (s *syncWriter) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.String()
-}
 
 // TestKill9 runs delayd as a separate process against an external
 // nats-server, kills it with SIGKILL at random moments while 100,000
@@ -120,13 +29,13 @@ func TestKill9(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test: skipped when testing.Short()")
 	}
-	b := setup(t)
+	b := itest.Setup(t)
 	const (
 		total = 100_000
 		kills = 20
 	)
-	env := []string{"DELAYD_LEVELS=100ms 300ms 1s", killLeaseTTLEnv}
-	capture := b.createStream("KILLCAP", "kill.>")
+	env := []string{"DELAYD_LEVELS=100ms 300ms 1s", itest.KillLeaseTTLEnv}
+	capture := b.CreateStream("KILLCAP", "kill.>")
 
 	// Core subscriber: counts every raw delivery and early arrivals.
 	var (
@@ -135,10 +44,10 @@ func TestKill9(t *testing.T) {
 		early     atomic.Int64
 		coreTotal atomic.Int64
 	)
-	coreRec := newRecorder(t) // raw re-deliveries allowed: delayd crashes
-	sub, err := b.nc.Subscribe("kill.>", func(m *nats.Msg) {
+	coreRec := itest.NewRecorder(t) // raw re-deliveries allowed: delayd crashes
+	sub, err := b.NC.Subscribe("kill.>", func(m *nats.Msg) {
 		now := time.Now()
-		coreRec.record(m, now)
+		coreRec.Record(m, now)
 		coreTotal.Add(1)
 		if due, err := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt)); err != nil || now.Before(due) {
 			early.Add(1)
@@ -153,34 +62,34 @@ func TestKill9(t *testing.T) {
 	_ = sub.SetPendingLimits(-1, -1)
 	defer func() { _ = sub.Unsubscribe() }()
 
-	p := b.startProcess(env...)
-	waitFor(t, 20*time.Second, "the offsets bucket", func() bool {
-		_, err := b.js.KeyValue(context.Background(), offsets.Bucket)
+	p := b.StartProcess(env...)
+	itest.WaitFor(t, 20*time.Second, "the offsets bucket", func() bool {
+		_, err := b.JS.KeyValue(context.Background(), offsets.Bucket)
 		return err == nil
 	})
-	offs := watchOffsets(t, b.js)
+	offs := itest.WatchOffsets(t, b.JS)
 
 	// Publisher: async, bounded, over four levels (0 included).
 	pubDone := make(chan struct{})
 	go func() {
 		defer close(pubDone)
 		for i := range total {
-			hdr := level(i % 4)
+			hdr := itest.Level(i % 4)
 			if i%3 == 0 {
 				hdr.Set("Nats-Msg-Id", fmt.Sprintf("own-%d", i))
 			}
 			for {
-				_, err := b.js.PublishMsgAsync(&nats.Msg{Subject: fmt.Sprintf("delay.kill.l%d", i%4), Data: []byte(fmt.Sprint(i)), Header: hdr})
+				_, err := b.JS.PublishMsgAsync(&nats.Msg{Subject: fmt.Sprintf("delay.kill.l%d", i%4), Data: []byte(fmt.Sprint(i)), Header: hdr})
 				if err == nil {
 					break
 				}
 				time.Sleep(time.Millisecond) // pacing a retry of a refused async publish
 			}
 			if i%2000 == 0 {
-				<-b.js.PublishAsyncComplete()
+				<-b.JS.PublishAsyncComplete()
 			}
 		}
-		<-b.js.PublishAsyncComplete()
+		<-b.JS.PublishAsyncComplete()
 	}()
 	_ = jetstream.PubAck{}
 
@@ -188,29 +97,29 @@ func TestKill9(t *testing.T) {
 	for k := range kills {
 		// Let time pass: a random moment to kill at, once the new process has
 		// waited for its predecessor's leases.
-		time.Sleep(killLeaseTTL + time.Duration(200+rng.IntN(800))*time.Millisecond)
-		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		time.Sleep(itest.KillLeaseTTL + time.Duration(200+rng.IntN(800))*time.Millisecond)
+		if err := p.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		_ = p.cmd.Wait()
-		t.Logf("kill %d at %s: captured %d", k+1, time.Now().Format("15:04:05.000"), b.streamCount("KILLCAP"))
-		p = b.startProcess(env...)
+		_ = p.Cmd.Wait()
+		t.Logf("kill %d at %s: captured %d", k+1, time.Now().Format("15:04:05.000"), b.StreamCount("KILLCAP"))
+		p = b.StartProcess(env...)
 	}
 	<-pubDone
 
-	waitFor(t, 3*time.Minute, "every message captured", func() bool {
+	itest.WaitFor(t, 3*time.Minute, "every message captured", func() bool {
 		info, err := capture.Info(context.Background())
 		return err == nil && info.State.Msgs >= total
 	})
-	waitQuiet(t, time.Second, time.Minute, func() int { return int(coreTotal.Load()) }) // late duplicates would show now
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	itest.WaitQuiet(t, time.Second, time.Minute, func() int { return int(coreTotal.Load()) }) // late duplicates would show now
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.cmd.Wait(); err != nil {
-		t.Errorf("graceful stop: %v\n%s", err, p.out.String())
+	if err := p.Cmd.Wait(); err != nil {
+		t.Errorf("graceful stop: %v\n%s", err, p.Out.String())
 	}
 
-	stored := b.streamCount("KILLCAP")
+	stored := b.StreamCount("KILLCAP")
 	mu.Lock()
 	distinct := len(seen)
 	raw := coreTotal.Load()
@@ -232,20 +141,20 @@ func TestKill9(t *testing.T) {
 	if redelivered, bound := raw-int64(distinct), int64(kills*4*deliver.ScannerWindowDefault); redelivered > bound {
 		t.Errorf("%d raw re-deliveries at the core subscriber over %d kills, more than one window of %d per level per kill (%d)", redelivered, kills, deliver.ScannerWindowDefault, bound)
 	}
-	if n := b.streamCount(deliver.IngressStream); n != 0 {
+	if n := b.StreamCount(deliver.IngressStream); n != 0 {
 		t.Errorf("ingress still holds %d messages", n)
 	}
-	streamRec := newRecorder(t)
+	streamRec := itest.NewRecorder(t)
 	for i := range total {
 		k := fmt.Sprint(i)
-		coreRec.expectKeys(k)
-		streamRec.expectKeys(k)
+		coreRec.ExpectKeys(k)
+		streamRec.ExpectKeys(k)
 	}
-	coreRec.checkNeverEarly()
-	coreRec.checkComplete()
-	streamRec.addStream(b.streamMsgs("KILLCAP"))
-	streamRec.checkAll()
-	t.Logf("%d offset updates, across %d kills", offs.check(), kills)
+	coreRec.CheckNeverEarly()
+	coreRec.CheckComplete()
+	streamRec.AddStream(b.StreamMsgs("KILLCAP"))
+	streamRec.CheckAll()
+	t.Logf("%d offset updates, across %d kills", offs.Check(), kills)
 }
 
 // TestKill9Cancel cancels half of 3,000 pending messages (levels and
@@ -261,17 +170,17 @@ func TestKill9Cancel(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test: skipped when testing.Short()")
 	}
-	b := setup(t)
+	b := itest.Setup(t)
 	const total = 3000
-	env := []string{"DELAYD_LEVELS=3s 10s", killLeaseTTLEnv}
-	b.createStream("KILLCANCEL", "killc.>")
-	p := b.startProcess(env...)
+	env := []string{"DELAYD_LEVELS=3s 10s", itest.KillLeaseTTLEnv}
+	b.CreateStream("KILLCANCEL", "killc.>")
+	p := b.StartProcess(env...)
 
-	rec := newRecorder(t)
+	rec := itest.NewRecorder(t)
 	ids := make([]string, total)
 	dueBy := make([]time.Time, total) // its due time is no earlier than this
 	for i := range total {
-		hdr := level(1 + i%2)
+		hdr := itest.Level(1 + i%2)
 		delay := []time.Duration{3 * time.Second, 10 * time.Second}[i%2]
 		switch i % 3 {
 		case 0:
@@ -281,8 +190,8 @@ func TestKill9Cancel(t *testing.T) {
 			hdr.Set("Nats-Msg-Id", fmt.Sprintf("kc-%d", i))
 		}
 		dueBy[i] = time.Now().Add(delay) // stored after now: due after this
-		seq := b.publish("delay.killc.x", []byte(fmt.Sprint(i)), hdr)
-		rec.expectKeys(fmt.Sprint(i))
+		seq := b.Publish("delay.killc.x", []byte(fmt.Sprint(i)), hdr)
+		rec.ExpectKeys(fmt.Sprint(i))
 		ids[i] = fmt.Sprint(seq)
 		if i%3 == 1 {
 			ids[i] = fmt.Sprintf("kc-%d", i)
@@ -309,12 +218,12 @@ func TestKill9Cancel(t *testing.T) {
 			// long enough to answer one cancel in a minute. Three TTLs
 			// leave each process time to serve, killed at a random moment
 			// after it.
-			case <-time.After(3*killLeaseTTL + time.Duration(300+rng.IntN(900))*time.Millisecond):
+			case <-time.After(3*itest.KillLeaseTTL + time.Duration(300+rng.IntN(900))*time.Millisecond):
 			}
 			mu.Lock()
-			_ = p.cmd.Process.Signal(syscall.SIGKILL)
-			_ = p.cmd.Wait()
-			np, err := b.tryStartProcess(env...)
+			_ = p.Cmd.Process.Signal(syscall.SIGKILL)
+			_ = p.Cmd.Wait()
+			np, err := b.TryStartProcess(env...)
 			if err == nil {
 				p = np
 			}
@@ -331,7 +240,7 @@ func TestKill9Cancel(t *testing.T) {
 		var last string
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			m, err := b.nc.RequestWithContext(ctx, contract.CancelSubject, []byte(ids[i]))
+			m, err := b.NC.RequestWithContext(ctx, contract.CancelSubject, []byte(ids[i]))
 			cancel()
 			if err == nil && (string(m.Data) == "cancelled" || string(m.Data) == "not found" || string(m.Data) == "already delivered") {
 				replies[i] = string(m.Data)
@@ -362,21 +271,21 @@ func TestKill9Cancel(t *testing.T) {
 	for i, r := range replies {
 		counts[r]++
 		if r == "cancelled" {
-			rec.excused(fmt.Sprint(i), "cancelled")
+			rec.Excused(fmt.Sprint(i), "cancelled")
 		}
 	}
 	wantDelivered := total - counts["cancelled"]
-	waitFor(t, 2*time.Minute, fmt.Sprintf("%d delivered (replies %v)", wantDelivered, counts), func() bool {
-		return b.streamCount("KILLCANCEL") >= uint64(wantDelivered)
+	itest.WaitFor(t, 2*time.Minute, fmt.Sprintf("%d delivered (replies %v)", wantDelivered, counts), func() bool {
+		return b.StreamCount("KILLCANCEL") >= uint64(wantDelivered)
 	})
 	// Let time pass: every due time passes, so a cancelled message delivered
 	// after its due would show now.
 	time.Sleep(time.Until(lastDue))
-	waitQuiet(t, 2*time.Second, time.Minute, func() int { return int(b.streamCount("KILLCANCEL")) })
-	rec.addStream(b.streamMsgs("KILLCANCEL"))
-	delivered := rec.counts()
+	itest.WaitQuiet(t, 2*time.Second, time.Minute, func() int { return int(b.StreamCount("KILLCANCEL")) })
+	rec.AddStream(b.StreamMsgs("KILLCANCEL"))
+	delivered := rec.Counts()
 	t.Logf("cancel replies under kill -9: %v (cancelling took %s); delivered %d distinct of %d", counts, cancelling.Round(time.Millisecond), len(delivered), total)
-	rec.checkAll()
+	rec.CheckAll()
 	for i, r := range replies {
 		if r == "already delivered" && delivered[fmt.Sprint(i)] != 1 {
 			t.Errorf("message %d (id %s): answered already delivered, delivered %d times", i, ids[i], delivered[fmt.Sprint(i)])
@@ -411,8 +320,8 @@ func TestKill9Cancel(t *testing.T) {
 		t.Errorf("%d cancels answered before their message was due, %d cancelled in all: the test cancelled nothing pending", early, counts["cancelled"])
 	}
 	mu.Lock()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	_ = p.cmd.Wait()
+	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.Cmd.Wait()
 	mu.Unlock()
 }
 
@@ -424,9 +333,9 @@ func TestKill9Index(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test: skipped when testing.Short()")
 	}
-	b := setup(t)
-	env := []string{"DELAYD_LEVELS=1s 1h", killLeaseTTLEnv}
-	p := b.startProcess(env...)
+	b := itest.Setup(t)
+	env := []string{"DELAYD_LEVELS=1s 1h", itest.KillLeaseTTLEnv}
+	p := b.StartProcess(env...)
 	const total = 20000
 	var (
 		mu   sync.Mutex
@@ -437,7 +346,7 @@ func TestKill9Index(t *testing.T) {
 		defer close(pubDone)
 		for i := range total {
 			for {
-				f, err := b.js.PublishMsgAsync(&nats.Msg{Subject: "delay.ki.x", Data: []byte(fmt.Sprint(i)), Header: level(2)})
+				f, err := b.JS.PublishMsgAsync(&nats.Msg{Subject: "delay.ki.x", Data: []byte(fmt.Sprint(i)), Header: itest.Level(2)})
 				if err == nil {
 					go func() {
 						if a, ok := <-f.Ok(); ok {
@@ -451,21 +360,21 @@ func TestKill9Index(t *testing.T) {
 				time.Sleep(time.Millisecond) // pacing a retry of a refused async publish
 			}
 			if i%1000 == 0 {
-				<-b.js.PublishAsyncComplete()
+				<-b.JS.PublishAsyncComplete()
 			}
 		}
-		<-b.js.PublishAsyncComplete()
+		<-b.JS.PublishAsyncComplete()
 	}()
 	rng := rand.New(rand.NewPCG(5, 6))
 	for range 6 {
 		// Let time pass: a random moment to kill at, after the lease wait.
-		time.Sleep(killLeaseTTL + time.Duration(100+rng.IntN(400))*time.Millisecond)
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		_ = p.cmd.Wait()
-		p = b.startProcess(env...)
+		time.Sleep(itest.KillLeaseTTL + time.Duration(100+rng.IntN(400))*time.Millisecond)
+		_ = p.Cmd.Process.Signal(syscall.SIGKILL)
+		_ = p.Cmd.Wait()
+		p = b.StartProcess(env...)
 	}
 	<-pubDone
-	waitFor(t, time.Minute, "ingress routed", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
+	itest.WaitFor(t, time.Minute, "ingress routed", func() bool { return b.StreamCount(deliver.IngressStream) == 0 })
 	mu.Lock()
 	all := slices.Clone(seqs)
 	mu.Unlock()
@@ -477,7 +386,7 @@ func TestKill9Index(t *testing.T) {
 	var bad []uint64
 	for i := 0; i < len(all); i += 10 {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		m, err := b.nc.RequestWithContext(ctx, contract.CancelSubject, []byte(fmt.Sprint(all[i])))
+		m, err := b.NC.RequestWithContext(ctx, contract.CancelSubject, []byte(fmt.Sprint(all[i])))
 		cancel()
 		r := "error"
 		if err == nil {
@@ -490,11 +399,11 @@ func TestKill9Index(t *testing.T) {
 	}
 	t.Logf("%d messages, 6 kills; cancels of every tenth: %v", len(all), counts)
 	if len(bad) > 0 {
-		t.Errorf("pending messages not cancelled after kill -9, e.g. sequences %v\n%s", bad, p.out.String())
+		t.Errorf("pending messages not cancelled after kill -9, e.g. sequences %v\n%s", bad, p.Out.String())
 	}
-	if n := b.levelCount("DELAYD_1H"); n != total {
+	if n := b.LevelCount("DELAYD_1H"); n != total {
 		t.Errorf("DELAYD_1H holds %d, want %d", n, total)
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	_ = p.cmd.Wait()
+	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.Cmd.Wait()
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // dlCase is one invalid message of the contract's "Invalid input" list.
@@ -30,26 +31,13 @@ type dlCase struct {
 	mayRefuse bool
 }
 
-// tryPublish publishes through JetStream and returns the PubAck's sequence
-// or the error, without failing the test. A subject the server drops gets
-// no PubAck, so the timeout is short.
-func (b *testBundle) tryPublish(subject string, data []byte, hdr nats.Header) (uint64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	ack, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data, Header: hdr})
-	if err != nil {
-		return 0, err
-	}
-	return ack.Sequence, nil
-}
-
 func TestDeadLetter(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 300ms 1s")
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 300ms 1s")
 
 	// Every core message in the account, from before the first publish.
-	all := b.collect(">")
+	all := b.Collect(">")
 
 	lvl := func(values ...string) nats.Header { return nats.Header{"Delay-Level": values} }
 	cases := []dlCase{
@@ -97,7 +85,7 @@ func TestDeadLetter(t *testing.T) {
 			h[contract.HeaderNatsMsgID] = []string{c.msgID}
 		}
 		data := append([]byte("payload of "+c.name+"\x00\xff"), c.name...)
-		seq, err := b.tryPublish(c.subject, data, h)
+		seq, err := b.TryPublish(c.subject, data, h)
 		if err != nil && !c.mayRefuse {
 			t.Fatalf("case %s: publish %q: %v", c.name, c.subject, err)
 		}
@@ -109,17 +97,17 @@ func TestDeadLetter(t *testing.T) {
 		}
 		want = append(want, sent{dlCase: c, seq: seq, data: data})
 	}
-	waitFor(t, 15*time.Second, fmt.Sprintf("%d dead letters", len(want)), func() bool {
-		return b.streamCount(deliver.DLQStream) >= uint64(len(want))
+	itest.WaitFor(t, 15*time.Second, fmt.Sprintf("%d dead letters", len(want)), func() bool {
+		return b.StreamCount(deliver.DLQStream) >= uint64(len(want))
 	})
 
 	// A valid message after all the bad ones still routes, on every level.
-	ok := b.collect("ok.>")
-	b.publish("delay.ok.after", []byte("after"), level(1))
-	b.publish("delay.ok.after1s", []byte("after1s"), level(3))
-	ok.wait(t, 2, 15*time.Second)
+	ok := b.Collect("ok.>")
+	b.Publish("delay.ok.after", []byte("after"), itest.Level(1))
+	b.Publish("delay.ok.after1s", []byte("after1s"), itest.Level(3))
+	ok.Wait(t, 2, 15*time.Second)
 
-	dlq := b.streamMsgs(deliver.DLQStream)
+	dlq := b.StreamMsgs(deliver.DLQStream)
 	if len(dlq) != len(want) {
 		t.Errorf("DELAYD_DLQ holds %d messages, want %d", len(dlq), len(want))
 	}
@@ -184,22 +172,22 @@ func TestDeadLetter(t *testing.T) {
 	}
 
 	// None of them was delivered: no message on any would-be target.
-	for _, m := range all.snapshot() {
+	for _, m := range all.Snapshot() {
 		for _, c := range cases {
-			if c.target != "" && m.msg.Subject == c.target {
-				t.Errorf("case %s: a message reached the would-be target %q: %q", c.name, c.target, m.msg.Data)
+			if c.target != "" && m.Msg.Subject == c.target {
+				t.Errorf("case %s: a message reached the would-be target %q: %q", c.name, c.target, m.Msg.Data)
 			}
 		}
-		if strings.HasPrefix(m.msg.Subject, "orders.") {
-			t.Errorf("a message reached %q: %q", m.msg.Subject, m.msg.Data)
+		if strings.HasPrefix(m.Msg.Subject, "orders.") {
+			t.Errorf("a message reached %q: %q", m.Msg.Subject, m.Msg.Data)
 		}
 	}
 
 	// The confused-deputy attempt deleted nothing.
-	if _, err := b.js.Stream(context.Background(), "DELAYD_1S"); err != nil {
+	if _, err := b.JS.Stream(context.Background(), "DELAYD_1S"); err != nil {
 		t.Fatalf("stream DELAYD_1S after the $JS.API dead letter: %v", err)
 	}
-	rs, _ := b.svc.Stats()
+	rs, _ := b.Svc.Stats()
 	if rs.DeadLettered != uint64(len(want)) {
 		t.Errorf("router counted %d dead letters, want %d", rs.DeadLettered, len(want))
 	}
@@ -209,36 +197,36 @@ func TestDeadLetter(t *testing.T) {
 // parser might refuse: a lower-case header key and a value with spaces.
 func TestDeadLetterValidSpellings(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 300ms 1s")
-	c := b.collect("spell.>")
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 300ms 1s")
+	c := b.Collect("spell.>")
 
-	b.publish("delay.spell.lower", []byte("lower"), nats.Header{"delay-level": {"1"}, "X-A": {"a"}})
-	b.publish("delay.spell.upper", []byte("upper"), nats.Header{"DELAY-LEVEL": {"1"}})
-	b.publish("delay.spell.spaced", []byte("spaced"), nats.Header{"Delay-Level": {" 2 "}})
-	b.publish("delay.spell.clamped", []byte("clamped"), nats.Header{"Delay-Level": {"99"}})
+	b.Publish("delay.spell.lower", []byte("lower"), nats.Header{"delay-level": {"1"}, "X-A": {"a"}})
+	b.Publish("delay.spell.upper", []byte("upper"), nats.Header{"DELAY-LEVEL": {"1"}})
+	b.Publish("delay.spell.spaced", []byte("spaced"), nats.Header{"Delay-Level": {" 2 "}})
+	b.Publish("delay.spell.clamped", []byte("clamped"), nats.Header{"Delay-Level": {"99"}})
 
-	got := c.wait(t, 4, 15*time.Second)
+	got := c.Wait(t, 4, 15*time.Second)
 	wantDelay := map[string]time.Duration{
 		"spell.lower": 100 * time.Millisecond, "spell.upper": 100 * time.Millisecond,
 		"spell.spaced": 300 * time.Millisecond, "spell.clamped": time.Second,
 	}
 	for _, r := range got {
-		enq := parseTime(t, r.msg.Header, contract.HeaderEnqueuedAt)
-		due := parseTime(t, r.msg.Header, contract.HeaderDueAt)
-		if d := due.Sub(enq); d != wantDelay[r.msg.Subject] {
-			t.Errorf("%s: due - enqueued = %s, want %s", r.msg.Subject, d, wantDelay[r.msg.Subject])
+		enq := parseTime(t, r.Msg.Header, contract.HeaderEnqueuedAt)
+		due := parseTime(t, r.Msg.Header, contract.HeaderDueAt)
+		if d := due.Sub(enq); d != wantDelay[r.Msg.Subject] {
+			t.Errorf("%s: due - enqueued = %s, want %s", r.Msg.Subject, d, wantDelay[r.Msg.Subject])
 		}
-		for k := range r.msg.Header {
+		for k := range r.Msg.Header {
 			if strings.EqualFold(k, contract.HeaderLevel) {
-				t.Errorf("%s: control header %q delivered", r.msg.Subject, k)
+				t.Errorf("%s: control header %q delivered", r.Msg.Subject, k)
 			}
 		}
 	}
-	if n := b.streamCount(deliver.DLQStream); n != 0 {
+	if n := b.StreamCount(deliver.DLQStream); n != 0 {
 		t.Errorf("DELAYD_DLQ holds %d messages, want 0", n)
 	}
-	if rs, _ := b.svc.Stats(); rs.Clamped != 1 {
+	if rs, _ := b.Svc.Stats(); rs.Clamped != 1 {
 		t.Errorf("router counted %d clamped levels, want 1", rs.Clamped)
 	}
 }
@@ -249,27 +237,27 @@ func TestDeadLetterValidSpellings(t *testing.T) {
 // does not fit), and routing must go on.
 func TestDeadLetterTooLarge(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 300ms 1s")
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 300ms 1s")
 
 	h := nats.Header{"Delay-Level": {"1"}}
 	// "NATS/1.0\r\n" + "Delay-Level: 1\r\n" + "\r\n": the ingress message is exactly max payload.
 	hdrLen := len("NATS/1.0\r\n") + len("Delay-Level: 1\r\n") + len("\r\n")
-	data := bytes.Repeat([]byte{'x'}, int(b.nc.MaxPayload())-hdrLen)
+	data := bytes.Repeat([]byte{'x'}, int(b.NC.MaxPayload())-hdrLen)
 	h.Set("Nats-Msg-Id", "user-too-large")
 	data = data[:len(data)-len("Nats-Msg-Id: user-too-large\r\n")]
-	b.publish("delay.big.x", data, h)
+	b.Publish("delay.big.x", data, h)
 
-	ok := b.collect("ok.>")
-	b.publish("delay.ok.after", []byte("after"), level(1))
+	ok := b.Collect("ok.>")
+	b.Publish("delay.ok.after", []byte("after"), itest.Level(1))
 
-	waitFor(t, 10*time.Second, "the too-large message in DELAYD_DLQ", func() bool {
-		return b.streamCount(deliver.DLQStream) >= 1
+	itest.WaitFor(t, 10*time.Second, "the too-large message in DELAYD_DLQ", func() bool {
+		return b.StreamCount(deliver.DLQStream) >= 1
 	})
 	// Routing goes on after it.
-	ok.wait(t, 1, 10*time.Second)
+	ok.Wait(t, 1, 10*time.Second)
 
-	m := b.streamMsgs(deliver.DLQStream)[0]
+	m := b.StreamMsgs(deliver.DLQStream)[0]
 	if len(m.Data) != 0 && !bytes.Equal(m.Data, data) {
 		t.Errorf("payload neither kept nor dropped: %d bytes", len(m.Data))
 	}
@@ -302,32 +290,32 @@ func TestDeadLetterTooLarge(t *testing.T) {
 // and the level goes on delivering.
 func TestDeadLetterUndeliverable(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	if _, err := b.js.CreateStream(context.Background(), jetstream.StreamConfig{
+	b := itest.Setup(t)
+	if _, err := b.JS.CreateStream(context.Background(), jetstream.StreamConfig{
 		Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 512, Storage: jetstream.FileStorage,
 	}); err != nil {
 		t.Fatal(err)
 	}
-	b.startDelayd("100ms 300ms 1s")
+	b.StartDelayd("100ms 300ms 1s")
 
 	data := bytes.Repeat([]byte{0xab}, 1024)
-	b.publish("delay.small.big", data, nats.Header{"Delay-Level": {"1"}, "X-User": {"u1", "u2"}, "Nats-Msg-Id": {"user-big"}})
+	b.Publish("delay.small.big", data, nats.Header{"Delay-Level": {"1"}, "X-User": {"u1", "u2"}, "Nats-Msg-Id": {"user-big"}})
 
 	// Later messages at the same level keep the scanner awake: a refused
 	// delivery that is the level's last message is tested on its own, in
 	// TestDeadLetterUndeliverableLastInLevel.
 	deadline := time.Now().Add(15 * time.Second)
-	for b.streamCount(deliver.DLQStream) == 0 {
+	for b.StreamCount(deliver.DLQStream) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("timed out after 15s waiting for the refused message in DELAYD_DLQ")
 		}
-		b.publish("delay.small.ok", []byte("fits"), nats.Header{"Delay-Level": {"1"}})
+		b.Publish("delay.small.ok", []byte("fits"), nats.Header{"Delay-Level": {"1"}})
 		time.Sleep(150 * time.Millisecond) // pacing the nudges, not a correctness wait
 	}
-	waitFor(t, 15*time.Second, "the next message delivered to SMALL", func() bool {
-		return b.streamCount("SMALL") >= 1
+	itest.WaitFor(t, 15*time.Second, "the next message delivered to SMALL", func() bool {
+		return b.StreamCount("SMALL") >= 1
 	})
-	m := b.streamMsgs(deliver.DLQStream)[0]
+	m := b.StreamMsgs(deliver.DLQStream)[0]
 	if want := contract.DLQSubjectPrefix + deliver.ReasonUndeliverable; m.Subject != want {
 		t.Errorf("dead-letter subject = %q, want %q", m.Subject, want)
 	}
@@ -358,19 +346,19 @@ func TestDeadLetterUndeliverable(t *testing.T) {
 // scanner, so it must retry (and then dead-letter) on its own.
 func TestDeadLetterUndeliverableLastInLevel(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	if _, err := b.js.CreateStream(context.Background(), jetstream.StreamConfig{
+	b := itest.Setup(t)
+	if _, err := b.JS.CreateStream(context.Background(), jetstream.StreamConfig{
 		Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 512, Storage: jetstream.FileStorage,
 	}); err != nil {
 		t.Fatal(err)
 	}
-	b.startDelayd("100ms 300ms 1s")
+	b.StartDelayd("100ms 300ms 1s")
 
-	b.publish("delay.small.big", bytes.Repeat([]byte{0xab}, 1024), nats.Header{"Delay-Level": {"1"}})
-	waitFor(t, 15*time.Second, "the refused message, alone in its level, in DELAYD_DLQ", func() bool {
-		return b.streamCount(deliver.DLQStream) >= 1
+	b.Publish("delay.small.big", bytes.Repeat([]byte{0xab}, 1024), nats.Header{"Delay-Level": {"1"}})
+	itest.WaitFor(t, 15*time.Second, "the refused message, alone in its level, in DELAYD_DLQ", func() bool {
+		return b.StreamCount(deliver.DLQStream) >= 1
 	})
-	_, ss := b.svc.Stats()
+	_, ss := b.Svc.Stats()
 	for _, st := range ss {
 		if st.Stream == "DELAYD_100MS" && st.DeadLettered != 1 {
 			t.Errorf("scanner %s dead-lettered %d, want 1", st.Stream, st.DeadLettered)
@@ -383,16 +371,16 @@ func TestDeadLetterUndeliverableLastInLevel(t *testing.T) {
 // must not wait for an index group it never writes.
 func TestDeadLetterRunAfterPlacement(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("1s")
-	b.stopDelayd()
-	b.publish("delay.dlrun.x", []byte("valid"), level(1))
+	b := itest.Setup(t)
+	b.StartDelayd("1s")
+	b.StopDelayd()
+	b.Publish("delay.dlrun.x", []byte("valid"), itest.Level(1))
 	for range 50 {
-		b.publish("delay.dlrun.x", []byte("invalid"), nil)
+		b.Publish("delay.dlrun.x", []byte("invalid"), nil)
 	}
-	b.startDelayd("1s", func(c *deliver.Config) { c.Router.MaxInFlight = 4 })
-	waitFor(t, 20*time.Second, "ingress drained", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
-	if n := b.streamCount(deliver.DLQStream); n != 50 {
+	b.StartDelayd("1s", func(c *deliver.Config) { c.Router.MaxInFlight = 4 })
+	itest.WaitFor(t, 20*time.Second, "ingress drained", func() bool { return b.StreamCount(deliver.IngressStream) == 0 })
+	if n := b.StreamCount(deliver.DLQStream); n != 50 {
 		t.Errorf("DELAYD_DLQ holds %d, want 50", n)
 	}
 }

@@ -1,17 +1,12 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,81 +15,9 @@ import (
 	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/internal/natstest"
 )
-
-// delayctlBinary builds cmd/delayctl once per test binary.
-var delayctlBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "delayctl-bin-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "delayctl")
-	out, err := exec.Command("go", "build", "-o", bin, "../cmd/delayctl").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
-
-// ctlResult is one delayctl run.
-type ctlResult struct {
-	stdout, stderr string
-	code           int
-}
-
-// delayctl runs the delayctl binary against url (none if ""), with no other DELAYD_* variable set.
-func delayctl(t *testing.T, url string, args ...string) ctlResult {
-	t.Helper()
-	env := map[string]string{}
-	if url != "" {
-		env["DELAYD_NATS_URL"] = url
-	}
-	return delayctlEnv(t, env, args...)
-}
-
-// delayctlEnv runs the delayctl binary with exactly the DELAYD_* variables of env set.
-func delayctlEnv(t *testing.T, env map[string]string, args ...string) ctlResult {
-	t.Helper()
-	bin, err := delayctlBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "DELAYD_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err = cmd.Run()
-	r := ctlResult{stdout: stdout.String(), stderr: stderr.String()}
-	if ee, ok := err.(*exec.ExitError); ok {
-		r.code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("delayctl %s: %v", strings.Join(args, " "), err)
-	}
-	return r
-}
-
-// want fails the test unless the run exited with code and its output contains every text.
-func (r ctlResult) want(t *testing.T, code int, texts ...string) {
-	t.Helper()
-	if r.code != code {
-		t.Fatalf("exit code %d, want %d\nstdout: %s\nstderr: %s", r.code, code, r.stdout, r.stderr)
-	}
-	for _, s := range texts {
-		if !strings.Contains(r.stdout+r.stderr, s) {
-			t.Errorf("output lacks %q\nstdout: %s\nstderr: %s", s, r.stdout, r.stderr)
-		}
-	}
-}
 
 // closedPort returns a loopback URL nothing listens on.
 func closedPort(t *testing.T) string {
@@ -117,13 +40,13 @@ func TestDelayctlExitCodes(t *testing.T) {
 	t.Run("no server", func(t *testing.T) {
 		t.Parallel()
 		dead := closedPort(t)
-		delayctl(t, "", "stats", "--server", dead).want(t, 3, "cannot connect to "+dead, "is delayd running?")
-		delayctl(t, dead, "cancel", "orders.x", "x").want(t, 3, "cannot connect to "+dead)
+		itest.Delayctl(t, "", "stats", "--server", dead).Want(t, 3, "cannot connect to "+dead, "is delayd running?")
+		itest.Delayctl(t, dead, "cancel", "orders.x", "x").Want(t, 3, "cannot connect to "+dead)
 	})
 	t.Run("no streams", func(t *testing.T) {
 		t.Parallel()
 		for _, args := range [][]string{{"stats"}, {"levels"}, {"dlq", "ls"}, {"pub", "orders.x", "d", "--level", "1"}, {"watch", "--count", "1"}} {
-			delayctl(t, url, args...).want(t, 4, "no delayd streams on this server (DELAYD_INGRESS missing)")
+			itest.Delayctl(t, url, args...).Want(t, 4, "no delayd streams on this server (DELAYD_INGRESS missing)")
 		}
 	})
 	t.Run("usage", func(t *testing.T) {
@@ -151,20 +74,20 @@ func TestDelayctlExitCodes(t *testing.T) {
 			{"--levels", "5s 1s", "levels"},
 			{"--prefix", "delayd", "stats"},
 		} {
-			r := delayctl(t, url, args...)
-			if r.code != 2 {
-				t.Errorf("delayctl %q: exit code %d, want 2\nstderr: %s", args, r.code, r.stderr)
+			r := itest.Delayctl(t, url, args...)
+			if r.Code != 2 {
+				t.Errorf("delayctl %q: exit code %d, want 2\nstderr: %s", args, r.Code, r.Stderr)
 			}
-			if !strings.HasPrefix(r.stderr, "delayctl: ") {
-				t.Errorf("delayctl %q: stderr %q, want a delayctl: error", args, r.stderr)
+			if !strings.HasPrefix(r.Stderr, "delayctl: ") {
+				t.Errorf("delayctl %q: stderr %q, want a delayctl: error", args, r.Stderr)
 			}
 		}
 	})
 	t.Run("cancel", func(t *testing.T) {
 		t.Parallel()
 		// No delayd: nobody answers the cancel API.
-		delayctl(t, url, "cancel", "orders.x", "42").want(t, 1, "no delayd answered on delayd.api.cancel.orders.x")
-		delayctl(t, url, "cancel", "--any", "42").want(t, 1, "no delayd answered on delayd.api.cancel")
+		itest.Delayctl(t, url, "cancel", "orders.x", "42").Want(t, 1, "no delayd answered on delayd.api.cancel.orders.x")
+		itest.Delayctl(t, url, "cancel", "--any", "42").Want(t, 1, "no delayd answered on delayd.api.cancel")
 
 		// A stand-in for delayd's cancel API (built in another branch), answering per its contract.
 		srv := natstest.Start(t, nil)
@@ -181,8 +104,8 @@ func TestDelayctlExitCodes(t *testing.T) {
 			t.Fatal(err)
 		}
 		for id, code := range map[string]int{"pending": 0, "gone": 5, "sent": 6, "odd": 1} {
-			r := delayctl(t, srv.ClientURL(), "cancel", "orders.x", id)
-			r.want(t, code, answers[id])
+			r := itest.Delayctl(t, srv.ClientURL(), "cancel", "orders.x", id)
+			r.Want(t, code, answers[id])
 		}
 	})
 }
@@ -206,11 +129,11 @@ type ctlStats struct {
 
 func ctlStatsJSON(t *testing.T, url string, args ...string) ctlStats {
 	t.Helper()
-	r := delayctl(t, url, append([]string{"stats", "--json"}, args...)...)
-	r.want(t, 0)
+	r := itest.Delayctl(t, url, append([]string{"stats", "--json"}, args...)...)
+	r.Want(t, 0)
 	var s ctlStats
-	if err := json.Unmarshal([]byte(r.stdout), &s); err != nil {
-		t.Fatalf("stats --json: %v\n%s", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.Stdout), &s); err != nil {
+		t.Fatalf("stats --json: %v\n%s", err, r.Stdout)
 	}
 	return s
 }
@@ -230,30 +153,30 @@ func (s ctlStats) level(t *testing.T, stream string) int {
 // due time, the process counters from the stats API, and their absence without delayd.
 func TestDelayctlStats(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 2s 1h")
-	stop, err := b.svc.StartStatsAPI()
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 2s 1h")
+	stop, err := b.Svc.StartStatsAPI()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = stop() })
-	url := b.srv.ClientURL()
+	url := b.Srv.ClientURL()
 	table := "--levels=100ms 2s 1h"
 
-	fast := b.collect("ctl.fast")
+	fast := b.Collect("ctl.fast")
 	const slow = 7
 	first := time.Now()
 	for i := range slow {
-		b.publish("delay.ctl.slow", []byte(fmt.Sprint(i)), level(3))
+		b.Publish("delay.ctl.slow", []byte(fmt.Sprint(i)), itest.Level(3))
 	}
 	for i := range 3 {
-		b.publish("delay.ctl.fast", []byte(fmt.Sprint(i)), level(1))
+		b.Publish("delay.ctl.fast", []byte(fmt.Sprint(i)), itest.Level(1))
 	}
-	fast.wait(t, 3, 10*time.Second)
-	waitFor(t, 10*time.Second, "the 1h level holds every message", func() bool { return b.levelCount("DELAYD_1H") == slow })
+	fast.Wait(t, 3, 10*time.Second)
+	itest.WaitFor(t, 10*time.Second, "the 1h level holds every message", func() bool { return b.LevelCount("DELAYD_1H") == slow })
 
 	var s ctlStats
-	waitFor(t, 10*time.Second, "stats counts 3 deliveries at 100ms", func() bool {
+	itest.WaitFor(t, 10*time.Second, "stats counts 3 deliveries at 100ms", func() bool {
 		s = ctlStatsJSON(t, url, table)
 		d := s.Levels[s.level(t, "DELAYD_100MS")].Delivered
 		return d != nil && *d == 3
@@ -283,16 +206,16 @@ func TestDelayctlStats(t *testing.T) {
 
 	// Without delayd: the stream columns remain, the counters are unknown. Messages written straight into the
 	// 2s level (as the router would) are pending; the ones older than 2 s are due now.
-	b.stopDelayd()
+	b.StopDelayd()
 	for i := range 2 {
-		b.publish("delayd.level.2S.ctl.due", []byte(fmt.Sprint(i)), nats.Header{contract.HeaderDueAt: []string{contract.FormatTime(time.Now().Add(2 * time.Second))}})
+		b.Publish("delayd.level.2S.ctl.due", []byte(fmt.Sprint(i)), nats.Header{contract.HeaderDueAt: []string{contract.FormatTime(time.Now().Add(2 * time.Second))}})
 	}
-	waitFor(t, 10*time.Second, "two messages due at 2s", func() bool {
+	itest.WaitFor(t, 10*time.Second, "two messages due at 2s", func() bool {
 		s = ctlStatsJSON(t, url, table)
 		return s.Levels[s.level(t, "DELAYD_2S")].DueNow == 2
 	})
 	for i := range 2 {
-		b.publish("delayd.level.2S.ctl.due", []byte(fmt.Sprint(i)), nats.Header{contract.HeaderDueAt: []string{contract.FormatTime(time.Now().Add(2 * time.Second))}})
+		b.Publish("delayd.level.2S.ctl.due", []byte(fmt.Sprint(i)), nats.Header{contract.HeaderDueAt: []string{contract.FormatTime(time.Now().Add(2 * time.Second))}})
 	}
 	s = ctlStatsJSON(t, url, table)
 	two := s.Levels[s.level(t, "DELAYD_2S")]
@@ -305,14 +228,14 @@ func TestDelayctlStats(t *testing.T) {
 	if s.Counters != nil || !strings.Contains(s.CountersUnknown, "no delayd answered") || two.Delivered != nil {
 		t.Errorf("counters %+v %q, delivered %v: want unknown without delayd", s.Counters, s.CountersUnknown, two.Delivered)
 	}
-	delayctl(t, url, "stats", table).want(t, 0, "DELIVERED and DEAD-LETTERED unknown (?)", "DELAYD_2S")
+	itest.Delayctl(t, url, "stats", table).Want(t, 0, "DELIVERED and DEAD-LETTERED unknown (?)", "DELAYD_2S")
 
 	// A level stream not in the table is listed as a leftover; watch prints finitely when not on a terminal.
-	delayctl(t, url, "levels", "--levels=100ms 1h").want(t, 0, "DELAYD_2S", "not in the table")
-	r := delayctl(t, url, "watch", "--count", "2", "--interval", "50ms", table)
-	r.want(t, 0, "DELAYD_1H")
-	if n := strings.Count(r.stdout, "delayd stats at"); n != 2 || strings.Contains(r.stdout, "\x1b[") {
-		t.Errorf("watch --count 2 printed %d tables (ANSI: %t), want 2 plain", n, strings.Contains(r.stdout, "\x1b["))
+	itest.Delayctl(t, url, "levels", "--levels=100ms 1h").Want(t, 0, "DELAYD_2S", "not in the table")
+	r := itest.Delayctl(t, url, "watch", "--count", "2", "--interval", "50ms", table)
+	r.Want(t, 0, "DELAYD_1H")
+	if n := strings.Count(r.Stdout, "delayd stats at"); n != 2 || strings.Contains(r.Stdout, "\x1b[") {
+		t.Errorf("watch --count 2 printed %d tables (ANSI: %t), want 2 plain", n, strings.Contains(r.Stdout, "\x1b["))
 	}
 }
 
@@ -320,18 +243,18 @@ func TestDelayctlStats(t *testing.T) {
 // after a simulated crash between publish and delete): each replayed message arrives exactly once.
 func TestDelayctlDLQReplay(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 1h", func(c *deliver.Config) { c.Targets = contract.TargetPolicy{Deny: []string{"blocked.>"}} })
-	url := b.srv.ClientURL()
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 1h", func(c *deliver.Config) { c.Targets = contract.TargetPolicy{Deny: []string{"blocked.>"}} })
+	url := b.Srv.ClientURL()
 	ctx := context.Background()
 
 	for i := range 4 {
-		b.publish("delay.blocked.a", []byte(fmt.Sprintf("m%d", i)), nats.Header{"Delay-Level": {"1"}, "X-N": {fmt.Sprint(i)}})
+		b.Publish("delay.blocked.a", []byte(fmt.Sprintf("m%d", i)), nats.Header{"Delay-Level": {"1"}, "X-N": {fmt.Sprint(i)}})
 	}
-	b.publish("delay.blocked.a", []byte("own-id"), nats.Header{"Delay-Level": {"1"}, "Nats-Msg-Id": {"pub-1"}})
-	waitFor(t, 10*time.Second, "5 dead letters", func() bool { return b.streamCount(deliver.DLQStream) == 5 })
+	b.Publish("delay.blocked.a", []byte("own-id"), nats.Header{"Delay-Level": {"1"}, "Nats-Msg-Id": {"pub-1"}})
+	itest.WaitFor(t, 10*time.Second, "5 dead letters", func() bool { return b.StreamCount(deliver.DLQStream) == 5 })
 	// An undeliverable letter as a scanner writes it: Delay-Subject is the target.
-	if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: contract.DLQSubjectPrefix + deliver.ReasonUndeliverable, Data: []byte("to-b"),
+	if _, err := b.JS.PublishMsg(ctx, &nats.Msg{Subject: contract.DLQSubjectPrefix + deliver.ReasonUndeliverable, Data: []byte("to-b"),
 		Header: nats.Header{contract.HeaderSubject: {"blocked.b"}, contract.HeaderError: {"refused"}, "Nats-Msg-Id": {"delayd-1-1"}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -344,10 +267,10 @@ func TestDelayctlDLQReplay(t *testing.T) {
 		MsgID   string `json:"msg_id"`
 		Size    int    `json:"size"`
 	}
-	r := delayctl(t, url, "dlq", "ls", "--json")
-	r.want(t, 0)
-	if err := json.Unmarshal([]byte(r.stdout), &letters); err != nil {
-		t.Fatalf("dlq ls --json: %v\n%s", err, r.stdout)
+	r := itest.Delayctl(t, url, "dlq", "ls", "--json")
+	r.Want(t, 0)
+	if err := json.Unmarshal([]byte(r.Stdout), &letters); err != nil {
+		t.Fatalf("dlq ls --json: %v\n%s", err, r.Stdout)
 	}
 	if len(letters) != 6 {
 		t.Fatalf("dlq ls: %d letters, want 6: %+v", len(letters), letters)
@@ -360,54 +283,54 @@ func TestDelayctlDLQReplay(t *testing.T) {
 	if letters[4].MsgID != "pub-1" || letters[5].Reason != deliver.ReasonUndeliverable || letters[5].Subject != "blocked.b" || letters[5].Size != 4 {
 		t.Errorf("letters 5, 6 = %+v, %+v", letters[4], letters[5])
 	}
-	delayctl(t, url, "dlq", "ls", "--limit", "2").want(t, 0, "2 shown; DELAYD_DLQ holds 6 dead letter(s)")
-	delayctl(t, url, "dlq", "ls", "--reason", "undeliverable").want(t, 0, "blocked.b", "1 shown; DELAYD_DLQ holds 6 dead letter(s)")
-	delayctl(t, url, "dlq", "ls", "--reason", "size").want(t, 0, "0 shown; DELAYD_DLQ holds 6 dead letter(s)")
+	itest.Delayctl(t, url, "dlq", "ls", "--limit", "2").Want(t, 0, "2 shown; DELAYD_DLQ holds 6 dead letter(s)")
+	itest.Delayctl(t, url, "dlq", "ls", "--reason", "undeliverable").Want(t, 0, "blocked.b", "1 shown; DELAYD_DLQ holds 6 dead letter(s)")
+	itest.Delayctl(t, url, "dlq", "ls", "--reason", "size").Want(t, 0, "0 shown; DELAYD_DLQ holds 6 dead letter(s)")
 
 	// The fix: delayd without the deny policy.
-	b.stopDelayd()
-	b.startDelayd("100ms 1h")
-	a, bb := b.collect("blocked.a"), b.collect("blocked.b")
+	b.StopDelayd()
+	b.StartDelayd("100ms 1h")
+	a, bb := b.Collect("blocked.a"), b.Collect("blocked.b")
 
 	// A replay of letter 4 that crashed after its publish, before its delete.
-	dlq, err := b.js.Stream(ctx, deliver.DLQStream)
+	dlq, err := b.JS.Stream(ctx, deliver.DLQStream)
 	if err != nil {
 		t.Fatal(err)
 	}
 	created := dlq.CachedInfo().Created.UnixNano()
-	b.publish("delay.blocked.a", []byte("m3"), nats.Header{"Delay-Level": {"1"}, "X-N": {"3"}, "Nats-Msg-Id": {fmt.Sprintf("delayd-replay-%d-4", created)}})
+	b.Publish("delay.blocked.a", []byte("m3"), nats.Header{"Delay-Level": {"1"}, "X-N": {"3"}, "Nats-Msg-Id": {fmt.Sprintf("delayd-replay-%d-4", created)}})
 
-	delayctl(t, url, "dlq", "replay", "--id", "1,2,3", "--id", "4", "--id", "6").
-		want(t, 0, "replayed 5, not found 0, skipped 0, failed 0", "4: replayed to delay.blocked.a", "ingress already had it", "6: replayed to delay.blocked.b")
-	delayctl(t, url, "dlq", "replay", "--id", "1,2,3,4,6").
-		want(t, 0, "replayed 0, not found 5", "1: not found (already replayed")
+	itest.Delayctl(t, url, "dlq", "replay", "--id", "1,2,3", "--id", "4", "--id", "6").
+		Want(t, 0, "replayed 5, not found 0, skipped 0, failed 0", "4: replayed to delay.blocked.a", "ingress already had it", "6: replayed to delay.blocked.b")
+	itest.Delayctl(t, url, "dlq", "replay", "--id", "1,2,3,4,6").
+		Want(t, 0, "replayed 0, not found 5", "1: not found (already replayed")
 	// --all: the letter with a publisher id is too young to replay under it; it stays.
-	delayctl(t, url, "dlq", "replay", "--all").
-		want(t, 1, "replayed 0, not found 0, skipped 1", `"pub-1" may still be in the ingress duplicate window`)
-	if n := b.streamCount(deliver.DLQStream); n != 1 {
+	itest.Delayctl(t, url, "dlq", "replay", "--all").
+		Want(t, 1, "replayed 0, not found 0, skipped 1", `"pub-1" may still be in the ingress duplicate window`)
+	if n := b.StreamCount(deliver.DLQStream); n != 1 {
 		t.Errorf("DELAYD_DLQ holds %d letters, want 1 (pub-1's)", n)
 	}
 
 	// Sentinels behind the replays on the same levels: once they arrive, any duplicate would have too.
-	b.publish("delay.blocked.a", []byte("sentinel"), level(1))
-	b.publish("delay.blocked.b", []byte("sentinel"), level(0))
+	b.Publish("delay.blocked.a", []byte("sentinel"), itest.Level(1))
+	b.Publish("delay.blocked.b", []byte("sentinel"), itest.Level(0))
 	got := map[string][]string{}
-	for subject, c := range map[string]*collector{"blocked.a": a, "blocked.b": bb} {
-		waitFor(t, 10*time.Second, "sentinel on "+subject, func() bool {
-			for _, m := range c.snapshot() {
-				if string(m.msg.Data) == "sentinel" {
+	for subject, c := range map[string]*itest.Collector{"blocked.a": a, "blocked.b": bb} {
+		itest.WaitFor(t, 10*time.Second, "sentinel on "+subject, func() bool {
+			for _, m := range c.Snapshot() {
+				if string(m.Msg.Data) == "sentinel" {
 					return true
 				}
 			}
 			return false
 		})
-		for _, m := range c.snapshot() {
-			got[subject] = append(got[subject], string(m.msg.Data))
-			if m.msg.Header.Get(contract.HeaderError) != "" || m.msg.Header.Get(contract.HeaderSubject) != "" {
-				t.Errorf("%s delivery %q keeps dead-letter headers: %v", subject, m.msg.Data, m.msg.Header)
+		for _, m := range c.Snapshot() {
+			got[subject] = append(got[subject], string(m.Msg.Data))
+			if m.Msg.Header.Get(contract.HeaderError) != "" || m.Msg.Header.Get(contract.HeaderSubject) != "" {
+				t.Errorf("%s delivery %q keeps dead-letter headers: %v", subject, m.Msg.Data, m.Msg.Header)
 			}
-			if d := string(m.msg.Data); strings.HasPrefix(d, "m") && m.msg.Header.Get("X-N") != d[1:] {
-				t.Errorf("%s delivery %q: X-N %q, want the letter's own header", subject, d, m.msg.Header.Get("X-N"))
+			if d := string(m.Msg.Data); strings.HasPrefix(d, "m") && m.Msg.Header.Get("X-N") != d[1:] {
+				t.Errorf("%s delivery %q: X-N %q, want the letter's own header", subject, d, m.Msg.Header.Get("X-N"))
 			}
 		}
 	}
@@ -433,31 +356,31 @@ func fmtSeconds(p *float64) string {
 // with its documented exit code.
 func TestDelayctlCancel(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("200ms 2s")
-	url := b.srv.ClientURL()
-	c := b.collect("ctl.cancel.>")
+	b := itest.Setup(t)
+	b.StartDelayd("200ms 2s")
+	url := b.Srv.ClientURL()
+	c := b.Collect("ctl.cancel.>")
 
-	pub := delayctl(t, url, "pub", "ctl.cancel.later", "later", "--level", "2")
-	pub.want(t, 0)
-	id := strings.TrimSpace(pub.stdout)
-	delayctl(t, url, "cancel", "ctl.cancel.soon", id).want(t, 5, "not found") // another target's scope
-	delayctl(t, url, "cancel", "ctl.cancel.later", id).want(t, 0, "cancelled")
-	delayctl(t, url, "cancel", "--any", id).want(t, 0, "cancelled")
+	pub := itest.Delayctl(t, url, "pub", "ctl.cancel.later", "later", "--level", "2")
+	pub.Want(t, 0)
+	id := strings.TrimSpace(pub.Stdout)
+	itest.Delayctl(t, url, "cancel", "ctl.cancel.soon", id).Want(t, 5, "not found") // another target's scope
+	itest.Delayctl(t, url, "cancel", "ctl.cancel.later", id).Want(t, 0, "cancelled")
+	itest.Delayctl(t, url, "cancel", "--any", id).Want(t, 0, "cancelled")
 	// A marker behind it in the same level: levels are FIFO, so once the
 	// marker is delivered the cancelled message's due has passed, and it
 	// would have been delivered first.
-	b.publish("delay.ctl.cancel.marker", []byte("marker"), level(2))
+	b.Publish("delay.ctl.cancel.marker", []byte("marker"), itest.Level(2))
 
-	delayctl(t, url, "pub", "ctl.cancel.soon", "soon", "--level", "1", "--id", "soon-1").want(t, 0, "soon-1")
-	c.wait(t, 1, 10*time.Second)
-	delayctl(t, url, "cancel", "ctl.cancel.soon", "soon-1").want(t, 6, "already delivered")
-	delayctl(t, url, "cancel", "ctl.cancel.later", "soon-1").want(t, 5, "not found")
-	delayctl(t, url, "cancel", "ctl.cancel.soon", "no-such-id").want(t, 5, "not found")
-	got := c.wait(t, 2, 15*time.Second)
+	itest.Delayctl(t, url, "pub", "ctl.cancel.soon", "soon", "--level", "1", "--id", "soon-1").Want(t, 0, "soon-1")
+	c.Wait(t, 1, 10*time.Second)
+	itest.Delayctl(t, url, "cancel", "ctl.cancel.soon", "soon-1").Want(t, 6, "already delivered")
+	itest.Delayctl(t, url, "cancel", "ctl.cancel.later", "soon-1").Want(t, 5, "not found")
+	itest.Delayctl(t, url, "cancel", "ctl.cancel.soon", "no-such-id").Want(t, 5, "not found")
+	got := c.Wait(t, 2, 15*time.Second)
 	var data []string
 	for _, r := range got {
-		data = append(data, string(r.msg.Data))
+		data = append(data, string(r.Msg.Data))
 	}
 	if !slices.Equal(data, []string{"soon", "marker"}) {
 		t.Errorf("delivered %q, want soon then marker (the cancelled message never)", data)
@@ -469,16 +392,16 @@ func TestDelayctlCancel(t *testing.T) {
 // without the last delivery's Delay-Hops and due times.
 func TestDelayctlReplayRetries(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 1h")
-	url := b.srv.ClientURL()
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 1h")
+	url := b.Srv.ClientURL()
 	ctx := context.Background()
-	c := b.collect("rtr.x")
-	b.publish("delay.rtr.x", []byte("job"), nats.Header{contract.HeaderDuration: []string{"250ms"}}) // cascades: Delay-Hops 1
+	c := b.Collect("rtr.x")
+	b.Publish("delay.rtr.x", []byte("job"), nats.Header{contract.HeaderDuration: []string{"250ms"}}) // cascades: Delay-Hops 1
 	ladder := delayd.MustParseLadder("100ms")
 	for attempt := 1; attempt <= 2; attempt++ {
-		m := c.wait(t, attempt, 10*time.Second)[attempt-1].msg
-		res, err := delayd.RetryMsg(ctx, b.js, m, ladder, fmt.Errorf("failure %d", attempt))
+		m := c.Wait(t, attempt, 10*time.Second)[attempt-1].Msg
+		res, err := delayd.RetryMsg(ctx, b.JS, m, ladder, fmt.Errorf("failure %d", attempt))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -486,16 +409,16 @@ func TestDelayctlReplayRetries(t *testing.T) {
 			t.Fatalf("attempt %d: %+v", attempt, res)
 		}
 	}
-	waitFor(t, 10*time.Second, "the retries dead letter", func() bool { return b.streamCount(deliver.DLQStream) == 1 })
-	delayctl(t, url, "dlq", "replay", "--all").want(t, 0, "replayed 1, not found 0")
-	got := c.wait(t, 3, 10*time.Second)[2].msg
+	itest.WaitFor(t, 10*time.Second, "the retries dead letter", func() bool { return b.StreamCount(deliver.DLQStream) == 1 })
+	itest.Delayctl(t, url, "dlq", "replay", "--all").Want(t, 0, "replayed 1, not found 0")
+	got := c.Wait(t, 3, 10*time.Second)[2].Msg
 	if got.Header.Get(contract.HeaderError) != "" || got.Header.Get(contract.HeaderHops) != "" || got.Header.Get(delayd.HeaderAttempt) != "1" {
 		t.Errorf("replayed delivery headers: %v", got.Header)
 	}
 	if enq, due := parseTime(t, got.Header, contract.HeaderEnqueuedAt), parseTime(t, got.Header, contract.HeaderDueAt); !enq.Equal(due) {
 		t.Errorf("replayed at level 0: enqueued %v, due %v", enq, due)
 	}
-	if n := b.streamCount(deliver.DLQStream); n != 0 {
+	if n := b.StreamCount(deliver.DLQStream); n != 0 {
 		t.Errorf("DELAYD_DLQ holds %d letters after the replay, want 0", n)
 	}
 }

@@ -13,42 +13,8 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
-
-// setDLQLimit sets DELAYD_DLQ's max_msgs (-1: unlimited) with discard-new,
-// as an operator would.
-func (b *testBundle) setDLQLimit(maxMsgs int64) {
-	b.t.Helper()
-	ctx := context.Background()
-	s, err := b.js.Stream(ctx, deliver.DLQStream)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.MaxMsgs, cfg.Discard = maxMsgs, jetstream.DiscardNew
-	if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
-		b.t.Fatal(err)
-	}
-}
-
-// ingressCount counts the ingress stream's messages on subject (a filter
-// with wildcards).
-func (b *testBundle) ingressCount(filter string) uint64 {
-	b.t.Helper()
-	s, err := b.js.Stream(context.Background(), deliver.IngressStream)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	info, err := s.Info(context.Background(), jetstream.WithSubjectFilter(filter))
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	var n uint64
-	for _, c := range info.State.Subjects {
-		n += c
-	}
-	return n
-}
 
 // TestDeadLetterStreamRefuses fills DELAYD_DLQ (max_msgs 10, discard new)
 // with 50 messages that must be dead-lettered: 25 with an invalid level (the
@@ -63,77 +29,77 @@ func TestDeadLetterStreamRefuses(t *testing.T) {
 		t.Skip("waits for the 30 s stall threshold: skipped when testing.Short()")
 	}
 	t.Parallel()
-	b := setup(t)
+	b := itest.Setup(t)
 	ctx := context.Background()
-	if _, err := b.js.CreateStream(ctx, jetstream.StreamConfig{
+	if _, err := b.JS.CreateStream(ctx, jetstream.StreamConfig{
 		Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 512, Storage: jetstream.FileStorage,
 	}); err != nil {
 		t.Fatal(err)
 	}
-	b.createStream("OK", "ok.>")
-	b.startDelayd("100ms 300ms")
-	b.setDLQLimit(10)
+	b.CreateStream("OK", "ok.>")
+	b.StartDelayd("100ms 300ms")
+	b.SetDLQLimit(10)
 
 	const nBad, nBig = 25, 25
 	big := bytes.Repeat([]byte{0xab}, 1024)
 	for i := range max(nBad, nBig) {
 		if i < nBad {
-			b.publish(fmt.Sprintf("delay.bad.%02d", i), []byte("bad"), nats.Header{"Delay-Level": {"x"}})
+			b.Publish(fmt.Sprintf("delay.bad.%02d", i), []byte("bad"), nats.Header{"Delay-Level": {"x"}})
 		}
 		if i < nBig {
-			b.publish(fmt.Sprintf("delay.small.%02d", i), big, level(1))
+			b.Publish(fmt.Sprintf("delay.small.%02d", i), big, itest.Level(1))
 		}
 	}
-	waitFor(t, 30*time.Second, "10 dead letters", func() bool { return b.streamCount(deliver.DLQStream) >= 10 })
+	itest.WaitFor(t, 30*time.Second, "10 dead letters", func() bool { return b.StreamCount(deliver.DLQStream) >= 10 })
 
 	// Readiness reports the refusing dead-letter stream once it has refused
 	// for the stall threshold.
-	waitFor(t, 60*time.Second, "readiness to name DELAYD_DLQ", func() bool {
-		return !b.svc.Ready() && strings.Contains(strings.Join(b.svc.Unready(), "; "), deliver.DLQStream)
+	itest.WaitFor(t, 60*time.Second, "readiness to name DELAYD_DLQ", func() bool {
+		return !b.Svc.Ready() && strings.Contains(strings.Join(b.Svc.Unready(), "; "), deliver.DLQStream)
 	})
-	t.Logf("unready: %q", b.svc.Unready())
+	t.Logf("unready: %q", b.Svc.Unready())
 
 	// Other levels keep flowing: valid messages to level 2 are delivered.
 	const nOK = 10
 	for i := range nOK {
-		b.publish(fmt.Sprintf("delay.ok.%02d", i), []byte("ok"), level(2))
+		b.Publish(fmt.Sprintf("delay.ok.%02d", i), []byte("ok"), itest.Level(2))
 	}
-	waitFor(t, 20*time.Second, "valid messages delivered while DELAYD_DLQ refuses", func() bool {
-		return b.streamCount("OK") >= nOK
+	itest.WaitFor(t, 20*time.Second, "valid messages delivered while DELAYD_DLQ refuses", func() bool {
+		return b.StreamCount("OK") >= nOK
 	})
 
 	// 10 stored; nothing lost: every other one is still in ingress (router
 	// path) or past the level's committed offset (scanner path).
-	if n := b.streamCount(deliver.DLQStream); n != 10 {
+	if n := b.StreamCount(deliver.DLQStream); n != 10 {
 		t.Errorf("DELAYD_DLQ holds %d, want 10", n)
 	}
 	var inLevel uint64
-	for _, st := range scannerStats(b.svc) {
+	for _, st := range scannerStats(b.Svc) {
 		if st.Stream == "DELAYD_100MS" {
 			inLevel = st.Pending
 		}
 	}
-	inDLQ, badIn, bigIn := b.streamCount(deliver.DLQStream), b.ingressCount("delay.bad.>"), b.ingressCount("delay.small.>")
+	inDLQ, badIn, bigIn := b.StreamCount(deliver.DLQStream), b.IngressCount("delay.bad.>"), b.IngressCount("delay.small.>")
 	if got := inDLQ + badIn + bigIn + inLevel; got != nBad+nBig {
 		t.Errorf("DLQ %d + in ingress %d + %d + past the offset of DELAYD_100MS %d = %d, want %d: something was acked or passed without its dead letter",
 			inDLQ, badIn, bigIn, inLevel, got, nBad+nBig)
 	}
-	if d := b.svc.DLQRefusals(); d.Waiting == 0 || d.Failures == 0 {
+	if d := b.Svc.DLQRefusals(); d.Waiting == 0 || d.Failures == 0 {
 		t.Errorf("DLQRefusals = %+v, want dead letters waiting and failures counted", d)
 	}
-	if n := b.ingressCount("delay.bad.>"); n == 0 {
+	if n := b.IngressCount("delay.bad.>"); n == 0 {
 		t.Errorf("no invalid message left in ingress, want those whose dead letter was refused")
 	}
 
-	b.setDLQLimit(-1)
-	waitFor(t, 60*time.Second, "all 50 in DELAYD_DLQ", func() bool {
-		return b.streamCount(deliver.DLQStream) >= nBad+nBig
+	b.SetDLQLimit(-1)
+	itest.WaitFor(t, 60*time.Second, "all 50 in DELAYD_DLQ", func() bool {
+		return b.StreamCount(deliver.DLQStream) >= nBad+nBig
 	})
-	waitFor(t, 30*time.Second, "the ingress stream to drain", func() bool {
-		return b.streamCount(deliver.IngressStream) == 0
+	itest.WaitFor(t, 30*time.Second, "the ingress stream to drain", func() bool {
+		return b.StreamCount(deliver.IngressStream) == 0
 	})
 	seen := make(map[string]int)
-	for _, m := range b.streamMsgs(deliver.DLQStream) {
+	for _, m := range b.StreamMsgs(deliver.DLQStream) {
 		seen[m.Header.Get(contract.HeaderSubject)]++
 	}
 	for i := range max(nBad, nBig) {
@@ -150,10 +116,10 @@ func TestDeadLetterStreamRefuses(t *testing.T) {
 			}
 		}
 	}
-	if n := b.streamCount(deliver.DLQStream); n != nBad+nBig {
+	if n := b.StreamCount(deliver.DLQStream); n != nBad+nBig {
 		t.Errorf("DELAYD_DLQ holds %d, want %d", n, nBad+nBig)
 	}
-	waitFor(t, 30*time.Second, "ready again", b.svc.Ready)
+	itest.WaitFor(t, 30*time.Second, "ready again", b.Svc.Ready)
 }
 
 func scannerStats(svc *deliver.Service) []deliver.ScannerStats {

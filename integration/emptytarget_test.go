@@ -10,6 +10,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // TestTargetRefusedByServer publishes to ingress subjects that the server
@@ -22,35 +23,35 @@ import (
 // second kind is dead-lettered, as README's Invalid input section says.
 func TestTargetRefusedByServer(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 300ms 1s")
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 300ms 1s")
 	refused := []string{"delay.", "delay.orders..x", "delay..x", "delay.orders."}
 	for _, subject := range refused {
-		_, err := b.tryPublish(subject, []byte("x"), level(0))
+		_, err := b.TryPublish(subject, []byte("x"), itest.Level(0))
 		if !errors.Is(err, jetstream.ErrNoStreamResponse) {
 			t.Errorf("JetStream publish to %q: error %v, want %v", subject, err, jetstream.ErrNoStreamResponse)
 		} else {
 			t.Logf("JetStream publish to %q: %v", subject, err)
 		}
-		if err := b.nc.PublishMsg(&nats.Msg{Subject: subject, Data: []byte("x"), Header: level(0)}); err != nil {
+		if err := b.NC.PublishMsg(&nats.Msg{Subject: subject, Data: []byte("x"), Header: itest.Level(0)}); err != nil {
 			t.Errorf("core publish to %q: %v, want no error (the server drops it silently)", subject, err)
 		}
 	}
-	if err := b.nc.Flush(); err != nil {
+	if err := b.NC.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	dead := []string{"delay.orders.*", "delay.orders.>", "delay.orders.\x01", "delay.$SYS.x", "delay.delayd.x"}
 	for _, subject := range dead {
-		b.publish(subject, []byte("x"), level(0))
+		b.Publish(subject, []byte("x"), itest.Level(0))
 	}
 	// A valid message published last routes after everything before it.
-	ok := b.collect("ok.last")
-	b.publish("delay.ok.last", []byte("last"), level(0))
-	ok.wait(t, 1, 15*time.Second)
-	waitFor(t, 15*time.Second, "dead letters", func() bool { return b.streamCount(deliver.DLQStream) >= uint64(len(dead)) })
+	ok := b.Collect("ok.last")
+	b.Publish("delay.ok.last", []byte("last"), itest.Level(0))
+	ok.Wait(t, 1, 15*time.Second)
+	itest.WaitFor(t, 15*time.Second, "dead letters", func() bool { return b.StreamCount(deliver.DLQStream) >= uint64(len(dead)) })
 	// Everything the ingress stream stored has been handed on and acked.
-	waitFor(t, 15*time.Second, "an empty ingress stream", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
-	msgs := b.streamMsgs(deliver.DLQStream)
+	itest.WaitFor(t, 15*time.Second, "an empty ingress stream", func() bool { return b.StreamCount(deliver.IngressStream) == 0 })
+	msgs := b.StreamMsgs(deliver.DLQStream)
 	if len(msgs) != len(dead) {
 		for _, m := range msgs {
 			t.Logf("dead letter: %s %q", m.Header.Get(contract.HeaderSubject), m.Header.Get(contract.HeaderError))

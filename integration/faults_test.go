@@ -11,6 +11,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/offsets"
 )
@@ -24,17 +25,17 @@ func TestClockSkew(t *testing.T) {
 	for _, skew := range []time.Duration{2 * time.Second, -2 * time.Second} {
 		t.Run(fmt.Sprint(skew), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
-			b.startDelayd("100ms 500ms", func(c *deliver.Config) {
+			b := itest.Setup(t)
+			b.StartDelayd("100ms 500ms", func(c *deliver.Config) {
 				clock := &wallClock{}
 				clock.step(skew)
 				c.Clock = clock
 			})
-			c := b.collect("skew.>")
+			c := b.Collect("skew.>")
 			const n = 30
 			var lastDue time.Time
 			for i := range n {
-				b.publish("delay.skew.x", []byte(strconv.Itoa(i)), level(1+i%2))
+				b.Publish("delay.skew.x", []byte(strconv.Itoa(i)), itest.Level(1+i%2))
 				lastDue = time.Now().Add(500 * time.Millisecond)
 				time.Sleep(10 * time.Millisecond) // let time pass: spread the store times
 			}
@@ -44,14 +45,14 @@ func TestClockSkew(t *testing.T) {
 				// server's): a scanner going by its own clock, behind by the
 				// skew, would deliver after it.
 				time.Sleep(time.Until(lastDue.Add(-skew * 3 / 4)))
-				if err := b.nc.Publish("skew.marker", []byte("marker")); err != nil {
+				if err := b.NC.Publish("skew.marker", []byte("marker")); err != nil {
 					t.Fatal(err)
 				}
 			}
-			got := c.wait(t, n, 20*time.Second)
+			got := c.Wait(t, n, 20*time.Second)
 			var late []time.Duration
 			for i, r := range got {
-				if r.msg.Subject == "skew.marker" {
+				if r.Msg.Subject == "skew.marker" {
 					// After every delivery is fine: the collector may hold
 					// it too by the time the wait returns.
 					if i < n {
@@ -59,15 +60,15 @@ func TestClockSkew(t *testing.T) {
 					}
 					break
 				}
-				due := parseTime(t, r.msg.Header, contract.HeaderDueAt)
-				if r.at.Before(due) {
-					t.Errorf("delivered %s early with the scanner clock off by %s", due.Sub(r.at), skew)
+				due := parseTime(t, r.Msg.Header, contract.HeaderDueAt)
+				if r.At.Before(due) {
+					t.Errorf("delivered %s early with the scanner clock off by %s", due.Sub(r.At), skew)
 				}
-				late = append(late, r.at.Sub(due))
+				late = append(late, r.At.Sub(due))
 			}
 			slices.Sort(late)
 			if len(late) > 0 {
-				t.Logf("scanner clock off by %s: lateness p50=%s max=%s", skew, percentile(late, 50), late[len(late)-1])
+				t.Logf("scanner clock off by %s: lateness p50=%s max=%s", skew, itest.Percentile(late, 50), late[len(late)-1])
 			}
 		})
 	}
@@ -90,28 +91,28 @@ func TestOffsetsThatMakeNoSense(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
-			c := b.collect("off.>")
+			b := itest.Setup(t)
+			c := b.Collect("off.>")
 			const table = "100ms 1s"
 			// First life: deliver 20 messages, so the stream is purged to its tail.
-			b.startDelayd(table)
+			b.StartDelayd(table)
 			for i := range 20 {
-				b.publish("delay.off.x", []byte("a"+strconv.Itoa(i)), level(1))
+				b.Publish("delay.off.x", []byte("a"+strconv.Itoa(i)), itest.Level(1))
 			}
-			c.wait(t, 20, 10*time.Second)
+			c.Wait(t, 20, 10*time.Second)
 			// The stream also holds the router's epoch marker of each life
 			// (README "Guarantees"): its last sequence, not the message
 			// count, is where the offset ends.
 			lastSeq := func() uint64 {
-				s, err := b.js.Stream(context.Background(), "DELAYD_100MS")
+				s, err := b.JS.Stream(context.Background(), "DELAYD_100MS")
 				if err != nil {
 					t.Fatal(err)
 				}
 				return s.CachedInfo().State.LastSeq
 			}
 			last := lastSeq()
-			waitFor(t, 10*time.Second, "offset committed", func() bool {
-				_, ss := b.svc.Stats()
+			itest.WaitFor(t, 10*time.Second, "offset committed", func() bool {
+				_, ss := b.Svc.Stats()
 				for _, s := range ss {
 					if s.Stream == "DELAYD_100MS" {
 						return last >= 20 && s.Offset == last
@@ -119,9 +120,9 @@ func TestOffsetsThatMakeNoSense(t *testing.T) {
 				}
 				return false
 			})
-			b.stopDelayd()
+			b.StopDelayd()
 
-			kv, err := b.js.KeyValue(context.Background(), offsets.Bucket)
+			kv, err := b.JS.KeyValue(context.Background(), offsets.Bucket)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -134,25 +135,25 @@ func TestOffsetsThatMakeNoSense(t *testing.T) {
 			}
 
 			// Second life: 20 more, all delivered, none early.
-			b.startDelayd(table)
+			b.StartDelayd(table)
 			for i := range 20 {
-				b.publish("delay.off.x", []byte("b"+strconv.Itoa(i)), level(1))
+				b.Publish("delay.off.x", []byte("b"+strconv.Itoa(i)), itest.Level(1))
 			}
-			waitFor(t, 15*time.Second, "second batch delivered", func() bool {
+			itest.WaitFor(t, 15*time.Second, "second batch delivered", func() bool {
 				n := 0
-				for _, r := range c.snapshot() {
-					if r.msg.Data[0] == 'b' {
+				for _, r := range c.Snapshot() {
+					if r.Msg.Data[0] == 'b' {
 						n++
 					}
 				}
 				return n >= 20
 			})
-			rec := newRecorder(t)
-			for _, r := range c.snapshot() {
-				rec.record(r.msg, r.at)
+			rec := itest.NewRecorder(t)
+			for _, r := range c.Snapshot() {
+				rec.Record(r.Msg, r.At)
 			}
-			rec.checkNeverEarly()
-			seen := rec.counts()
+			rec.CheckNeverEarly()
+			seen := rec.Counts()
 			for i := range 20 {
 				if seen["b"+strconv.Itoa(i)] != 1 {
 					t.Errorf("b%d delivered %d times, want 1", i, seen["b"+strconv.Itoa(i)])
@@ -169,7 +170,7 @@ func TestOffsetsThatMakeNoSense(t *testing.T) {
 			// The correction was persisted and is a sane sequence now: the
 			// stream's last.
 			last = lastSeq()
-			waitFor(t, 10*time.Second, "offset corrected", func() bool {
+			itest.WaitFor(t, 10*time.Second, "offset corrected", func() bool {
 				e, err := kv.Get(context.Background(), "DELAYD_100MS")
 				if err != nil {
 					return false
@@ -188,19 +189,19 @@ func TestLargeMessageBeyondBatchBytes(t *testing.T) {
 	t.Parallel()
 	opts := natstest.Options(t.TempDir())
 	opts.MaxPayload = 4 << 20
-	b := &testBundle{t: t, srv: natstest.Start(t, opts)}
-	b.connect()
-	b.startDelayd("100ms")
-	c := b.collect("large.x")
+	b := &itest.Bundle{T: t, Srv: natstest.Start(t, opts)}
+	b.Connect()
+	b.StartDelayd("100ms")
+	c := b.Collect("large.x")
 	data := make([]byte, 2<<20)
 	for i := range data {
 		data[i] = byte(i)
 	}
-	b.publish("delay.large.x", data, level(1))
-	b.publish("delay.large.x", []byte("after"), level(1))
-	got := c.wait(t, 2, 15*time.Second)
-	if len(got[0].msg.Data) != len(data) || string(got[1].msg.Data) != "after" {
-		t.Fatalf("got %d bytes then %q, want %d bytes then \"after\"", len(got[0].msg.Data), got[1].msg.Data, len(data))
+	b.Publish("delay.large.x", data, itest.Level(1))
+	b.Publish("delay.large.x", []byte("after"), itest.Level(1))
+	got := c.Wait(t, 2, 15*time.Second)
+	if len(got[0].Msg.Data) != len(data) || string(got[1].Msg.Data) != "after" {
+		t.Fatalf("got %d bytes then %q, want %d bytes then \"after\"", len(got[0].Msg.Data), got[1].Msg.Data, len(data))
 	}
 }
 
@@ -210,25 +211,25 @@ func TestLargeMessageBeyondBatchBytes(t *testing.T) {
 // level, is not held. (At the same level it waits behind the held one: FIFO.)
 func TestStartGrace(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	c := b.collect("grace.>")
-	b.startDelayd("100ms 200ms")
-	b.stopDelayd()
-	b.publish("delay.grace.overdue", []byte("overdue"), level(1))
+	b := itest.Setup(t)
+	c := b.Collect("grace.>")
+	b.StartDelayd("100ms 200ms")
+	b.StopDelayd()
+	b.Publish("delay.grace.overdue", []byte("overdue"), itest.Level(1))
 	time.Sleep(300 * time.Millisecond) // let time pass: the message (level 100ms) is now overdue
 	const grace = time.Second
 	started := time.Now()
-	b.startDelayd("100ms 200ms", func(cfg *deliver.Config) { cfg.StartGrace, cfg.GraceAtStart = grace, true })
-	b.publish("delay.grace.fresh", []byte("fresh"), level(2))
-	got := c.wait(t, 2, 10*time.Second)
+	b.StartDelayd("100ms 200ms", func(cfg *deliver.Config) { cfg.StartGrace, cfg.GraceAtStart = grace, true })
+	b.Publish("delay.grace.fresh", []byte("fresh"), itest.Level(2))
+	got := c.Wait(t, 2, 10*time.Second)
 	// Held, not late: the fresh message, due after the start, arrives before
 	// the overdue one the grace holds.
-	if string(got[0].msg.Data) != "fresh" || string(got[1].msg.Data) != "overdue" {
-		t.Errorf("delivered %q then %q, want fresh then overdue: a message due after start was held by the start grace", got[0].msg.Data, got[1].msg.Data)
+	if string(got[0].Msg.Data) != "fresh" || string(got[1].Msg.Data) != "overdue" {
+		t.Errorf("delivered %q then %q, want fresh then overdue: a message due after start was held by the start grace", got[0].Msg.Data, got[1].Msg.Data)
 	}
 	for _, r := range got {
-		if string(r.msg.Data) == "overdue" && r.at.Before(started.Add(grace)) {
-			t.Errorf("overdue delivery arrived %s after start, before the %s grace", r.at.Sub(started), grace)
+		if string(r.Msg.Data) == "overdue" && r.At.Before(started.Add(grace)) {
+			t.Errorf("overdue delivery arrived %s after start, before the %s grace", r.At.Sub(started), grace)
 		}
 	}
 }
@@ -238,23 +239,23 @@ func TestStartGrace(t *testing.T) {
 // subscriber that reconnects a moment later still gets them.
 func TestReconnectGrace(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	port := b.srv.Addr().(*net.TCPAddr).Port
-	c := b.collect("rg.>")
+	b := itest.Setup(t)
+	port := b.Srv.Addr().(*net.TCPAddr).Port
+	c := b.Collect("rg.>")
 	const grace = time.Second
-	b.startDelayd("100ms 1s", func(cfg *deliver.Config) { cfg.StartGrace = grace })
-	b.publish("delay.rg.x", []byte("during the outage"), level(2))
-	b.srv.Shutdown()
-	b.srv.WaitForShutdown()
+	b.StartDelayd("100ms 1s", func(cfg *deliver.Config) { cfg.StartGrace = grace })
+	b.Publish("delay.rg.x", []byte("during the outage"), itest.Level(2))
+	b.Srv.Shutdown()
+	b.Srv.WaitForShutdown()
 	time.Sleep(1500 * time.Millisecond) // let time pass: the message (level 1s) falls due while the server is away
 	back := time.Now()
-	b.srv = startServer(t, b.storeDir, port)
-	got := c.wait(t, 1, 15*time.Second)
-	if got[0].at.Before(back.Add(grace)) {
-		t.Errorf("delivered %s after the server came back, before the %s grace", got[0].at.Sub(back), grace)
+	b.Srv = itest.StartServer(t, b.StoreDir, port)
+	got := c.Wait(t, 1, 15*time.Second)
+	if got[0].At.Before(back.Add(grace)) {
+		t.Errorf("delivered %s after the server came back, before the %s grace", got[0].At.Sub(back), grace)
 	}
-	waitQuiet(t, 200*time.Millisecond, 10*time.Second, func() int { return len(c.snapshot()) }) // a duplicate would show now
-	if n := len(c.snapshot()); n != 1 {
+	itest.WaitQuiet(t, 200*time.Millisecond, 10*time.Second, func() int { return len(c.Snapshot()) }) // a duplicate would show now
+	if n := len(c.Snapshot()); n != 1 {
 		t.Errorf("delivered %d times, want once", n)
 	}
 }
@@ -265,33 +266,33 @@ func TestReconnectGrace(t *testing.T) {
 // by the old one's offset).
 func TestLevelStreamDeletedWhileRunning(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	c := b.collect("recreated.>")
-	b.startDelayd("100ms 300ms")
+	b := itest.Setup(t)
+	c := b.Collect("recreated.>")
+	b.StartDelayd("100ms 300ms")
 	for i := range 30 {
-		b.publish("delay.recreated.before", []byte("b"+strconv.Itoa(i)), level(2))
+		b.Publish("delay.recreated.before", []byte("b"+strconv.Itoa(i)), itest.Level(2))
 	}
-	c.wait(t, 30, 10*time.Second)
-	waitFor(t, 10*time.Second, "a purge of DELAYD_300MS (its first sequence past 1)", func() bool {
-		s, err := b.js.Stream(context.Background(), "DELAYD_300MS")
+	c.Wait(t, 30, 10*time.Second)
+	itest.WaitFor(t, 10*time.Second, "a purge of DELAYD_300MS (its first sequence past 1)", func() bool {
+		s, err := b.JS.Stream(context.Background(), "DELAYD_300MS")
 		if err != nil {
 			return false
 		}
 		info, err := s.Info(context.Background())
-		return err == nil && info.State.FirstSeq > 1 && b.scannerStats("DELAYD_300MS").Offset >= 30
+		return err == nil && info.State.FirstSeq > 1 && b.ScannerStats("DELAYD_300MS").Offset >= 30
 	})
-	if err := b.js.DeleteStream(context.Background(), "DELAYD_300MS"); err != nil {
+	if err := b.JS.DeleteStream(context.Background(), "DELAYD_300MS"); err != nil {
 		t.Fatal(err)
 	}
 	// More than the old stream's offset, so a stale offset would skip some.
 	for i := range 45 {
-		b.publish("delay.recreated.after", []byte("a"+strconv.Itoa(i)), level(2))
+		b.Publish("delay.recreated.after", []byte("a"+strconv.Itoa(i)), itest.Level(2))
 		time.Sleep(10 * time.Millisecond) // let time pass: spread the store times
 	}
-	waitFor(t, 20*time.Second, "every message routed after the deletion delivered", func() bool {
+	itest.WaitFor(t, 20*time.Second, "every message routed after the deletion delivered", func() bool {
 		n := 0
-		for _, r := range c.snapshot() {
-			if r.msg.Subject == "recreated.after" {
+		for _, r := range c.Snapshot() {
+			if r.Msg.Subject == "recreated.after" {
 				n++
 			}
 		}

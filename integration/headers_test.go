@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // userHeaders returns 20 user header keys: unicode values, a key with three
@@ -102,42 +103,42 @@ func checkDelivered(t *testing.T, got nats.Header, data []byte, wantData []byte,
 
 func TestHeadersPreserved(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 300ms 1s")
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 300ms 1s")
 
 	t.Run("level 1", func(t *testing.T) {
-		c := b.collect("hdr.one")
+		c := b.Collect("hdr.one")
 		user := userHeaders()
 		h := cloneHeader(user)
 		h["Delay-Level"] = []string{"1"}
 		h[contract.HeaderNatsMsgID] = []string{"user-msg-id-1"}
 		h[contract.HeaderHops] = []string{"7"} // delayd's to set: a publisher's value is dropped
 		before := time.Now()
-		b.publish("delay.hdr.one", allBytes(), h)
+		b.Publish("delay.hdr.one", allBytes(), h)
 		after := time.Now()
 
-		r := c.wait(t, 1, 10*time.Second)[0]
-		enq, due := checkDelivered(t, r.msg.Header, r.msg.Data, allBytes(), user, "user-msg-id-1", 100*time.Millisecond)
+		r := c.Wait(t, 1, 10*time.Second)[0]
+		enq, due := checkDelivered(t, r.Msg.Header, r.Msg.Data, allBytes(), user, "user-msg-id-1", 100*time.Millisecond)
 		if enq.Before(before.Add(-time.Second)) || enq.After(after) {
 			t.Errorf("%s = %s, want within [%s, %s]", contract.HeaderEnqueuedAt, enq, before.Add(-time.Second), after)
 		}
-		if r.at.Before(due) {
-			t.Errorf("delivered at %s, before due %s (%s early)", r.at, due, due.Sub(r.at))
+		if r.At.Before(due) {
+			t.Errorf("delivered at %s, before due %s (%s early)", r.At, due, due.Sub(r.At))
 		}
 	})
 
 	t.Run("level 0", func(t *testing.T) {
-		c := b.collect("hdr.zero")
+		c := b.Collect("hdr.zero")
 		user := userHeaders()
 		h := cloneHeader(user)
 		h["delay-level"] = []string{"0"}
 		h[contract.HeaderNatsMsgID] = []string{"user-msg-id-0"}
 		before := time.Now()
-		b.publish("delay.hdr.zero", allBytes(), h)
+		b.Publish("delay.hdr.zero", allBytes(), h)
 		after := time.Now()
 
-		r := c.wait(t, 1, 10*time.Second)[0]
-		enq, due := checkDelivered(t, r.msg.Header, r.msg.Data, allBytes(), user, "user-msg-id-0", 0)
+		r := c.Wait(t, 1, 10*time.Second)[0]
+		enq, due := checkDelivered(t, r.Msg.Header, r.Msg.Data, allBytes(), user, "user-msg-id-0", 0)
 		if !enq.Equal(due) {
 			t.Errorf("level 0: %s = %s, %s = %s; want equal", contract.HeaderEnqueuedAt, enq, contract.HeaderDueAt, due)
 		}
@@ -147,7 +148,7 @@ func TestHeadersPreserved(t *testing.T) {
 	})
 
 	t.Run("derived id and instruction headers", func(t *testing.T) {
-		c := b.collect("hdr.derived.>")
+		c := b.Collect("hdr.derived.>")
 		user := nats.Header{"X-User": {"u"}}
 		var seqs []uint64
 		for i, subject := range []string{"delay.hdr.derived.a", "delay.hdr.derived.b"} {
@@ -158,21 +159,21 @@ func TestHeadersPreserved(t *testing.T) {
 			if i == 0 {
 				h["Nats-Expected-Last-Subject-Sequence"] = []string{"0"}
 			}
-			seqs = append(seqs, b.publish(subject, []byte(subject), h))
+			seqs = append(seqs, b.Publish(subject, []byte(subject), h))
 		}
-		got := c.wait(t, 2, 10*time.Second)
+		got := c.Wait(t, 2, 10*time.Second)
 		ids := map[string]string{}
 		for i, r := range got {
-			checkDelivered(t, r.msg.Header, r.msg.Data, []byte("delay."+r.msg.Subject), user, "", 100*time.Millisecond)
-			id := r.msg.Header.Get(contract.HeaderNatsMsgID)
+			checkDelivered(t, r.Msg.Header, r.Msg.Data, []byte("delay."+r.Msg.Subject), user, "", 100*time.Millisecond)
+			id := r.Msg.Header.Get(contract.HeaderNatsMsgID)
 			seq := seqs[0]
-			if r.msg.Subject == "hdr.derived.b" {
+			if r.Msg.Subject == "hdr.derived.b" {
 				seq = seqs[1]
 			}
 			if !strings.HasPrefix(id, "delayd-") || !strings.Contains(id, "-"+strconv.FormatUint(seq, 10)+"-") {
 				t.Errorf("delivery %d: derived %s = %q, want delayd-<ingress id>-%d-<mac>", i, contract.HeaderNatsMsgID, id, seq)
 			}
-			ids[id] = r.msg.Subject
+			ids[id] = r.Msg.Subject
 		}
 		if len(ids) != 2 {
 			t.Errorf("two messages without Nats-Msg-Id got ids %v, want two different ids", ids)
@@ -180,17 +181,17 @@ func TestHeadersPreserved(t *testing.T) {
 	})
 
 	t.Run("stream-bound target", func(t *testing.T) {
-		b.createStream("BOUND", "bound.>")
+		b.CreateStream("BOUND", "bound.>")
 		user := userHeaders()
 		h := cloneHeader(user)
 		h["Delay-Level"] = []string{"1"}
 		h[contract.HeaderNatsMsgID] = []string{"user-msg-id-bound"}
 		before := time.Now()
-		b.publish("delay.bound.x", allBytes(), h)
+		b.Publish("delay.bound.x", allBytes(), h)
 		after := time.Now()
 
-		waitFor(t, 10*time.Second, "the delivery stored in BOUND", func() bool { return b.streamCount("BOUND") >= 1 })
-		msgs := b.streamMsgs("BOUND")
+		itest.WaitFor(t, 10*time.Second, "the delivery stored in BOUND", func() bool { return b.StreamCount("BOUND") >= 1 })
+		msgs := b.StreamMsgs("BOUND")
 		if len(msgs) != 1 {
 			t.Fatalf("BOUND holds %d messages, want 1", len(msgs))
 		}

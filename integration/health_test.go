@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // TestRouterLevelWriteRefused makes the router's writes to one level stream
@@ -20,33 +22,33 @@ func TestRouterLevelWriteRefused(t *testing.T) {
 		t.Skip("waits for the 30 s stall threshold: skipped when testing.Short()")
 	}
 	t.Parallel()
-	b := setup(t)
+	b := itest.Setup(t)
 	ctx := context.Background()
-	b.createStream("OK", "ok.>")
-	b.startDelayd("100ms 300ms")
+	b.CreateStream("OK", "ok.>")
+	b.StartDelayd("100ms 300ms")
 	setMaxMsgs := func(n int64) {
-		s, err := b.js.Stream(ctx, "DELAYD_100MS")
+		s, err := b.JS.Stream(ctx, "DELAYD_100MS")
 		if err != nil {
 			t.Fatal(err)
 		}
 		cfg := s.CachedInfo().Config
 		cfg.MaxMsgs, cfg.Discard = n, jetstream.DiscardNew
-		if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+		if _, err := b.JS.UpdateStream(ctx, cfg); err != nil {
 			t.Fatal(err)
 		}
 	}
-	b.publish("delay.ok.first", []byte("1"), level(1))
-	waitFor(t, 20*time.Second, "the first message delivered", func() bool { return b.streamCount("OK") == 1 })
+	b.Publish("delay.ok.first", []byte("1"), itest.Level(1))
+	itest.WaitFor(t, 20*time.Second, "the first message delivered", func() bool { return b.StreamCount("OK") == 1 })
 	// The level stream keeps its last delivered message (the router's
 	// tail; the router's epoch marker before it is purged): once it holds
 	// only that, a limit of one message refuses the next write.
-	waitFor(t, 20*time.Second, "DELAYD_100MS purged to its last delivered message", func() bool { return b.streamCount("DELAYD_100MS") == 1 })
+	itest.WaitFor(t, 20*time.Second, "DELAYD_100MS purged to its last delivered message", func() bool { return b.StreamCount("DELAYD_100MS") == 1 })
 	setMaxMsgs(1)
 
 	published := time.Now()
-	b.publish("delay.ok.second", []byte("2"), level(1))
+	b.Publish("delay.ok.second", []byte("2"), itest.Level(1))
 	for {
-		why := strings.Join(b.svc.Unready(), "; ")
+		why := strings.Join(b.Svc.Unready(), "; ")
 		since := time.Since(published)
 		if why != "" {
 			if since < 30*time.Second {
@@ -65,6 +67,6 @@ func TestRouterLevelWriteRefused(t *testing.T) {
 	}
 
 	setMaxMsgs(-1)
-	waitFor(t, 20*time.Second, "the second message delivered", func() bool { return b.streamCount("OK") == 2 })
-	waitFor(t, 20*time.Second, "ready again", b.svc.Ready)
+	itest.WaitFor(t, 20*time.Second, "the second message delivered", func() bool { return b.StreamCount("OK") == 2 })
+	itest.WaitFor(t, 20*time.Second, "ready again", b.Svc.Ready)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // headerLen is the size of h on the wire as nats.go encodes it:
@@ -48,10 +49,10 @@ func dlqByCase(dlq []*jetstream.RawStreamMsg, name string) []*jetstream.RawStrea
 // status. Each must be delivered like any message, and routing must go on.
 func TestHostileStatusHeaders(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.createStream("HOSTILE", "hostile.js.>")
-	b.startDelayd("100ms 1s")
-	c := b.collect("hostile.>")
+	b := itest.Setup(t)
+	b.CreateStream("HOSTILE", "hostile.js.>")
+	b.StartDelayd("100ms 1s")
+	c := b.Collect("hostile.>")
 
 	type statusCase struct {
 		name   string
@@ -73,10 +74,10 @@ func TestHostileStatusHeaders(t *testing.T) {
 			h := cloneHeader(tc.header)
 			h["Delay-Level"] = []string{"1"}
 			h["X-Case"] = []string{tc.name}
-			b.publish("delay."+target, nil, h)
+			b.Publish("delay."+target, nil, h)
 		}
 	}
-	b.publish("delay.hostile.core.canary", []byte("canary"), level(1))
+	b.Publish("delay.hostile.core.canary", []byte("canary"), itest.Level(1))
 
 	want := 2*len(cases) + 1
 	got := waitCount(c, want, 15*time.Second)
@@ -85,7 +86,7 @@ func TestHostileStatusHeaders(t *testing.T) {
 	}
 	bySubject := make(map[string][]*nats.Msg)
 	for _, r := range got {
-		bySubject[r.msg.Subject] = append(bySubject[r.msg.Subject], r.msg)
+		bySubject[r.Msg.Subject] = append(bySubject[r.Msg.Subject], r.Msg)
 	}
 	if n := len(bySubject["hostile.core.canary"]); n != 1 {
 		t.Errorf("canary delivered %d times, want 1", n)
@@ -106,8 +107,8 @@ func TestHostileStatusHeaders(t *testing.T) {
 	}
 
 	// The stream-bound copies are stored with their headers.
-	waitCond(10*time.Second, func() bool { return b.streamCount("HOSTILE") >= uint64(len(cases)) })
-	for _, m := range b.streamMsgs("HOSTILE") {
+	waitCond(10*time.Second, func() bool { return b.StreamCount("HOSTILE") >= uint64(len(cases)) })
+	for _, m := range b.StreamMsgs("HOSTILE") {
 		name := strings.TrimPrefix(m.Subject, "hostile.js.")
 		i := slices.IndexFunc(cases, func(c statusCase) bool { return c.name == name })
 		if i < 0 {
@@ -123,37 +124,37 @@ func TestHostileStatusHeaders(t *testing.T) {
 			}
 		}
 	}
-	if n := b.streamCount("HOSTILE"); n != uint64(len(cases)) {
+	if n := b.StreamCount("HOSTILE"); n != uint64(len(cases)) {
 		t.Errorf("HOSTILE holds %d messages, want %d", n, len(cases))
 	}
 
 	// Everything was routed and acked: the work-queue ingress is empty, and
 	// nothing was dead-lettered.
-	if !waitCond(10*time.Second, func() bool { return b.streamCount(deliver.IngressStream) == 0 }) {
-		t.Errorf("DELAYD_INGRESS still holds %d messages", b.streamCount(deliver.IngressStream))
+	if !waitCond(10*time.Second, func() bool { return b.StreamCount(deliver.IngressStream) == 0 }) {
+		t.Errorf("DELAYD_INGRESS still holds %d messages", b.StreamCount(deliver.IngressStream))
 	}
-	if n := b.streamCount(deliver.DLQStream); n != 0 {
+	if n := b.StreamCount(deliver.DLQStream); n != 0 {
 		t.Errorf("DELAYD_DLQ holds %d messages, want 0", n)
 	}
 	// No late duplicate shows up.
-	waitQuiet(t, 500*time.Millisecond, 10*time.Second, func() int { return len(c.snapshot()) })
-	if n := len(c.snapshot()); n != want {
+	itest.WaitQuiet(t, 500*time.Millisecond, 10*time.Second, func() int { return len(c.Snapshot()) })
+	if n := len(c.Snapshot()); n != want {
 		t.Errorf("%d deliveries in all, want %d", n, want)
 	}
 }
 
 // waitCount waits until c has n deliveries or timeout passes, and returns
 // what it has; it does not fail the test.
-func waitCount(c *collector, n int, timeout time.Duration) []received {
+func waitCount(c *itest.Collector, n int, timeout time.Duration) []itest.Received {
 	deadline := time.After(timeout)
 	for {
-		if got := c.snapshot(); len(got) >= n {
+		if got := c.Snapshot(); len(got) >= n {
 			return got
 		}
 		select {
-		case <-c.ch:
+		case <-c.Ch:
 		case <-deadline:
-			return c.snapshot()
+			return c.Snapshot()
 		}
 	}
 }
@@ -193,26 +194,26 @@ func TestHostileStatusHeaderTail(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
-			b.startDelayd("100ms 1s")
-			c := b.collect("tail.>")
+			b := itest.Setup(t)
+			b.StartDelayd("100ms 1s")
+			c := b.Collect("tail.>")
 			h := cloneHeader(tc.header)
 			h["Delay-Level"] = []string{"1"}
-			b.publish("delay.tail.hostile", nil, h)
+			b.Publish("delay.tail.hostile", nil, h)
 			if got := waitCount(c, 1, 10*time.Second); len(got) != 1 {
 				t.Errorf("before restart: %d deliveries, want 1", len(got))
 			}
-			b.stopDelayd()
-			b.startDelayd("100ms 1s")
-			b.publish("delay.tail.canary", []byte("canary"), level(1))
+			b.StopDelayd()
+			b.StartDelayd("100ms 1s")
+			b.Publish("delay.tail.canary", []byte("canary"), itest.Level(1))
 			got := waitCount(c, 2, 10*time.Second)
-			if i := slices.IndexFunc(got, func(r received) bool { return r.msg.Subject == "tail.canary" }); i < 0 {
+			if i := slices.IndexFunc(got, func(r itest.Received) bool { return r.Msg.Subject == "tail.canary" }); i < 0 {
 				t.Errorf("after a restart with the message as the level's tail: canary not delivered within 10s (%d deliveries)", len(got))
 			}
-			if !waitCond(5*time.Second, func() bool { return b.streamCount(deliver.IngressStream) == 0 }) {
-				t.Errorf("DELAYD_INGRESS still holds %d messages", b.streamCount(deliver.IngressStream))
+			if !waitCond(5*time.Second, func() bool { return b.StreamCount(deliver.IngressStream) == 0 }) {
+				t.Errorf("DELAYD_INGRESS still holds %d messages", b.StreamCount(deliver.IngressStream))
 			}
-			if n := len(c.snapshot()); n > 2 {
+			if n := len(c.Snapshot()); n > 2 {
 				t.Errorf("%d deliveries, want 2 (the hostile message delivered again?)", n)
 			}
 		})
@@ -225,18 +226,18 @@ func TestHostileStatusHeaderTail(t *testing.T) {
 // what the dead letter had to drop, and routing must go on.
 func TestHostileHeaderLimit(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := itest.Setup(t)
 
 	// Find the largest X-Big value the server accepts, on a scratch stream
 	// (every stream has the same header limit), before delayd runs.
-	b.createStream("PROBE", "probe.>")
+	b.CreateStream("PROBE", "probe.>")
 	hdrFor := func(n int, id string) nats.Header {
 		return nats.Header{"Delay-Level": {"1"}, "X-Case": {"hdr-limit"}, "X-Big": {strings.Repeat("h", n)}, "Nats-Msg-Id": {id}}
 	}
 	const userID = "user-hdr-limit"
 	accepts := func(n int) bool {
 		id := fmt.Sprintf("probe-%08d", n) // as long as userID, and no dedupe across probes
-		_, err := b.tryPublish("probe.x", []byte("p"), hdrFor(n, id))
+		_, err := b.TryPublish("probe.x", []byte("p"), hdrFor(n, id))
 		return err == nil
 	}
 	lo, hi := 60000, 70000 // accepts(lo), !accepts(hi)
@@ -254,19 +255,19 @@ func TestHostileHeaderLimit(t *testing.T) {
 	h := hdrFor(lo, userID)
 	t.Logf("largest accepted X-Big value: %d bytes; header block %d bytes", lo, headerLen(h))
 
-	b.startDelayd("100ms 1s")
-	ok := b.collect("ok.>")
+	b.StartDelayd("100ms 1s")
+	ok := b.Collect("ok.>")
 
 	data := []byte("small payload")
-	if _, err := b.tryPublish("delay.big.hdr", data, h); err != nil {
+	if _, err := b.TryPublish("delay.big.hdr", data, h); err != nil {
 		t.Fatalf("the ingress stream refused a header block of %d bytes: %v", headerLen(h), err)
 	}
-	b.publish("delay.ok.canary", []byte("canary"), level(1))
+	b.Publish("delay.ok.canary", []byte("canary"), itest.Level(1))
 
-	waitFor(t, 15*time.Second, "the message in DELAYD_DLQ", func() bool { return b.streamCount(deliver.DLQStream) >= 1 })
-	ok.wait(t, 1, 15*time.Second)
+	itest.WaitFor(t, 15*time.Second, "the message in DELAYD_DLQ", func() bool { return b.StreamCount(deliver.DLQStream) >= 1 })
+	ok.Wait(t, 1, 15*time.Second)
 
-	dlq := b.streamMsgs(deliver.DLQStream)
+	dlq := b.StreamMsgs(deliver.DLQStream)
 	if len(dlq) != 1 {
 		t.Fatalf("DELAYD_DLQ holds %d messages, want 1", len(dlq))
 	}
@@ -308,13 +309,13 @@ func TestHostileHeaderLimit(t *testing.T) {
 			t.Errorf("internal header %q reached the dead-letter stream", k)
 		}
 	}
-	if got := ok.snapshot()[0].msg; got.Subject != "ok.canary" || string(got.Data) != "canary" {
+	if got := ok.Snapshot()[0].Msg; got.Subject != "ok.canary" || string(got.Data) != "canary" {
 		t.Errorf("canary = %s %q", got.Subject, got.Data)
 	}
-	if n := b.levelCount("DELAYD_100MS"); n > 1 {
+	if n := b.LevelCount("DELAYD_100MS"); n > 1 {
 		t.Errorf("DELAYD_100MS holds %d messages, want at most the kept tail", n)
 	}
-	waitFor(t, 10*time.Second, "DELAYD_INGRESS empty", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
+	itest.WaitFor(t, 10*time.Second, "DELAYD_INGRESS empty", func() bool { return b.StreamCount(deliver.IngressStream) == 0 })
 }
 
 // TestHostileMaxPayload publishes a message whose payload plus headers is
@@ -324,23 +325,23 @@ func TestHostileHeaderLimit(t *testing.T) {
 // kept and the payload dropped (saying so), and routing must go on.
 func TestHostileMaxPayload(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 1s")
-	ok := b.collect("ok.>")
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 1s")
+	ok := b.Collect("ok.>")
 
 	h := nats.Header{"Delay-Level": {"1"}, "X-User": {"keep"}, "Nats-Msg-Id": {"user-max"}}
-	max := int(b.nc.MaxPayload())
+	max := int(b.NC.MaxPayload())
 	data := bytes.Repeat([]byte{'m'}, max-headerLen(h))
 	t.Logf("max payload %d: %d payload bytes + %d header bytes", max, len(data), headerLen(h))
-	if _, err := b.tryPublish("delay.big.max", data, h); err != nil {
+	if _, err := b.TryPublish("delay.big.max", data, h); err != nil {
 		t.Fatalf("publish of exactly max payload: %v", err)
 	}
-	b.publish("delay.ok.canary", []byte("canary"), level(1))
+	b.Publish("delay.ok.canary", []byte("canary"), itest.Level(1))
 
-	waitFor(t, 15*time.Second, "the message in DELAYD_DLQ", func() bool { return b.streamCount(deliver.DLQStream) >= 1 })
-	ok.wait(t, 1, 15*time.Second)
+	itest.WaitFor(t, 15*time.Second, "the message in DELAYD_DLQ", func() bool { return b.StreamCount(deliver.DLQStream) >= 1 })
+	ok.Wait(t, 1, 15*time.Second)
 
-	dlq := b.streamMsgs(deliver.DLQStream)
+	dlq := b.StreamMsgs(deliver.DLQStream)
 	if len(dlq) != 1 {
 		t.Fatalf("DELAYD_DLQ holds %d messages, want 1", len(dlq))
 	}
@@ -378,10 +379,10 @@ func TestHostileMaxPayload(t *testing.T) {
 			t.Errorf("internal header %q reached the dead-letter stream", k)
 		}
 	}
-	if got := ok.snapshot()[0].msg; got.Subject != "ok.canary" || string(got.Data) != "canary" {
+	if got := ok.Snapshot()[0].Msg; got.Subject != "ok.canary" || string(got.Data) != "canary" {
 		t.Errorf("canary = %s %q", got.Subject, got.Data)
 	}
-	waitFor(t, 10*time.Second, "DELAYD_INGRESS empty", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
+	itest.WaitFor(t, 10*time.Second, "DELAYD_INGRESS empty", func() bool { return b.StreamCount(deliver.IngressStream) == 0 })
 }
 
 // TestHostileOddLevels checks Delay-Level values a lenient parser might take:
@@ -389,9 +390,9 @@ func TestHostileMaxPayload(t *testing.T) {
 // a leading "+" accepted, negative values refused.
 func TestHostileOddLevels(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 1s")
-	c := b.collect("odd.>")
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 1s")
+	c := b.Collect("odd.>")
 
 	type oddCase struct {
 		name  string
@@ -413,14 +414,14 @@ func TestHostileOddLevels(t *testing.T) {
 	var sent []oddCase
 	for _, tc := range cases {
 		h := nats.Header{"Delay-Level": {tc.value}, "X-Case": {tc.name}}
-		if _, err := b.tryPublish("delay.odd."+tc.name, []byte(tc.name), h); err != nil {
+		if _, err := b.TryPublish("delay.odd."+tc.name, []byte(tc.name), h); err != nil {
 			// Not a silent skip: a refused case would shrink the sample.
 			t.Errorf("case %s: the client or server refused value %q: %v", tc.name, tc.value, err)
 			continue
 		}
 		sent = append(sent, tc)
 	}
-	b.publish("delay.odd.canary", []byte("canary"), level(1))
+	b.Publish("delay.odd.canary", []byte("canary"), itest.Level(1))
 
 	var nDead, nLive int
 	for _, tc := range sent {
@@ -430,13 +431,13 @@ func TestHostileOddLevels(t *testing.T) {
 			nLive++
 		}
 	}
-	c.wait(t, nLive+1, 15*time.Second)
-	waitFor(t, 15*time.Second, fmt.Sprintf("%d dead letters", nDead), func() bool {
-		return b.streamCount(deliver.DLQStream) >= uint64(nDead)
+	c.Wait(t, nLive+1, 15*time.Second)
+	itest.WaitFor(t, 15*time.Second, fmt.Sprintf("%d dead letters", nDead), func() bool {
+		return b.StreamCount(deliver.DLQStream) >= uint64(nDead)
 	})
-	waitQuiet(t, 1500*time.Millisecond, 15*time.Second, func() int { return len(c.snapshot()) + int(b.streamCount(deliver.DLQStream)) }) // nothing else shows up, on either side
-	got := c.snapshot()
-	dlq := b.streamMsgs(deliver.DLQStream)
+	itest.WaitQuiet(t, 1500*time.Millisecond, 15*time.Second, func() int { return len(c.Snapshot()) + int(b.StreamCount(deliver.DLQStream)) }) // nothing else shows up, on either side
+	got := c.Snapshot()
+	dlq := b.StreamMsgs(deliver.DLQStream)
 	if len(dlq) != nDead {
 		t.Errorf("DELAYD_DLQ holds %d messages, want %d", len(dlq), nDead)
 	}
@@ -447,8 +448,8 @@ func TestHostileOddLevels(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var delivered []*nats.Msg
 			for _, r := range got {
-				if r.msg.Subject == "odd."+tc.name {
-					delivered = append(delivered, r.msg)
+				if r.Msg.Subject == "odd."+tc.name {
+					delivered = append(delivered, r.Msg)
 				}
 			}
 			dead := dlqByCase(dlq, tc.name)
@@ -479,8 +480,8 @@ func TestHostileOddLevels(t *testing.T) {
 			checkDelivered(t, delivered[0].Header, delivered[0].Data, []byte(tc.name), nats.Header{"X-Case": {tc.name}}, "", tc.delay)
 		})
 	}
-	if i := slices.IndexFunc(got, func(r received) bool { return r.msg.Subject == "odd.canary" }); i < 0 {
+	if i := slices.IndexFunc(got, func(r itest.Received) bool { return r.Msg.Subject == "odd.canary" }); i < 0 {
 		t.Error("canary not delivered")
 	}
-	waitFor(t, 10*time.Second, "DELAYD_INGRESS empty", func() bool { return b.streamCount(deliver.IngressStream) == 0 })
+	itest.WaitFor(t, 10*time.Second, "DELAYD_INGRESS empty", func() bool { return b.StreamCount(deliver.IngressStream) == 0 })
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // TestInfoAPI: as soon as delayd reports ready, delayd.api.info answers
@@ -25,13 +26,13 @@ import (
 // reserve, and a version.
 func TestInfoAPI(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 1s", func(c *deliver.Config) {
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 1s", func(c *deliver.Config) {
 		c.Prefix = "sched"
 		c.MaxDelay = 5 * time.Hour
 		c.Targets = contract.TargetPolicy{Allow: []string{"orders.>"}, Deny: []string{"orders.internal.>"}}
 	})
-	m, err := b.nc.Request(contract.InfoSubject, nil, 5*time.Second)
+	m, err := b.NC.Request(contract.InfoSubject, nil, 5*time.Second)
 	if err != nil {
 		t.Fatalf("info request once delayd is ready: %v", err)
 	}
@@ -63,15 +64,15 @@ func TestInfoAPI(t *testing.T) {
 		t.Errorf("max delay %q (%d ns), want 5h0m0s", info.MaxDelay, info.MaxDelayNS)
 	case !slices.Equal(info.AllowTargets, []string{"orders.>"}) || !slices.Equal(info.DenyTargets, []string{"orders.internal.>"}):
 		t.Errorf("targets allow %q deny %q", info.AllowTargets, info.DenyTargets)
-	case info.MaxPayload != b.nc.MaxPayload() || info.HeaderReserve != contract.HeaderReserve:
-		t.Errorf("max payload %d, header reserve %d; want %d and %d", info.MaxPayload, info.HeaderReserve, b.nc.MaxPayload(), contract.HeaderReserve)
+	case info.MaxPayload != b.NC.MaxPayload() || info.HeaderReserve != contract.HeaderReserve:
+		t.Errorf("max payload %d, header reserve %d; want %d and %d", info.MaxPayload, info.HeaderReserve, b.NC.MaxPayload(), contract.HeaderReserve)
 	case info.Version == "":
 		t.Error("no version")
 	}
 	// The same through the client, and the defaults: max delay a week, no policy.
-	b2 := setup(t)
-	b2.startDelayd("1s")
-	got, err := delayd.FetchInfo(context.Background(), b2.nc)
+	b2 := itest.Setup(t)
+	b2.StartDelayd("1s")
+	got, err := delayd.FetchInfo(context.Background(), b2.NC)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,8 +91,8 @@ func TestInfoAPI(t *testing.T) {
 // unless WithRequireInfo.
 func TestPublishLimits(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("100ms 200ms", func(c *deliver.Config) {
+	b := itest.Setup(t)
+	b.StartDelayd("100ms 200ms", func(c *deliver.Config) {
 		c.MaxDelay = time.Hour
 		c.Targets = contract.TargetPolicy{Deny: []string{"blocked.>"}}
 	})
@@ -99,17 +100,17 @@ func TestPublishLimits(t *testing.T) {
 		mu      sync.Mutex
 		ingress []string // subject and Nats-Msg-Id of every publish that reaches the ingress subjects
 	)
-	if _, err := b.nc.Subscribe("delay.>", func(m *nats.Msg) {
+	if _, err := b.NC.Subscribe("delay.>", func(m *nats.Msg) {
 		mu.Lock()
 		ingress = append(ingress, m.Subject+" "+m.Header.Get("Nats-Msg-Id"))
 		mu.Unlock()
 	}); err != nil {
 		t.Fatal(err)
 	}
-	_ = b.nc.Flush()
+	_ = b.NC.Flush()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	limit := int(b.nc.MaxPayload()) - contract.HeaderReserve
+	limit := int(b.NC.MaxPayload()) - contract.HeaderReserve
 	for _, c := range []struct {
 		what    string
 		subject string
@@ -123,18 +124,18 @@ func TestPublishLimits(t *testing.T) {
 		{"another prefix", "orders.x", nil, []delayd.PublishOpt{delayd.WithLevel(1), delayd.WithPrefix("sched")}, delayd.ErrPrefixMismatch},
 		{"too large", "orders.x", make([]byte, limit), []delayd.PublishOpt{delayd.WithLevel(1)}, delayd.ErrTooLarge},
 	} {
-		if _, err := delayd.Publish(ctx, b.js, c.subject, c.data, c.opts...); !errors.Is(err, c.want) {
+		if _, err := delayd.Publish(ctx, b.JS, c.subject, c.data, c.opts...); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.what, err, c.want)
 		} else {
 			t.Logf("%s: %v", c.what, err)
 		}
 	}
 
-	got := b.collect("orders.>")
-	if _, err := delayd.Publish(ctx, b.js, "orders.clamped", []byte("clamped"), delayd.WithLevel(9)); err != nil {
+	got := b.Collect("orders.>")
+	if _, err := delayd.Publish(ctx, b.JS, "orders.clamped", []byte("clamped"), delayd.WithLevel(9)); err != nil {
 		t.Fatalf("level above the table: %v", err)
 	}
-	if _, err := delayd.Publish(ctx, b.js, "orders.max", nil, delayd.WithDuration(time.Hour)); err != nil {
+	if _, err := delayd.Publish(ctx, b.JS, "orders.max", nil, delayd.WithDuration(time.Hour)); err != nil {
 		t.Fatalf("a duration of exactly the max delay: %v", err)
 	}
 	// Exactly at the client's limit: headers and payload take limit bytes. A
@@ -146,37 +147,37 @@ func TestPublishLimits(t *testing.T) {
 	fixed := len("NATS/1.0\r\n\r\n") + len("Tenant: acme\r\n") + len("Delay-Duration: 350ms\r\n") +
 		2*len("Delay-Merge-Key: \r\n") + 2*len(id1)
 	big := bytes.Repeat([]byte("b"), limit-fixed+len("Delay-Merge-Key")-len("Nats-Msg-Id"))
-	if _, err := delayd.Publish(ctx, b.js, "orders.big", big, delayd.WithDuration(350*time.Millisecond),
+	if _, err := delayd.Publish(ctx, b.JS, "orders.big", big, delayd.WithDuration(350*time.Millisecond),
 		delayd.WithMsgID(id1), delayd.WithMergeKey(id1), delayd.WithHeader(hdr)); err != nil {
 		t.Fatalf("a message at the size limit: %v", err)
 	}
-	if _, err := delayd.Publish(ctx, b.js, "orders.big", append(big, 'x'), delayd.WithDuration(350*time.Millisecond),
+	if _, err := delayd.Publish(ctx, b.JS, "orders.big", append(big, 'x'), delayd.WithDuration(350*time.Millisecond),
 		delayd.WithMsgID(id2), delayd.WithMergeKey(id2), delayd.WithHeader(hdr)); !errors.Is(err, delayd.ErrTooLarge) {
 		t.Errorf("a message one byte over the size limit: %v, want ErrTooLarge", err)
 	}
-	msgs := got.wait(t, 2, 30*time.Second)
+	msgs := got.Wait(t, 2, 30*time.Second)
 	for _, r := range msgs {
-		switch r.msg.Subject {
+		switch r.Msg.Subject {
 		case "orders.clamped":
-			if d := parseTime(t, r.msg.Header, "Delay-Due-At").Sub(parseTime(t, r.msg.Header, "Delay-Enqueued-At")); d != 200*time.Millisecond {
+			if d := parseTime(t, r.Msg.Header, "Delay-Due-At").Sub(parseTime(t, r.Msg.Header, "Delay-Enqueued-At")); d != 200*time.Millisecond {
 				t.Errorf("level 9 delivered after %s, want the highest level's 200ms", d)
 			}
 		case "orders.big":
-			if len(r.msg.Data) != len(big) {
-				t.Errorf("big message delivered with %d bytes, want %d", len(r.msg.Data), len(big))
+			if len(r.Msg.Data) != len(big) {
+				t.Errorf("big message delivered with %d bytes, want %d", len(r.Msg.Data), len(big))
 			}
 		default:
-			t.Errorf("unexpected delivery on %s", r.msg.Subject)
+			t.Errorf("unexpected delivery on %s", r.Msg.Subject)
 		}
 	}
-	if n := b.streamCount(deliver.DLQStream); n != 0 {
-		for _, m := range b.streamMsgs(deliver.DLQStream) {
+	if n := b.StreamCount(deliver.DLQStream); n != 0 {
+		for _, m := range b.StreamMsgs(deliver.DLQStream) {
 			t.Logf("dead letter: %s %s", m.Header.Get(contract.HeaderSubject), m.Header.Get(contract.HeaderError))
 		}
 		t.Errorf("%d dead letters, want none: the client accepted a message delayd refused", n)
 	}
 	// The accepted publishes reached ingress (and the cascade's hops); no refused one did.
-	waitFor(t, 10*time.Second, "ingress publishes seen", func() bool {
+	itest.WaitFor(t, 10*time.Second, "ingress publishes seen", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(ingress) >= 3
@@ -190,8 +191,8 @@ func TestPublishLimits(t *testing.T) {
 	mu.Unlock()
 
 	// No delayd: the config-independent checks only, unless WithRequireInfo.
-	b.stopDelayd()
-	nc, err := nats.Connect(b.srv.ClientURL()) // a new connection: no cached info
+	b.StopDelayd()
+	nc, err := nats.Connect(b.Srv.ClientURL()) // a new connection: no cached info
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +210,7 @@ func TestPublishLimits(t *testing.T) {
 	if _, err := delayd.Publish(ctx, js, "orders.*", nil, delayd.WithLevel(1)); !errors.Is(err, contract.ErrInvalidTarget) {
 		t.Errorf("wildcard target while delayd is down: %v, want ErrInvalidTarget", err)
 	}
-	waitFor(t, 10*time.Second, "orders.down stored in the ingress stream", func() bool { return b.streamCount(deliver.IngressStream) == 1 })
+	itest.WaitFor(t, 10*time.Second, "orders.down stored in the ingress stream", func() bool { return b.StreamCount(deliver.IngressStream) == 1 })
 }
 
 // TestDelayctlPubMaxDelay: `delayctl pub --in 200h` against a delayd with
@@ -218,20 +219,20 @@ func TestPublishLimits(t *testing.T) {
 // 300h it is published and placed, not dead-lettered.
 func TestDelayctlPubMaxDelay(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("1s 1h")
-	url := b.srv.ClientURL()
-	ingress, err := b.nc.SubscribeSync("delay.>")
+	b := itest.Setup(t)
+	b.StartDelayd("1s 1h")
+	url := b.Srv.ClientURL()
+	ingress, err := b.NC.SubscribeSync("delay.>")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = b.nc.Flush()
-	delayctl(t, url, "pub", "orders.later", "x", "--in", "200h").want(t, 2, "beyond the longest delay 168h0m0s", "DELAYD_MAX_DELAY")
-	_ = b.nc.Flush()
+	_ = b.NC.Flush()
+	itest.Delayctl(t, url, "pub", "orders.later", "x", "--in", "200h").Want(t, 2, "beyond the longest delay 168h0m0s", "DELAYD_MAX_DELAY")
+	_ = b.NC.Flush()
 	if m, err := ingress.NextMsg(500 * time.Millisecond); err == nil {
 		t.Errorf("a refused pub reached ingress: %s", m.Subject)
 	}
-	st, err := b.js.Stream(context.Background(), deliver.IngressStream)
+	st, err := b.JS.Stream(context.Background(), deliver.IngressStream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,14 +240,14 @@ func TestDelayctlPubMaxDelay(t *testing.T) {
 		t.Errorf("ingress stream's last sequence %d, want 0: the refused pub was stored", last)
 	}
 
-	b.stopDelayd()
-	b.startDelayd("1s 1h", func(c *deliver.Config) { c.MaxDelay = 300 * time.Hour })
-	delayctl(t, url, "pub", "orders.later", "x", "--in", "200h").want(t, 0)
+	b.StopDelayd()
+	b.StartDelayd("1s 1h", func(c *deliver.Config) { c.MaxDelay = 300 * time.Hour })
+	itest.Delayctl(t, url, "pub", "orders.later", "x", "--in", "200h").Want(t, 0)
 	if _, err := ingress.NextMsg(5 * time.Second); err != nil {
 		t.Errorf("the accepted pub did not reach ingress: %v", err)
 	}
-	waitFor(t, 20*time.Second, "placed in DELAYD_1H", func() bool { return b.levelCount("DELAYD_1H") == 1 })
-	if n := b.streamCount(deliver.DLQStream); n != 0 {
+	itest.WaitFor(t, 20*time.Second, "placed in DELAYD_1H", func() bool { return b.LevelCount("DELAYD_1H") == 1 })
+	if n := b.StreamCount(deliver.DLQStream); n != 0 {
 		t.Errorf("%d dead letters, want none", n)
 	}
 }
@@ -257,13 +258,13 @@ func TestDelayctlPubMaxDelay(t *testing.T) {
 // dead-lettered later; a rung within it is published.
 func TestRetryLimits(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startDelayd("1s 1h")
-	ingress, err := b.nc.SubscribeSync("delay.>")
+	b := itest.Setup(t)
+	b.StartDelayd("1s 1h")
+	ingress, err := b.NC.SubscribeSync("delay.>")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = b.nc.Flush()
+	_ = b.NC.Flush()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ladder := delayd.MustParseLadder("1m 200h")
@@ -272,13 +273,13 @@ func TestRetryLimits(t *testing.T) {
 			"Nats-Msg-Id": []string{"charge-1"}, delayd.HeaderAttempt: []string{attempt},
 		}}
 	}
-	if _, err := delayd.RetryMsg(ctx, b.js, msg("1"), ladder, errors.New("card declined")); !errors.Is(err, delayd.ErrInvalidLadder) || !strings.Contains(err.Error(), "DELAYD_MAX_DELAY") {
+	if _, err := delayd.RetryMsg(ctx, b.JS, msg("1"), ladder, errors.New("card declined")); !errors.Is(err, delayd.ErrInvalidLadder) || !strings.Contains(err.Error(), "DELAYD_MAX_DELAY") {
 		t.Errorf("rung 2 (200h) beyond the max delay: %v, want ErrInvalidLadder naming DELAYD_MAX_DELAY", err)
 	}
 	if m, err := ingress.NextMsg(300 * time.Millisecond); err == nil {
 		t.Errorf("the refused retry reached ingress: %s", m.Subject)
 	}
-	if _, err := delayd.RetryMsg(ctx, b.js, msg("0"), ladder, errors.New("card declined")); err != nil {
+	if _, err := delayd.RetryMsg(ctx, b.JS, msg("0"), ladder, errors.New("card declined")); err != nil {
 		t.Errorf("rung 1 (1m): %v", err)
 	}
 	if _, err := ingress.NextMsg(5 * time.Second); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // TestDeadLetterRefusedLogsOnce: while DELAYD_DLQ refuses (max_msgs 1, discard new, already full), invalid
@@ -20,22 +21,22 @@ import (
 // retries are at debug. README: "Each dead letter is logged as a warning".
 func TestDeadLetterRefusedLogsOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	logs := &syncWriter{w: &bytes.Buffer{}}
-	b.startDelayd("1s", func(c *deliver.Config) {
+	b := itest.Setup(t)
+	logs := &itest.SyncWriter{W: &bytes.Buffer{}}
+	b.StartDelayd("1s", func(c *deliver.Config) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
-	b.setDLQLimit(1)
+	b.SetDLQLimit(1)
 	bad := nats.Header{"Delay-Level": []string{"x"}}
-	b.publish("delay.orders.first", []byte("fills the DLQ"), bad)
-	waitFor(t, 20*time.Second, "the first dead letter stored", func() bool { return b.streamCount(deliver.DLQStream) == 1 })
+	b.Publish("delay.orders.first", []byte("fills the DLQ"), bad)
+	itest.WaitFor(t, 20*time.Second, "the first dead letter stored", func() bool { return b.StreamCount(deliver.DLQStream) == 1 })
 
 	const n = 5
 	for range n {
-		b.publish("delay.orders.bad", []byte("bad"), bad)
+		b.Publish("delay.orders.bad", []byte("bad"), bad)
 	}
 	// Every one of the n is refused several times: at least 4 attempts each on average.
-	waitFor(t, 60*time.Second, "repeated refusals", func() bool { return b.svc.DLQRefusals().Failures >= 4*n })
+	itest.WaitFor(t, 60*time.Second, "repeated refusals", func() bool { return b.Svc.DLQRefusals().Failures >= 4*n })
 
 	count := func(msg string) int {
 		k := 0
@@ -48,11 +49,11 @@ func TestDeadLetterRefusedLogsOnce(t *testing.T) {
 	}
 	if got := count("dead-lettering invalid message"); got > n+1 {
 		t.Errorf("%d warnings \"dead-lettering invalid message\" for %d messages (%d refusals): want one per message\n%s",
-			got, n+1, b.svc.DLQRefusals().Failures, logs)
+			got, n+1, b.Svc.DLQRefusals().Failures, logs)
 	}
 	if got := count("dead-letter write refused"); got > n {
 		t.Errorf("%d warnings \"dead-letter write refused\" for %d messages (%d refusals): want one per message\n%s",
-			got, n, b.svc.DLQRefusals().Failures, logs)
+			got, n, b.Svc.DLQRefusals().Failures, logs)
 	}
 }
 
@@ -61,30 +62,30 @@ func TestDeadLetterRefusedLogsOnce(t *testing.T) {
 // at debug, so 12 or more retries log at most 2 warnings (README, Failing targets).
 func TestDeliveryRetryLogsThrottled(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := itest.Setup(t)
 	ctx := context.Background()
-	if _, err := b.js.CreateStream(ctx, jetstream.StreamConfig{
+	if _, err := b.JS.CreateStream(ctx, jetstream.StreamConfig{
 		Name: "FULLLOG", Subjects: []string{"fulllog.>"}, MaxMsgs: 1, Discard: jetstream.DiscardNew,
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.js.Publish(ctx, "fulllog.before", []byte("already here")); err != nil {
+	if _, err := b.JS.Publish(ctx, "fulllog.before", []byte("already here")); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncWriter{w: &bytes.Buffer{}}
-	b.startDelayd("100ms", func(c *deliver.Config) {
+	logs := &itest.SyncWriter{W: &bytes.Buffer{}}
+	b.StartDelayd("100ms", func(c *deliver.Config) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
-	b.publish("delay.fulllog.x", []byte("refused"), level(1))
+	b.Publish("delay.fulllog.x", []byte("refused"), itest.Level(1))
 	retries := func() uint64 {
-		_, scanners := b.svc.Stats()
+		_, scanners := b.Svc.Stats()
 		var n uint64
 		for _, s := range scanners {
 			n += s.Retries
 		}
 		return n
 	}
-	waitFor(t, 60*time.Second, "12 retries", func() bool { return retries() >= 12 })
+	itest.WaitFor(t, 60*time.Second, "12 retries", func() bool { return retries() >= 12 })
 	n := 0
 	for _, line := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(line, "level=WARN") && strings.Contains(line, `msg="delivery failed; retrying"`) {

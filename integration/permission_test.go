@@ -13,6 +13,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
 )
@@ -44,7 +45,7 @@ func TestPermissionDeniedTarget(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(dnc.Close)
-	svc, err := deliver.New(dnc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("100ms"), Logger: testLogger(t)})
+	svc, err := deliver.New(dnc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("100ms"), Logger: itest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +54,7 @@ func TestPermissionDeniedTarget(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, 20*time.Second, "delayd ready", svc.Ready)
+	itest.WaitFor(t, 20*time.Second, "delayd ready", svc.Ready)
 
 	cnc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("client", "c"))
 	if err != nil {
@@ -67,13 +68,13 @@ func TestPermissionDeniedTarget(t *testing.T) {
 	}
 	_ = cnc.Flush()
 	for _, subj := range []string{"delay.forbidden.x", "delay.allowed.x", "delay.allowed.x"} {
-		hdr := level(1)
+		hdr := itest.Level(1)
 		hdr.Set("Nats-Msg-Id", "pd-"+subj+"-"+time.Now().Format(time.RFC3339Nano))
 		if _, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: subj, Data: []byte("x"), Header: hdr}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 30*time.Second, "the refused delivery dead-lettered", func() bool {
+	itest.WaitFor(t, 30*time.Second, "the refused delivery dead-lettered", func() bool {
 		s, err := js.Stream(context.Background(), deliver.DLQStream)
 		if err != nil {
 			return false
@@ -90,10 +91,10 @@ func TestPermissionDeniedTarget(t *testing.T) {
 		}
 		return true
 	})
-	waitFor(t, 10*time.Second, "allowed deliveries", func() bool { return allowed.Load() == 2 })
+	itest.WaitFor(t, 10*time.Second, "allowed deliveries", func() bool { return allowed.Load() == 2 })
 	// The counters move when the scanner confirms its window, which may
 	// trail the subscriber's callbacks.
-	waitFor(t, 10*time.Second, "the counters", func() bool {
+	itest.WaitFor(t, 10*time.Second, "the counters", func() bool {
 		_, ss := svc.Stats()
 		for _, s := range ss {
 			if s.Stream == "DELAYD_100MS" {

@@ -3,7 +3,6 @@ package integration
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // rawUserHeaders is a header block's user lines as a non-Go publisher
@@ -73,32 +74,6 @@ func rawPublish(t *testing.T, serverURL, subject string, headerLines []string, d
 			return
 		}
 	}
-}
-
-// storedHeaderBlock returns the header block a stream stored for seq,
-// verbatim, read with $JS.API.STREAM.MSG.GET (which returns it base64 and
-// leaves it undecoded).
-func (b *testBundle) storedHeaderBlock(stream string, seq uint64) []byte {
-	b.t.Helper()
-	m, err := b.nc.Request("$JS.API.STREAM.MSG.GET."+stream, fmt.Appendf(nil, `{"seq":%d}`, seq), 5*time.Second)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	var resp struct {
-		Message struct {
-			Hdrs []byte `json:"hdrs"`
-		} `json:"message"`
-		Error *struct {
-			Description string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		b.t.Fatal(err)
-	}
-	if resp.Error != nil {
-		b.t.Fatalf("stream msg get %s %d: %s", stream, seq, resp.Error.Description)
-	}
-	return resp.Message.Hdrs
 }
 
 // headerLines splits a header block into its lines after NATS/1.0.
@@ -165,10 +140,10 @@ func checkStoredLines(t *testing.T, block []byte, want []string) {
 // trimming, this test fails: README's header-bytes paragraph then changes.
 func TestHeaderBytesPreserved(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.createStream("RAWHDR", "rawhdr.>")
-	b.createStream("RAWCTL", "rawctl")
-	b.startDelayd("100ms 300ms 1s")
+	b := itest.Setup(t)
+	b.CreateStream("RAWHDR", "rawhdr.>")
+	b.CreateStream("RAWCTL", "rawctl")
+	b.StartDelayd("100ms 300ms 1s")
 
 	var encoded []string
 	verbatim := 0
@@ -183,9 +158,9 @@ func TestHeaderBytesPreserved(t *testing.T) {
 	}
 
 	t.Run("server stores raw bytes", func(t *testing.T) {
-		rawPublish(t, b.srv.ClientURL(), "rawctl", rawUserHeaders, []byte("payload"))
-		waitFor(t, 10*time.Second, "control message", func() bool { return b.streamCount("RAWCTL") == 1 })
-		block := b.storedHeaderBlock("RAWCTL", 1)
+		rawPublish(t, b.Srv.ClientURL(), "rawctl", rawUserHeaders, []byte("payload"))
+		itest.WaitFor(t, 10*time.Second, "control message", func() bool { return b.StreamCount("RAWCTL") == 1 })
+		block := b.StoredHeaderBlock("RAWCTL", 1)
 		if want := "NATS/1.0\r\n" + strings.Join(rawUserHeaders, "\r\n") + "\r\n\r\n"; string(block) != want {
 			t.Errorf("stored header block %q, want %q", block, want)
 		}
@@ -197,14 +172,14 @@ func TestHeaderBytesPreserved(t *testing.T) {
 		{"cascade", "rawhdr.cascade", "Delay-Duration: 1500ms"}, // 1s level, then hops through 300ms and 100ms
 	}
 	for _, c := range cases {
-		rawPublish(t, b.srv.ClientURL(), "delay."+c.target, append([]string{c.delay}, rawUserHeaders...), []byte("payload"))
+		rawPublish(t, b.Srv.ClientURL(), "delay."+c.target, append([]string{c.delay}, rawUserHeaders...), []byte("payload"))
 	}
-	rawPublish(t, b.srv.ClientURL(), "delay.rawhdr.bad", append([]string{"Delay-Level: nope"}, rawUserHeaders...), []byte("payload"))
+	rawPublish(t, b.Srv.ClientURL(), "delay.rawhdr.bad", append([]string{"Delay-Level: nope"}, rawUserHeaders...), []byte("payload"))
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var seq uint64
-			waitFor(t, 20*time.Second, "delivery to "+c.target, func() bool {
-				for _, m := range b.streamMsgs("RAWHDR") {
+			itest.WaitFor(t, 20*time.Second, "delivery to "+c.target, func() bool {
+				for _, m := range b.StreamMsgs("RAWHDR") {
 					if m.Subject == c.target {
 						seq = m.Sequence
 						return true
@@ -212,7 +187,7 @@ func TestHeaderBytesPreserved(t *testing.T) {
 				}
 				return false
 			})
-			block := b.storedHeaderBlock("RAWHDR", seq)
+			block := b.StoredHeaderBlock("RAWHDR", seq)
 			checkStoredLines(t, block, encoded)
 			if c.name == "cascade" && !strings.Contains(string(block), "\r\nDelay-Hops: ") {
 				t.Errorf("no Delay-Hops: the message did not cascade: %q", block)
@@ -221,8 +196,8 @@ func TestHeaderBytesPreserved(t *testing.T) {
 	}
 	t.Run("dead letter", func(t *testing.T) {
 		var seq uint64
-		waitFor(t, 20*time.Second, "dead letter", func() bool {
-			for _, m := range b.streamMsgs("DELAYD_DLQ") {
+		itest.WaitFor(t, 20*time.Second, "dead letter", func() bool {
+			for _, m := range b.StreamMsgs("DELAYD_DLQ") {
 				if m.Header.Get("Delay-Subject") == "delay.rawhdr.bad" {
 					seq = m.Sequence
 					return true
@@ -230,6 +205,6 @@ func TestHeaderBytesPreserved(t *testing.T) {
 			}
 			return false
 		})
-		checkStoredLines(t, b.storedHeaderBlock("DELAYD_DLQ", seq), encoded)
+		checkStoredLines(t, b.StoredHeaderBlock("DELAYD_DLQ", seq), encoded)
 	})
 }

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // cpuTicks returns a process's user+system CPU time in clock ticks.
@@ -34,35 +36,35 @@ func TestServerRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test (30 s outage): skipped when testing.Short()")
 	}
-	b := setup(t)
-	port := b.srv.Addr().(*net.TCPAddr).Port
-	capture := b.createStream("RESTARTCAP", "rs.>")
-	p := b.startProcess("DELAYD_LEVELS=1s 5s")
-	waitFor(t, 20*time.Second, "level streams", func() bool {
-		_, err := b.js.Stream(context.Background(), "DELAYD_5S")
+	b := itest.Setup(t)
+	port := b.Srv.Addr().(*net.TCPAddr).Port
+	capture := b.CreateStream("RESTARTCAP", "rs.>")
+	p := b.StartProcess("DELAYD_LEVELS=1s 5s")
+	itest.WaitFor(t, 20*time.Second, "level streams", func() bool {
+		_, err := b.JS.Stream(context.Background(), "DELAYD_5S")
 		return err == nil
 	})
 
 	const total = 2000
 	// The reference, in the same run: delayd's CPU while it routes and
 	// starts delivering the messages.
-	busy0, bt0 := cpuTicks(t, p.cmd.Process.Pid), time.Now()
+	busy0, bt0 := cpuTicks(t, p.Cmd.Process.Pid), time.Now()
 	for i := range total {
-		b.publish("delay.rs."+strconv.Itoa(i%7), []byte(strconv.Itoa(i)), level(1+i%2))
+		b.Publish("delay.rs."+strconv.Itoa(i%7), []byte(strconv.Itoa(i)), itest.Level(1+i%2))
 	}
-	waitFor(t, 20*time.Second, "some delivered", func() bool { return b.streamCount("RESTARTCAP") > 0 })
-	busy1, bt1 := cpuTicks(t, p.cmd.Process.Pid), time.Now()
-	if n := b.streamCount("RESTARTCAP"); n >= total {
+	itest.WaitFor(t, 20*time.Second, "some delivered", func() bool { return b.StreamCount("RESTARTCAP") > 0 })
+	busy1, bt1 := cpuTicks(t, p.Cmd.Process.Pid), time.Now()
+	if n := b.StreamCount("RESTARTCAP"); n >= total {
 		t.Fatalf("all %d delivered before the outage: nothing pending", n)
 	}
 
-	b.srv.Shutdown()
-	b.srv.WaitForShutdown()
+	b.Srv.Shutdown()
+	b.Srv.WaitForShutdown()
 	down := time.Now()
 	time.Sleep(2 * time.Second) // let time pass: delayd notices the outage
-	ticks0, t0 := cpuTicks(t, p.cmd.Process.Pid), time.Now()
+	ticks0, t0 := cpuTicks(t, p.Cmd.Process.Pid), time.Now()
 	time.Sleep(28 * time.Second) // let time pass: the outage a spinning delayd would burn CPU in
-	ticks1, t1 := cpuTicks(t, p.cmd.Process.Pid), time.Now()
+	ticks1, t1 := cpuTicks(t, p.Cmd.Process.Pid), time.Now()
 	busyRate := float64(busy1-busy0) / bt1.Sub(bt0).Seconds()
 	idleRate := float64(ticks1-ticks0) / t1.Sub(t0).Seconds()
 	t.Logf("CPU ticks/s: %.2f while routing and delivering (%d ticks in %s), %.2f while disconnected (%d ticks in %s, %.3f of a core)",
@@ -73,28 +75,28 @@ func TestServerRestart(t *testing.T) {
 		t.Errorf("delayd used %.2f ticks/s while disconnected, more than a tenth of its %.2f ticks/s while working: it spins", idleRate, busyRate)
 	}
 
-	b.srv = startServer(t, b.storeDir, port)
+	b.Srv = itest.StartServer(t, b.StoreDir, port)
 	t.Logf("server back after %s", time.Since(down).Round(time.Millisecond))
-	waitFor(t, 60*time.Second, "every message captured after the restart", func() bool {
+	itest.WaitFor(t, 60*time.Second, "every message captured after the restart", func() bool {
 		info, err := capture.Info(context.Background())
 		return err == nil && info.State.Msgs >= total
 	})
-	waitQuiet(t, time.Second, 30*time.Second, func() int { return int(b.streamCount("RESTARTCAP")) }) // a late duplicate would show now
-	rec := newRecorder(t)
+	itest.WaitQuiet(t, time.Second, 30*time.Second, func() int { return int(b.StreamCount("RESTARTCAP")) }) // a late duplicate would show now
+	rec := itest.NewRecorder(t)
 	for i := range total {
-		rec.expectKeys(strconv.Itoa(i))
+		rec.ExpectKeys(strconv.Itoa(i))
 	}
-	msgs := b.streamMsgs("RESTARTCAP")
-	rec.addStream(msgs)
+	msgs := b.StreamMsgs("RESTARTCAP")
+	rec.AddStream(msgs)
 	t.Logf("published=%d captured=%d", total, len(msgs))
-	rec.checkAll()
+	rec.CheckAll()
 	if len(msgs) != total {
 		t.Errorf("captured %d messages, want %d", len(msgs), total)
 	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.cmd.Wait(); err != nil {
-		t.Errorf("graceful stop after the restart: %v\n%s", err, p.out.String())
+	if err := p.Cmd.Wait(); err != nil {
+		t.Errorf("graceful stop after the restart: %v\n%s", err, p.Out.String())
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // TestRetryLadder runs a consumer that fails every delivery and hands it
@@ -23,9 +24,9 @@ import (
 // letter holds the payload and the three-record history.
 func TestRetryLadder(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	stream := b.createStream("LADDER", "ladder.>")
-	b.startDelayd("100ms 300ms 1s")
+	b := itest.Setup(t)
+	stream := b.CreateStream("LADDER", "ladder.>")
+	b.StartDelayd("100ms 300ms 1s")
 	ctx := context.Background()
 	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "worker", AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {
@@ -33,7 +34,7 @@ func TestRetryLadder(t *testing.T) {
 	}
 	ladder := delayd.MustParseLadder("200ms 500ms 1s")
 	payload := []byte("work item 7")
-	if _, err := delayd.Publish(ctx, b.js, "ladder.work", payload, delayd.WithLevel(0), delayd.WithMsgID("item-7")); err != nil {
+	if _, err := delayd.Publish(ctx, b.JS, "ladder.work", payload, delayd.WithLevel(0), delayd.WithMsgID("item-7")); err != nil {
 		t.Fatal(err)
 	}
 
@@ -81,12 +82,12 @@ func TestRetryLadder(t *testing.T) {
 		prevArrival = arrival
 
 		cause := fmt.Errorf("attempt %d: downstream refused", n)
-		res, err := delayd.Retry(ctx, b.js, msg, ladder, cause)
+		res, err := delayd.Retry(ctx, b.JS, msg, ladder, cause)
 		if err != nil {
 			t.Fatalf("delivery %d: Retry: %v", n, err)
 		}
 		if n == 1 { // the consumer crashed before its ack and got the message again
-			again, err := delayd.Retry(ctx, b.js, msg, ladder, cause)
+			again, err := delayd.Retry(ctx, b.JS, msg, ladder, cause)
 			if err != nil || !again.Duplicate || again.Sequence != res.Sequence {
 				t.Errorf("Retry twice for attempt 2: %+v, %v; want a duplicate of %+v", again, err, res)
 			}
@@ -109,10 +110,10 @@ func TestRetryLadder(t *testing.T) {
 	if msg, err := cons.Next(jetstream.FetchMaxWait(1500 * time.Millisecond)); err == nil {
 		t.Errorf("after the dead letter: delivery %v with %v; want no more", msg.Headers().Get("Nats-Msg-Id"), msg.Headers())
 	}
-	if n := b.streamCount("LADDER"); n != uint64(len(ladder)+1) {
+	if n := b.StreamCount("LADDER"); n != uint64(len(ladder)+1) {
 		t.Errorf("LADDER holds %d deliveries, want %d", n, len(ladder)+1)
 	}
-	dls := b.streamMsgs(deliver.DLQStream)
+	dls := b.StreamMsgs(deliver.DLQStream)
 	if len(dls) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dls))
 	}

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // TestStartLogNoNullError starts the delayd binary against a NATS URL where
@@ -13,18 +15,18 @@ import (
 // nil error logged as "error":null).
 func TestStartLogNoNullError(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := itest.Setup(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
 	l.Close() // a free port: nothing listens there now
-	p := b.startProcess("DELAYD_NATS_URL=nats://"+addr, "DELAYD_LOG_LEVEL=info")
-	waitFor(t, 60*time.Second, "the not-reachable warning", func() bool {
-		return strings.Contains(p.out.String(), "NATS not reachable yet")
+	p := b.StartProcess("DELAYD_NATS_URL=nats://"+addr, "DELAYD_LOG_LEVEL=info")
+	itest.WaitFor(t, 60*time.Second, "the not-reachable warning", func() bool {
+		return strings.Contains(p.Out.String(), "NATS not reachable yet")
 	})
-	for _, line := range strings.Split(p.out.String(), "\n") {
+	for _, line := range strings.Split(p.Out.String(), "\n") {
 		if strings.Contains(line, `"error":null`) {
 			t.Errorf("log line with a nil error: %s", line)
 		}

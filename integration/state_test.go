@@ -24,17 +24,18 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
 )
 
 // logRecorder keeps delayd's JSON log lines (warn and above) for a test to
 // search, and copies them to the test log.
-type logRecorder struct{ buf *syncWriter }
+type logRecorder struct{ buf *itest.SyncWriter }
 
 func newLogRecorder(t *testing.T) (*logRecorder, func(*deliver.Config)) {
-	r := &logRecorder{buf: &syncWriter{w: &bytes.Buffer{}}}
-	logger := slog.New(slog.NewJSONHandler(io.MultiWriter(r.buf, tWriter{t}), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	r := &logRecorder{buf: &itest.SyncWriter{W: &bytes.Buffer{}}}
+	logger := slog.New(slog.NewJSONHandler(io.MultiWriter(r.buf, itest.TWriter{T: t}), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	return r, func(c *deliver.Config) { c.Logger = logger }
 }
 
@@ -64,11 +65,11 @@ func TestOffsetKeyGoneIsLogged(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name   string
-		remove func(t *testing.T, b *testBundle)
+		remove func(t *testing.T, b *itest.Bundle)
 		want   string // in the logged reason
 	}{
-		{"deleted", func(t *testing.T, b *testBundle) {
-			kv, err := b.js.KeyValue(context.Background(), offsets.Bucket)
+		{"deleted", func(t *testing.T, b *itest.Bundle) {
+			kv, err := b.JS.KeyValue(context.Background(), offsets.Bucket)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -76,8 +77,8 @@ func TestOffsetKeyGoneIsLogged(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "key deleted"},
-		{"purged without a marker", func(t *testing.T, b *testBundle) {
-			s, err := b.js.Stream(context.Background(), "KV_"+offsets.Bucket)
+		{"purged without a marker", func(t *testing.T, b *itest.Bundle) {
+			s, err := b.JS.Stream(context.Background(), "KV_"+offsets.Bucket)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -89,19 +90,19 @@ func TestOffsetKeyGoneIsLogged(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
-			c := b.collect("gone.>")
-			b.startDelayd("100ms 1s")
+			b := itest.Setup(t)
+			c := b.Collect("gone.>")
+			b.StartDelayd("100ms 1s")
 			const n = 20
 			for i := range n {
-				b.publish("delay.gone.x", []byte("a"+strconv.Itoa(i)), level(1))
+				b.Publish("delay.gone.x", []byte("a"+strconv.Itoa(i)), itest.Level(1))
 			}
-			c.wait(t, n, 10*time.Second)
+			c.Wait(t, n, 10*time.Second)
 			// The stream also holds the router's epoch marker, before the
 			// messages: the last delivered ("a19") is at sequence last.
 			var last uint64
-			waitFor(t, 10*time.Second, "the last delivery's offset committed and the stream purged to it", func() bool {
-				s, err := b.js.Stream(context.Background(), "DELAYD_100MS")
+			itest.WaitFor(t, 10*time.Second, "the last delivery's offset committed and the stream purged to it", func() bool {
+				s, err := b.JS.Stream(context.Background(), "DELAYD_100MS")
 				if err != nil {
 					return false
 				}
@@ -109,15 +110,15 @@ func TestOffsetKeyGoneIsLogged(t *testing.T) {
 				last = info.State.LastSeq
 				return err == nil && last >= n && info.State.FirstSeq == last
 			})
-			b.stopDelayd()
+			b.StopDelayd()
 			tc.remove(t, b)
 
 			logs, withLogs := newLogRecorder(t)
-			b.startDelayd("100ms 1s 2s", withLogs) // 2s: a new level stream
-			b.publish("delay.gone.x", []byte("b0"), level(1))
-			waitFor(t, 10*time.Second, "b0 delivered", func() bool {
-				for _, r := range c.snapshot() {
-					if string(r.msg.Data) == "b0" {
+			b.StartDelayd("100ms 1s 2s", withLogs) // 2s: a new level stream
+			b.Publish("delay.gone.x", []byte("b0"), itest.Level(1))
+			itest.WaitFor(t, 10*time.Second, "b0 delivered", func() bool {
+				for _, r := range c.Snapshot() {
+					if string(r.Msg.Data) == "b0" {
 						return true
 					}
 				}
@@ -145,8 +146,8 @@ func TestOffsetKeyGoneIsLogged(t *testing.T) {
 			}
 			// Delivered again: exactly the stream's kept message (sequence last, "a19").
 			seen := map[string]int{}
-			for _, r := range c.snapshot() {
-				seen[string(r.msg.Data)]++
+			for _, r := range c.Snapshot() {
+				seen[string(r.Msg.Data)]++
 			}
 			for i := range n {
 				want := 1
@@ -162,13 +163,13 @@ func TestOffsetKeyGoneIsLogged(t *testing.T) {
 }
 
 // putHopKey stores value as the hop secret before delayd's first start.
-func putHopKey(t *testing.T, b *testBundle, value []byte) {
+func putHopKey(t *testing.T, b *itest.Bundle, value []byte) {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := offsets.New(ctx, b.js, offsets.Config{}); err != nil {
+	if _, err := offsets.New(ctx, b.JS, offsets.Config{}); err != nil {
 		t.Fatal(err)
 	}
-	kv, err := b.js.KeyValue(ctx, offsets.Bucket)
+	kv, err := b.JS.KeyValue(ctx, offsets.Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,14 +193,14 @@ func TestHopKeyDamagedStopsDelayd(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
+			b := itest.Setup(t)
 			putHopKey(t, b, tc.value)
-			nc, err := nats.Connect(b.srv.ClientURL())
+			nc, err := nats.Connect(b.Srv.ClientURL())
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer nc.Close()
-			svc, err := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("100ms"), Logger: testLogger(t)})
+			svc, err := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("100ms"), Logger: itest.Logger(t)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -230,16 +231,16 @@ func TestHopKeyDamagedStopsDelayd(t *testing.T) {
 // still drops the re-delivery of a message delivered before the upgrade.
 func TestHopKeyLegacyAccepted(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := itest.Setup(t)
 	legacy := make([]byte, 32)
 	_, _ = rand.Read(legacy)
 	legacy[0] = 0x80
 	putHopKey(t, b, legacy)
-	c := b.collect("legacy.>")
-	b.startDelayd("100ms")
-	b.publish("delay.legacy.x", []byte("x"), level(1))
-	got := c.wait(t, 1, 10*time.Second)
-	id := got[0].msg.Header.Get("Nats-Msg-Id")
+	c := b.Collect("legacy.>")
+	b.StartDelayd("100ms")
+	b.Publish("delay.legacy.x", []byte("x"), itest.Level(1))
+	got := c.Wait(t, 1, 10*time.Second)
+	id := got[0].Msg.Header.Get("Nats-Msg-Id")
 	i := len(id) - 13 // "-" and 12 characters of base64url MAC, which may hold "-" too
 	if i < 0 || id[i] != '-' || !strings.HasPrefix(id, "delayd-") {
 		t.Fatalf("delivered with Nats-Msg-Id %q, want delayd-<created>-<seq>-<mac>", id)
@@ -249,7 +250,7 @@ func TestHopKeyLegacyAccepted(t *testing.T) {
 	if want := base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:9]); id[i+1:] != want {
 		t.Errorf("Nats-Msg-Id %q: MAC %q, want %q (derived with the legacy key as stored)", id, id[i+1:], want)
 	}
-	kv, err := b.js.KeyValue(context.Background(), offsets.Bucket)
+	kv, err := b.JS.KeyValue(context.Background(), offsets.Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,11 +266,11 @@ func TestHopKeyDamagedExit(t *testing.T) {
 		t.Skip("builds cmd/delayd: skipped when testing.Short()")
 	}
 	t.Parallel()
-	b := setup(t)
+	b := itest.Setup(t)
 	putHopKey(t, b, []byte("garbage"))
-	p := b.startProcess("DELAYD_LEVELS=100ms")
+	p := b.StartProcess("DELAYD_LEVELS=100ms")
 	exited := make(chan error, 1)
-	go func() { exited <- p.cmd.Wait() }()
+	go func() { exited <- p.Cmd.Wait() }()
 	select {
 	case err := <-exited:
 		var ee *exec.ExitError
@@ -277,9 +278,9 @@ func TestHopKeyDamagedExit(t *testing.T) {
 			t.Errorf("delayd exited with %v, want status 1", err)
 		}
 	case <-time.After(60 * time.Second):
-		t.Fatalf("delayd still running 60s after start on a damaged hop secret; output:\n%s", p.out.String())
+		t.Fatalf("delayd still running 60s after start on a damaged hop secret; output:\n%s", p.Out.String())
 	}
-	out := p.out.String()
+	out := p.Out.String()
 	t.Logf("delayd's output:\n%s", out)
 	for _, want := range []string{"hop secret in NATS is damaged", "DELAYD_OFFSETS", `\"hop-key\"`, "nats kv del DELAYD_OFFSETS hop-key"} {
 		if !strings.Contains(out, want) {
@@ -307,22 +308,22 @@ func TestTailSyncForeignTail(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
+			b := itest.Setup(t)
 			ctx := context.Background()
 			logs, withLogs := newLogRecorder(t)
-			c := b.collect("tail.>")
-			b.startDelayd("100ms 1s")
-			b.stopDelayd()
-			ingress, err := b.js.Stream(ctx, deliver.IngressStream)
+			c := b.Collect("tail.>")
+			b.StartDelayd("100ms 1s")
+			b.StopDelayd()
+			ingress, err := b.JS.Stream(ctx, deliver.IngressStream)
 			if err != nil {
 				t.Fatal(err)
 			}
 			ingressID := strconv.FormatInt(ingress.CachedInfo().Created.UnixNano(), 10)
 
 			// The crash's leftovers: the ingress message, and its level write.
-			seq := b.publish("delay.tail.m", []byte("m"), level(2))
+			seq := b.Publish("delay.tail.m", []byte("m"), itest.Level(2))
 			due := time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
-			if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: "delayd.level.1S.tail.m", Data: []byte("m"), Header: nats.Header{
+			if _, err := b.JS.PublishMsg(ctx, &nats.Msg{Subject: "delayd.level.1S.tail.m", Data: []byte("m"), Header: nats.Header{
 				"Delayd-Ingress":    {"delayd-" + ingressID + "-" + strconv.FormatUint(seq, 10)},
 				"Delay-Due-At":      {due},
 				"Delay-Enqueued-At": {time.Now().UTC().Format(time.RFC3339Nano)},
@@ -334,18 +335,18 @@ func TestTailSyncForeignTail(t *testing.T) {
 			if tc.ref != nil {
 				h["Delayd-Ingress"] = tc.ref
 			}
-			if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: "delayd.level.1S.tail.foreign", Data: []byte("foreign"), Header: h}); err != nil {
+			if _, err := b.JS.PublishMsg(ctx, &nats.Msg{Subject: "delayd.level.1S.tail.foreign", Data: []byte("foreign"), Header: h}); err != nil {
 				t.Fatal(err)
 			}
 
-			b.startDelayd("100ms 1s", withLogs)
-			waitFor(t, 15*time.Second, "m and the foreign message delivered, ingress empty", func() bool {
-				return len(c.snapshot()) >= 2 && b.streamCount(deliver.IngressStream) == 0
+			b.StartDelayd("100ms 1s", withLogs)
+			itest.WaitFor(t, 15*time.Second, "m and the foreign message delivered, ingress empty", func() bool {
+				return len(c.Snapshot()) >= 2 && b.StreamCount(deliver.IngressStream) == 0
 			})
-			b.stopDelayd() // settles what the router and scanners were doing
+			b.StopDelayd() // settles what the router and scanners were doing
 			n := 0
-			for _, r := range c.snapshot() {
-				if string(r.msg.Data) == "m" {
+			for _, r := range c.Snapshot() {
+				if string(r.Msg.Data) == "m" {
 					n++
 				}
 			}
@@ -367,36 +368,36 @@ func TestTailSyncForeignTail(t *testing.T) {
 // delivered.
 func TestGarbledTombstoneAndIndexRecord(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := itest.Setup(t)
 	ctx := context.Background()
-	c := b.collect("garbled.>")
-	b.startDelayd("100ms 3s")
+	c := b.Collect("garbled.>")
+	b.StartDelayd("100ms 3s")
 	for _, id := range []string{"a", "b"} {
-		h := level(2)
+		h := itest.Level(2)
 		h.Set("Nats-Msg-Id", id)
-		b.publish("delay.garbled."+id, []byte(id), h)
+		b.Publish("delay.garbled."+id, []byte(id), h)
 	}
 	// Behind a's index record, on its slot: a record that is not one.
 	slot := fnv.New64a()
 	slot.Write([]byte("ua")) // the index key of publisher id "a"
-	if _, err := b.js.Publish(ctx, "delayd.idx."+strconv.FormatUint(slot.Sum64()%deliver.IndexSlots, 10), []byte("garbage 1 - x 99\nua")); err != nil {
+	if _, err := b.JS.Publish(ctx, "delayd.idx."+strconv.FormatUint(slot.Sum64()%deliver.IndexSlots, 10), []byte("garbage 1 - x 99\nua")); err != nil {
 		t.Fatal(err)
 	}
-	if r := b.cancel("a"); r != "cancelled" {
+	if r := b.Cancel("a"); r != "cancelled" {
 		t.Fatalf("cancel a behind a garbled index record: %q, want cancelled", r)
 	}
-	b.stopDelayd()
-	if _, err := b.js.Publish(ctx, "delayd.cancels.DELAYD_3S", []byte("not a tombstone")); err != nil {
+	b.StopDelayd()
+	if _, err := b.JS.Publish(ctx, "delayd.cancels.DELAYD_3S", []byte("not a tombstone")); err != nil {
 		t.Fatal(err)
 	}
 	logs, withLogs := newLogRecorder(t)
-	b.startDelayd("100ms 3s", withLogs)
-	got := c.wait(t, 1, 15*time.Second)
-	if string(got[0].msg.Data) != "b" {
-		t.Errorf("delivered %q, want b", got[0].msg.Data)
+	b.StartDelayd("100ms 3s", withLogs)
+	got := c.Wait(t, 1, 15*time.Second)
+	if string(got[0].Msg.Data) != "b" {
+		t.Errorf("delivered %q, want b", got[0].Msg.Data)
 	}
-	waitFor(t, 15*time.Second, "DELAYD_3S passes a's sequence", func() bool {
-		_, ss := b.svc.Stats()
+	itest.WaitFor(t, 15*time.Second, "DELAYD_3S passes a's sequence", func() bool {
+		_, ss := b.Svc.Stats()
 		for _, s := range ss {
 			if s.Stream == "DELAYD_3S" {
 				return s.Offset >= 2
@@ -404,8 +405,8 @@ func TestGarbledTombstoneAndIndexRecord(t *testing.T) {
 		}
 		return false
 	})
-	for _, r := range c.snapshot() {
-		if string(r.msg.Data) == "a" {
+	for _, r := range c.Snapshot() {
+		if string(r.Msg.Data) == "a" {
 			t.Errorf("cancelled message a delivered")
 		}
 	}

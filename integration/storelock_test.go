@@ -15,12 +15,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // embeddedProcess starts the delayd binary in embedded mode (no DELAYD_NATS_URL) on store and listen.
-func embeddedProcess(t *testing.T, store, listen string) (*exec.Cmd, *syncWriter) {
+func embeddedProcess(t *testing.T, store, listen string) (*exec.Cmd, *itest.SyncWriter) {
 	t.Helper()
-	bin, err := delaydBinary()
+	bin, err := itest.DelaydBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +33,7 @@ func embeddedProcess(t *testing.T, store, listen string) (*exec.Cmd, *syncWriter
 	}
 	cmd.Env = append(cmd.Env, "DELAYD_STORE_DIR="+store, "DELAYD_LISTEN="+listen, "DELAYD_HTTP_ADDR=",
 		"DELAYD_LEVELS=1s", "DELAYD_LOG_FORMAT=json", "DELAYD_LOG_LEVEL=warn")
-	out := &syncWriter{w: &bytes.Buffer{}}
+	out := &itest.SyncWriter{W: &bytes.Buffer{}}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -61,7 +62,7 @@ func TestEmbeddedStoreLocked(t *testing.T) {
 	first, firstOut := embeddedProcess(t, store, listen)
 
 	var nc *nats.Conn
-	waitFor(t, 60*time.Second, "the first delayd's server", func() bool {
+	itest.WaitFor(t, 60*time.Second, "the first delayd's server", func() bool {
 		c, err := nats.Connect("nats://" + listen)
 		if err != nil {
 			return false
@@ -76,7 +77,7 @@ func TestEmbeddedStoreLocked(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	waitFor(t, 30*time.Second, "the first delayd's ingress stream", func() bool {
+	itest.WaitFor(t, 30*time.Second, "the first delayd's ingress stream", func() bool {
 		_, err := js.Stream(ctx, deliver.IngressStream)
 		return err == nil
 	})
@@ -106,7 +107,7 @@ func TestEmbeddedStoreLocked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "delay.orders.after", Data: []byte("after"), Header: level(1)}); err != nil {
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "delay.orders.after", Data: []byte("after"), Header: itest.Level(1)}); err != nil {
 		t.Fatal(err)
 	}
 	if m, err := sub.NextMsg(30 * time.Second); err != nil || string(m.Data) != "after" {

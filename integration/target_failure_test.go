@@ -14,6 +14,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // TestTargetFailureFullStream delivers to a target stream that refuses
@@ -24,16 +25,16 @@ import (
 // once it has room every message must arrive, once and in order.
 func TestTargetFailureFullStream(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := itest.Setup(t)
 	ctx := context.Background()
 	fullCfg := jetstream.StreamConfig{
 		Name: "FULL", Subjects: []string{"full.>"}, MaxMsgs: 5, Discard: jetstream.DiscardNew, Storage: jetstream.FileStorage,
 	}
-	if _, err := b.js.CreateStream(ctx, fullCfg); err != nil {
+	if _, err := b.JS.CreateStream(ctx, fullCfg); err != nil {
 		t.Fatal(err)
 	}
-	b.createStream("OK", "ok.>")
-	b.startDelayd("100ms 300ms")
+	b.CreateStream("OK", "ok.>")
+	b.StartDelayd("100ms 300ms")
 
 	// Every raw publish to ok.a, whether the OK stream keeps it or drops it
 	// as a duplicate.
@@ -42,7 +43,7 @@ func TestTargetFailureFullStream(t *testing.T) {
 		raw   = make(map[string]int) // Nats-Msg-Id -> arrivals
 		nRaw  int
 	)
-	sub, err := b.nc.Subscribe("ok.a", func(m *nats.Msg) {
+	sub, err := b.NC.Subscribe("ok.a", func(m *nats.Msg) {
 		rawMu.Lock()
 		raw[m.Header.Get(contract.HeaderNatsMsgID)]++
 		nRaw++
@@ -53,7 +54,7 @@ func TestTargetFailureFullStream(t *testing.T) {
 	}
 	_ = sub.SetPendingLimits(-1, -1)
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := b.nc.Flush(); err != nil {
+	if err := b.NC.Flush(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -61,18 +62,18 @@ func TestTargetFailureFullStream(t *testing.T) {
 	start := time.Now()
 	for i := range nB {
 		if i < nFull {
-			b.publish("delay.full.x", fmt.Appendf(nil, "full-%02d", i), level(1))
+			b.Publish("delay.full.x", fmt.Appendf(nil, "full-%02d", i), itest.Level(1))
 		}
 		if i < nA {
-			b.publish("delay.ok.a", fmt.Appendf(nil, "a-%02d", i), level(1))
+			b.Publish("delay.ok.a", fmt.Appendf(nil, "a-%02d", i), itest.Level(1))
 		}
-		b.publish("delay.ok.b", fmt.Appendf(nil, "b-%02d", i), level(2))
+		b.Publish("delay.ok.b", fmt.Appendf(nil, "b-%02d", i), itest.Level(2))
 	}
 	t.Logf("published %d messages in %s", nFull+nA+nB, time.Since(start))
 
 	okMsgs := func(subject string) []*jetstream.RawStreamMsg {
 		var out []*jetstream.RawStreamMsg
-		for _, m := range b.streamMsgs("OK") {
+		for _, m := range b.StreamMsgs("OK") {
 			if m.Subject == subject {
 				out = append(out, m)
 			}
@@ -84,41 +85,41 @@ func TestTargetFailureFullStream(t *testing.T) {
 	// (published while full.x was already failing) is delivered, never
 	// early, before the failing target recovers, and while its level keeps
 	// retrying.
-	waitFor(t, 10*time.Second, "level 1 retrying the full target", func() bool { return b.scannerStats("DELAYD_100MS").Retries > 0 })
-	waitFor(t, 20*time.Second, fmt.Sprintf("%d ok.b messages in OK", nB), func() bool { return len(okMsgs("ok.b")) >= nB })
-	if n := b.streamCount("FULL"); n != 5 {
+	itest.WaitFor(t, 10*time.Second, "level 1 retrying the full target", func() bool { return b.ScannerStats("DELAYD_100MS").Retries > 0 })
+	itest.WaitFor(t, 20*time.Second, fmt.Sprintf("%d ok.b messages in OK", nB), func() bool { return len(okMsgs("ok.b")) >= nB })
+	if n := b.StreamCount("FULL"); n != 5 {
 		t.Fatalf("FULL holds %d messages when level 2 is done, want 5: the failure is not ongoing", n)
 	}
-	recB := newRecorder(t)
+	recB := itest.NewRecorder(t)
 	for i := range nB {
-		recB.expectKeys(fmt.Sprintf("b-%02d", i))
+		recB.ExpectKeys(fmt.Sprintf("b-%02d", i))
 	}
-	recB.addStream(okMsgs("ok.b"))
-	recB.checkAll()
+	recB.AddStream(okMsgs("ok.b"))
+	recB.CheckAll()
 	var late []time.Duration
 	for _, m := range okMsgs("ok.b") {
 		late = append(late, m.Time.Sub(parseTime(t, m.Header, contract.HeaderDueAt)))
 	}
 	slices.Sort(late)
-	t.Logf("ok.b lateness over %d deliveries: p50=%s max=%s", len(late), percentile(late, 50), late[len(late)-1])
+	t.Logf("ok.b lateness over %d deliveries: p50=%s max=%s", len(late), itest.Percentile(late, 50), late[len(late)-1])
 
 	// Let the failing level retry a while: ten retries, counted.
-	retries0 := b.scannerStats("DELAYD_100MS").Retries
-	waitFor(t, 30*time.Second, "ten more retries of the full target", func() bool { return b.scannerStats("DELAYD_100MS").Retries >= retries0+10 })
-	if n := b.streamCount("FULL"); n != 5 {
+	retries0 := b.ScannerStats("DELAYD_100MS").Retries
+	itest.WaitFor(t, 30*time.Second, "ten more retries of the full target", func() bool { return b.ScannerStats("DELAYD_100MS").Retries >= retries0+10 })
+	if n := b.StreamCount("FULL"); n != 5 {
 		t.Errorf("FULL holds %d messages, want 5", n)
 	}
 	rawMu.Lock()
 	t.Logf("after %d retries of a full target: %d raw publishes of ok.a, %d distinct ids; %d ok.a in OK",
-		b.scannerStats("DELAYD_100MS").Retries, nRaw, len(raw), len(okMsgs("ok.a")))
+		b.ScannerStats("DELAYD_100MS").Retries, nRaw, len(raw), len(okMsgs("ok.a")))
 	for id, n := range raw {
 		if n > 2 {
 			t.Errorf("ok.a %s published %d times while FULL was full, want at most 2", id, n)
 		}
 	}
 	rawMu.Unlock()
-	checkNoDupIDs(t, b.streamMsgs("OK"))
-	_, ss := b.svc.Stats()
+	checkNoDupIDs(t, b.StreamMsgs("OK"))
+	_, ss := b.Svc.Stats()
 	for _, st := range ss {
 		t.Logf("scanner %s: delivered=%d retries=%d dead-lettered=%d offset=%d", st.Stream, st.Delivered, st.Retries, st.DeadLettered, st.Offset)
 	}
@@ -126,17 +127,17 @@ func TestTargetFailureFullStream(t *testing.T) {
 	// Make room: every full.x arrives, in publish order, and every ok.a is in
 	// OK exactly once.
 	fullCfg.MaxMsgs = -1
-	if _, err := b.js.UpdateStream(ctx, fullCfg); err != nil {
+	if _, err := b.JS.UpdateStream(ctx, fullCfg); err != nil {
 		t.Fatal(err)
 	}
 	freed := time.Now()
-	waitFor(t, 20*time.Second, fmt.Sprintf("%d messages in FULL", nFull), func() bool { return b.streamCount("FULL") >= nFull })
+	itest.WaitFor(t, 20*time.Second, fmt.Sprintf("%d messages in FULL", nFull), func() bool { return b.StreamCount("FULL") >= nFull })
 	t.Logf("FULL complete %s after it had room", time.Since(freed))
-	waitFor(t, 10*time.Second, fmt.Sprintf("%d ok.a messages in OK", nA), func() bool { return len(okMsgs("ok.a")) >= nA })
-	waitQuiet(t, 500*time.Millisecond, 10*time.Second, func() int { rawMu.Lock(); defer rawMu.Unlock(); return nRaw }) // any late duplicate shows up
+	itest.WaitFor(t, 10*time.Second, fmt.Sprintf("%d ok.a messages in OK", nA), func() bool { return len(okMsgs("ok.a")) >= nA })
+	itest.WaitQuiet(t, 500*time.Millisecond, 10*time.Second, func() int { rawMu.Lock(); defer rawMu.Unlock(); return nRaw }) // any late duplicate shows up
 
 	var order []string
-	for _, m := range b.streamMsgs("FULL") {
+	for _, m := range b.StreamMsgs("FULL") {
 		order = append(order, string(m.Data))
 	}
 	var want []string
@@ -146,17 +147,17 @@ func TestTargetFailureFullStream(t *testing.T) {
 	if !slices.Equal(order, want) {
 		t.Errorf("FULL holds %q, want %q (publish order, once each)", order, want)
 	}
-	recA := newRecorder(t)
+	recA := itest.NewRecorder(t)
 	for i := range nA {
-		recA.expectKeys(fmt.Sprintf("a-%02d", i))
+		recA.ExpectKeys(fmt.Sprintf("a-%02d", i))
 	}
-	recA.addStream(okMsgs("ok.a"))
-	recA.checkAll() // each a-NN in OK once, never early
-	recFull := newRecorder(t)
-	recFull.addStream(b.streamMsgs("FULL"))
-	recFull.checkNeverEarly()
-	checkNoDupIDs(t, b.streamMsgs("OK"))
-	if n := b.streamCount(deliver.DLQStream); n != 0 {
+	recA.AddStream(okMsgs("ok.a"))
+	recA.CheckAll() // each a-NN in OK once, never early
+	recFull := itest.NewRecorder(t)
+	recFull.AddStream(b.StreamMsgs("FULL"))
+	recFull.CheckNeverEarly()
+	checkNoDupIDs(t, b.StreamMsgs("OK"))
+	if n := b.StreamCount(deliver.DLQStream); n != 0 {
 		t.Errorf("DELAYD_DLQ holds %d messages, want 0 (a full stream is a transient failure)", n)
 	}
 	rawMu.Lock()
@@ -183,21 +184,21 @@ func checkNoDupIDs(t *testing.T, msgs []*jetstream.RawStreamMsg) {
 // dead-letter on its own.
 func TestTargetFailureTooLargeIsLast(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	if _, err := b.js.CreateStream(context.Background(), jetstream.StreamConfig{
+	b := itest.Setup(t)
+	if _, err := b.JS.CreateStream(context.Background(), jetstream.StreamConfig{
 		Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 100, Storage: jetstream.FileStorage,
 	}); err != nil {
 		t.Fatal(err)
 	}
-	b.startDelayd("100ms")
+	b.StartDelayd("100ms")
 
 	data := bytes.Repeat([]byte{0xcd}, 1024)
 	start := time.Now()
-	b.publish("delay.small.big", data, nats.Header{"Delay-Level": {"1"}, "Nats-Msg-Id": {"user-big"}, "X-User": {"kept"}})
-	waitFor(t, 15*time.Second, "the refused message in DELAYD_DLQ", func() bool { return b.streamCount(deliver.DLQStream) >= 1 })
+	b.Publish("delay.small.big", data, nats.Header{"Delay-Level": {"1"}, "Nats-Msg-Id": {"user-big"}, "X-User": {"kept"}})
+	itest.WaitFor(t, 15*time.Second, "the refused message in DELAYD_DLQ", func() bool { return b.StreamCount(deliver.DLQStream) >= 1 })
 	t.Logf("dead-lettered %s after publish", time.Since(start))
 
-	dlq := b.streamMsgs(deliver.DLQStream)
+	dlq := b.StreamMsgs(deliver.DLQStream)
 	if len(dlq) != 1 {
 		t.Fatalf("DELAYD_DLQ holds %d messages, want 1", len(dlq))
 	}
@@ -219,10 +220,10 @@ func TestTargetFailureTooLargeIsLast(t *testing.T) {
 	} else {
 		t.Logf("%s: %s", contract.HeaderError, reason)
 	}
-	if n := b.streamCount("SMALL"); n != 0 {
+	if n := b.StreamCount("SMALL"); n != 0 {
 		t.Errorf("SMALL holds %d messages, want 0", n)
 	}
-	_, ss := b.svc.Stats()
+	_, ss := b.Svc.Stats()
 	for _, st := range ss {
 		if st.Stream == "DELAYD_100MS" {
 			t.Logf("scanner %s: retries=%d dead-lettered=%d", st.Stream, st.Retries, st.DeadLettered)

@@ -1,6 +1,6 @@
 //go:build unix
 
-package integration
+package cluster
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
 )
@@ -51,7 +52,7 @@ func TestClusterRouterPaused(t *testing.T) {
 	for p := 1; p <= pauses; p++ {
 		l.waitAcked(p*load.Total/(pauses+1), time.Minute)
 		var stale *replica
-		waitFor(t, time.Minute, "a replica holding the router lease", func() bool {
+		itest.WaitFor(t, time.Minute, "a replica holding the router lease", func() bool {
 			for _, r := range []*replica{r0, r1} {
 				if metricValue(t, r, `delayd_lease_held{lease="router"}`) == 1 {
 					stale = r
@@ -67,12 +68,12 @@ func TestClusterRouterPaused(t *testing.T) {
 		paused := time.Now()
 		stale.pause()
 		t.Logf("pause %d: stopped %s, the router lease's holder, at %s", p, stale.name, paused.Format("15:04:05.000"))
-		waitFor(t, time.Minute, next.name+" to take the router lease and route", func() bool {
+		itest.WaitFor(t, time.Minute, next.name+" to take the router lease and route", func() bool {
 			return metricValue(t, next, `delayd_lease_held{lease="router"}`) == 1 && metricValue(t, next, "delayd_routed_total") > routedBefore
 		})
 		t.Logf("pause %d: %s routes %s after the stop; continuing %s", p, next.name, time.Since(paused).Round(time.Millisecond), stale.name)
 		stale.resume()
-		waitFor(t, time.Minute, stale.name+" to give up the router lease", func() bool {
+		itest.WaitFor(t, time.Minute, stale.name+" to give up the router lease", func() bool {
 			return metricValue(t, stale, `delayd_lease_held{lease="router"}`) == 0
 		})
 	}
@@ -144,7 +145,7 @@ func newLevelAudit(t *testing.T, js jetstream.JetStream, table levels.Table) *le
 	if err != nil {
 		t.Fatalf("create audit stream: %v", err)
 	}
-	waitFor(t, time.Minute, "the audit stream's sources set up", func() bool {
+	itest.WaitFor(t, time.Minute, "the audit stream's sources set up", func() bool {
 		info, err := s.Info(ctx)
 		if err != nil || len(info.Sources) != len(sources) {
 			return false
@@ -195,8 +196,8 @@ func (a *levelAudit) check(l *load) {
 		return origin{f[0], seq}
 	}
 	var msgs []*jetstream.RawStreamMsg
-	waitFor(t, time.Minute, "the audit stream to source every level write", func() bool {
-		msgs = (&testBundle{t: t, js: a.js}).streamMsgs(a.stream)
+	itest.WaitFor(t, time.Minute, "the audit stream to source every level write", func() bool {
+		msgs = (&itest.Bundle{T: t, JS: a.js}).StreamMsgs(a.stream)
 		seen := map[string]uint64{}
 		for _, m := range msgs {
 			o := parse(m)
@@ -219,7 +220,7 @@ func (a *levelAudit) check(l *load) {
 			seqs[o.stream] = map[uint64]bool{}
 		}
 		seqs[o.stream][o.seq] = true
-		if matchMarker(m.Subject) {
+		if itest.MatchMarker(m.Subject) {
 			markers[o.stream] = append(markers[o.stream], m.Header.Get("Delayd-Router-Epoch")+"@"+strconv.FormatUint(o.seq, 10))
 			continue
 		}

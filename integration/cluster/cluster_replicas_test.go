@@ -1,6 +1,6 @@
 //go:build unix
 
-package integration
+package cluster
 
 import (
 	"fmt"
@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/internal/natstest"
 )
 
@@ -22,7 +23,7 @@ import (
 // target (checkStream), nothing lost or early at the core target and no
 // more duplicates there than one scanner window per level per fault
 // (checkCore), every level stream written exactly once per message
-// (checkLevels), and no offset moving back (watchOffsets). Which replica
+// (checkLevels), and no offset moving back (itest.WatchOffsets). Which replica
 // owns what is read from each replica's /metrics (delayd_lease_held).
 // Failover figures (each touched level's longest delivery gap, its
 // lateness during the failover against its normal lateness) are logged,
@@ -41,7 +42,7 @@ func TestReplicasKill9Owner(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
 	rs := startReplicas(t, c.URLs(), 3)
 	nc, js := c.Connect(0)
-	offs := watchOffsets(t, js)
+	offs := itest.WatchOffsets(t, js)
 	cfg := loadConfig{Total: 50000, Rate: 1000, Levels: clusterLevels}
 	l := newLoad(t, nc, js, cfg)
 	l.start()
@@ -78,7 +79,7 @@ func TestReplicasKill9Owner(t *testing.T) {
 	rep.checkLevels(t)
 	rep.checkStream(t)
 	rep.checkCore(t, kills, deliver.ScannerWindowDefault, clusterLevels)
-	t.Logf("%d offset updates seen", offs.check())
+	t.Logf("%d offset updates seen", offs.Check())
 }
 
 // roundAll rounds each duration to the millisecond, for the log.
@@ -116,14 +117,14 @@ func TestReplicasPauseOwner(t *testing.T) {
 	c := natstest.StartCluster(t, 3, natstest.NoAdvertise, natstest.PingInterval(2*time.Second, 2))
 	// Each replica reaches the nodes through proxies of its own, which
 	// record its publishes to the load's targets.
-	taps := make([]*pubTap, 3)
+	taps := make([]*itest.PubTap, 3)
 	urls := make([]string, 3)
 	for i := range taps {
-		taps[i] = &pubTap{prefix: "load."}
+		taps[i] = &itest.PubTap{Prefix: "load."}
 		var us []string
 		for n := range c.Len() {
-			p := startProxy(t, strings.TrimPrefix(c.URL(n), "nats://"))
-			p.tapPubs(taps[i])
+			p := itest.StartProxy(t, strings.TrimPrefix(c.URL(n), "nats://"))
+			p.TapPubs(taps[i])
 			us = append(us, p.URL())
 		}
 		urls[i] = strings.Join(us, ",")
@@ -138,7 +139,7 @@ func TestReplicasPauseOwner(t *testing.T) {
 	rs[1].waitReady(time.Minute)
 	rs[2].waitReady(time.Minute)
 	nc, js := c.Connect(0)
-	offs := watchOffsets(t, js)
+	offs := itest.WatchOffsets(t, js)
 	cfg := loadConfig{Total: 20000, Rate: 1000, Levels: clusterLevels}
 	l := newLoad(t, nc, js, cfg)
 	l.start()
@@ -170,7 +171,7 @@ func TestReplicasPauseOwner(t *testing.T) {
 		stream := lv[k%len(lv)].Stream()
 		key := levelKey(stream)
 		o, m := waitOwner(t, rs, key, time.Minute)
-		if len(taps[o].since(time.Time{})) == 0 {
+		if len(taps[o].Since(time.Time{})) == 0 {
 			t.Fatalf("pause %s: %s's proxies saw none of its publishes to the load's targets before the pause", step.name, rs[o].name)
 		}
 		stopped := time.Now()
@@ -202,14 +203,14 @@ func TestReplicasPauseOwner(t *testing.T) {
 			continue
 		}
 		var sm replicaMetrics
-		waitFor(t, time.Minute, rs[o].name+" to stop holding "+key+" once continued", func() bool {
+		itest.WaitFor(t, time.Minute, rs[o].name+" to stop holding "+key+" once continued", func() bool {
 			var err error
 			sm, err = rs[o].scrape()
 			return err == nil && !sm.held[key]
 		})
 		// Deliveries it published before the stop may be confirmed after
 		// SIGCONT: its count settles, then must not move.
-		waitQuiet(t, 2*time.Second, time.Minute, func() int {
+		itest.WaitQuiet(t, 2*time.Second, time.Minute, func() int {
 			if m, err := rs[o].scrape(); err == nil {
 				sm = m
 			}
@@ -233,8 +234,8 @@ func TestReplicasPauseOwner(t *testing.T) {
 		// published after the fence. Logged per level: the proxy cannot
 		// tell the two apart; what it can tell is asserted at the end.
 		perLevel := map[int]int{}
-		for _, p := range taps[o].since(resumed) {
-			perLevel[tappedLevel(p.subject)]++
+		for _, p := range taps[o].Since(resumed) {
+			perLevel[tappedLevel(p.Subject)]++
 		}
 		t.Logf("pause %s: %s's publishes to the load's targets after SIGCONT, by level index (its proxies' tap): %v", step.name, rs[o].name, perLevel)
 		stales = append(stales, stale{r: o, key: key, stream: stream, level: lv[k%len(lv)].Index, epoch: m.epoch[key], delivered: sm.delivered[stream], settled: settled})
@@ -256,9 +257,9 @@ func TestReplicasPauseOwner(t *testing.T) {
 		}
 		if m.epoch[s.key] == s.epoch {
 			var late []string
-			for _, p := range taps[s.r].since(s.settled) {
-				if tappedLevel(p.subject) == s.level {
-					late = append(late, p.subject+" at "+p.at.Format("15:04:05.000"))
+			for _, p := range taps[s.r].Since(s.settled) {
+				if tappedLevel(p.Subject) == s.level {
+					late = append(late, p.Subject+" at "+p.At.Format("15:04:05.000"))
 				}
 			}
 			if len(late) > 0 {
@@ -273,7 +274,7 @@ func TestReplicasPauseOwner(t *testing.T) {
 	rep.checkLevels(t)
 	rep.checkStream(t)
 	rep.checkCore(t, len(steps), deliver.ScannerWindowDefault, clusterLevels)
-	t.Logf("%d offset updates seen", offs.check())
+	t.Logf("%d offset updates seen", offs.Check())
 }
 
 // handover stops replica rs[i] with SIGTERM (exit status 0 asserted) and
@@ -316,7 +317,7 @@ func TestReplicasRollingAndScaling(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
 	rs := startReplicas(t, c.URLs(), 1)
 	nc, js := c.Connect(0)
-	offs := watchOffsets(t, js)
+	offs := itest.WatchOffsets(t, js)
 	cfg := loadConfig{Total: 20000, Rate: 1000, Levels: clusterLevels}
 	l := newLoad(t, nc, js, cfg)
 	l.start()
@@ -373,7 +374,7 @@ func TestReplicasRollingAndScaling(t *testing.T) {
 	rep.checkLevels(t)
 	rep.checkStream(t)
 	rep.checkCore(t, 0, deliver.ScannerWindowDefault, clusterLevels) // a graceful stop commits what it confirmed: no re-delivery
-	t.Logf("%d offset updates seen", offs.check())
+	t.Logf("%d offset updates seen", offs.Check())
 }
 
 // moveLeaderOff asks the leader of stream to step down until a node other
@@ -425,7 +426,7 @@ func TestReplicasNodeKill9(t *testing.T) {
 	rs = append(rs, startReplica(t, "r1", c.URL(1)+","+c.URL(2)), startReplica(t, "r2", c.URL(1)+","+c.URL(2)))
 	rs[1].waitReady(time.Minute)
 	rs[2].waitReady(time.Minute)
-	offs := watchOffsets(t, js)
+	offs := itest.WatchOffsets(t, js)
 	cfg := loadConfig{Total: 30000, Rate: 500, Levels: clusterLevels} // a minute: room for three stalls of up to 15 s
 	l := newLoad(t, nc, js, cfg)
 	c.WaitCurrent(js, 2*time.Minute)
@@ -459,10 +460,10 @@ func TestReplicasNodeKill9(t *testing.T) {
 		}
 		node := step.node()
 		t.Logf("before the kill of %s (node %d): leaders %s", step.name, node, leaders())
-		before := len(l.core.snapshot())
+		before := len(l.core.Snapshot())
 		at := time.Now()
 		c.Kill9(node)
-		waitFor(t, 2*time.Minute, "core deliveries to resume", func() bool { return len(l.core.snapshot()) > before+100 })
+		itest.WaitFor(t, 2*time.Minute, "core deliveries to resume", func() bool { return len(l.core.Snapshot()) > before+100 })
 		t.Logf("killed %s, node %d, at %s; deliveries resumed %s after; leaders now %s",
 			step.name, node, at.Format("15:04:05.000"), time.Since(at).Round(time.Millisecond), leaders())
 		c.Restart(node)
@@ -479,7 +480,7 @@ func TestReplicasNodeKill9(t *testing.T) {
 	rep.checkLevels(t)
 	rep.checkStream(t)
 	rep.checkCore(t, len(steps), deliver.ScannerWindowDefault, clusterLevels)
-	t.Logf("%d offset updates seen", offs.check())
+	t.Logf("%d offset updates seen", offs.Check())
 }
 
 // TestReplicasCutOff puts a network fault between the owner of every
@@ -503,12 +504,12 @@ func TestReplicasCutOff(t *testing.T) {
 		t.Skip("long fault test with three replicas on a 3-node cluster: skipped when testing.Short()")
 	}
 	c := natstest.StartCluster(t, 3, natstest.NoAdvertise)
-	var proxies []*proxy
+	var proxies []*itest.Proxy
 	var urls []string
-	tap := &pubTap{prefix: "load."} // r0's publishes to the load's targets, as its proxies read them
+	tap := &itest.PubTap{Prefix: "load."} // r0's publishes to the load's targets, as its proxies read them
 	for i := range c.Len() {
-		p := startProxy(t, strings.TrimPrefix(c.URL(i), "nats://"))
-		p.tapPubs(tap)
+		p := itest.StartProxy(t, strings.TrimPrefix(c.URL(i), "nats://"))
+		p.TapPubs(tap)
 		proxies = append(proxies, p)
 		urls = append(urls, p.URL())
 	}
@@ -527,7 +528,7 @@ func TestReplicasCutOff(t *testing.T) {
 	rs[1].waitReady(time.Minute)
 	rs[2].waitReady(time.Minute)
 	nc, js := c.Connect(0)
-	offs := watchOffsets(t, js)
+	offs := itest.WatchOffsets(t, js)
 	cfg := loadConfig{Total: 20000, Rate: 1000, Levels: clusterLevels}
 	l := newLoad(t, nc, js, cfg)
 	l.start()
@@ -558,7 +559,7 @@ func TestReplicasCutOff(t *testing.T) {
 		healed := time.Now()
 		heal()
 		var sm replicaMetrics
-		waitFor(t, time.Minute, "r0 to hold none of its old leases after the heal", func() bool {
+		itest.WaitFor(t, time.Minute, "r0 to hold none of its old leases after the heal", func() bool {
 			var err error
 			if sm, err = rs[0].scrape(); err != nil {
 				return false
@@ -570,7 +571,7 @@ func TestReplicasCutOff(t *testing.T) {
 			}
 			return true
 		})
-		waitQuiet(t, 2*time.Second, time.Minute, func() int {
+		itest.WaitQuiet(t, 2*time.Second, time.Minute, func() int {
 			if m, err := rs[0].scrape(); err == nil {
 				sm = m
 			}
@@ -589,8 +590,8 @@ func TestReplicasCutOff(t *testing.T) {
 		// over. Either is deliveries past the committed offset, which the
 		// new owner delivers too: checkCore bounds them.
 		perLevel := map[int]int{}
-		for _, p := range tap.since(healed) {
-			perLevel[tappedLevel(p.subject)]++
+		for _, p := range tap.Since(healed) {
+			perLevel[tappedLevel(p.Subject)]++
 		}
 		t.Logf("%s: r0's publishes to the load's targets read by its proxies after the heal, by level index: %v", name, perLevel)
 		marks = append(marks, faultMark{name: name + " of r0", at: at, levels: m.heldLevels(clusterLevels)})
@@ -602,13 +603,13 @@ func TestReplicasCutOff(t *testing.T) {
 	fault("cut", func() {
 		cut = time.Now()
 		for _, p := range proxies {
-			p.cutOff()
+			p.CutOff()
 		}
 		rs[0].waitLog("disconnected from NATS", cut, 30*time.Second)
 	}, func() {
 		healed := time.Now()
 		for _, p := range proxies {
-			p.heal()
+			p.Heal()
 		}
 		ev := rs[0].waitLog("reconnected to NATS", cut, time.Minute)
 		if ev.logged.Before(healed) {
@@ -634,11 +635,11 @@ func TestReplicasCutOff(t *testing.T) {
 	l.waitAcked(cfg.Total*5/8, 2*time.Minute)
 	fault("stall", func() {
 		for _, p := range proxies {
-			p.stall()
+			p.Stall()
 		}
 	}, func() {
 		for _, p := range proxies {
-			p.heal()
+			p.Heal()
 		}
 	})
 
@@ -660,8 +661,8 @@ func TestReplicasCutOff(t *testing.T) {
 			t.Errorf("r0 delivered %d on %s after the stall ended its term (epoch %d)", end.delivered[s]-sm.delivered[s], s, sm.epoch[key])
 		}
 		n := 0
-		for _, p := range tap.since(settledAt) {
-			if tappedLevel(p.subject) == lvl.Index {
+		for _, p := range tap.Since(settledAt) {
+			if tappedLevel(p.Subject) == lvl.Index {
 				n++
 			}
 		}
@@ -675,7 +676,7 @@ func TestReplicasCutOff(t *testing.T) {
 	rep.checkLevels(t)
 	rep.checkStream(t)
 	rep.checkCore(t, len(marks)+1, deliver.ScannerWindowDefault, clusterLevels) // the two faults and the graceful hand-back
-	t.Logf("%d offset updates seen", offs.check())
+	t.Logf("%d offset updates seen", offs.Check())
 }
 
 // TestReplicasStartTogether starts three replicas at the same instant on a

@@ -1,6 +1,6 @@
 //go:build linux
 
-package integration
+package cluster
 
 import "syscall"
 

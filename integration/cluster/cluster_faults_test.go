@@ -1,6 +1,6 @@
 //go:build unix
 
-package integration
+package cluster
 
 import (
 	"strings"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
@@ -16,7 +17,7 @@ import (
 // Fault tests on a 3-node NATS cluster (natstest.StartCluster, R3 streams
 // with DELAYD_REPLICAS=3), with delayd as separate processes
 // (procs_test.go), a load with a checker (load_test.go) and a TCP proxy
-// (proxy_test.go). The tests here run ONE replica; the tests with three
+// (internal/itest/proxy.go). The tests here run ONE replica; the tests with three
 // replicas are in cluster_replicas_test.go (TestReplicas*), which covers
 // the list below except the SIGSTOP of the router alone (today one replica
 // holds the router and its levels together, and TestReplicasPauseOwner
@@ -26,14 +27,14 @@ import (
 // Issue 12's planned tests with three replicas (startReplica "r0".."r2"
 // on c.URLs(); the owner of a level is read from /metrics), each checked
 // with load.report (checkStream: nothing lost, early or duplicated at the
-// stream target; checkCore; and watchOffsets: offsets never move back):
+// stream target; checkCore; and itest.WatchOffsets: offsets never move back):
 //   - kill -9 of the owner of a level, at least 10 times during 50,000
 //     messages: replica.kill9 + replica.restart at load.waitAcked points;
 //     failover time from targetReport.LongestGap and Lateness.
 //   - SIGSTOP of an owner for less than T, more than T, and more than the
 //     server's ping timeout, then SIGCONT: replica.pause, let time pass,
 //     replica.resume; the stale owner's fence from its log
-//     (replica.waitLog) and offsetWatch.
+//     (replica.waitLog) and itest.OffsetWatch.
 //   - SIGSTOP of the active router while the load publishes: replica.pause
 //     on the router lease's holder; level streams' ingress references
 //     strictly increasing.
@@ -43,8 +44,8 @@ import (
 //     connected to (Cluster.NodeOf(replica.connectedURL())):
 //     Cluster.Stop + Cluster.Restart, as TestClusterNodeStops here.
 //   - a cut network between one replica and the cluster, then healed:
-//     that replica on startProxy per node of a NoAdvertise cluster,
-//     proxy.cutOff / proxy.stall + proxy.heal, as TestClusterCutOff here.
+//     that replica on itest.StartProxy per node of a NoAdvertise cluster,
+//     Proxy.CutOff / Proxy.Stall + Proxy.Heal, as TestClusterCutOff here.
 //   - a rolling restart of every replica, and scaling 1 -> 3 -> 1 under
 //     load: replica.term (exit 0 expected) + replica.restart / startReplica,
 //     with no failover wait (LongestGap) on a graceful handover.
@@ -70,7 +71,7 @@ func TestClusterKill9(t *testing.T) {
 	r := startReplica(t, "r0", c.URLs())
 	r.waitReady(time.Minute)
 	nc, js := c.Connect(0)
-	offs := watchOffsets(t, js)
+	offs := itest.WatchOffsets(t, js)
 	l := newLoad(t, nc, js, clusterLoad)
 	l.start()
 	const kills = 3
@@ -97,7 +98,7 @@ func TestClusterKill9(t *testing.T) {
 	rep.checkLevels(t)
 	rep.checkStream(t)
 	rep.checkCore(t, kills+1, deliver.ScannerWindowDefault, clusterLevels)
-	t.Logf("%d offset updates seen", offs.check())
+	t.Logf("%d offset updates seen", offs.Check())
 	if err := r.term(30 * time.Second); err != nil {
 		t.Error(err)
 	}
@@ -122,7 +123,7 @@ func TestClusterNodeStops(t *testing.T) {
 		t.Fatalf("replica connected to %q, not a node of the cluster %s", r.connectedURL(), c.URLs())
 	}
 	nc, js := c.Connect((node + 1) % 3) // the test's client stays up
-	offs := watchOffsets(t, js)
+	offs := itest.WatchOffsets(t, js)
 	l := newLoad(t, nc, js, clusterLoad)
 	l.start()
 
@@ -131,7 +132,7 @@ func TestClusterNodeStops(t *testing.T) {
 	for _, s := range []string{deliver.IngressStream, "KV_" + offsets.Bucket, loadStream, levels.StreamName(time.Second)} {
 		leaders[s] = c.StreamLeader(s)
 	}
-	before := len(l.core.snapshot())
+	before := len(l.core.Snapshot())
 	stopped := time.Now()
 	c.Stop(node)
 	t.Logf("stopped node %d, the replica's, at %s; stream leaders then (node index): %v", node, stopped.Format("15:04:05.000"), leaders)
@@ -140,7 +141,7 @@ func TestClusterNodeStops(t *testing.T) {
 		t.Fatalf("replica reconnected to %q (node %d) after node %d stopped", ev.attr("url"), to, node)
 	}
 	t.Logf("replica reconnected to %s %s after the stop", ev.attr("url"), ev.logged.Sub(stopped).Round(time.Millisecond))
-	waitFor(t, time.Minute, "core deliveries to resume", func() bool { return len(l.core.snapshot()) > before+100 })
+	itest.WaitFor(t, time.Minute, "core deliveries to resume", func() bool { return len(l.core.Snapshot()) > before+100 })
 	c.Restart(node)
 	t.Logf("restarted node %d %s after the stop", node, time.Since(stopped).Round(time.Millisecond))
 
@@ -154,7 +155,7 @@ func TestClusterNodeStops(t *testing.T) {
 	rep.checkLevels(t)
 	rep.checkStream(t)
 	rep.checkCore(t, 1, deliver.ScannerWindowDefault, clusterLevels)
-	t.Logf("%d offset updates seen", offs.check())
+	t.Logf("%d offset updates seen", offs.Check())
 }
 
 // TestClusterCutOff connects the replica to the cluster only through a
@@ -167,30 +168,30 @@ func TestClusterCutOff(t *testing.T) {
 		t.Skip("long fault test on a 3-node cluster: skipped when testing.Short()")
 	}
 	c := natstest.StartCluster(t, 3, natstest.NoAdvertise)
-	var proxies []*proxy
+	var proxies []*itest.Proxy
 	var urls []string
 	for i := range c.Len() {
-		p := startProxy(t, strings.TrimPrefix(c.URL(i), "nats://"))
+		p := itest.StartProxy(t, strings.TrimPrefix(c.URL(i), "nats://"))
 		proxies = append(proxies, p)
 		urls = append(urls, p.URL())
 	}
 	r := startReplica(t, "r0", strings.Join(urls, ","))
 	r.waitReady(time.Minute)
 	nc, js := c.Connect(0)
-	offs := watchOffsets(t, js)
+	offs := itest.WatchOffsets(t, js)
 	l := newLoad(t, nc, js, clusterLoad)
 	l.start()
 
 	l.waitAcked(clusterLoad.Total/3, time.Minute)
 	cut := time.Now()
 	for _, p := range proxies {
-		p.cutOff()
+		p.CutOff()
 	}
 	r.waitLog("disconnected from NATS", cut, 30*time.Second)
 	time.Sleep(3 * time.Second) // let time pass: the cut lasts 3 s
 	healed := time.Now()
 	for _, p := range proxies {
-		p.heal()
+		p.Heal()
 	}
 	ev := r.waitLog("reconnected to NATS", cut, time.Minute)
 	if ev.logged.Before(healed) {
@@ -207,5 +208,5 @@ func TestClusterCutOff(t *testing.T) {
 	rep.checkLevels(t)
 	rep.checkStream(t)
 	rep.checkCore(t, 1, deliver.ScannerWindowDefault, clusterLevels)
-	t.Logf("%d offset updates seen", offs.check())
+	t.Logf("%d offset updates seen", offs.Check())
 }

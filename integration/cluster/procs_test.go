@@ -1,6 +1,6 @@
 //go:build unix
 
-package integration
+package cluster
 
 import (
 	"bytes"
@@ -14,10 +14,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // This file runs delayd replicas as separate OS processes, as a user runs
-// them: the delayd binary (built once per test binary by delaydBinary, with
+// them: the delayd binary (built once per test binary by itest.DelaydBinary, with
 // the race detector), configured only through DELAYD_* variables, against a
 // NATS cluster's client URLs. A test signals a replica by PID: kill -9,
 // SIGSTOP, SIGCONT, SIGTERM. Each replica's log goes to the test log, one
@@ -77,7 +79,7 @@ func startReplica(t *testing.T, name, natsURL string, env ...string) *replica {
 // start starts a new generation. The previous one must have exited.
 func (r *replica) start() {
 	r.t.Helper()
-	bin, err := delaydBinary()
+	bin, err := itest.DelaydBinary()
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -170,7 +172,7 @@ func (r *replica) pause() {
 	if _, err := os.Stat("/proc/self/task"); err != nil {
 		return // no /proc: nothing to read the state from
 	}
-	waitFor(r.t, 10*time.Second, fmt.Sprintf("every thread of PID %d to stop", r.PID()), func() bool {
+	itest.WaitFor(r.t, 10*time.Second, fmt.Sprintf("every thread of PID %d to stop", r.PID()), func() bool {
 		return allThreadsStopped(r.PID())
 	})
 }

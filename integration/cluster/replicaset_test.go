@@ -1,6 +1,6 @@
 //go:build unix
 
-package integration
+package cluster
 
 import (
 	"errors"
@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -204,13 +205,13 @@ type faultMark struct {
 // levelDeliveries returns the deliveries of a load at both targets (the
 // target stream as report read it: call after report), by level index,
 // sorted by arrival.
-func (l *load) levelDeliveries() map[int][]delivery {
+func (l *load) levelDeliveries() map[int][]itest.Delivery {
 	l.mu.Lock()
-	got := append(slices.Clone(l.streamGot), l.core.snapshot()...)
+	got := append(slices.Clone(l.streamGot), l.core.Snapshot()...)
 	l.mu.Unlock()
-	out := map[int][]delivery{}
+	out := map[int][]itest.Delivery{}
 	for _, d := range got {
-		i, err := strconv.Atoi(d.key)
+		i, err := strconv.Atoi(d.Key)
 		if err != nil || i < 0 || i >= l.cfg.Total {
 			continue
 		}
@@ -218,7 +219,7 @@ func (l *load) levelDeliveries() map[int][]delivery {
 		out[lvl] = append(out[lvl], d)
 	}
 	for _, ds := range out {
-		slices.SortFunc(ds, func(a, b delivery) int { return a.at.Compare(b.at) })
+		slices.SortFunc(ds, func(a, b itest.Delivery) int { return a.At.Compare(b.At) })
 	}
 	return out
 }
@@ -249,7 +250,7 @@ const gapSlack = 100 * time.Millisecond
 // due in the window; and, per level, the lateness of the deliveries both
 // due and delivered outside every window (normal). Figures are logged by
 // the tests, not asserted.
-func failoverFigures(byLevel map[int][]delivery, table levels.Table, marks []faultMark, maxWindow time.Duration) (figs []failoverFigure, normal map[int]latency) {
+func failoverFigures(byLevel map[int][]itest.Delivery, table levels.Table, marks []faultMark, maxWindow time.Duration) (figs []failoverFigure, normal map[int]latency) {
 	end := func(k int) time.Time {
 		e := marks[k].at.Add(maxWindow)
 		if k+1 < len(marks) && marks[k+1].at.Before(e) {
@@ -269,8 +270,8 @@ func failoverFigures(byLevel map[int][]delivery, table levels.Table, marks []fau
 	for lvl, ds := range byLevel {
 		var late []time.Duration
 		for _, d := range ds {
-			if !d.due.IsZero() && !inWindow(d.due) && !inWindow(d.at) {
-				late = append(late, d.at.Sub(d.due))
+			if !d.Due.IsZero() && !inWindow(d.Due) && !inWindow(d.At) {
+				late = append(late, d.At.Sub(d.Due))
 			}
 		}
 		normal[lvl] = summarize(late)
@@ -281,15 +282,15 @@ func failoverFigures(byLevel map[int][]delivery, table levels.Table, marks []fau
 			lv, _ := table.Level(lvl)
 			f := failoverFigure{fault: m.name, level: lv.Delay}
 			for j := 1; j < len(ds); j++ {
-				a, b := ds[j-1].at, ds[j].at
+				a, b := ds[j-1].At, ds[j].At
 				if b.After(m.at) && a.Before(end(k).Add(-gapSlack)) && b.Sub(a) > f.gap {
 					f.gap, f.gapFrom = b.Sub(a), a.Sub(m.at)
 				}
 			}
 			var late []time.Duration
 			for _, d := range ds {
-				if !d.due.IsZero() && !d.due.Before(m.at) && d.due.Before(end(k)) {
-					late = append(late, d.at.Sub(d.due))
+				if !d.Due.IsZero() && !d.Due.Before(m.at) && d.Due.Before(end(k)) {
+					late = append(late, d.At.Sub(d.Due))
 				}
 			}
 			f.n, f.lateness = len(late), summarize(late)
@@ -306,7 +307,7 @@ func summarize(ds []time.Duration) latency {
 	}
 	ds = slices.Clone(ds)
 	slices.Sort(ds)
-	return latency{P50: percentile(ds, 50), P99: percentile(ds, 99), Max: ds[len(ds)-1]}
+	return latency{P50: itest.Percentile(ds, 50), P99: itest.Percentile(ds, 99), Max: ds[len(ds)-1]}
 }
 
 // logFailovers logs failoverFigures: one line per fault and level, then

@@ -1,4 +1,4 @@
-package integration
+package cluster
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -61,14 +62,14 @@ type load struct {
 	cfg    loadConfig
 	js     jetstream.JetStream
 	target jetstream.Stream
-	core   *recorder // receive times at the core target
+	core   *itest.Recorder // receive times at the core target
 
 	mu      sync.Mutex
 	sent    []time.Time // the start of each message's first publish attempt
 	isAcked []bool
 	failed  []string // messages given up on
 
-	streamGot []delivery // what report read from the target stream
+	streamGot []itest.Delivery // what report read from the target stream
 
 	nAcked  atomic.Int64
 	retries atomic.Int64
@@ -97,12 +98,12 @@ func newLoad(t *testing.T, nc *nats.Conn, js jetstream.JetStream, cfg loadConfig
 	if err != nil {
 		t.Fatalf("create target stream %s: %v", loadStream, err)
 	}
-	l := &load{t: t, cfg: cfg, js: js, target: s, core: newRecorder(t),
+	l := &load{t: t, cfg: cfg, js: js, target: s, core: itest.NewRecorder(t),
 		sent: make([]time.Time, cfg.Total), isAcked: make([]bool, cfg.Total), done: make(chan struct{})}
-	l.core.subscribe(nc, loadCoreSubject+".>")
+	l.core.Subscribe(nc, loadCoreSubject+".>")
 	for i := range cfg.Total {
 		if i%2 == 1 {
-			l.core.expectKeys(strconv.Itoa(i))
+			l.core.ExpectKeys(strconv.Itoa(i))
 		}
 	}
 	l.watchMarkers(nc)
@@ -117,7 +118,7 @@ func newLoad(t *testing.T, nc *nats.Conn, js jetstream.JetStream, cfg loadConfig
 func (l *load) watchMarkers(nc *nats.Conn) {
 	l.t.Helper()
 	l.base, l.baseEpoch, l.markers = map[string]uint64{}, map[string]uint64{}, map[string]map[uint64]bool{}
-	sub, err := nc.Subscribe(markerSubjects, func(m *nats.Msg) {
+	sub, err := nc.Subscribe(itest.MarkerSubjects, func(m *nats.Msg) {
 		name := strings.Split(m.Subject, ".")[2]
 		epoch, err := strconv.ParseUint(m.Header.Get("Delayd-Router-Epoch"), 10, 64)
 		if err != nil {
@@ -231,7 +232,7 @@ func (l *load) publish(i int) {
 	if i%2 == 1 {
 		subject = loadCoreSubject
 	}
-	msg := &nats.Msg{Subject: fmt.Sprintf("delay.%s.l%d", subject, lvl), Data: []byte(strconv.Itoa(i)), Header: level(lvl)}
+	msg := &nats.Msg{Subject: fmt.Sprintf("delay.%s.l%d", subject, lvl), Data: []byte(strconv.Itoa(i)), Header: itest.Level(lvl)}
 	msg.Header.Set(contract.HeaderNatsMsgID, fmt.Sprintf("load-%d", i))
 	first := time.Now()
 	l.mu.Lock()
@@ -264,7 +265,7 @@ func (l *load) acked() int { return int(l.nAcked.Load()) }
 // PubAck; a test makes its faults at points of the load this way.
 func (l *load) waitAcked(n int, timeout time.Duration) {
 	l.t.Helper()
-	waitFor(l.t, timeout, fmt.Sprintf("%d of %d messages acked", n, l.cfg.Total), func() bool { return l.acked() >= n })
+	itest.WaitFor(l.t, timeout, fmt.Sprintf("%d of %d messages acked", n, l.cfg.Total), func() bool { return l.acked() >= n })
 }
 
 // waitCaughtUp waits up to timeout until the core target has received
@@ -274,8 +275,8 @@ func (l *load) waitAcked(n int, timeout time.Duration) {
 // earlier one.
 func (l *load) waitCaughtUp(timeout time.Duration) {
 	l.t.Helper()
-	waitFor(l.t, timeout, "deliveries to catch up with the load", func() bool {
-		got := l.core.counts()
+	itest.WaitFor(l.t, timeout, "deliveries to catch up with the load", func() bool {
+		got := l.core.Counts()
 		horizon := time.Now().Add(-time.Second)
 		l.mu.Lock()
 		defer l.mu.Unlock()
@@ -326,7 +327,7 @@ func (l *load) waitDelivered(timeout time.Duration) {
 		if err == nil {
 			stored = info.State.Msgs
 		}
-		distinct = len(l.core.counts())
+		distinct = len(l.core.Counts())
 		if stored >= uint64(wantStream) && distinct >= wantCore {
 			break
 		}
@@ -337,14 +338,14 @@ func (l *load) waitDelivered(timeout time.Duration) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	waitQuiet(l.t, time.Second, timeout, func() int {
+	itest.WaitQuiet(l.t, time.Second, timeout, func() int {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		info, err := l.target.Info(ctx)
 		if err != nil {
 			return -1
 		}
-		return int(info.State.Msgs) + len(l.core.snapshot())
+		return int(info.State.Msgs) + len(l.core.Snapshot())
 	})
 }
 
@@ -410,9 +411,9 @@ func (r loadReport) String() string {
 // and duplicate deliveries. Call it after waitPublished and waitDelivered.
 func (l *load) report() loadReport {
 	l.t.Helper()
-	stream := newRecorder(l.t)
-	stream.addStream((&testBundle{t: l.t, js: l.js}).streamMsgs(loadStream))
-	got := stream.snapshot()
+	stream := itest.NewRecorder(l.t)
+	stream.AddStream((&itest.Bundle{T: l.t, JS: l.js}).StreamMsgs(loadStream))
+	got := stream.Snapshot()
 	l.mu.Lock()
 	sent := slices.Clone(l.sent)
 	l.streamGot = got
@@ -421,7 +422,7 @@ func (l *load) report() loadReport {
 		Published: l.acked(),
 		Retries:   int(l.retries.Load()),
 		Stream:    l.targetReport(got, 0, sent),
-		Core:      l.targetReport(l.core.snapshot(), 1, sent),
+		Core:      l.targetReport(l.core.Snapshot(), 1, sent),
 	}
 	rep.Ingress = l.streamMsgs(deliver.IngressStream)
 	for _, lvl := range l.cfg.Levels.Levels() {
@@ -492,33 +493,33 @@ func (r loadReport) checkLevels(t *testing.T) {
 
 // targetReport counts what a target saw; parity is i%2 of the messages
 // sent to it.
-func (l *load) targetReport(got []delivery, parity int, sent []time.Time) targetReport {
+func (l *load) targetReport(got []itest.Delivery, parity int, sent []time.Time) targetReport {
 	r := targetReport{Deliveries: len(got)}
 	n := make(map[int]int)
 	var late []time.Duration
 	var times []time.Time
 	for _, d := range got {
-		times = append(times, d.at)
-		i, err := strconv.Atoi(d.key)
+		times = append(times, d.At)
+		i, err := strconv.Atoi(d.Key)
 		if err != nil || i < 0 || i >= l.cfg.Total || i%2 != parity {
 			r.Unexpected++
 			continue
 		}
 		n[i]++
 		lvl, _ := l.cfg.Levels.Level(i%l.cfg.Levels.Len() + 1)
-		early := d.early()
+		early := d.Early()
 		if early {
 			r.Early++
 		}
-		if d.at.Before(sent[i].Add(lvl.Delay)) {
+		if d.At.Before(sent[i].Add(lvl.Delay)) {
 			r.EarlyBySend++
 			early = true
 		}
 		if early && len(r.EarlyKeys) < 10 {
-			r.EarlyKeys = append(r.EarlyKeys, fmt.Sprintf("%d at %s due %s", i, d.at.Format("15:04:05.000000"), d.due.Format("15:04:05.000000")))
+			r.EarlyKeys = append(r.EarlyKeys, fmt.Sprintf("%d at %s due %s", i, d.At.Format("15:04:05.000000"), d.Due.Format("15:04:05.000000")))
 		}
-		if !d.due.IsZero() {
-			late = append(late, d.at.Sub(d.due))
+		if !d.Due.IsZero() {
+			late = append(late, d.At.Sub(d.Due))
 		}
 	}
 	for i := parity; i < l.cfg.Total; i += 2 {
@@ -537,7 +538,7 @@ func (l *load) targetReport(got []delivery, parity int, sent []time.Time) target
 	}
 	slices.Sort(late)
 	if len(late) > 0 {
-		r.Lateness = latency{P50: percentile(late, 50), P99: percentile(late, 99), Max: late[len(late)-1]}
+		r.Lateness = latency{P50: itest.Percentile(late, 50), P99: itest.Percentile(late, 99), Max: late[len(late)-1]}
 	}
 	slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
 	for k := 1; k < len(times); k++ {

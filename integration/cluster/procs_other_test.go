@@ -1,6 +1,6 @@
 //go:build unix && !linux
 
-package integration
+package cluster
 
 import "syscall"
 

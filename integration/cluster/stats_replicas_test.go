@@ -1,4 +1,4 @@
-package integration
+package cluster
 
 import (
 	"encoding/json"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/internal/natstest"
 )
 
@@ -18,21 +19,21 @@ import (
 // prints a line per replica and the OWNER column.
 func TestDelayctlStatsReplicas(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := itest.Setup(t)
 	const table = "100ms 2s"
 	var svcs []*deliver.Service
 	for range 2 {
-		b.startDelayd(table)
-		stop, err := b.svc.StartStatsAPI()
+		b.StartDelayd(table)
+		stop, err := b.Svc.StartStatsAPI()
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = stop() })
-		svcs = append(svcs, b.svc)
+		svcs = append(svcs, b.Svc)
 	}
-	url := b.srv.ClientURL()
+	url := b.Srv.ClientURL()
 	// Every lease is held by one of the two once both bid.
-	waitFor(t, 20*time.Second, "every lease held by one replica", func() bool {
+	itest.WaitFor(t, 20*time.Second, "every lease held by one replica", func() bool {
 		held := map[string]int{}
 		for _, s := range svcs {
 			for _, l := range s.Leases() {
@@ -49,8 +50,8 @@ func TestDelayctlStatsReplicas(t *testing.T) {
 		return len(held) > 0
 	})
 
-	r := delayctl(t, url, "stats", "--json", "--levels="+table)
-	r.want(t, 0)
+	r := itest.Delayctl(t, url, "stats", "--json", "--levels="+table)
+	r.Want(t, 0)
 	var s struct {
 		Levels []struct {
 			Stream   string `json:"stream"`
@@ -62,11 +63,11 @@ func TestDelayctlStatsReplicas(t *testing.T) {
 		Counters *deliver.StatsReply  `json:"counters"`
 		Replicas []deliver.StatsReply `json:"replicas"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &s); err != nil {
-		t.Fatalf("stats --json: %v\n%s", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.Stdout), &s); err != nil {
+		t.Fatalf("stats --json: %v\n%s", err, r.Stdout)
 	}
 	if len(s.Replicas) != 2 {
-		t.Fatalf("stats --json lists %d replicas, want 2:\n%s", len(s.Replicas), r.stdout)
+		t.Fatalf("stats --json lists %d replicas, want 2:\n%s", len(s.Replicas), r.Stdout)
 	}
 	holders := map[string]bool{}
 	owners := map[string]int{} // lease key -> replicas holding it
@@ -103,17 +104,17 @@ func TestDelayctlStatsReplicas(t *testing.T) {
 	}
 
 	if inTable != 3 {
-		t.Errorf("stats --json lists %d existing level streams of the table %q, want 3 (level 0 and its two, each with its owner):\n%s", inTable, table, r.stdout)
+		t.Errorf("stats --json lists %d existing level streams of the table %q, want 3 (level 0 and its two, each with its owner):\n%s", inTable, table, r.Stdout)
 	}
 
-	text := delayctl(t, url, "stats", "--levels="+table)
-	text.want(t, 0, "OWNER", "2 delayd processes (replicas) answered")
-	t.Logf("delayctl stats:\n%s", text.stdout)
-	if n := strings.Count(text.stdout, "delayd (pid "); n != 2 {
-		t.Errorf("stats prints %d replica lines, want 2:\n%s", n, text.stdout)
+	text := itest.Delayctl(t, url, "stats", "--levels="+table)
+	text.Want(t, 0, "OWNER", "2 delayd processes (replicas) answered")
+	t.Logf("delayctl stats:\n%s", text.Stdout)
+	if n := strings.Count(text.Stdout, "delayd (pid "); n != 2 {
+		t.Errorf("stats prints %d replica lines, want 2:\n%s", n, text.Stdout)
 	}
-	if n := strings.Count(text.stdout, " holds: "); n != 2 {
-		t.Errorf("stats prints %d lease lines, want 2:\n%s", n, text.stdout)
+	if n := strings.Count(text.Stdout, " holds: "); n != 2 {
+		t.Errorf("stats prints %d lease lines, want 2:\n%s", n, text.Stdout)
 	}
 }
 
@@ -156,7 +157,7 @@ func TestDelayctlStatsDeadOwner(t *testing.T) {
 		}
 		return of[0], of[1], len(of[0]) > 0 && len(of[1]) > 0
 	}
-	waitFor(t, time.Minute, "the level leases balanced over both replicas", func() bool {
+	itest.WaitFor(t, time.Minute, "the level leases balanced over both replicas", func() bool {
 		d, a, ok := owners()
 		if !ok {
 			return false
@@ -166,8 +167,8 @@ func TestDelayctlStatsDeadOwner(t *testing.T) {
 		return ok && slices.Equal(d, dead) && slices.Equal(a, alive)
 	})
 	rs[0].kill9()
-	r := delayctl(t, srv.ClientURL(), "stats", "--json", "--levels="+replicaLevelsDefault)
-	r.want(t, 0)
+	r := itest.Delayctl(t, srv.ClientURL(), "stats", "--json", "--levels="+replicaLevelsDefault)
+	r.Want(t, 0)
 	var s struct {
 		Levels []struct {
 			Stream    string  `json:"stream"`
@@ -176,8 +177,8 @@ func TestDelayctlStatsDeadOwner(t *testing.T) {
 			NoOwner   bool    `json:"no_owner"`
 		} `json:"levels"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &s); err != nil {
-		t.Fatalf("stats --json: %v\n%s", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.Stdout), &s); err != nil {
+		t.Fatalf("stats --json: %v\n%s", err, r.Stdout)
 	}
 	rows := map[string]int{}
 	for i, l := range s.Levels {
@@ -203,7 +204,7 @@ func TestDelayctlStatsDeadOwner(t *testing.T) {
 			t.Errorf("%s: delivered %v owner %v no_owner %v; want r1's (pid %d) counters", stream, l.Delivered, l.OwnerPID, l.NoOwner, rs[1].PID())
 		}
 	}
-	text := delayctl(t, srv.ClientURL(), "stats", "--levels="+replicaLevelsDefault)
-	text.want(t, 0, "OWNER", "none answering")
-	t.Logf("killed r0 owned %v, r1 owns %v; delayctl stats:\n%s", dead, alive, text.stdout)
+	text := itest.Delayctl(t, srv.ClientURL(), "stats", "--levels="+replicaLevelsDefault)
+	text.Want(t, 0, "OWNER", "none answering")
+	t.Logf("killed r0 owned %v, r1 owns %v; delayctl stats:\n%s", dead, alive, text.Stdout)
 }

@@ -1,6 +1,6 @@
 //go:build unix
 
-package integration
+package cluster
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/internal/natstest"
 )
 
@@ -33,13 +34,13 @@ func TestClusterCancelTwoReplicas(t *testing.T) {
 		t.Skip("long fault test on a 3-node cluster: skipped when testing.Short()")
 	}
 	c := natstest.StartCluster(t, 3)
-	env := []string{"DELAYD_LEVELS=3s 10s", killLeaseTTLEnv}
-	b := &testBundle{t: t}
-	b.nc, b.js = c.Connect(0)
+	env := []string{"DELAYD_LEVELS=3s 10s", itest.KillLeaseTTLEnv}
+	b := &itest.Bundle{T: t}
+	b.NC, b.JS = c.Connect(0)
 	r0 := startReplica(t, "r0", c.URLs(), env...)
 	r0.waitReady(time.Minute)
-	waitFor(t, time.Minute, "r0 owns the router and every level", func() bool {
-		m, err := b.nc.Request(contract.StatsSubject, nil, 5*time.Second)
+	itest.WaitFor(t, time.Minute, "r0 owns the router and every level", func() bool {
+		m, err := b.NC.Request(contract.StatsSubject, nil, 5*time.Second)
 		if err != nil {
 			return false
 		}
@@ -57,12 +58,12 @@ func TestClusterCancelTwoReplicas(t *testing.T) {
 	r1 := startReplica(t, "r1", c.URLs(), env...)
 	r1.waitReady(time.Minute)
 
-	b.createStream("DCAN", "dcan.>")
+	b.CreateStream("DCAN", "dcan.>")
 	const total = 400
-	rec := newRecorder(t)
+	rec := itest.NewRecorder(t)
 	for i := range total {
-		b.publish("delay.dcan.x", []byte(fmt.Sprint(i)), nats.Header{contract.HeaderLevel: {"2"}, contract.HeaderNatsMsgID: {fmt.Sprintf("dc-%d", i)}})
-		rec.expectKeys(fmt.Sprint(i))
+		b.Publish("delay.dcan.x", []byte(fmt.Sprint(i)), nats.Header{contract.HeaderLevel: {"2"}, contract.HeaderNatsMsgID: {fmt.Sprintf("dc-%d", i)}})
+		rec.ExpectKeys(fmt.Sprint(i))
 	}
 	lastDue := time.Now().Add(10 * time.Second)
 
@@ -70,7 +71,7 @@ func TestClusterCancelTwoReplicas(t *testing.T) {
 	cancelOnce := func(i int) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		m, err := b.nc.RequestWithContext(ctx, contract.CancelSubject, []byte(fmt.Sprintf("dc-%d", i)))
+		m, err := b.NC.RequestWithContext(ctx, contract.CancelSubject, []byte(fmt.Sprintf("dc-%d", i)))
 		if err != nil {
 			return "", err
 		}
@@ -118,19 +119,19 @@ func TestClusterCancelTwoReplicas(t *testing.T) {
 	for i, a := range replies {
 		counts[a]++
 		if a == contract.CancelReplyCancelled {
-			rec.excused(fmt.Sprint(i), "cancelled")
+			rec.Excused(fmt.Sprint(i), "cancelled")
 		}
 	}
 	want := total - counts[contract.CancelReplyCancelled]
-	waitFor(t, 2*time.Minute, fmt.Sprintf("%d delivered (replies %v)", want, counts), func() bool {
-		return b.streamCount("DCAN") >= uint64(want)
+	itest.WaitFor(t, 2*time.Minute, fmt.Sprintf("%d delivered (replies %v)", want, counts), func() bool {
+		return b.StreamCount("DCAN") >= uint64(want)
 	})
 	time.Sleep(time.Until(lastDue)) // every due time passes: a cancelled message delivered late would show
-	waitQuiet(t, 2*time.Second, time.Minute, func() int { return int(b.streamCount("DCAN")) })
-	rec.addStream(b.streamMsgs("DCAN"))
-	delivered := rec.counts()
+	itest.WaitQuiet(t, 2*time.Second, time.Minute, func() int { return int(b.StreamCount("DCAN")) })
+	rec.AddStream(b.StreamMsgs("DCAN"))
+	delivered := rec.Counts()
 	t.Logf("cancel replies: %v (r1, owning no level, answered %v of the first half's cancelled); delivered %d distinct of %d", counts, byR1, len(delivered), total)
-	rec.checkAll()
+	rec.CheckAll()
 	for i, a := range replies {
 		if a == contract.CancelReplyDelivered && delivered[fmt.Sprint(i)] != 1 {
 			t.Errorf("dc-%d: answered already delivered, delivered %d times", i, delivered[fmt.Sprint(i)])

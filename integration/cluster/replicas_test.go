@@ -1,6 +1,6 @@
 //go:build unix
 
-package integration
+package cluster
 
 import (
 	"strings"

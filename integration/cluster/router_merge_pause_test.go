@@ -1,6 +1,6 @@
 //go:build unix
 
-package integration
+package cluster
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/internal/natstest"
 )
 
@@ -53,7 +54,7 @@ func TestRouterPausedInMergeCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &testBundle{t: t, nc: nc, js: js}
+	b := &itest.Bundle{T: t, NC: nc, JS: js}
 
 	held := func(r *replica, key string) bool { return metricValue(t, r, `delayd_lease_held{lease="`+key+`"}`) == 1 }
 	// settled: both count two live replicas and hold no more than their
@@ -79,7 +80,7 @@ func TestRouterPausedInMergeCheck(t *testing.T) {
 	var x, y *replica
 	var lvl int
 	var stream string
-	waitFor(t, time.Minute, "the replicas settled, the router and a level of the table in different ones", func() bool {
+	itest.WaitFor(t, time.Minute, "the replicas settled, the router and a level of the table in different ones", func() bool {
 		if !settled() {
 			return false
 		}
@@ -99,12 +100,12 @@ func TestRouterPausedInMergeCheck(t *testing.T) {
 		return false
 	})
 	t.Logf("%s holds the router lease, %s the level stream %s", x.name, y.name, stream)
-	b.createStream("PM", "pm.>")
+	b.CreateStream("PM", "pm.>")
 	h := func() nats.Header {
 		return nats.Header{contract.HeaderLevel: {strconv.Itoa(lvl)}, contract.HeaderMergeKey: {"order-7"}}
 	}
-	b.publish("delay.pm.close", []byte("m1"), h())
-	waitFor(t, time.Minute, x.name+" to route m1", func() bool { return metricValue(t, x, "delayd_routed_total") >= 1 })
+	b.Publish("delay.pm.close", []byte("m1"), h())
+	itest.WaitFor(t, time.Minute, x.name+" to route m1", func() bool { return metricValue(t, x, "delayd_routed_total") >= 1 })
 
 	// x's ingress consumer is its term's: delayd-router-<epoch>.
 	consumer := deliver.RouterConsumerName(uint64(metricValue(t, x, `delayd_lease_epoch{lease="router"}`)))
@@ -122,13 +123,13 @@ func TestRouterPausedInMergeCheck(t *testing.T) {
 		return info.NumAckPending
 	}
 	y.pause()
-	b.publish("delay.pm.close", []byte("m2"), h())
+	b.Publish("delay.pm.close", []byte("m2"), h())
 	// Delivered to x and not acked: x is in m2's merge check, waiting
 	// for y's answer (0.5 s).
-	waitFor(t, 10*time.Second, "m2 delivered to "+x.name, func() bool { return ackPending() == 1 })
+	itest.WaitFor(t, 10*time.Second, "m2 delivered to "+x.name, func() bool { return ackPending() == 1 })
 	x.pause()
 	levelHolds := func(payload string) bool {
-		for _, m := range b.streamMsgs(stream) {
+		for _, m := range b.StreamMsgs(stream) {
 			if string(m.Data) == payload {
 				return true
 			}
@@ -140,15 +141,15 @@ func TestRouterPausedInMergeCheck(t *testing.T) {
 	}
 
 	y.resume()
-	waitFor(t, time.Minute, y.name+" to take the router lease and merge m2", func() bool {
+	itest.WaitFor(t, time.Minute, y.name+" to take the router lease and merge m2", func() bool {
 		return held(y, "router") && metricValue(t, y, "delayd_merged_total") >= 1
 	})
 	continued := time.Now()
 	x.resume()
-	waitFor(t, time.Minute, x.name+" to give up the router lease", func() bool { return metricValue(t, x, `delayd_lease_held{lease="router"}`) == 0 })
+	itest.WaitFor(t, time.Minute, x.name+" to give up the router lease", func() bool { return metricValue(t, x, `delayd_lease_held{lease="router"}`) == 0 })
 	// x sends m2's write as soon as it runs again (its wait is over): the
 	// level stream stays unchanged from then on, with or without it.
-	waitQuiet(t, 2*time.Second, time.Minute, func() int { return len(b.streamMsgs(stream)) })
+	itest.WaitQuiet(t, 2*time.Second, time.Minute, func() int { return len(b.StreamMsgs(stream)) })
 	for _, e := range x.log.events() {
 		if !e.logged.Before(continued) && (strings.Contains(e.msg, "router") || strings.Contains(e.msg, "level write")) {
 			t.Logf("%s after it was continued: %q (error %s)", x.name, e.msg, e.attr("error"))

@@ -1,4 +1,4 @@
-package integration
+package itest
 
 import (
 	"context"
@@ -16,22 +16,22 @@ import (
 	"github.com/delayd/delayd/offsets"
 )
 
-// delivery is one message seen at a target.
-type delivery struct {
+// Delivery is one message seen at a target.
+type Delivery struct {
 	target string    // the subject it arrived on
 	id     string    // its Nats-Msg-Id
-	key    string    // the test's name for the message (its payload unless the recorder says otherwise)
-	at     time.Time // the target stream's store time, or the core subscriber's receive time
-	due    time.Time // its Delay-Due-At; zero if missing or malformed
+	Key    string    // the test's name for the message (its payload unless the recorder says otherwise)
+	At     time.Time // the target stream's store time, or the core subscriber's receive time
+	Due    time.Time // its Delay-Due-At; zero if missing or malformed
 	level  string    // its Delay-Level header, if any
 }
 
-// early reports whether d breaks "never early": it has no valid
+// Early reports whether d breaks "never early": it has no valid
 // Delay-Due-At, or it was stored (stream-bound target) or received (core
 // subscriber) before it.
-func (d delivery) early() bool { return d.due.IsZero() || d.at.Before(d.due) }
+func (d Delivery) Early() bool { return d.Due.IsZero() || d.At.Before(d.Due) }
 
-// recorder records the deliveries a test sees and checks the invariants of
+// Recorder records the deliveries a test sees and checks the invariants of
 // README "Guarantees" on them, one check per method:
 //
 //   - never early: every delivery is stored (stream-bound target) or received
@@ -45,37 +45,37 @@ func (d delivery) early() bool { return d.due.IsZero() || d.at.Before(d.due) }
 //
 // Receive times and store times are read on the test machine's clock, which
 // is also the embedded server's.
-type recorder struct {
+type Recorder struct {
 	t      *testing.T
-	keyOf  func(*nats.Msg) string
+	KeyOf  func(*nats.Msg) string
 	mu     sync.Mutex
-	got    []delivery
+	got    []Delivery
 	expect map[string]bool
 	excuse map[string]string // key -> why it need not arrive (and must not)
 }
 
-// newRecorder returns a recorder that names each message by its payload.
-func newRecorder(t *testing.T) *recorder {
-	return &recorder{t: t, keyOf: func(m *nats.Msg) string { return string(m.Data) }, expect: map[string]bool{}, excuse: map[string]string{}}
+// NewRecorder returns a recorder that names each message by its payload.
+func NewRecorder(t *testing.T) *Recorder {
+	return &Recorder{t: t, KeyOf: func(m *nats.Msg) string { return string(m.Data) }, expect: map[string]bool{}, excuse: map[string]string{}}
 }
 
-// record adds one delivery of m, seen at at.
-func (r *recorder) record(m *nats.Msg, at time.Time) {
-	d := delivery{target: m.Subject, key: r.keyOf(m), at: at}
+// Record adds one delivery of m, seen at at.
+func (r *Recorder) Record(m *nats.Msg, at time.Time) {
+	d := Delivery{target: m.Subject, Key: r.KeyOf(m), At: at}
 	if m.Header != nil {
 		d.id = m.Header.Get(contract.HeaderNatsMsgID)
 		d.level = m.Header.Get(contract.HeaderLevel)
-		d.due, _ = time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
+		d.Due, _ = time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
 	}
 	r.mu.Lock()
 	r.got = append(r.got, d)
 	r.mu.Unlock()
 }
 
-// subscribe records every message on a core subject, with its receive time.
-func (r *recorder) subscribe(nc *nats.Conn, subject string) {
+// Subscribe records every message on a core subject, with its receive time.
+func (r *Recorder) Subscribe(nc *nats.Conn, subject string) {
 	r.t.Helper()
-	sub, err := nc.Subscribe(subject, func(m *nats.Msg) { r.record(m, time.Now()) })
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) { r.Record(m, time.Now()) })
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -86,15 +86,15 @@ func (r *recorder) subscribe(nc *nats.Conn, subject string) {
 	r.t.Cleanup(func() { _ = sub.Unsubscribe() })
 }
 
-// addStream records every message of a target stream, with its store time.
-func (r *recorder) addStream(msgs []*jetstream.RawStreamMsg) {
+// AddStream records every message of a target stream, with its store time.
+func (r *Recorder) AddStream(msgs []*jetstream.RawStreamMsg) {
 	for _, m := range msgs {
-		r.record(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}, m.Time)
+		r.Record(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}, m.Time)
 	}
 }
 
-// expectKeys says each key must be delivered (or excused).
-func (r *recorder) expectKeys(keys ...string) {
+// ExpectKeys says each key must be delivered (or excused).
+func (r *Recorder) ExpectKeys(keys ...string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, k := range keys {
@@ -102,50 +102,51 @@ func (r *recorder) expectKeys(keys ...string) {
 	}
 }
 
-// excused says key need not be delivered, and must not be, because why
+// Excused says key need not be delivered, and must not be, because why
 // (for example "cancelled").
-func (r *recorder) excused(key, why string) {
+func (r *Recorder) Excused(key, why string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.excuse[key] = why
 }
 
-func (r *recorder) snapshot() []delivery {
+// Snapshot returns a copy of the deliveries recorded so far.
+func (r *Recorder) Snapshot() []Delivery {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.got)
 }
 
-// counts returns the number of deliveries per key.
-func (r *recorder) counts() map[string]int {
+// Counts returns the number of deliveries per key.
+func (r *Recorder) Counts() map[string]int {
 	n := map[string]int{}
-	for _, d := range r.snapshot() {
-		n[d.key]++
+	for _, d := range r.Snapshot() {
+		n[d.Key]++
 	}
 	return n
 }
 
-// checkNeverEarly fails for each delivery without a Delay-Due-At or seen
+// CheckNeverEarly fails for each delivery without a Delay-Due-At or seen
 // before it. It returns the number of deliveries checked.
-func (r *recorder) checkNeverEarly() int {
+func (r *Recorder) CheckNeverEarly() int {
 	r.t.Helper()
-	got := r.snapshot()
+	got := r.Snapshot()
 	bad := 0
 	for _, d := range got {
-		if !d.early() {
+		if !d.Early() {
 			continue
 		}
 		switch {
-		case d.due.IsZero():
+		case d.Due.IsZero():
 			bad++
 			if bad <= 10 {
-				r.t.Errorf("%s on %s: no valid %s", d.key, d.target, contract.HeaderDueAt)
+				r.t.Errorf("%s on %s: no valid %s", d.Key, d.target, contract.HeaderDueAt)
 			}
 		default:
 			bad++
 			if bad <= 10 {
-				r.t.Errorf("%s on %s delivered %s early (due %s, seen %s)", d.key, d.target, d.due.Sub(d.at),
-					d.due.Format(time.RFC3339Nano), d.at.Format(time.RFC3339Nano))
+				r.t.Errorf("%s on %s delivered %s early (due %s, seen %s)", d.Key, d.target, d.Due.Sub(d.At),
+					d.Due.Format(time.RFC3339Nano), d.At.Format(time.RFC3339Nano))
 			}
 		}
 	}
@@ -155,11 +156,11 @@ func (r *recorder) checkNeverEarly() int {
 	return len(got)
 }
 
-// checkComplete fails for each expected key neither delivered nor excused,
+// CheckComplete fails for each expected key neither delivered nor excused,
 // each excused key delivered, and each delivered key not expected.
-func (r *recorder) checkComplete() {
+func (r *Recorder) CheckComplete() {
 	r.t.Helper()
-	n := r.counts()
+	n := r.Counts()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var lost, unexpected, excusedButDelivered []string
@@ -186,12 +187,12 @@ func (r *recorder) checkComplete() {
 	}
 }
 
-// checkNoDuplicates fails for each key delivered more than once. Use it at a
+// CheckNoDuplicates fails for each key delivered more than once. Use it at a
 // stream-bound target, or at a core target when delayd did not crash.
-func (r *recorder) checkNoDuplicates() {
+func (r *Recorder) CheckNoDuplicates() {
 	r.t.Helper()
 	var dup []string
-	for k, c := range r.counts() {
+	for k, c := range r.Counts() {
 		if c > 1 {
 			dup = append(dup, fmt.Sprintf("%s×%d", k, c))
 		}
@@ -202,21 +203,21 @@ func (r *recorder) checkNoDuplicates() {
 	}
 }
 
-// checkAll runs every check: never early, complete, no duplicates.
-func (r *recorder) checkAll() {
+// CheckAll runs every check: never early, complete, no duplicates.
+func (r *Recorder) CheckAll() {
 	r.t.Helper()
-	r.checkNeverEarly()
-	r.checkComplete()
-	r.checkNoDuplicates()
+	r.CheckNeverEarly()
+	r.CheckComplete()
+	r.CheckNoDuplicates()
 }
 
-// offsetWatch sees every value written to the offsets bucket
+// OffsetWatch sees every value written to the offsets bucket
 // (DELAYD_OFFSETS) while it runs, in revision order, and checks that each
 // level's offset only moves forward. A deleted key (the level stream was
 // deleted, or a test reset it) starts that key afresh. The bucket keeps one
 // value per key, so a value overwritten before the watch reads it is not
 // seen: a brief regression can slip by, a lasting one cannot.
-type offsetWatch struct {
+type OffsetWatch struct {
 	t       *testing.T
 	mu      sync.Mutex
 	last    map[string]uint64
@@ -226,9 +227,9 @@ type offsetWatch struct {
 	done    chan struct{}
 }
 
-// watchOffsets starts an offsetWatch on js; it stops at cleanup or by check.
+// WatchOffsets starts an OffsetWatch on js; it stops at cleanup or by check.
 // The bucket must exist (delayd started once).
-func watchOffsets(t *testing.T, js jetstream.JetStream) *offsetWatch {
+func WatchOffsets(t *testing.T, js jetstream.JetStream) *OffsetWatch {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	kv, err := js.KeyValue(ctx, offsets.Bucket)
@@ -241,7 +242,7 @@ func watchOffsets(t *testing.T, js jetstream.JetStream) *offsetWatch {
 		cancel()
 		t.Fatal(err)
 	}
-	o := &offsetWatch{t: t, last: map[string]uint64{}, done: make(chan struct{})}
+	o := &OffsetWatch{t: t, last: map[string]uint64{}, done: make(chan struct{})}
 	o.stop = func() { _ = w.Stop(); cancel() }
 	go func() {
 		defer close(o.done)
@@ -270,9 +271,9 @@ func watchOffsets(t *testing.T, js jetstream.JetStream) *offsetWatch {
 	return o
 }
 
-// check stops the watch and fails if an offset moved back. It returns the
+// Check stops the watch and fails if an offset moved back. It returns the
 // number of updates seen.
-func (o *offsetWatch) check() int {
+func (o *OffsetWatch) Check() int {
 	o.t.Helper()
 	o.stop()
 	select {
@@ -288,10 +289,10 @@ func (o *offsetWatch) check() int {
 	return o.updates
 }
 
-// waitQuiet waits until what() stops changing for quiet, with a deadline.
+// WaitQuiet waits until what() stops changing for quiet, with a deadline.
 // It stands for "any late arrival would show now": quiet is time that must
 // pass for an absence to mean something, not a wait for an event.
-func waitQuiet(t *testing.T, quiet, timeout time.Duration, what func() int) {
+func WaitQuiet(t *testing.T, quiet, timeout time.Duration, what func() int) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	last, since := what(), time.Now()

@@ -1,6 +1,6 @@
 //go:build unix
 
-package integration
+package cluster
 
 import (
 	"context"
@@ -18,6 +18,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/integration/internal/itest"
 )
 
 // natsServerBinary builds nats-server from the module's own dependency
@@ -164,7 +166,7 @@ func (c *procCluster) Restart(i int) {
 func (c *procCluster) waitHealthy(i int) {
 	c.t.Helper()
 	client := &http.Client{Timeout: time.Second}
-	waitFor(c.t, time.Minute, fmt.Sprintf("N%d healthy", i), func() bool {
+	itest.WaitFor(c.t, time.Minute, fmt.Sprintf("N%d healthy", i), func() bool {
 		select {
 		case <-c.done[i]:
 			c.t.Fatalf("N%d: nats-server exited: %s", i, c.cmds[i].ProcessState)
@@ -254,7 +256,7 @@ func (c *procCluster) WaitCurrent(js jetstream.JetStream, timeout time.Duration)
 	c.t.Helper()
 	start := time.Now()
 	last := "no answer"
-	waitFor(c.t, timeout, "every stream led and current", func() bool {
+	itest.WaitFor(c.t, timeout, "every stream led and current", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		l := js.ListStreams(ctx)

@@ -1,4 +1,4 @@
-package integration
+package itest
 
 import (
 	"context"
@@ -6,23 +6,23 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// markerSubjects are the subjects of the routers' epoch markers in the
+// MarkerSubjects are the subjects of the routers' epoch markers in the
 // level streams, "delayd.level.<level name>.delayd.router.epoch" (README
 // "Guarantees": epoch markers).
-const markerSubjects = "delayd.level.*.delayd.router.epoch"
+const MarkerSubjects = "delayd.level.*.delayd.router.epoch"
 
-// levelCount returns how many messages level stream name holds, not
+// LevelCount returns how many messages level stream name holds, not
 // counting the routers' epoch markers.
-func (b *testBundle) levelCount(name string) uint64 {
-	b.t.Helper()
+func (b *Bundle) LevelCount(name string) uint64 {
+	b.T.Helper()
 	ctx := context.Background()
-	s, err := b.js.Stream(ctx, name)
+	s, err := b.JS.Stream(ctx, name)
 	if err != nil {
-		b.t.Fatal(err)
+		b.T.Fatal(err)
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(markerSubjects))
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(MarkerSubjects))
 	if err != nil {
-		b.t.Fatal(err)
+		b.T.Fatal(err)
 	}
 	var markers uint64
 	for _, n := range info.State.Subjects {
@@ -31,21 +31,21 @@ func (b *testBundle) levelCount(name string) uint64 {
 	return info.State.Msgs - markers
 }
 
-// levelMsgs returns the messages level stream name holds, without the
+// LevelMsgs returns the messages level stream name holds, without the
 // routers' epoch markers.
-func (b *testBundle) levelMsgs(name string) []*jetstream.RawStreamMsg {
-	b.t.Helper()
+func (b *Bundle) LevelMsgs(name string) []*jetstream.RawStreamMsg {
+	b.T.Helper()
 	var out []*jetstream.RawStreamMsg
-	for _, m := range b.streamMsgs(name) {
-		if !matchMarker(m.Subject) {
+	for _, m := range b.StreamMsgs(name) {
+		if !MatchMarker(m.Subject) {
 			out = append(out, m)
 		}
 	}
 	return out
 }
 
-// matchMarker reports whether subject is an epoch marker's.
-func matchMarker(subject string) bool {
+// MatchMarker reports whether subject is an epoch marker's.
+func MatchMarker(subject string) bool {
 	var tokens []string
 	start := 0
 	for i := 0; i <= len(subject); i++ {
