@@ -1,6 +1,6 @@
 //go:build unix
 
-package integration
+package cluster
 
 import (
 	"strconv"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
 	"github.com/delayd/delayd/internal/natstest"
 )
 
@@ -31,7 +32,7 @@ func TestReplicasIngressPartitionsKill9(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
 	rs := startReplicas(t, c.URLs(), 2, "DELAYD_INGRESS_PARTITIONS="+strconv.Itoa(parts))
 	nc, js := c.Connect(0)
-	offs := watchOffsets(t, js)
+	offs := itest.WatchOffsets(t, js)
 	for i := range parts {
 		waitOwner(t, rs, "router."+strconv.Itoa(i), time.Minute)
 	}
@@ -65,5 +66,5 @@ func TestReplicasIngressPartitionsKill9(t *testing.T) {
 	// A killed replica may have owned any of a level's partition streams:
 	// a window per level stream (levels × partitions) per kill.
 	rep.checkCore(t, kills*parts, deliver.ScannerWindowDefault, clusterLevels)
-	t.Logf("%d offset updates seen", offs.check())
+	t.Logf("%d offset updates seen", offs.Check())
 }
