@@ -23,6 +23,26 @@
 //     async publishes (PublishMsgAsync, window 4,096) into a plain file
 //     stream, msgs_per_s = N / time until the last PubAck; then an ordered
 //     consumer reads them back, msgs_per_s = N / read time.
+//   - ref-drain, ref-stream, ref-move, ref-timer (system raw): the
+//     yardsticks, each a delayd row's work with the scheduling taken out,
+//     on a fresh server with -burst-n messages preloaded into a stream SRC.
+//     ref-drain (core): an ordered consumer (client buffer 8,192) reads SRC
+//     and republishes each payload to a core subject; a core subscriber
+//     counts them; msgs_per_s = N / (last arrival − start). ref-stream: the
+//     same read, each published async (window 4,096) to a subject bound to
+//     a stream; msgs_per_s = N / (last PubAck − start). ref-move: SRC is a
+//     work queue read by a durable pull consumer; each message is published
+//     async to another stream and acked once its PubAck is in (the router's
+//     store operations without classification); msgs_per_s = N / (SRC empty
+//     and the other stream holding N − start). ref-timer (core): at
+//     -steady-rate for -steady-duration, a relay receives each message on a
+//     core subscription, holds it in a Go timer until its due time (publish
+//     time + 1 s) and publishes it to core; lateness = arrival − due, as in
+//     steady. delayd's rows then carry their reference: burst core's
+//     ref_ratio = msgs_per_s / ref-drain's, burst stream's / ref-stream's,
+//     ingest's / ref-move's, and steady's over_ref_ms = its lateness −
+//     ref-timer's (p50, p99, max); ingest and burst rows carry raw_ratio =
+//     msgs_per_s / raw-publish's.
 //   - ingest (delayd): N messages are published to delay.bench.x with
 //     Delay-Level 3 of the table "1s 5s 1h" while delayd is stopped; then a
 //     delayd service starts and msgs_per_s = N / time from its start until
@@ -132,11 +152,15 @@ const (
 	ClusterKillsDefault = 10
 )
 
-// scenarioNames are the scenarios, in the order they run.
-var scenarioNames = []string{"raw", "ingest", "burst", "steady", "cancel-storm", "pending", "cluster"}
+// scenarioNames are the scenarios, in the order they run: the references
+// (raw, ref) first, so that later rows can be given as ratios to them.
+var scenarioNames = []string{"raw", "ref", "ingest", "burst", "steady", "cancel-storm", "pending", "cluster"}
 
-// defaultScenarios run when -scenarios is not given: all but cluster.
-var defaultScenarios = scenarioNames[:len(scenarioNames)-1]
+// optInScenarios run only when named in -scenarios.
+var optInScenarios = []string{"cluster"}
+
+// defaultScenarios run when -scenarios is not given: all but the opt-in ones.
+var defaultScenarios = slices.DeleteFunc(slices.Clone(scenarioNames), func(s string) bool { return slices.Contains(optInScenarios, s) })
 
 // config is the harness's configuration; the flags set it.
 type config struct {
@@ -292,6 +316,8 @@ func (b *bench) scenario(ctx context.Context, name string) ([]result, []string, 
 	switch name {
 	case "raw":
 		return b.raw(ctx)
+	case "ref":
+		return b.ref(ctx)
 	case "ingest":
 		return b.ingest(ctx)
 	case "burst":

@@ -38,7 +38,14 @@ func TestSmoke(t *testing.T) {
 		if r.Scenario == "" {
 			continue // a note
 		}
-		seen[r.Scenario+"/"+r.System+"/"+r.Target] = true
+		key := r.Scenario + "/" + r.System + "/" + r.Target
+		seen[key] = true
+		if how, ok := refOf[key]; ok {
+			// Every reference runs before the rows compared with it.
+			if r.Ref != how.ref || (how.lateness && r.OverRef == nil) || (!how.lateness && (r.RefRatio == nil || *r.RefRatio <= 0)) {
+				t.Errorf("%s: ref %q ref_ratio %v over_ref_ms %v: want a comparison with %s", key, r.Ref, r.RefRatio, r.OverRef, how.ref)
+			}
+		}
 		if r.Cancels != nil && (r.Cancels.Both != 0 || r.Cancels.Cancelled == 0) {
 			t.Errorf("%s: cancels %+v: want some cancelled and none cancelled and delivered", r.Scenario, *r.Cancels)
 		}
@@ -47,7 +54,9 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"raw-publish/raw/stream", "raw-read/raw/stream", "ingest/delayd/stream",
+		"raw-publish/raw/stream", "raw-read/raw/stream",
+		"ref-drain/raw/core", "ref-stream/raw/stream", "ref-move/raw/stream", "ref-timer/raw/core",
+		"ingest/delayd/stream",
 		"burst/delayd/core", "burst/delayd/stream", "burst/native/stream",
 		"steady/delayd/core", "steady/native/stream",
 		"cancel-storm-off/delayd/core", "cancel-storm/delayd/core",
