@@ -122,6 +122,7 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -147,6 +148,14 @@ const (
 	ClusterRateDefault = 2_000
 	// ClusterDurationDefault is how long each cluster-steady row publishes.
 	ClusterDurationDefault = 10 * time.Second
+	// TrickleRateDefault is the cross-level scenario's trickle, msg/s.
+	TrickleRateDefault = 1_000
+	// SustainedRatesDefault are the sustained scenario's rates, msg/s, in
+	// the order offered.
+	SustainedRatesDefault = "10000,15000,20000,25000,30000,40000,50000,60000,80000,100000"
+	// SustainedStepDefault is how long the sustained scenario offers each
+	// rate.
+	SustainedStepDefault = 5 * time.Second
 	// ClusterKillsDefault is how many times the failover rows stop the
 	// level's owner, each way.
 	ClusterKillsDefault = 10
@@ -154,10 +163,10 @@ const (
 
 // scenarioNames are the scenarios, in the order they run: the references
 // (raw, ref) first, so that later rows can be given as ratios to them.
-var scenarioNames = []string{"raw", "ref", "ingest", "burst", "steady", "cancel-storm", "pending", "cluster"}
+var scenarioNames = []string{"raw", "ref", "ingest", "burst", "steady", "cancel-storm", "pending", "cross-level", "sustained", "cluster"}
 
 // optInScenarios run only when named in -scenarios.
-var optInScenarios = []string{"cluster"}
+var optInScenarios = []string{"sustained", "cluster"}
 
 // defaultScenarios run when -scenarios is not given: all but the opt-in ones.
 var defaultScenarios = slices.DeleteFunc(slices.Clone(scenarioNames), func(s string) bool { return slices.Contains(optInScenarios, s) })
@@ -175,6 +184,9 @@ type config struct {
 	ClusterRate    int           // cluster-steady and cluster-failover: msg/s offered
 	ClusterDur     time.Duration // cluster-steady: publishing time
 	ClusterKills   int           // cluster-failover: stops of the level's owner, each way
+	TrickleRate    int           // cross-level: msg/s to the quiet level
+	SustainedRates []int         // sustained: msg/s offered, one step each, in order
+	SustainedStep  time.Duration // sustained: how long each rate is offered
 	Scenarios      []string      // subset of scenarioNames; empty = defaultScenarios
 	JSON           bool          // one JSON object per row instead of a table
 	Settle         time.Duration // pending: wait before heap readings
@@ -187,6 +199,12 @@ func (c *config) validate() error {
 	}
 	if c.wants("cluster") && (c.ClusterBurstN < 1 || c.ClusterRate < 1 || c.ClusterDur <= 0 || c.ClusterKills < 1) {
 		return errors.New("-cluster-burst-n, -cluster-rate, -cluster-duration and -cluster-kills must be positive")
+	}
+	if c.wants("cross-level") && c.TrickleRate < 1 {
+		return errors.New("-trickle-rate must be positive")
+	}
+	if c.wants("sustained") && (len(c.SustainedRates) == 0 || c.SustainedStep <= 0 || slices.Min(c.SustainedRates) < 1) {
+		return errors.New("-sustained-rates must list positive rates and -sustained-step be positive")
 	}
 	if c.Payload < idxWidth {
 		return fmt.Errorf("-payload %d: must be at least %d (the index is written in the first %d bytes)", c.Payload, idxWidth, idxWidth)
@@ -220,7 +238,10 @@ func main() {
 	fs.IntVar(&cfg.ClusterRate, "cluster-rate", ClusterRateDefault, "cluster: steady and failover load, messages per second")
 	fs.DurationVar(&cfg.ClusterDur, "cluster-duration", ClusterDurationDefault, "cluster: how long each steady row publishes")
 	fs.IntVar(&cfg.ClusterKills, "cluster-kills", ClusterKillsDefault, "cluster: stops of the level's owner, killed and then graceful, this many each")
-	scen := fs.String("scenarios", strings.Join(defaultScenarios, ","), "comma-separated subset of "+strings.Join(scenarioNames, ",")+" (cluster only when named)")
+	fs.IntVar(&cfg.TrickleRate, "trickle-rate", TrickleRateDefault, "cross-level: messages per second to level 1 while level 2 takes the burst (-burst-n)")
+	sustainedRates := fs.String("sustained-rates", SustainedRatesDefault, "sustained: comma-separated rates in msg/s, offered in turn until one is not bounded")
+	fs.DurationVar(&cfg.SustainedStep, "sustained-step", SustainedStepDefault, "sustained: how long each rate is offered")
+	scen := fs.String("scenarios", strings.Join(defaultScenarios, ","), "comma-separated subset of "+strings.Join(scenarioNames, ",")+" (sustained and cluster only when named)")
 	fs.BoolVar(&cfg.JSON, "json", false, "one JSON object per row instead of a table")
 	fs.DurationVar(&cfg.Settle, "settle", SettleDefault, "pending: wait before each heap reading (the file store's block cache expires after 10s)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
@@ -247,6 +268,17 @@ func main() {
 				_ = f.Close()
 			}
 		}()
+	}
+	for s := range strings.SplitSeq(*sustainedRates, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		r, err := strconv.Atoi(s)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "delaybench: -sustained-rates: %q is not a rate in msg/s\n", s)
+			os.Exit(2)
+		}
+		cfg.SustainedRates = append(cfg.SustainedRates, r)
 	}
 	for s := range strings.SplitSeq(*scen, ",") {
 		if s = strings.TrimSpace(s); s != "" {
@@ -328,6 +360,10 @@ func (b *bench) scenario(ctx context.Context, name string) ([]result, []string, 
 		return b.cancelStorm(ctx)
 	case "pending":
 		return b.pending(ctx)
+	case "cross-level":
+		return b.crossLevel(ctx)
+	case "sustained":
+		return b.sustained(ctx)
 	case "cluster":
 		return b.cluster(ctx)
 	}

@@ -61,10 +61,13 @@ type result struct {
 	// OverRef is the lateness minus Ref's, in ms: p50, p99 and max each
 	// minus Ref's.
 	OverRef *lateness `json:"over_ref_ms,omitempty"`
-	// RawRatio is msgs_per_s over raw-publish's in this run (ingest and
-	// burst rows, when raw ran).
+	// RawRatio is msgs_per_s over raw-publish's in this run (ingest,
+	// burst and sustained-max rows, when raw ran).
 	RawRatio *float64 `json:"raw_ratio,omitempty"`
-	Note     string   `json:"note,omitempty"`
+	// DeliveredPerS is the rate of deliveries, distinct messages over the
+	// time from the first arrival to the last (sustained rows only).
+	DeliveredPerS float64 `json:"delivered_per_s,omitempty"`
+	Note          string  `json:"note,omitempty"`
 }
 
 // refOf names each row's reference ("scenario/system/target" to the
@@ -78,10 +81,12 @@ var refOf = map[string]struct {
 	"burst/delayd/stream":  {"ref-stream", false},
 	"ingest/delayd/stream": {"ref-move", false},
 	"steady/delayd/core":   {"ref-timer", true},
+	// The trickle's lateness during the burst over its own without.
+	"cross-level-burst/delayd/core": {"cross-level-quiet", true},
 }
 
 // rawRatioOf are the scenarios whose rows get raw_ratio.
-var rawRatioOf = []string{"ingest", "burst"}
+var rawRatioOf = []string{"ingest", "burst", "sustained-max"}
 
 // relate fills r's comparisons with the reference rows seen so far, and
 // remembers r as a reference for later rows.
