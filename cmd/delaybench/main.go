@@ -8,6 +8,18 @@
 //	go run ./cmd/delaybench -scenarios burst,steady -burst-n 200000
 //	go run ./cmd/delaybench -json                 # one JSON object per row
 //	go run ./cmd/delaybench -scenarios cluster    # the cluster scenario (not in the default set; ~3 min on 2 cores)
+//	go run ./cmd/delaybench -scenarios raw,sustained  # the sustained scenario (not in the default set)
+//	go run ./cmd/delaybench -tcp                  # nats-server and delayd as processes, over TCP
+//
+// With -tcp, every server is a nats-server process (the version in go.mod,
+// built with go build into the run's temporary directory, so run it inside
+// the module) on a loopback port the OS picks, every connection is TCP,
+// and delayd runs as its own process (cmd/delayd, built the same way, with
+// DELAYD_NATS_URL, DELAYD_LEVELS and an HTTP address of its own, ready
+// when /readyz answers 200, stopped with SIGTERM by its PID). The burst
+// rows' router alone still runs in this process, over TCP. pending and
+// cluster have no -tcp mode (pending reads this process's heap; cluster
+// starts its nodes in-process). Rows of a -tcp run carry transport "tcp".
 //
 // Each (scenario, system) pair gets a fresh embedded nats-server (JetStream,
 // file storage in a temporary directory removed at exit, no logging, no
@@ -81,6 +93,23 @@
 //     earlier scenarios) and two runtime.GC(). pending-own
 //     (delayd): heap with the service running minus heap once it stopped:
 //     delayd's own memory, which must not grow with N.
+//   - cross-level (delayd, core): one server and service with the table
+//     "1s 1h". A trickle of -trickle-rate msg/s to level 1 (core target)
+//     runs alone for 3 s (cross-level-quiet), then from the start of
+//     -burst-n messages published at full speed to level 2 until
+//     DELAYD_1H holds them all (cross-level-burst, over_ref_ms: its
+//     lateness minus the quiet row's). cross-level-bulk (stream):
+//     msgs_per_s = N / (DELAYD_1H holding N − first publish), its early
+//     counting deliveries of the burst.
+//   - sustained (delayd, core; only when named in -scenarios): on one
+//     server and service (table "1s"), warmed up by 2 s at the first rate,
+//     each of -sustained-rates msg/s for -sustained-step, in turn, each once
+//     the previous one is delivered, until one is not bounded (lateness p99
+//     above 50 ms, a loss, less than 95% of the offered rate published, or
+//     deliveries, distinct / (last − first arrival), below 95% of the
+//     published rate; delivered_per_s). sustained-max: the highest bounded
+//     step's published rate, raw_ratio over raw-publish's (measured by the
+//     scenario itself when raw is not named).
 //   - cluster (delayd; only when named in -scenarios): a 3-node cluster of
 //     embedded servers (the options of the tests' clusters,
 //     internal/natstest) with every delayd stream R3, against a 1-node
@@ -188,6 +217,7 @@ type config struct {
 	SustainedRates []int         // sustained: msg/s offered, one step each, in order
 	SustainedStep  time.Duration // sustained: how long each rate is offered
 	Scenarios      []string      // subset of scenarioNames; empty = defaultScenarios
+	TCP            bool          // nats-server and delayd as processes, every connection over TCP
 	JSON           bool          // one JSON object per row instead of a table
 	Settle         time.Duration // pending: wait before heap readings
 	CommandLine    string        // printed in the header
@@ -213,13 +243,16 @@ func (c *config) validate() error {
 		if !slices.Contains(scenarioNames, s) {
 			return fmt.Errorf("-scenarios: unknown scenario %q (have %s)", s, strings.Join(scenarioNames, ","))
 		}
+		if c.TCP && !slices.Contains(tcpScenarios, s) {
+			return fmt.Errorf("-scenarios: %s has no -tcp mode (-tcp runs %s)", s, strings.Join(tcpScenarios, ","))
+		}
 	}
 	return nil
 }
 
 func (c *config) wants(name string) bool {
 	if len(c.Scenarios) == 0 {
-		return slices.Contains(defaultScenarios, name)
+		return slices.Contains(defaultScenarios, name) && (!c.TCP || slices.Contains(tcpScenarios, name))
 	}
 	return slices.Contains(c.Scenarios, name)
 }
@@ -242,6 +275,7 @@ func main() {
 	sustainedRates := fs.String("sustained-rates", SustainedRatesDefault, "sustained: comma-separated rates in msg/s, offered in turn until one is not bounded")
 	fs.DurationVar(&cfg.SustainedStep, "sustained-step", SustainedStepDefault, "sustained: how long each rate is offered")
 	scen := fs.String("scenarios", strings.Join(defaultScenarios, ","), "comma-separated subset of "+strings.Join(scenarioNames, ",")+" (sustained and cluster only when named)")
+	fs.BoolVar(&cfg.TCP, "tcp", false, "run nats-server and delayd as processes (built with go build), every connection over TCP on loopback")
 	fs.BoolVar(&cfg.JSON, "json", false, "one JSON object per row instead of a table")
 	fs.DurationVar(&cfg.Settle, "settle", SettleDefault, "pending: wait before each heap reading (the file store's block cache expires after 10s)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")

@@ -7,6 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -194,4 +199,82 @@ func TestSustained(t *testing.T) {
 	if t.Failed() {
 		t.Logf("rows:\n%s", stdout.String())
 	}
+}
+
+// TestSmokeTCP runs every -tcp scenario but sustained (TestSustained's)
+// tiny, with nats-server and delayd as processes over TCP, and checks
+// correctness only: every row has lost == 0 and early == 0 and says it ran
+// over TCP, and every process the run started has exited by its end. It
+// never asserts a speed.
+func TestSmokeTCP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds nats-server and delayd and runs them as processes; skipped when testing.Short()")
+	}
+	cfg := config{
+		N: 1000, Payload: PayloadDefault, BurstN: 1000, PendingN: 1,
+		SteadyRate: 500, SteadyDuration: 2 * time.Second, CancelRate: 100, TrickleRate: 100,
+		Scenarios: slices.DeleteFunc(slices.Clone(tcpScenarios), func(s string) bool { return s == "sustained" }),
+		TCP:       true, JSON: true, CommandLine: "delaybench (tcp smoke test)",
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	before := children(t)
+	if err := run(ctx, cfg, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s\n%s", err, stdout.String(), stderr.String())
+	}
+	if after := children(t); after > before {
+		t.Errorf("%d child processes after the run, %d before: a nats-server or delayd process left running", after, before)
+	}
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(&stdout)
+	for sc.Scan() {
+		var r result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("bad JSON line %q: %v", sc.Text(), err)
+		}
+		if r.Scenario == "" {
+			continue
+		}
+		key := r.Scenario + "/" + r.System + "/" + r.Target
+		seen[key] = true
+		if r.Transport != "tcp" {
+			t.Errorf("%s: transport %q, want tcp", key, r.Transport)
+		}
+		if r.Lost != 0 || r.Early != 0 {
+			t.Errorf("%s: lost=%d early=%d (note: %s)", key, r.Lost, r.Early, r.Note)
+		}
+	}
+	for _, want := range []string{
+		"raw-publish/raw/stream", "ref-drain/raw/core", "ref-stream/raw/stream", "ref-move/raw/stream", "ref-timer/raw/core",
+		"ingest/delayd/stream", "burst/delayd/core", "burst/delayd/stream", "steady/delayd/core",
+		"cancel-storm/delayd/core", "cross-level-burst/delayd/core",
+	} {
+		if !seen[want] {
+			t.Errorf("no row %s; got %v", want, seen)
+		}
+	}
+	if t.Failed() {
+		t.Logf("rows:\n%s\nprogress:\n%s", stdout.String(), stderr.String())
+	}
+}
+
+// children counts this process's live child processes (Linux /proc: 0
+// elsewhere), zombies left out.
+func children(t *testing.T) int {
+	t.Helper()
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	n := 0
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// pid (comm) state ppid …: comm may hold spaces, so read after its ')'.
+		fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(fields) > 1 && fields[0] != "Z" && fields[1] == strconv.Itoa(os.Getpid()) {
+			n++
+		}
+	}
+	return n
 }

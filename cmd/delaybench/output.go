@@ -67,7 +67,10 @@ type result struct {
 	// DeliveredPerS is the rate of deliveries, distinct messages over the
 	// time from the first arrival to the last (sustained rows only).
 	DeliveredPerS float64 `json:"delivered_per_s,omitempty"`
-	Note          string  `json:"note,omitempty"`
+	// Transport is "tcp" for a row of a -tcp run (nats-server and delayd
+	// as processes), empty in-process.
+	Transport string `json:"transport,omitempty"`
+	Note      string `json:"note,omitempty"`
 }
 
 // refOf names each row's reference ("scenario/system/target" to the
@@ -206,8 +209,12 @@ func (o *output) header() {
 	if o.cfg.JSON {
 		return
 	}
-	fmt.Fprintf(o.w, "delaybench  %s  %s/%s  NumCPU=%d  %s  nats-server %s (embedded, in-process)\n",
-		time.Now().Format(time.RFC3339), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), server.VERSION)
+	how := "embedded, in-process"
+	if o.cfg.TCP {
+		how = "a process of its own, over TCP on loopback; delayd a process of its own"
+	}
+	fmt.Fprintf(o.w, "delaybench  %s  %s/%s  NumCPU=%d  %s  nats-server %s (%s)\n",
+		time.Now().Format(time.RFC3339), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), server.VERSION, how)
 	fmt.Fprintf(o.w, "command: %s\n", o.cfg.CommandLine)
 	fmt.Fprintf(o.w, "payload %d B; n=%d burst-n=%d steady %d msg/s for %s; cancel-rate %d/s; pending-n=%d; lateness in ms over every message\n\n",
 		o.cfg.Payload, o.cfg.N, o.cfg.BurstN, o.cfg.SteadyRate, o.cfg.SteadyDuration, o.cfg.CancelRate, o.cfg.PendingN)
@@ -222,6 +229,9 @@ func (o *output) header() {
 
 func (o *output) row(r result) {
 	o.relate(&r)
+	if o.cfg.TCP {
+		r.Transport = "tcp"
+	}
 	if o.cfg.JSON {
 		b, _ := json.Marshal(r)
 		fmt.Fprintln(o.w, string(b))
