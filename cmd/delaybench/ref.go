@@ -215,16 +215,24 @@ func (b *bench) refMove(ctx context.Context) (result, error) {
 		m jetstream.Msg
 	}
 	moves := make(chan move, 2*pubWindow)
-	ackerDone := make(chan struct{})
+	stopAcker, ackerDone := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(ackerDone)
-		for mv := range moves {
+		for {
+			var mv move
+			select {
+			case mv = <-moves:
+			case <-stopAcker:
+				return
+			}
 			select {
 			case <-mv.f.Ok():
 				_ = mv.m.Ack()
 				acked.Add(1)
 			case <-mv.f.Err():
 				refused.Add(1) // left unacked: redelivered after AckWait
+			case <-stopAcker:
+				return
 			}
 		}
 	}()
@@ -235,10 +243,13 @@ func (b *bench) refMove(ctx context.Context) (result, error) {
 			refused.Add(1)
 			return
 		}
-		moves <- move{f, m}
+		select {
+		case moves <- move{f, m}:
+		case <-stopAcker:
+		}
 	}, jetstream.PullMaxMessages(refPull))
 	if err != nil {
-		close(moves)
+		close(stopAcker)
 		return row, err
 	}
 	stop := b.progress("ref-move: moved", n, func() int { return int(acked.Load()) })
@@ -255,7 +266,7 @@ func (b *bench) refMove(ctx context.Context) (result, error) {
 	})
 	stop()
 	cc.Stop()
-	close(moves)
+	close(stopAcker)
 	<-ackerDone
 	if werr != nil && !errors.Is(werr, errTimeout) {
 		return row, werr
