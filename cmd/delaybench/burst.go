@@ -12,6 +12,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -41,7 +42,9 @@ func (b *bench) burst(ctx context.Context) ([]result, []string, error) {
 }
 
 // burstDelayd routes N messages into DELAYD_1S with the router alone, waits
-// until the last is due, then starts the service at T.
+// until the last is due, then starts the service at T (-tcp: starts the
+// delayd process before, while holding the level's lease, and releases
+// the lease at T).
 func (b *bench) burstDelayd(ctx context.Context, target string) (result, error) {
 	const table = "1s"
 	n := b.cfg.BurstN
@@ -93,6 +96,21 @@ func (b *bench) burstDelayd(ctx context.Context, target string) (result, error) 
 		row.Note = notes(row.Note, fmt.Sprintf("routing timed out at %d", router.Stats().Routed))
 	}
 
+	// -tcp: a delayd process takes a while to start, so it starts now,
+	// while the benchmark holds the level's lease (as cluster-burst does):
+	// it routes, but delivers nothing until the lease is released at T.
+	var svc *service
+	var hold *lease.Lease
+	if e.url != "" {
+		if hold, err = holdLease(ctx, e, levelLease); err != nil {
+			return row, err
+		}
+		defer func() { _ = hold.Release(context.Background()) }()
+		if svc, err = e.startService(ctx, table); err != nil {
+			return row, err
+		}
+	}
+
 	// Wait until the last routed message is due.
 	lastDue, err := lastDue(ctx, e, levels.StreamName(time.Second))
 	if err != nil {
@@ -109,11 +127,20 @@ func (b *bench) burstDelayd(ctx context.Context, target string) (result, error) 
 		}
 	}
 	t0 := time.Now()
-	svc, err := e.startService(ctx, table)
-	if err != nil {
-		return row, err
+	if hold != nil {
+		if _, valid := hold.Held(); !valid {
+			return row, fmt.Errorf("the benchmark lost %s before T", levelLease)
+		}
+		if err := hold.Release(ctx); err != nil {
+			return row, err
+		}
+		b.logf("%s: released %s at T", label, levelLease)
+	} else {
+		if svc, err = e.startService(ctx, table); err != nil {
+			return row, err
+		}
+		b.logf("%s: service ready %s after T", label, time.Since(t0).Round(time.Millisecond))
 	}
-	b.logf("%s: service ready %s after T", label, time.Since(t0).Round(time.Millisecond))
 	var arrs []arrival
 	if core != nil {
 		b.waitCount(ctx, label+": delivered", n, 2*time.Minute, core.count)
@@ -141,6 +168,20 @@ func (b *bench) burstDelayd(ctx context.Context, target string) (result, error) 
 	}
 	row.Note = notes(row.Note, dupNote(t.dups))
 	return row, nil
+}
+
+// holdLease acquires the lease key in delayd's lease bucket (one replica)
+// for the benchmark, as a replica would.
+func holdLease(ctx context.Context, e *env, key string) (*lease.Lease, error) {
+	bucket, err := lease.OpenBucket(ctx, e.js, lease.BucketConfig{Replicas: 1})
+	if err != nil {
+		return nil, err
+	}
+	l, err := lease.New(bucket, lease.Config{Key: key, Holder: "delaybench"})
+	if err != nil {
+		return nil, err
+	}
+	return l, l.Acquire(ctx)
 }
 
 // lastDue reads Delay-Due-At of a level stream's last message.

@@ -37,6 +37,7 @@ type bench struct {
 	root   string
 	stderr io.Writer
 	logMu  sync.Mutex
+	tcp    tcpBins // -tcp: the binaries, built once
 }
 
 // logf writes one progress line to stderr.
@@ -80,6 +81,12 @@ type env struct {
 	js    jetstream.JetStream // on nc, with a bounded async-publish window
 	mu    sync.Mutex
 	conns []*nats.Conn
+	// -tcp: the nats-server process, its client URL, and how many delayd
+	// processes were started (for their log names).
+	natsProc *proc
+	url      string
+	services int
+	bench    *bench
 }
 
 // newEnv starts a JetStream nats-server storing in a fresh directory under
@@ -89,7 +96,14 @@ func (b *bench) newEnv() (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &env{dir: dir}
+	e := &env{dir: dir, bench: b}
+	if b.cfg.TCP {
+		if err := b.startNATSProcess(e); err != nil {
+			e.close()
+			return nil, err
+		}
+		return e, e.connectClient()
+	}
 	srv, err := startServer(&server.Options{
 		ServerName: "delaybench", Host: "127.0.0.1", Port: -1,
 		JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
@@ -183,12 +197,15 @@ func (e *env) conn(onErr func(error)) (*nats.Conn, error) {
 // connTo opens an in-process connection to node i, reconnecting for ever,
 // closed with the env; extra options come last.
 func (e *env) connTo(i int, onErr func(error), extra ...nats.Option) (*nats.Conn, error) {
-	srv := e.nodes[i]
-	opts := []nats.Option{nats.InProcessServer(srv), nats.MaxReconnects(-1)}
+	url, opts := e.url, []nats.Option{nats.MaxReconnects(-1)}
+	if url == "" { // in-process
+		srv := e.nodes[i]
+		url, opts = srv.ClientURL(), append(opts, nats.InProcessServer(srv))
+	}
 	if onErr != nil {
 		opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { onErr(err) }))
 	}
-	nc, err := nats.Connect(srv.ClientURL(), append(opts, extra...)...)
+	nc, err := nats.Connect(url, append(opts, extra...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -210,6 +227,9 @@ func (e *env) close() {
 	}
 	for _, srv := range e.nodes {
 		srv.WaitForShutdown()
+	}
+	if e.natsProc != nil {
+		_ = e.natsProc.stop(30 * time.Second)
 	}
 	_ = os.RemoveAll(e.dir)
 }
@@ -367,8 +387,10 @@ func index(p []byte) int {
 	return i
 }
 
-// service is a running delayd service.
+// service is a running delayd service: in this process, or (-tcp) a
+// delayd process (proc set, the other fields nil).
 type service struct {
+	proc   *proc
 	svc    *deliver.Service
 	nc     *nats.Conn
 	node   int // the node nc is connected to
@@ -377,8 +399,12 @@ type service struct {
 }
 
 // startService runs a delayd service with the level table on its own
-// connection to node 0 (as cmd/delayd wires it) and waits until it is ready.
+// connection to node 0 (as cmd/delayd wires it) and waits until it is
+// ready; with -tcp, a delayd process ([env.startDelaydProcess]).
 func (e *env) startService(ctx context.Context, table string) (*service, error) {
+	if e.url != "" {
+		return e.startDelaydProcess(ctx, table)
+	}
 	return e.startReplica(ctx, 0, deliver.Config{Levels: levels.MustParse(table)})
 }
 
@@ -430,6 +456,9 @@ func (e *env) startReplica(ctx context.Context, node int, cfg deliver.Config) (*
 // stop stops the service, waits for its clean shutdown and closes its
 // connection.
 func (s *service) stop() error {
+	if s.proc != nil {
+		return s.proc.stop(30 * time.Second)
+	}
 	s.cancel()
 	select {
 	case err := <-s.done:

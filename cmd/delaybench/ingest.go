@@ -35,7 +35,7 @@ func (b *bench) ingest(ctx context.Context) ([]result, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	stop := b.progress("ingest: routed", n, func() int { rs, _ := svc.svc.Stats(); return int(rs.Routed) })
+	stop := b.progress("ingest: routed", n, func() int { m, _ := e.levelMsgs(ctx, time.Hour, "bench.x"); return int(m) })
 	at, got, err := e.waitLevelMsgs(ctx, time.Hour, "bench.x", uint64(n), 2*time.Minute)
 	stop()
 	row := result{Scenario: "ingest", System: "delayd", Target: "stream", N: n, Lost: n - int(got), Early: early.count(), Note: refusedNote(n, pub.acked)}

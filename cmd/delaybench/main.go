@@ -8,6 +8,18 @@
 //	go run ./cmd/delaybench -scenarios burst,steady -burst-n 200000
 //	go run ./cmd/delaybench -json                 # one JSON object per row
 //	go run ./cmd/delaybench -scenarios cluster    # the cluster scenario (not in the default set; ~3 min on 2 cores)
+//	go run ./cmd/delaybench -scenarios raw,sustained  # the sustained scenario (not in the default set)
+//	go run ./cmd/delaybench -tcp                  # nats-server and delayd as processes, over TCP
+//
+// With -tcp, every server is a nats-server process (the version in go.mod,
+// built with go build into the run's temporary directory, so run it inside
+// the module) on a loopback port the OS picks, every connection is TCP,
+// and delayd runs as its own process (cmd/delayd, built the same way, with
+// DELAYD_NATS_URL, DELAYD_LEVELS and an HTTP address of its own, ready
+// when /readyz answers 200, stopped with SIGTERM by its PID). The burst
+// rows' router alone still runs in this process, over TCP. pending and
+// cluster have no -tcp mode (pending reads this process's heap; cluster
+// starts its nodes in-process). Rows of a -tcp run carry transport "tcp".
 //
 // Each (scenario, system) pair gets a fresh embedded nats-server (JetStream,
 // file storage in a temporary directory removed at exit, no logging, no
@@ -23,6 +35,26 @@
 //     async publishes (PublishMsgAsync, window 4,096) into a plain file
 //     stream, msgs_per_s = N / time until the last PubAck; then an ordered
 //     consumer reads them back, msgs_per_s = N / read time.
+//   - ref-drain, ref-stream, ref-move, ref-timer (system raw): the
+//     yardsticks, each a delayd row's work with the scheduling taken out,
+//     on a fresh server with -burst-n messages preloaded into a stream SRC.
+//     ref-drain (core): an ordered consumer (client buffer 8,192) reads SRC
+//     and republishes each payload to a core subject; a core subscriber
+//     counts them; msgs_per_s = N / (last arrival − start). ref-stream: the
+//     same read, each published async (window 4,096) to a subject bound to
+//     a stream; msgs_per_s = N / (last PubAck − start). ref-move: SRC is a
+//     work queue read by a durable pull consumer; each message is published
+//     async to another stream and acked once its PubAck is in (the router's
+//     store operations without classification); msgs_per_s = N / (SRC empty
+//     and the other stream holding N − start). ref-timer (core): at
+//     -steady-rate for -steady-duration, a relay receives each message on a
+//     core subscription, holds it in a Go timer until its due time (publish
+//     time + 1 s) and publishes it to core; lateness = arrival − due, as in
+//     steady. delayd's rows then carry their reference: burst core's
+//     ref_ratio = msgs_per_s / ref-drain's, burst stream's / ref-stream's,
+//     ingest's / ref-move's, and steady's over_ref_ms = its lateness −
+//     ref-timer's (p50, p99, max); ingest and burst rows carry raw_ratio =
+//     msgs_per_s / raw-publish's.
 //   - ingest (delayd): N messages are published to delay.bench.x with
 //     Delay-Level 3 of the table "1s 5s 1h" while delayd is stopped; then a
 //     delayd service starts and msgs_per_s = N / time from its start until
@@ -61,6 +93,23 @@
 //     earlier scenarios) and two runtime.GC(). pending-own
 //     (delayd): heap with the service running minus heap once it stopped:
 //     delayd's own memory, which must not grow with N.
+//   - cross-level (delayd, core): one server and service with the table
+//     "1s 1h". A trickle of -trickle-rate msg/s to level 1 (core target)
+//     runs alone for 3 s (cross-level-quiet), then from the start of
+//     -burst-n messages published at full speed to level 2 until
+//     DELAYD_1H holds them all (cross-level-burst, over_ref_ms: its
+//     lateness minus the quiet row's). cross-level-bulk (stream):
+//     msgs_per_s = N / (DELAYD_1H holding N − first publish), its early
+//     counting deliveries of the burst.
+//   - sustained (delayd, core; only when named in -scenarios): on one
+//     server and service (table "1s"), warmed up by 2 s at the first rate,
+//     each of -sustained-rates msg/s for -sustained-step, in turn, each once
+//     the previous one is delivered, until one is not bounded (lateness p99
+//     above 50 ms, a loss, less than 95% of the offered rate published, or
+//     deliveries, distinct / (last − first arrival), below 95% of the
+//     published rate; delivered_per_s). sustained-max: the highest bounded
+//     step's published rate, raw_ratio over raw-publish's (measured by the
+//     scenario itself when raw is not named).
 //   - cluster (delayd; only when named in -scenarios): a 3-node cluster of
 //     embedded servers (the options of the tests' clusters,
 //     internal/natstest) with every delayd stream R3, against a 1-node
@@ -102,6 +151,7 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -127,16 +177,28 @@ const (
 	ClusterRateDefault = 2_000
 	// ClusterDurationDefault is how long each cluster-steady row publishes.
 	ClusterDurationDefault = 10 * time.Second
+	// TrickleRateDefault is the cross-level scenario's trickle, msg/s.
+	TrickleRateDefault = 1_000
+	// SustainedRatesDefault are the sustained scenario's rates, msg/s, in
+	// the order offered.
+	SustainedRatesDefault = "10000,15000,20000,25000,30000,40000,50000,60000,80000,100000"
+	// SustainedStepDefault is how long the sustained scenario offers each
+	// rate.
+	SustainedStepDefault = 5 * time.Second
 	// ClusterKillsDefault is how many times the failover rows stop the
 	// level's owner, each way.
 	ClusterKillsDefault = 10
 )
 
-// scenarioNames are the scenarios, in the order they run.
-var scenarioNames = []string{"raw", "ingest", "burst", "steady", "cancel-storm", "pending", "cluster"}
+// scenarioNames are the scenarios, in the order they run: the references
+// (raw, ref) first, so that later rows can be given as ratios to them.
+var scenarioNames = []string{"raw", "ref", "ingest", "burst", "steady", "cancel-storm", "pending", "cross-level", "sustained", "cluster"}
 
-// defaultScenarios run when -scenarios is not given: all but cluster.
-var defaultScenarios = scenarioNames[:len(scenarioNames)-1]
+// optInScenarios run only when named in -scenarios.
+var optInScenarios = []string{"sustained", "cluster"}
+
+// defaultScenarios run when -scenarios is not given: all but the opt-in ones.
+var defaultScenarios = slices.DeleteFunc(slices.Clone(scenarioNames), func(s string) bool { return slices.Contains(optInScenarios, s) })
 
 // config is the harness's configuration; the flags set it.
 type config struct {
@@ -151,7 +213,11 @@ type config struct {
 	ClusterRate    int           // cluster-steady and cluster-failover: msg/s offered
 	ClusterDur     time.Duration // cluster-steady: publishing time
 	ClusterKills   int           // cluster-failover: stops of the level's owner, each way
+	TrickleRate    int           // cross-level: msg/s to the quiet level
+	SustainedRates []int         // sustained: msg/s offered, one step each, in order
+	SustainedStep  time.Duration // sustained: how long each rate is offered
 	Scenarios      []string      // subset of scenarioNames; empty = defaultScenarios
+	TCP            bool          // nats-server and delayd as processes, every connection over TCP
 	JSON           bool          // one JSON object per row instead of a table
 	Settle         time.Duration // pending: wait before heap readings
 	CommandLine    string        // printed in the header
@@ -164,6 +230,12 @@ func (c *config) validate() error {
 	if c.wants("cluster") && (c.ClusterBurstN < 1 || c.ClusterRate < 1 || c.ClusterDur <= 0 || c.ClusterKills < 1) {
 		return errors.New("-cluster-burst-n, -cluster-rate, -cluster-duration and -cluster-kills must be positive")
 	}
+	if c.wants("cross-level") && c.TrickleRate < 1 {
+		return errors.New("-trickle-rate must be positive")
+	}
+	if c.wants("sustained") && (len(c.SustainedRates) == 0 || c.SustainedStep <= 0 || slices.Min(c.SustainedRates) < 1) {
+		return errors.New("-sustained-rates must list positive rates and -sustained-step be positive")
+	}
 	if c.Payload < idxWidth {
 		return fmt.Errorf("-payload %d: must be at least %d (the index is written in the first %d bytes)", c.Payload, idxWidth, idxWidth)
 	}
@@ -171,13 +243,16 @@ func (c *config) validate() error {
 		if !slices.Contains(scenarioNames, s) {
 			return fmt.Errorf("-scenarios: unknown scenario %q (have %s)", s, strings.Join(scenarioNames, ","))
 		}
+		if c.TCP && !slices.Contains(tcpScenarios, s) {
+			return fmt.Errorf("-scenarios: %s has no -tcp mode (-tcp runs %s)", s, strings.Join(tcpScenarios, ","))
+		}
 	}
 	return nil
 }
 
 func (c *config) wants(name string) bool {
 	if len(c.Scenarios) == 0 {
-		return slices.Contains(defaultScenarios, name)
+		return slices.Contains(defaultScenarios, name) && (!c.TCP || slices.Contains(tcpScenarios, name))
 	}
 	return slices.Contains(c.Scenarios, name)
 }
@@ -196,7 +271,11 @@ func main() {
 	fs.IntVar(&cfg.ClusterRate, "cluster-rate", ClusterRateDefault, "cluster: steady and failover load, messages per second")
 	fs.DurationVar(&cfg.ClusterDur, "cluster-duration", ClusterDurationDefault, "cluster: how long each steady row publishes")
 	fs.IntVar(&cfg.ClusterKills, "cluster-kills", ClusterKillsDefault, "cluster: stops of the level's owner, killed and then graceful, this many each")
-	scen := fs.String("scenarios", strings.Join(defaultScenarios, ","), "comma-separated subset of "+strings.Join(scenarioNames, ",")+" (cluster only when named)")
+	fs.IntVar(&cfg.TrickleRate, "trickle-rate", TrickleRateDefault, "cross-level: messages per second to level 1 while level 2 takes the burst (-burst-n)")
+	sustainedRates := fs.String("sustained-rates", SustainedRatesDefault, "sustained: comma-separated rates in msg/s, offered in turn until one is not bounded")
+	fs.DurationVar(&cfg.SustainedStep, "sustained-step", SustainedStepDefault, "sustained: how long each rate is offered")
+	scen := fs.String("scenarios", strings.Join(defaultScenarios, ","), "comma-separated subset of "+strings.Join(scenarioNames, ",")+" (sustained and cluster only when named)")
+	fs.BoolVar(&cfg.TCP, "tcp", false, "run nats-server and delayd as processes (built with go build), every connection over TCP on loopback")
 	fs.BoolVar(&cfg.JSON, "json", false, "one JSON object per row instead of a table")
 	fs.DurationVar(&cfg.Settle, "settle", SettleDefault, "pending: wait before each heap reading (the file store's block cache expires after 10s)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
@@ -223,6 +302,17 @@ func main() {
 				_ = f.Close()
 			}
 		}()
+	}
+	for s := range strings.SplitSeq(*sustainedRates, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		r, err := strconv.Atoi(s)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "delaybench: -sustained-rates: %q is not a rate in msg/s\n", s)
+			os.Exit(2)
+		}
+		cfg.SustainedRates = append(cfg.SustainedRates, r)
 	}
 	for s := range strings.SplitSeq(*scen, ",") {
 		if s = strings.TrimSpace(s); s != "" {
@@ -292,6 +382,8 @@ func (b *bench) scenario(ctx context.Context, name string) ([]result, []string, 
 	switch name {
 	case "raw":
 		return b.raw(ctx)
+	case "ref":
+		return b.ref(ctx)
 	case "ingest":
 		return b.ingest(ctx)
 	case "burst":
@@ -302,6 +394,10 @@ func (b *bench) scenario(ctx context.Context, name string) ([]result, []string, 
 		return b.cancelStorm(ctx)
 	case "pending":
 		return b.pending(ctx)
+	case "cross-level":
+		return b.crossLevel(ctx)
+	case "sustained":
+		return b.sustained(ctx)
 	case "cluster":
 		return b.cluster(ctx)
 	}

@@ -7,6 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -19,7 +24,7 @@ func TestSmoke(t *testing.T) {
 	}
 	cfg := config{
 		N: 1000, Payload: PayloadDefault, BurstN: 1000, PendingN: 1000,
-		SteadyRate: 500, SteadyDuration: 2 * time.Second, CancelRate: 100,
+		SteadyRate: 500, SteadyDuration: 2 * time.Second, CancelRate: 100, TrickleRate: 100,
 		JSON: true, CommandLine: "delaybench (smoke test)",
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -27,6 +32,10 @@ func TestSmoke(t *testing.T) {
 	var stdout bytes.Buffer
 	if err := run(ctx, cfg, &stdout, io.Discard); err != nil {
 		t.Fatalf("run: %v\n%s", err, stdout.String())
+	}
+	wantRef := map[string]string{
+		"burst/delayd/core": "ref-drain", "burst/delayd/stream": "ref-stream", "ingest/delayd/stream": "ref-move",
+		"steady/delayd/core": "ref-timer", "cross-level-burst/delayd/core": "cross-level-quiet",
 	}
 	seen := map[string]bool{}
 	sc := bufio.NewScanner(&stdout)
@@ -38,7 +47,15 @@ func TestSmoke(t *testing.T) {
 		if r.Scenario == "" {
 			continue // a note
 		}
-		seen[r.Scenario+"/"+r.System+"/"+r.Target] = true
+		key := r.Scenario + "/" + r.System + "/" + r.Target
+		seen[key] = true
+		// Every reference runs before the rows compared with it.
+		if ref, ok := wantRef[key]; ok {
+			lat := ref == "ref-timer" || ref == "cross-level-quiet"
+			if r.Ref != ref || (lat && r.OverRef == nil) || (!lat && (r.RefRatio == nil || *r.RefRatio <= 0)) {
+				t.Errorf("%s: ref %q ref_ratio %v over_ref_ms %v: want a comparison with %s", key, r.Ref, r.RefRatio, r.OverRef, ref)
+			}
+		}
 		if r.Cancels != nil && (r.Cancels.Both != 0 || r.Cancels.Cancelled == 0) {
 			t.Errorf("%s: cancels %+v: want some cancelled and none cancelled and delivered", r.Scenario, *r.Cancels)
 		}
@@ -47,11 +64,14 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"raw-publish/raw/stream", "raw-read/raw/stream", "ingest/delayd/stream",
+		"raw-publish/raw/stream", "raw-read/raw/stream",
+		"ref-drain/raw/core", "ref-stream/raw/stream", "ref-move/raw/stream", "ref-timer/raw/core",
+		"ingest/delayd/stream",
 		"burst/delayd/core", "burst/delayd/stream", "burst/native/stream",
 		"steady/delayd/core", "steady/native/stream",
 		"cancel-storm-off/delayd/core", "cancel-storm/delayd/core",
 		"pending/delayd/core", "pending-own/delayd/", "pending/native/stream",
+		"cross-level-quiet/delayd/core", "cross-level-burst/delayd/core", "cross-level-bulk/delayd/stream",
 	} {
 		if !seen[want] {
 			t.Errorf("no row %s; got %v", want, seen)
@@ -128,4 +148,133 @@ func TestCluster(t *testing.T) {
 	if t.Failed() {
 		t.Logf("rows:\n%s\nprogress:\n%s", stdout.String(), stderr.String())
 	}
+}
+
+// TestSustained runs the sustained scenario tiny (two low rates, 1 s each)
+// and checks correctness only: every row has lost == 0 and early == 0, the
+// scenario measured raw publish itself (raw not named), one row per step
+// up to the first unbounded one, and a sustained-max row with its ratio to
+// raw publish if a step was bounded. It never asserts a speed.
+func TestSustained(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs delayd on an embedded server; skipped when testing.Short()")
+	}
+	cfg := config{
+		N: 1000, Payload: PayloadDefault, SustainedRates: []int{200, 400}, SustainedStep: time.Second,
+		Scenarios: []string{"sustained"}, JSON: true, CommandLine: "delaybench (sustained test)",
+		BurstN: 1, PendingN: 1, SteadyRate: 1, SteadyDuration: time.Second, CancelRate: 1,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var stdout bytes.Buffer
+	if err := run(ctx, cfg, &stdout, io.Discard); err != nil {
+		t.Fatalf("run: %v\n%s", err, stdout.String())
+	}
+	seen := map[string]int{}
+	var max result
+	sc := bufio.NewScanner(&stdout)
+	for sc.Scan() {
+		var r result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("bad JSON line %q: %v", sc.Text(), err)
+		}
+		if r.Scenario == "" {
+			continue
+		}
+		seen[r.Scenario]++
+		if r.Scenario == "sustained-max" {
+			max = r
+			continue
+		}
+		if r.Lost != 0 || r.Early != 0 {
+			t.Errorf("%s %s: lost=%d early=%d (note: %s)", r.Scenario, r.System, r.Lost, r.Early, r.Note)
+		}
+	}
+	if seen["raw-publish"] != 1 || seen["sustained-max"] != 1 || seen["sustained"] < 1 || seen["sustained"] > 2 {
+		t.Errorf("rows %v: want raw-publish once, 1-2 sustained steps, sustained-max once", seen)
+	}
+	if max.N > 0 && (max.RawRatio == nil || *max.RawRatio <= 0) {
+		t.Errorf("sustained-max %+v: a bounded step but no ratio to raw publish", max)
+	}
+	if t.Failed() {
+		t.Logf("rows:\n%s", stdout.String())
+	}
+}
+
+// TestSmokeTCP runs every -tcp scenario but sustained (TestSustained's)
+// tiny, with nats-server and delayd as processes over TCP, and checks
+// correctness only: every row has lost == 0 and early == 0 and says it ran
+// over TCP, and every process the run started has exited by its end. It
+// never asserts a speed.
+func TestSmokeTCP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds nats-server and delayd and runs them as processes; skipped when testing.Short()")
+	}
+	cfg := config{
+		N: 1000, Payload: PayloadDefault, BurstN: 1000, PendingN: 1,
+		SteadyRate: 500, SteadyDuration: 2 * time.Second, CancelRate: 100, TrickleRate: 100,
+		Scenarios: slices.DeleteFunc(slices.Clone(tcpScenarios), func(s string) bool { return s == "sustained" }),
+		TCP:       true, JSON: true, CommandLine: "delaybench (tcp smoke test)",
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	before := children(t)
+	if err := run(ctx, cfg, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s\n%s", err, stdout.String(), stderr.String())
+	}
+	if after := children(t); after > before {
+		t.Errorf("%d child processes after the run, %d before: a nats-server or delayd process left running", after, before)
+	}
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(&stdout)
+	for sc.Scan() {
+		var r result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("bad JSON line %q: %v", sc.Text(), err)
+		}
+		if r.Scenario == "" {
+			continue
+		}
+		key := r.Scenario + "/" + r.System + "/" + r.Target
+		seen[key] = true
+		if r.Transport != "tcp" {
+			t.Errorf("%s: transport %q, want tcp", key, r.Transport)
+		}
+		if r.Lost != 0 || r.Early != 0 {
+			t.Errorf("%s: lost=%d early=%d (note: %s)", key, r.Lost, r.Early, r.Note)
+		}
+	}
+	for _, want := range []string{
+		"raw-publish/raw/stream", "ref-drain/raw/core", "ref-stream/raw/stream", "ref-move/raw/stream", "ref-timer/raw/core",
+		"ingest/delayd/stream", "burst/delayd/core", "burst/delayd/stream", "steady/delayd/core",
+		"cancel-storm/delayd/core", "cross-level-burst/delayd/core",
+	} {
+		if !seen[want] {
+			t.Errorf("no row %s; got %v", want, seen)
+		}
+	}
+	if t.Failed() {
+		t.Logf("rows:\n%s\nprogress:\n%s", stdout.String(), stderr.String())
+	}
+}
+
+// children counts this process's live child processes (Linux /proc: 0
+// elsewhere), zombies left out.
+func children(t *testing.T) int {
+	t.Helper()
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	n := 0
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// pid (comm) state ppid …: comm may hold spaces, so read after its ')'.
+		fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(fields) > 1 && fields[0] != "Z" && fields[1] == strconv.Itoa(os.Getpid()) {
+			n++
+		}
+	}
+	return n
 }

@@ -50,8 +50,74 @@ type result struct {
 	// Unreleased counts the stopped owners' lease terms that ended without
 	// a release (cluster-failover rows only): a kill leaves every lease it
 	// held to expire, a graceful stop releases them all (0).
-	Unreleased *int   `json:"unreleased_terms,omitempty"`
-	Note       string `json:"note,omitempty"`
+	Unreleased *int `json:"unreleased_terms,omitempty"`
+	// Ref is the scenario of the reference row measured earlier in this
+	// run that RefRatio or OverRef compare the row with (delayd rows whose
+	// reference ran: burst core with ref-drain, burst stream with
+	// ref-stream, ingest with ref-move, steady with ref-timer).
+	Ref string `json:"ref,omitempty"`
+	// RefRatio is msgs_per_s over Ref's.
+	RefRatio *float64 `json:"ref_ratio,omitempty"`
+	// OverRef is the lateness minus Ref's, in ms: p50, p99 and max each
+	// minus Ref's.
+	OverRef *lateness `json:"over_ref_ms,omitempty"`
+	// RawRatio is msgs_per_s over raw-publish's in this run (ingest,
+	// burst and sustained-max rows, when raw ran).
+	RawRatio *float64 `json:"raw_ratio,omitempty"`
+	// DeliveredPerS is the rate of deliveries, distinct messages over the
+	// time from the first arrival to the last (sustained rows only).
+	DeliveredPerS float64 `json:"delivered_per_s,omitempty"`
+	// Transport is "tcp" for a row of a -tcp run (nats-server and delayd
+	// as processes), empty in-process.
+	Transport string `json:"transport,omitempty"`
+	Note      string `json:"note,omitempty"`
+}
+
+// refOf names each row's reference ("scenario/system/target" to the
+// reference's scenario) and whether the comparison is of msgs/s (a
+// ratio) or of lateness (a difference).
+var refOf = map[string]struct {
+	ref      string
+	lateness bool
+}{
+	"burst/delayd/core":    {"ref-drain", false},
+	"burst/delayd/stream":  {"ref-stream", false},
+	"ingest/delayd/stream": {"ref-move", false},
+	"steady/delayd/core":   {"ref-timer", true},
+	// The trickle's lateness during the burst over its own without.
+	"cross-level-burst/delayd/core": {"cross-level-quiet", true},
+}
+
+// rawRatioOf are the scenarios whose rows get raw_ratio.
+var rawRatioOf = []string{"ingest", "burst", "sustained-max"}
+
+// relate fills r's comparisons with the reference rows seen so far, and
+// remembers r as a reference for later rows.
+func (o *output) relate(r *result) {
+	if _, ok := o.refs[r.Scenario]; !ok {
+		o.refs[r.Scenario] = *r
+	}
+	if raw, ok := o.refs["raw-publish"]; ok && raw.MsgsPerS > 0 && r.MsgsPerS > 0 && slices.Contains(rawRatioOf, r.Scenario) {
+		v := r.MsgsPerS / raw.MsgsPerS
+		r.RawRatio = &v
+	}
+	how, ok := refOf[r.Scenario+"/"+r.System+"/"+r.Target]
+	if !ok {
+		return
+	}
+	ref, ok := o.refs[how.ref]
+	if !ok {
+		return
+	}
+	switch {
+	case how.lateness && ref.Lateness != nil && r.Lateness != nil:
+		r.Ref = how.ref
+		r.OverRef = &lateness{P50: r.Lateness.P50 - ref.Lateness.P50, P99: r.Lateness.P99 - ref.Lateness.P99, Max: r.Lateness.Max - ref.Lateness.Max}
+	case !how.lateness && ref.MsgsPerS > 0 && r.MsgsPerS > 0:
+		r.Ref = how.ref
+		v := r.MsgsPerS / ref.MsgsPerS
+		r.RefRatio = &v
+	}
 }
 
 // clusterSetup is where a cluster row ran.
@@ -132,18 +198,23 @@ type output struct {
 	tw      *tabwriter.Writer
 	cluster []result
 	notes   []string
+	refs    map[string]result // the first row of each scenario, by scenario
 }
 
 func newOutput(cfg config, w io.Writer) *output {
-	return &output{cfg: cfg, w: w, tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)}
+	return &output{cfg: cfg, w: w, tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight), refs: map[string]result{}}
 }
 
 func (o *output) header() {
 	if o.cfg.JSON {
 		return
 	}
-	fmt.Fprintf(o.w, "delaybench  %s  %s/%s  NumCPU=%d  %s  nats-server %s (embedded, in-process)\n",
-		time.Now().Format(time.RFC3339), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), server.VERSION)
+	how := "embedded, in-process"
+	if o.cfg.TCP {
+		how = "a process of its own, over TCP on loopback; delayd a process of its own"
+	}
+	fmt.Fprintf(o.w, "delaybench  %s  %s/%s  NumCPU=%d  %s  nats-server %s (%s)\n",
+		time.Now().Format(time.RFC3339), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), server.VERSION, how)
 	fmt.Fprintf(o.w, "command: %s\n", o.cfg.CommandLine)
 	fmt.Fprintf(o.w, "payload %d B; n=%d burst-n=%d steady %d msg/s for %s; cancel-rate %d/s; pending-n=%d; lateness in ms over every message\n\n",
 		o.cfg.Payload, o.cfg.N, o.cfg.BurstN, o.cfg.SteadyRate, o.cfg.SteadyDuration, o.cfg.CancelRate, o.cfg.PendingN)
@@ -151,12 +222,16 @@ func (o *output) header() {
 		fmt.Fprintf(o.w, "cluster: cluster-burst-n=%d; %d msg/s, steady for %s; %d kills and %d graceful stops; every node and service in this process\n",
 			o.cfg.ClusterBurstN, o.cfg.ClusterRate, o.cfg.ClusterDur, o.cfg.ClusterKills, o.cfg.ClusterKills)
 	}
-	if slices.ContainsFunc(defaultScenarios, o.cfg.wants) {
-		fmt.Fprintln(o.tw, "scenario\tsystem\ttarget\tn\tmsgs/s\tp50 ms\tp99 ms\tmax ms\tlost\tearly\theap B/pending\t")
+	if slices.ContainsFunc(scenarioNames, func(s string) bool { return s != "cluster" && o.cfg.wants(s) }) {
+		fmt.Fprintln(o.tw, "scenario\tsystem\ttarget\tn\tmsgs/s\tp50 ms\tp99 ms\tmax ms\tlost\tearly\theap B/pending\tvs reference\t×raw\t")
 	}
 }
 
 func (o *output) row(r result) {
+	o.relate(&r)
+	if o.cfg.TCP {
+		r.Transport = "tcp"
+	}
 	if o.cfg.JSON {
 		b, _ := json.Marshal(r)
 		fmt.Fprintln(o.w, string(b))
@@ -184,7 +259,17 @@ func (o *output) row(r result) {
 	if target == "" {
 		target = dash
 	}
-	fmt.Fprintf(o.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t\n", r.Scenario, r.System, target, r.N, rate, p50, p99, mx, r.Lost, r.Early, heap)
+	vsRef, vsRaw := dash, dash
+	if r.RefRatio != nil {
+		vsRef = fmt.Sprintf("%.2f× %s", *r.RefRatio, r.Ref)
+	}
+	if r.OverRef != nil {
+		vsRef = fmt.Sprintf("p99 %+.1f, max %+.1f ms over %s", r.OverRef.P99, r.OverRef.Max, r.Ref)
+	}
+	if r.RawRatio != nil {
+		vsRaw = fmt.Sprintf("%.2f", *r.RawRatio)
+	}
+	fmt.Fprintf(o.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t\n", r.Scenario, r.System, target, r.N, rate, p50, p99, mx, r.Lost, r.Early, heap, vsRef, vsRaw)
 	if r.Note != "" {
 		o.notes = append(o.notes, fmt.Sprintf("%s/%s/%s: %s", r.Scenario, r.System, target, r.Note))
 	}
