@@ -503,6 +503,10 @@ func (s *Scanner) Stats() ScannerStats {
 // whose offset commit was fenced): another replica owns the work now.
 var errNotOwner = errors.New("this replica no longer holds the lease")
 
+// errLeaderless is a scanner start's error while the level stream has no
+// leader: its start is retried.
+var errLeaderless = errors.New("level stream has no leader (a follower answered its info; its state may lag): retrying")
+
 // runTerm runs the scanner for one term of its level's lease: until ctx is
 // done (a stop, or the term's end) or the scanner finds its term no longer
 // valid. It confirms what is in flight and commits on the way out, like
@@ -604,6 +608,11 @@ func (s *Scanner) start(outer context.Context) error {
 	stream, err := s.js.Stream(ctx, s.cfg.Stream)
 	if err != nil {
 		return fmt.Errorf("level stream: %w", err)
+	}
+	if leaderless(stream.CachedInfo()) {
+		// Its state may lag the stream's: an offset past a lagging last
+		// sequence would be "corrected" backwards.
+		return errLeaderless
 	}
 	s.stream, s.created = stream, stream.CachedInfo().Created
 	s.head = nil
@@ -1376,7 +1385,7 @@ func (s *Scanner) sameStream(ctx context.Context) bool {
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		s.logger.Warn("level stream gone; starting over")
-	case err != nil:
+	case err != nil || leaderless(info):
 		return true // unknown: the caller's own request will fail or succeed
 	case !info.Created.Equal(s.created) || s.commits.Committed() > info.State.LastSeq:
 		s.logger.Warn("level stream recreated; starting over")
@@ -1406,6 +1415,17 @@ func (s *Scanner) shutdown() {
 	s.noteAcked()
 	s.purge(ctx, true) // the delivered prefix goes with a clean stop
 	s.logger.Debug("scanner stopped", slog.Uint64("offset", s.commits.Committed()))
+}
+
+// leaderless reports whether a stream info was answered by a member of a
+// replicated stream's group while the group had no leader. nats-server lets
+// such a follower answer with its own state, which may lag the stream's:
+// a lower last sequence (an offset past it would look like a recreated
+// stream) or an older first sequence. A scanner decides nothing from it.
+// (A clustered leader's info names it in Cluster.Leader; a standalone
+// server names itself.)
+func leaderless(info *jetstream.StreamInfo) bool {
+	return info != nil && info.Cluster != nil && info.Cluster.Leader == ""
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error { return sleepWake(ctx, nil, d) }

@@ -245,6 +245,18 @@ func (c *Cluster) Restart(i int) {
 	c.WaitReady()
 }
 
+// StartNode starts stopped node i again with its store, ports and routes,
+// and waits only until it accepts connections: unlike [Cluster.Restart] it
+// does not wait for the cluster to be ready, so a node can be started
+// alone, without a quorum.
+func (c *Cluster) StartNode(i int) {
+	c.t.Helper()
+	if c.servers[i] != nil {
+		c.t.Fatalf("natstest: node %d is running", i)
+	}
+	c.start(i)
+}
+
 // WaitReady waits until the cluster is ready ([ClusterReady]); it fails
 // the test after [ClusterReadyTimeout].
 func (c *Cluster) WaitReady() {
