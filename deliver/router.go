@@ -1380,10 +1380,12 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 	if err := publishDeadLetter(ctx, r.js, rt.out); err != nil {
 		return err
 	}
-	if rt.w != nil && rt.nIndex > 0 {
-		// Its level write was never stored, so its placement records were
-		// never written; a hop's earlier placement is still its latest
-		// record: record that it left delayd.
+	if rt.nIndex > 0 {
+		// Its write was never stored (a level write refused for its size,
+		// or a dead letter whose own write failed: rt.w is nil then), so
+		// none of its records was written; a hop's earlier placement is
+		// still its latest record, and its merge key is in flight: record
+		// that it left delayd, and settle the merge key.
 		r.writeIndex(rt, "", 0)
 		r.pipe.storeIndex(rt)
 		r.settleMerges(rt, true)
