@@ -120,8 +120,14 @@ func (s *Service) partitionBoundaries(ctx context.Context, js jetstream.JetStrea
 				}
 				return nil, fmt.Errorf("partitions: record %s: %w", key, err)
 			}
-			s.logger.Info("level's partition count changed: new messages wait for the old ones of its other streams",
-				slog.String("level", levels.FormatDuration(l.Delay)), slog.Int("from", stored.Partitions), slog.Int("to", count),
+			// Logged at info only when old messages wait: a first start (no
+			// record, or nothing stored yet) changes nothing anyone sees.
+			logLevel := slog.LevelDebug
+			if len(rec.Boundaries) > 0 {
+				logLevel = slog.LevelInfo
+			}
+			s.logger.Log(ctx, logLevel, "level's partition count changed: new messages wait for the old ones of its other streams",
+				slog.String("delay", levels.FormatDuration(l.Delay)), slog.Int("from", stored.Partitions), slog.Int("to", count),
 				slog.Any("boundaries", rec.Boundaries))
 			if len(rec.Boundaries) > 0 {
 				out[l.Delay] = rec.Boundaries
