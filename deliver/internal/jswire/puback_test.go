@@ -1,6 +1,7 @@
 package jswire
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/natstest"
 )
 
 // refParsePubAck reads a publish reply the way nats.go's async publish
@@ -305,6 +308,74 @@ func BenchmarkParsePubAck(b *testing.B) {
 		for b.Loop() {
 			if _, err := refParsePubAck(data); err != nil {
 				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkPublishPubAck measures one write to a stream and its PubAck,
+// 256 in flight at a time, against an embedded server (memory storage):
+// through the tracker, and through nats.go's async publish. Allocations
+// count the server's too (in-process), the same for both.
+func BenchmarkPublishPubAck(b *testing.B) {
+	srv := natstest.Start(b, nil)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "B", Subjects: []string{"b.>"}, Storage: jetstream.MemoryStorage, MaxMsgs: 10000}); err != nil {
+		b.Fatal(err)
+	}
+	data := make([]byte, 128)
+	const window = 256
+	b.Run("jswire", func(b *testing.B) {
+		acks, err := NewPubAcks(nc, 10*time.Second)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer acks.Close()
+		futs := make([]*PubAckFuture, 0, window)
+		m := &nats.Msg{Subject: "b.x", Data: data}
+		b.ReportAllocs()
+		for b.Loop() {
+			f, err := acks.Publish(m)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if futs = append(futs, f); len(futs) == window {
+				for _, f := range futs {
+					<-f.Done()
+					if _, err := f.Result(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				futs = futs[:0]
+			}
+		}
+	})
+	b.Run("nats.go", func(b *testing.B) {
+		futs := make([]jetstream.PubAckFuture, 0, window)
+		m := &nats.Msg{Subject: "b.x", Data: data}
+		b.ReportAllocs()
+		for b.Loop() {
+			f, err := js.PublishMsgAsync(m)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if futs = append(futs, f); len(futs) == window {
+				for _, f := range futs {
+					select {
+					case <-f.Ok():
+					case err := <-f.Err():
+						b.Fatal(err)
+					}
+				}
+				futs = futs[:0]
 			}
 		}
 	})
