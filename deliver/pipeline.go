@@ -135,7 +135,7 @@ func (p *writePipeline) storeIndex(rt *routing) {
 	}
 }
 
-// sent queues rt, whose write was sent (rt.fut), for the acker.
+// sent queues rt, whose write was sent (rt.fut, a [jswire.PubAcks] future), for the acker.
 func (p *writePipeline) sent(rt *routing) {
 	p.pending.Add(1)
 	p.inflightN.Add(1)
@@ -226,14 +226,13 @@ func (p *writePipeline) acker(in <-chan ackItem, done chan<- struct{}) {
 		}
 		var (
 			inCh   <-chan ackItem
-			okCh   <-chan *jetstream.PubAck
-			errCh  <-chan error
+			doneCh <-chan struct{}
 			settle <-chan struct{}
 		)
 		if cur == nil {
 			inCh = in
 		} else {
-			okCh, errCh = cur.rt.fut.Ok(), cur.rt.fut.Err()
+			doneCh = cur.rt.fut.Done()
 		}
 		if len(b.items) > 0 {
 			settle = p.settled
@@ -241,11 +240,8 @@ func (p *writePipeline) acker(in <-chan ackItem, done chan<- struct{}) {
 		select {
 		case it, ok := <-inCh:
 			take(it, ok)
-		case ack := <-okCh:
-			cur.ack = ack
-			add()
-		case err := <-errCh:
-			cur.rt.err = err
+		case <-doneCh:
+			cur.ack, cur.rt.err = cur.rt.fut.Result()
 			add()
 		case <-settle:
 		}
@@ -262,12 +258,12 @@ func (it *ackItem) resolve() bool {
 		return true
 	}
 	select {
-	case it.ack = <-it.rt.fut.Ok():
-	case it.rt.err = <-it.rt.fut.Err():
+	case <-it.rt.fut.Done():
+		it.ack, it.rt.err = it.rt.fut.Result()
+		return true
 	default:
 		return false
 	}
-	return true
 }
 
 // confirm waits for each batch's index group to be stored and reports its

@@ -55,6 +55,11 @@ func TestWritePipelineNeverWaitsOnAnOpenGroup(t *testing.T) {
 	}
 	sink := &recordingSink{}
 	p := newWritePipeline(js, slog.New(slog.DiscardHandler), sink, 8) // groups of up to 4 writes, a queue of 7
+	acks, err := jswire.NewPubAcks(js.Conn(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer acks.Close()
 	p.start()
 
 	const n = 200
@@ -67,7 +72,7 @@ func TestWritePipelineNeverWaitsOnAnOpenGroup(t *testing.T) {
 				p.reportTail("T", i)
 				want = append(want, "tail T "+strconv.FormatUint(i, 10))
 			}
-			fut, err := js.PublishMsgAsync(&nats.Msg{Subject: "t.x", Data: []byte("x")})
+			fut, err := acks.Publish(&nats.Msg{Subject: "t.x", Data: []byte("x")})
 			if err != nil {
 				panic(err)
 			}
@@ -146,6 +151,11 @@ func TestWritePipelineRecordsOnlyStoredWrites(t *testing.T) {
 	defer reader.Close()
 	sink := &lookupSink{reader: reader}
 	p := newWritePipeline(js, slog.New(slog.DiscardHandler), sink, 8)
+	acks, err := jswire.NewPubAcks(nc, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer acks.Close()
 	p.start()
 	const n = 30
 	var want []string
@@ -157,7 +167,7 @@ func TestWritePipelineRecordsOnlyStoredWrites(t *testing.T) {
 			expect = last + 100
 		}
 		m := &nats.Msg{Subject: "t.x", Data: []byte("x"), Header: nats.Header{jetstream.ExpectedLastSeqHeader: {strconv.FormatUint(expect, 10)}}}
-		fut, err := js.PublishMsgAsync(m)
+		fut, err := acks.Publish(m)
 		if err != nil {
 			t.Fatal(err)
 		}

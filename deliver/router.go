@@ -246,6 +246,9 @@ type Router struct {
 
 	classifier classifier
 	pipe       *writePipeline
+	acks       *jswire.PubAcks     // the session's level and dead-letter writes' PubAcks
+	ackTimeout time.Duration       // a write without its PubAck this long fails (and is retried)
+	loseAcks   func(n uint64) bool // tests: the session's n-th write's PubAck is dropped (jswire.PubAcks.LoseReplies)
 	merges     *mergeCache
 
 	ingressID string           // unique to the ingress stream's life: its creation time
@@ -324,7 +327,7 @@ type routing struct {
 	seq    uint64       // ingress sequence
 	w      *levelWriter // nil for a dead letter
 	out    *nats.Msg    // the level message or the dead letter
-	fut    jetstream.PubAckFuture
+	fut    *jswire.PubAckFuture
 	err    error
 	reason error // why it is a dead letter
 
@@ -366,6 +369,7 @@ func newRouter(js jetstream.JetStream, cfg RouterConfig, wiring routerWiring) (*
 		js: js, cfg: cfg, wiring: wiring, logger: cfg.Logger,
 		classifier: classifier{prefix: cfg.Prefix, levels: cfg.Levels, targets: cfg.Targets, maxDelay: cfg.MaxDelay},
 		merges:     newMergeCache(),
+		ackTimeout: publishAsyncTimeout,
 		epoch:      time.Now(),
 		part:       cfg.IngressPartition, parts: cfg.Partitions.Ingress(), refusal: routerRefusal,
 	}
@@ -525,7 +529,17 @@ func (r *Router) session(ctx context.Context) error {
 	}
 	r.ingressID = strconv.FormatInt(info.CachedInfo().Created.UnixNano(), 10)
 	// The acker runs for the session; stopping it lets every write sent
-	// settle (flushing the open index group first).
+	// settle (flushing the open index group first), before the PubAck
+	// tracker closes.
+	acks, err := jswire.NewPubAcks(r.js.Conn(), r.ackTimeout)
+	if err != nil {
+		return err
+	}
+	if r.loseAcks != nil {
+		acks.LoseReplies(r.loseAcks)
+	}
+	r.acks = acks
+	defer acks.Close()
 	r.pipe.start()
 	defer r.pipe.stop()
 	if err := r.syncTails(ctx); err != nil {
@@ -1090,7 +1104,7 @@ func (r *Router) placed(ctx context.Context, rec index.Record, target, key strin
 func (r *Router) submit(rt *routing) {
 	w := rt.w
 	rt.out.Header[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(w.expected, 10)}
-	fut, err := r.js.PublishMsgAsync(rt.out)
+	fut, err := r.acks.Publish(rt.out)
 	if err != nil {
 		rt.err = err
 		if errors.Is(err, nats.ErrMaxPayload) {
@@ -1178,7 +1192,7 @@ func (r *Router) deadLetter(rt *routing, reason error) {
 	r.logger.Log(context.Background(), logLevel, "dead-lettering invalid message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
 	rt.w, rt.reason = nil, reason
 	rt.out = deadLetterMsg(m.Subject, maps.Clone(m.Header), m.Data, reason, r.ingressRef(rt.seq))
-	fut, err := r.js.PublishMsgAsync(rt.out)
+	fut, err := r.acks.Publish(rt.out)
 	if err != nil {
 		rt.err = err
 		if rt.invalid {
