@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/integration/internal/itest"
+	"github.com/delayd/delayd/internal/natstest"
 )
 
 // natsServerBinary builds nats-server from the module's own dependency
@@ -230,22 +231,11 @@ func (c *procCluster) StreamLeader(js jetstream.JetStream, stream string) int {
 // node; closed when the test ends) and its JetStream context.
 func (c *procCluster) Connect(i int) (*nats.Conn, jetstream.JetStream) {
 	c.t.Helper()
-	urls := []string{c.URL(i)}
+	urls := make([]string, len(c.ports))
 	for j := range c.ports {
-		if j != i {
-			urls = append(urls, c.URL(j))
-		}
+		urls[j] = c.URL(j)
 	}
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	c.t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return nc, js
+	return natstest.ConnectNode(c.t, urls, i)
 }
 
 // WaitCurrent waits up to timeout until, as js sees it, every stream

@@ -206,20 +206,34 @@ func (c *Cluster) NodeOf(url string) int {
 // ends.
 func (c *Cluster) Connect(i int) (*nats.Conn, jetstream.JetStream) {
 	c.t.Helper()
-	urls := []string{c.URL(i)}
+	urls := make([]string, len(c.opts))
 	for j := range c.opts {
+		urls[j] = c.URL(j)
+	}
+	return ConnectNode(c.t, urls, i)
+}
+
+// ConnectNode connects to urls[i] first, then to the others in order, and
+// reconnects for ever (100 ms apart) to any of them; it returns the
+// connection, closed when the test ends, and its JetStream context. For
+// a cluster of nodes whose client URLs are urls (embedded, or nats-server
+// processes).
+func ConnectNode(t testing.TB, urls []string, i int) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	ordered := []string{urls[i]}
+	for j, u := range urls {
 		if j != i {
-			urls = append(urls, c.URL(j))
+			ordered = append(ordered, u)
 		}
 	}
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(strings.Join(ordered, ","), nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
-		c.t.Fatal(err)
+		t.Fatal(err)
 	}
-	c.t.Cleanup(nc.Close)
+	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
-		c.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return nc, js
 }
