@@ -159,7 +159,8 @@ func TestKill9(t *testing.T) {
 
 // TestKill9Cancel cancels half of 3,000 pending messages (levels and
 // cascading durations) while delayd is killed with SIGKILL and restarted
-// every second or so. Every cancel gets a final answer within a deadline;
+// every two seconds or so, each process once it has answered a cancel.
+// Every cancel gets a final answer within a deadline;
 // none is "not found" (each message's PubAck was seen before its cancel, and
 // index records lost in a crash are written again at restart); every one
 // answered before its message was due is "cancelled"; a message answered
@@ -205,20 +206,30 @@ func TestKill9Cancel(t *testing.T) {
 	stop := make(chan struct{})
 	killErr := make(chan error, 1)
 	var mu sync.Mutex
+	var answered atomic.Int64 // final answers so far
 	killer.Go(func() {
 		rng := rand.New(rand.NewPCG(3, 4))
 		for {
-			select {
-			case <-stop:
-				return
 			// Each new process waits up to the lease TTL for its dead
 			// predecessor's leases, then its scanners and router start
 			// before a cancel can be decided: under -race on 2 cores that
-			// took longer than one TTL, and in one CI run no process lived
-			// long enough to answer one cancel in a minute. Three TTLs
-			// leave each process time to serve, killed at a random moment
-			// after it.
+			// took longer than one TTL, and in CI runs (two end-to-end
+			// test binaries at once) no process lived long enough to
+			// answer one cancel in a minute. So each process is killed
+			// only once it has answered a cancel, at a random moment at
+			// least three TTLs after its start.
+			base := answered.Load()
+			select {
+			case <-stop:
+				return
 			case <-time.After(3*itest.KillLeaseTTL + time.Duration(300+rng.IntN(900))*time.Millisecond):
+			}
+			for answered.Load() == base {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
 			}
 			mu.Lock()
 			_ = p.Cmd.Process.Signal(syscall.SIGKILL)
@@ -245,6 +256,7 @@ func TestKill9Cancel(t *testing.T) {
 			if err == nil && (string(m.Data) == "cancelled" || string(m.Data) == "not found" || string(m.Data) == "already delivered") {
 				replies[i] = string(m.Data)
 				beforeDue[i] = time.Now().Before(dueBy[i])
+				answered.Add(1)
 				break
 			}
 			if last = fmt.Sprint(err); err == nil {
