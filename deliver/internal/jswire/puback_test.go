@@ -286,6 +286,37 @@ func TestPubAcksLostReply(t *testing.T) {
 	}
 }
 
+// TestPubAcksLostLastReply: the newest write, with no write after it,
+// whose reply is dropped still times out (the sweep reaches the last id
+// given out; in TestPubAcksLostReply a later write follows the lost one).
+func TestPubAcksLostLastReply(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.stream(t, "T")
+	acks, err := NewPubAcks(b.nc, 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer acks.Close()
+	acks.LoseReplies(func(n uint64) bool { return n == 2 })
+	for n := 1; n <= 2; n++ {
+		f, err := acks.Publish(&nats.Msg{Subject: "t.x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack, err := wait(t, f)
+		if n == 2 && !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+			t.Errorf("the last write, its reply lost: %+v, %v; want %v", ack, err, jetstream.ErrAsyncPublishTimeout)
+		}
+		if n == 1 && (err != nil && !errors.Is(err, jetstream.ErrAsyncPublishTimeout)) {
+			t.Errorf("write 1: %v", err) // a PubAck slower than 200 ms under load times out: not what this test is about
+		}
+	}
+	if n := acks.Pending(); n != 0 {
+		t.Errorf("%d writes still pending", n)
+	}
+}
+
 // TestPubAcksMaxPayload: a message larger than the server's max payload
 // is refused by Publish itself (nats.ErrMaxPayload), and nothing stays
 // pending.
