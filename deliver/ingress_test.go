@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -385,18 +386,29 @@ func TestIngressPartitionsChangeRace(t *testing.T) {
 // ingress partition count was published to.
 func TestOldIngressSubject(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
+	type oldCase struct {
 		n            int
 		stored, want string
 		old          bool
-	}{
+	}
+	cases := []oldCase{
 		{1, "delay.orders.close", "delay.orders.close", false},
 		{1, "delayd.in.2.orders.close", "delay.orders.close", true},
 		{4, "delay.orders.close", "delay.orders.close", true},
 		{4, "delayd.in.1.orders.close", "delay.orders.close", false},
 		{4, "delayd.in.3.orders.close", "delay.orders.close", true}, // partition 1 under 4
 		{2, "delayd.in.1.orders.close", "delay.orders.close", ingressPartitionOf("delay.orders.close", 2) != 1},
-	} {
+	}
+	// Subjects of every partition under 4: stored under their own
+	// partition they are not old, under the next one they are.
+	for i := range 16 {
+		published := "delay.t" + strconv.Itoa(i)
+		p := ingressPartitionOf(published, 4)
+		cases = append(cases,
+			oldCase{4, ingressPartitionSubject(p) + strings.TrimPrefix(published, "delay."), published, false},
+			oldCase{4, ingressPartitionSubject((p+1)%4) + strings.TrimPrefix(published, "delay."), published, true})
+	}
+	for _, tc := range cases {
 		s := &Service{cfg: Config{Prefix: "delay", IngressPartitions: tc.n}}
 		got, old := s.oldIngressSubject(tc.stored)
 		if got != tc.want || old != tc.old {

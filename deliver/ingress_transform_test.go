@@ -2,6 +2,7 @@ package deliver
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -49,6 +50,29 @@ func TestIngressTransformServer(t *testing.T) {
 	}
 	if m.Subject != "delayd.in.1.orders.close" {
 		t.Fatalf("stored subject %q, want delayd.in.1.orders.close (the server's partition())", m.Subject)
+	}
+	// The server's partition() agrees with ingressPartitionOf for every
+	// subject, not only the one above (a hash that differs may still give
+	// one subject the same partition).
+	seen := make(map[int]bool)
+	for i := range 32 {
+		target := "t" + strconv.Itoa(i) + ".x"
+		ack, err := js.Publish(ctx, "delay."+target, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := s.GetMsg(ctx, ack.Sequence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := ingressPartitionOf("delay."+target, 4)
+		seen[p] = true
+		if want := ingressPartitionSubject(p) + target; m.Subject != want {
+			t.Errorf("delay.%s stored as %q, want %q", target, m.Subject, want)
+		}
+	}
+	if len(seen) != 4 {
+		t.Errorf("32 subjects fell in %d of 4 partitions", len(seen))
 	}
 	// One consumer per partition: non-overlapping filters on a work queue.
 	for i := range 4 {

@@ -2,7 +2,9 @@ package deliver
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,13 +12,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/internal/natstest"
+	"github.com/delayd/delayd/offsets"
 )
 
 // TestLeaderlessStreamInfo checks the server behaviour the scanner's
 // leaderless guard rests on: a member of an R3 stream's group that has no
 // leader (here the other two nodes are stopped) answers a stream info with
 // its own state, which may lag the stream's, and names no leader; the
-// leader's info names it; a standalone server's names itself.
+// leader's info names it; a standalone server's names itself. A scanner
+// on that member decides nothing from its info: its start returns
+// errLeaderless, and sameStream does not take it for a recreated stream.
 // A scanner that took the lagging last sequence for the stream's would
 // "correct" its offset backwards (seen in the multi-replica tests as
 // "offsets moved back").
@@ -29,7 +34,7 @@ func TestLeaderlessStreamInfo(t *testing.T) {
 	defer cancel()
 	c := natstest.StartCluster(t, 3)
 	_, js := c.Connect(0)
-	const stream = "DELAYD_LAG"
+	const stream = "DELAYD_5S" // a level stream name, for the scanner
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"lag.>"}, Replicas: 3}); err != nil {
 		t.Fatal(err)
 	}
@@ -59,18 +64,28 @@ func TestLeaderlessStreamInfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A scanner of the stream on the member, made while the cluster runs.
+	store, err := offsets.New(ctx, js, offsets.Config{Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scanner, err := NewScanner(nc, njs, ScannerConfig{Stream: stream, Offsets: store, Targets: NewTargetIndex(nc, njs, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := range c.Len() {
 		if i != member {
 			c.Stop(i)
 		}
 	}
 	var info *jetstream.StreamInfo
+	var lone jetstream.Stream
 	for ctx.Err() == nil {
 		rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
 		s, err := njs.Stream(rctx, stream)
 		rcancel()
 		if err == nil {
-			info = s.CachedInfo()
+			info, lone = s.CachedInfo(), s
 			break
 		}
 		t.Logf("stream info from the lone member: %v", err)
@@ -81,6 +96,27 @@ func TestLeaderlessStreamInfo(t *testing.T) {
 	}
 	if !leaderless(info) || info.State.LastSeq != 5 {
 		t.Fatalf("the lone member: leaderless=%v last=%d, want true and its own state, 5 (cluster %+v)", leaderless(info), info.State.LastSeq, info.Cluster)
+	}
+
+	// The scanner decides nothing from it: its start is refused
+	// (errLeaderless, retried), and sameStream does not take it for a
+	// recreated stream, though its creation time is not the one the
+	// scanner started on (a leader's info would read as recreated).
+	for ctx.Err() == nil {
+		err := scanner.start(ctx)
+		if errors.Is(err, errLeaderless) {
+			break
+		}
+		if err == nil || !strings.HasPrefix(err.Error(), "level stream: ") || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
+			t.Fatalf("scanner start on the lone member: %v, want %v", err, errLeaderless)
+		}
+		t.Logf("scanner start on the lone member: %v", err)
+	}
+	scanner.stream, scanner.created = lone, info.Created.Add(-time.Hour)
+	for range 3 {
+		if !scanner.sameStream(ctx) || scanner.restart {
+			t.Fatalf("sameStream on the lone member's info: the scanner starts over (restart %v), want no decision", scanner.restart)
+		}
 	}
 
 	// A standalone server names itself as the leader.

@@ -71,6 +71,23 @@ func TestParsePubAck(t *testing.T) {
 		{name: "field name in another case", in: `{"stream":"S","seq":1,"SEQ":2}`, want: jetstream.PubAck{Stream: "S", Sequence: 2}},
 		{name: "non-ASCII stream name", in: `{"stream":"Ä","seq":1}`, want: jetstream.PubAck{Stream: "Ä", Sequence: 1}},
 		{name: "seq negative", in: `{"stream":"S","seq":-5}`, err: jetstream.ErrInvalidJSAck},
+		// A known field of another kind fails encoding/json's reading (the
+		// flat path must not read past it): each kind of value for each field.
+		{name: "error a string", in: `{"stream":"S","seq":1,"error":"x"}`, err: jetstream.ErrInvalidJSAck},
+		{name: "error a number", in: `{"stream":"S","seq":1,"error":5}`, err: jetstream.ErrInvalidJSAck},
+		{name: "error a boolean", in: `{"stream":"S","seq":1,"error":true}`, err: jetstream.ErrInvalidJSAck},
+		{name: "duplicate a string", in: `{"stream":"S","seq":1,"duplicate":"true"}`, err: jetstream.ErrInvalidJSAck},
+		{name: "duplicate a number", in: `{"stream":"S","seq":1,"duplicate":1}`, err: jetstream.ErrInvalidJSAck},
+		{name: "stream a boolean", in: `{"stream":true,"seq":1}`, err: jetstream.ErrInvalidJSAck},
+		{name: "stream a boolean after a string", in: `{"stream":"S","seq":1,"stream":true}`, err: jetstream.ErrInvalidJSAck},
+		{name: "stream a number after a string", in: `{"stream":"S","seq":1,"stream":5}`, err: jetstream.ErrInvalidJSAck},
+		{name: "seq a boolean", in: `{"stream":"S","seq":true}`, err: jetstream.ErrInvalidJSAck},
+		{name: "seq a boolean after a number", in: `{"stream":"S","seq":1,"seq":true}`, err: jetstream.ErrInvalidJSAck},
+		{name: "seq a string after a number", in: `{"stream":"S","seq":1,"seq":"5"}`, err: jetstream.ErrInvalidJSAck},
+		{name: "domain a number", in: `{"stream":"S","seq":1,"domain":5}`, err: jetstream.ErrInvalidJSAck},
+		{name: "domain a boolean", in: `{"stream":"S","seq":1,"domain":false}`, err: jetstream.ErrInvalidJSAck},
+		{name: "val a number", in: `{"stream":"S","seq":1,"val":12}`, err: jetstream.ErrInvalidJSAck},
+		{name: "val a boolean", in: `{"stream":"S","seq":1,"val":true}`, err: jetstream.ErrInvalidJSAck},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := ParsePubAck([]byte(tt.in))
@@ -266,6 +283,37 @@ func TestPubAcksLostReply(t *testing.T) {
 	}
 	if n := s.CachedInfo().State.Msgs; n != 3 {
 		t.Errorf("T holds %d messages, want 3: the write whose reply was lost is stored too", n)
+	}
+}
+
+// TestPubAcksLostLastReply: the newest write, with no write after it,
+// whose reply is dropped still times out (the sweep reaches the last id
+// given out; in TestPubAcksLostReply a later write follows the lost one).
+func TestPubAcksLostLastReply(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.stream(t, "T")
+	acks, err := NewPubAcks(b.nc, 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer acks.Close()
+	acks.LoseReplies(func(n uint64) bool { return n == 2 })
+	for n := 1; n <= 2; n++ {
+		f, err := acks.Publish(&nats.Msg{Subject: "t.x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack, err := wait(t, f)
+		if n == 2 && !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+			t.Errorf("the last write, its reply lost: %+v, %v; want %v", ack, err, jetstream.ErrAsyncPublishTimeout)
+		}
+		if n == 1 && (err != nil && !errors.Is(err, jetstream.ErrAsyncPublishTimeout)) {
+			t.Errorf("write 1: %v", err) // a PubAck slower than 200 ms under load times out: not what this test is about
+		}
+	}
+	if n := acks.Pending(); n != 0 {
+		t.Errorf("%d writes still pending", n)
 	}
 }
 
