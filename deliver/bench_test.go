@@ -116,3 +116,74 @@ func BenchmarkDeliveryMsg(b *testing.B) {
 		m.Subject = target
 	}
 }
+
+// levelWire is a level-stream message as the server sends it to the
+// scanner's pull inbox: subject, reply, the header block and the payload
+// (HMSG's three parts). With withID unset it has no publisher id, so its
+// delivery id is derived from Delayd-Ingress.
+func levelWire(withID bool) (subject, reply string, hdr, data []byte) {
+	m := levelStreamMsg()
+	hdr = []byte("NATS/1.0\r\n")
+	for _, k := range []string{"Content-Type", "Trace-Id", contract.HeaderEnqueuedAt, contract.HeaderDueAt, hdrIngress, hdrMsgID, "Nats-Expected-Last-Sequence"} {
+		if k == hdrMsgID && !withID {
+			continue
+		}
+		hdr = append(hdr, k+": "+m.Header.Get(k)+"\r\n"...)
+	}
+	hdr = append(hdr, "\r\n"...)
+	return m.Subject, m.Reply, hdr, m.Data
+}
+
+// BenchmarkDeliveryWire measures one core delivery's work in the client and
+// the scanner, from the bytes read off the wire to the message handed to
+// PublishMsg (without the server): what nats.go's read loop does per
+// message (subject and reply strings, a payload copy, DecodeHeadersMsg, the
+// Msg), then the scanner's: the ack-subject metadata, the target and due
+// time, the hop due time, the headers the target receives, and the encoded
+// header size PublishMsg computes. Sub-benchmarks: "client" is nats.go's
+// part alone (the scanner's is the difference), "msgid" a message with a
+// publisher id, "derived" one whose delivery id is derived from the ingress
+// reference (keyed MAC).
+func BenchmarkDeliveryWire(b *testing.B) {
+	for _, name := range []string{"client", "msgid", "derived"} {
+		withID := name != "derived"
+		b.Run(name, func(b *testing.B) {
+			s := &Scanner{subject: "delayd.level.10S.", delay: 10 * time.Second}
+			s.cfg.hopKey = hopKey("0123456789abcdef0123456789abcdef")
+			subject, reply, hdr, data := levelWire(withID)
+			wire := append(append([]byte{}, hdr...), data...)
+			subj, rep := []byte(subject), []byte(reply)
+			b.ReportAllocs()
+			for b.Loop() {
+				// nats.go's processMsg, as of v1.55.0.
+				payload := make([]byte, len(wire))
+				copy(payload, wire)
+				h, err := nats.DecodeHeadersMsg(payload[:len(hdr)])
+				if err != nil {
+					b.Fatal(err)
+				}
+				m := &nats.Msg{Subject: string(subj), Reply: string(rep), Header: h, Data: payload[len(hdr):]}
+				if name == "client" {
+					continue
+				}
+				// The scanner's.
+				meta, ok := jswire.ParseAck(m.Reply)
+				if !ok {
+					b.Fatal("bad ack subject")
+				}
+				target, due := s.parse(m, meta.Stored)
+				if target != "orders.close" || due.IsZero() {
+					b.Fatal("bad parse")
+				}
+				if _, hop := s.hopDue(m); hop {
+					b.Fatal("not a hop")
+				}
+				s.deliveryHeaders(m.Header)
+				m.Subject, m.Reply = target, ""
+				if m.Header.Get(contract.HeaderNatsMsgID) == "" || m.Size() == 0 {
+					b.Fatal("no id")
+				}
+			}
+		})
+	}
+}

@@ -177,6 +177,7 @@ func (k hopKey) deliveryID(ref string) string {
 // concurrent use).
 type idMAC struct {
 	h   hash.Hash // nil without a key
+	buf []byte    // the MAC's input, reused
 	sum []byte
 }
 
@@ -192,8 +193,10 @@ func (m *idMAC) deliveryID(ref string) string {
 		return ref
 	}
 	m.h.Reset()
-	m.h.Write([]byte("delivery-id\x00"))
-	m.h.Write([]byte(ref))
+	// One write of a reused buffer: a []byte(ref) passed to the hash
+	// would be a copy allocated per delivery.
+	m.buf = append(append(m.buf[:0], "delivery-id\x00"...), ref...)
+	m.h.Write(m.buf)
 	m.sum = m.h.Sum(m.sum[:0])
 	var enc [12]byte
 	base64.RawURLEncoding.Encode(enc[:], m.sum[:9])

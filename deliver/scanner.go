@@ -933,7 +933,7 @@ func (s *Scanner) hopDue(m *nats.Msg) (time.Time, bool) {
 	if v == "" {
 		return time.Time{}, false
 	}
-	t, err := time.Parse(time.RFC3339Nano, v)
+	t, err := parseTime(v)
 	return t, err == nil
 }
 
@@ -1012,7 +1012,7 @@ func (s *Scanner) quiesce(ctx context.Context, idle bool) bool {
 // time plus the stream's delay, never earlier than the contract's due.
 func (s *Scanner) parse(m *nats.Msg, stored time.Time) (string, time.Time) {
 	target := strings.TrimPrefix(m.Subject, s.subject)
-	due, err := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
+	due, err := parseTime(m.Header.Get(contract.HeaderDueAt))
 	if err != nil {
 		due = stored.Add(s.delay)
 		s.logger.Warn("level message without a valid due time; using its store time plus the level's delay", slog.String("value", m.Header.Get(contract.HeaderDueAt)))
@@ -1023,30 +1023,7 @@ func (s *Scanner) parse(m *nats.Msg, stored time.Time) (string, time.Time) {
 // publish hands one message to its target: a JetStream publish if bound to
 // a stream, else a core publish.
 func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target string, bound bool) error {
-	h := m.Header
-	id := h.Get(hdrMsgID)
-	if id == "" {
-		// No publisher id: derived from the first ingress reference, made
-		// unguessable.
-		ref := h.Get(hdrOrigin)
-		if ref == "" {
-			ref = h.Get(hdrIngress)
-		}
-		if ref != "" {
-			if s.idMAC == nil {
-				s.idMAC = s.cfg.hopKey.newIDMAC()
-			}
-			id = s.idMAC.deliveryID(ref)
-		}
-	}
-	hops := h.Get(hdrHops)
-	stripInternal(h)
-	if id != "" {
-		h[contract.HeaderNatsMsgID] = []string{id}
-	}
-	if hops != "" {
-		h[contract.HeaderHops] = []string{hops}
-	}
+	s.deliveryHeaders(m.Header)
 	m.Subject, m.Reply, m.Sub = target, "", nil
 	d := delivery{seq: seq, target: target}
 	var err error
@@ -1077,6 +1054,42 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 	}
 	s.win.add(d)
 	return nil
+}
+
+// deliveryHeaders turns a level message's headers into those its target
+// receives (README "What the target receives"): the internal headers
+// removed, Nats-Msg-Id set to the publisher's id or, without one, to the
+// delivery id derived from the first ingress reference, and Delay-Hops set
+// to the hops a cascading message made.
+//
+// It allocates nothing for a message with a publisher id, and only the
+// derived id's string otherwise: each value set is the slice of the
+// internal header it comes from (the client decodes every header into a
+// slice of its own), moved to its new key before that header is removed.
+func (s *Scanner) deliveryHeaders(h nats.Header) {
+	id := h[hdrMsgID]
+	if len(id) == 0 || id[0] == "" {
+		// No publisher id: derived from the first ingress reference, made
+		// unguessable.
+		id = h[hdrOrigin]
+		if len(id) == 0 || id[0] == "" {
+			id = h[hdrIngress]
+		}
+		if len(id) > 0 && id[0] != "" {
+			if s.idMAC == nil {
+				s.idMAC = s.cfg.hopKey.newIDMAC()
+			}
+			id[0] = s.idMAC.deliveryID(id[0])
+		}
+	}
+	hops := h[hdrHops]
+	stripInternal(h)
+	if len(id) > 0 && id[0] != "" {
+		h[contract.HeaderNatsMsgID] = id[:1]
+	}
+	if len(hops) > 0 && hops[0] != "" {
+		h[contract.HeaderHops] = hops[:1]
+	}
 }
 
 // settle confirms every in-flight delivery in order and commits the offset
