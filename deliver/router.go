@@ -1,6 +1,7 @@
 package deliver
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -163,6 +164,11 @@ type routerWiring struct {
 	// merges nothing (no scanner can say a message is pending) and
 	// re-indexes every candidate at start.
 	scanners levelScanners
+
+	// lookupConn reads the id index for merge checks ([Config].LookupConn:
+	// the server walks the index inline on the reading connection).
+	// Optional: nil reads on the router's own connection.
+	lookupConn *nats.Conn
 }
 
 func (w *routerWiring) validate() error {
@@ -484,7 +490,7 @@ func (r *Router) Run(ctx context.Context) error {
 	}
 	defer tails.Close()
 	r.tails = tails
-	lookups, err := jswire.NewBatchReader(r.js.Conn(), index.Batch)
+	lookups, err := jswire.NewBatchReader(cmp.Or(r.wiring.lookupConn, r.js.Conn()), index.Batch)
 	if err != nil {
 		return err
 	}
