@@ -1058,7 +1058,7 @@ type serviceScanners struct {
 // its decide subject. No answer (no owner, a failover, a timeout) is "not
 // pending": that costs a merge, never a message merged into one already
 // delivered.
-func (v serviceScanners) pendingAt(rec index.Record) bool {
+func (v serviceScanners) pendingAt(ctx context.Context, rec index.Record) bool {
 	sc := v.scanners[rec.Stream]
 	switch {
 	case sc == nil:
@@ -1072,14 +1072,14 @@ func (v serviceScanners) pendingAt(rec index.Record) bool {
 		}
 		return sc.pendingAt(rec)
 	case v.owners != nil:
-		return v.owners.pending(rec)
+		return v.owners.pending(ctx, rec)
 	}
 	return false
 }
 
 // passed answers from this replica's scanner when it owns the level, and
 // otherwise asks the level's owner; 0 (nothing passed) without an answer.
-func (v serviceScanners) passed(stream string) uint64 {
+func (v serviceScanners) passed(ctx context.Context, stream string) uint64 {
 	sc := v.scanners[stream]
 	switch {
 	case sc == nil:
@@ -1090,7 +1090,7 @@ func (v serviceScanners) passed(stream string) uint64 {
 		}
 		return sc.passed.Load()
 	case v.owners != nil:
-		return v.owners.passed(stream)
+		return v.owners.passed(ctx, stream)
 	}
 	return 0
 }
