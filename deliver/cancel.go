@@ -517,9 +517,13 @@ func (s *Service) serveCancel(ctx context.Context, js jetstream.JetStream, subs 
 			_ = sub.Unsubscribe()
 		}
 	}()
+	// The workers read on the lookup connection when there is one
+	// ([Config].LookupConn: the server walks the index inline on the
+	// reading connection).
+	rnc := cmp.Or(s.cfg.LookupConn, s.nc)
 	var readers []*jswire.BatchReader
 	for range cancelWorkers {
-		reader, err := jswire.NewBatchReader(s.nc, index.Batch)
+		reader, err := jswire.NewBatchReader(rnc, index.Batch)
 		if err != nil {
 			for _, r := range readers {
 				r.Close()

@@ -276,14 +276,14 @@ func newPendingAsker(nc *nats.Conn) *pendingAsker {
 // pending reports the owner's answer to "is the message rec places
 // pending?"; no answer (no owner, a failover, a timeout) is "not pending",
 // which costs a merge and never loses a message.
-func (p *pendingAsker) pending(rec index.Record) bool {
+func (p *pendingAsker) pending(ctx context.Context, rec index.Record) bool {
 	p.mu.Lock()
 	until, quiet := p.silent[rec.Stream]
 	p.mu.Unlock()
 	if quiet && time.Now().Before(until) {
 		return false
 	}
-	body, err := askOwner(context.Background(), p.nc, rec.Stream, newDecideRequest(decideOpPending, rec), decidePendingWait)
+	body, err := askOwner(ctx, p.nc, rec.Stream, newDecideRequest(decideOpPending, rec), decidePendingWait)
 	if errors.Is(err, errOwnerSilent) {
 		p.mu.Lock()
 		p.silent[rec.Stream] = time.Now().Add(decideSilence)
@@ -295,14 +295,14 @@ func (p *pendingAsker) pending(rec index.Record) bool {
 // passed returns the highest sequence the owner of stream handed off (for
 // the router's check that a hop's purged level message was placed); 0,
 // which places nothing, when no owner answers.
-func (p *pendingAsker) passed(stream string) uint64 {
+func (p *pendingAsker) passed(ctx context.Context, stream string) uint64 {
 	p.mu.Lock()
 	until, quiet := p.silent[stream]
 	p.mu.Unlock()
 	if quiet && time.Now().Before(until) {
 		return 0
 	}
-	body, err := askOwner(context.Background(), p.nc, stream, decideRequest{Op: decideOpPassed}, decidePendingWait)
+	body, err := askOwner(ctx, p.nc, stream, decideRequest{Op: decideOpPassed}, decidePendingWait)
 	if errors.Is(err, errOwnerSilent) {
 		p.mu.Lock()
 		p.silent[stream] = time.Now().Add(decideSilence)

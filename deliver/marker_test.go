@@ -57,13 +57,13 @@ func newGate() *gateScanners {
 	return &gateScanners{entered: make(chan index.Record, 4), release: make(chan struct{})}
 }
 
-func (g *gateScanners) pendingAt(rec index.Record) bool {
+func (g *gateScanners) pendingAt(_ context.Context, rec index.Record) bool {
 	g.entered <- rec
 	<-g.release
 	return false
 }
 
-func (g *gateScanners) passed(string) uint64 { return 0 }
+func (g *gateScanners) passed(context.Context, string) uint64 { return 0 }
 
 func (g *gateScanners) committed(context.Context, string) uint64 { return 0 }
 

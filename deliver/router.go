@@ -1,6 +1,7 @@
 package deliver
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -163,6 +164,11 @@ type routerWiring struct {
 	// merges nothing (no scanner can say a message is pending) and
 	// re-indexes every candidate at start.
 	scanners levelScanners
+
+	// lookupConn reads the id index for merge checks ([Config].LookupConn:
+	// the server walks the index inline on the reading connection).
+	// Optional: nil reads on the router's own connection.
+	lookupConn *nats.Conn
 }
 
 func (w *routerWiring) validate() error {
@@ -182,10 +188,10 @@ type levelScanners interface {
 	// pendingAt reports whether the level message rec places has not been
 	// handed to its target yet and is not cancelled; rec's hop and due
 	// come from its index record. Merging asks it.
-	pendingAt(rec index.Record) bool
+	pendingAt(ctx context.Context, rec index.Record) bool
 
 	// passed returns the highest sequence stream's scanner handed off.
-	passed(stream string) uint64
+	passed(ctx context.Context, stream string) uint64
 
 	// committed returns stream's committed offset, 0 if unknown, for the
 	// re-index at start.
@@ -484,7 +490,7 @@ func (r *Router) Run(ctx context.Context) error {
 	}
 	defer tails.Close()
 	r.tails = tails
-	lookups, err := jswire.NewBatchReader(r.js.Conn(), index.Batch)
+	lookups, err := jswire.NewBatchReader(cmp.Or(r.wiring.lookupConn, r.js.Conn()), index.Batch)
 	if err != nil {
 		return err
 	}
@@ -1077,7 +1083,17 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 			return false, err
 		}
 	}
-	return ok && rec.Stream != "" && !rec.Gone && r.wiring.scanners.pendingAt(rec), nil
+	if !ok || rec.Stream == "" || rec.Gone {
+		return false, nil
+	}
+	pending := r.wiring.scanners.pendingAt(ctx, rec)
+	if err := ctx.Err(); err != nil {
+		// Stopped while asking: no answer is not "not pending" here; the
+		// message stays unacked for the next session (as a lookup stopped by
+		// ctx leaves it).
+		return false, err
+	}
+	return pending, nil
 }
 
 // placed reports whether an index record of merge key key for target names
@@ -1093,7 +1109,14 @@ func (r *Router) placed(ctx context.Context, rec index.Record, target, key strin
 		return false, err
 	}
 	if len(msgs) == 0 || msgs[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.Seq, 10) {
-		return rec.Hop && r.wiring.scanners != nil && rec.Seq <= r.wiring.scanners.passed(rec.Stream), nil
+		if !rec.Hop || r.wiring.scanners == nil {
+			return false, nil
+		}
+		passed := r.wiring.scanners.passed(ctx, rec.Stream)
+		if err := ctx.Err(); err != nil {
+			return false, err // stopped while asking (see mergeInto)
+		}
+		return rec.Seq <= passed, nil
 	}
 	prefix := levelSubjects + strings.TrimPrefix(rec.Stream, levels.StreamPrefix) + "."
 	subject := msgs[0].Header.Get(hdrJSSubject)

@@ -89,6 +89,19 @@ type Config struct {
 	// Replicas for every stream delayd creates. Optional. Default 1.
 	Replicas int
 
+	// LookupConn is a second connection to the same NATS server and
+	// account, used only for reads of the id index: the cancel API's
+	// lookups (direct gets on DELAYD_INDEX) with the direct gets of level
+	// messages that decide a cancel, and the router's merge checks that
+	// miss its merge cache. A lookup walks the whole index on the server
+	// (README "What a cancel costs"), and nats-server answers a client's
+	// direct gets inline, on the read loop of that client's connection:
+	// on the service's own connection every delivery, level write and
+	// ack sent behind a lookup waits until its walk is done. Optional: nil
+	// reads on the service's connection (cmd/delayd always passes one,
+	// named "delayd-lookups"). The service does not close it.
+	LookupConn *nats.Conn
+
 	// StartGrace holds back overdue deliveries to core subjects for this long
 	// after a reconnect ([Service.HandleReconnect]) and, with GraceAtStart,
 	// after start: core subscribers reconnect meanwhile. Optional. Default 0.
@@ -564,7 +577,8 @@ func (s *Service) Run(ctx context.Context) error {
 		// Every level write is followed by one or two index writes.
 		router, err := newRouter(mustJS(s.nc, 3*inflight+16), rc, routerWiring{
 			reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey,
-			scanners: serviceScanners{scanners: scanners, store: store, owners: owners},
+			scanners:   serviceScanners{scanners: scanners, store: store, owners: owners},
+			lookupConn: s.cfg.LookupConn,
 		})
 		if err != nil {
 			return err
@@ -1044,7 +1058,7 @@ type serviceScanners struct {
 // its decide subject. No answer (no owner, a failover, a timeout) is "not
 // pending": that costs a merge, never a message merged into one already
 // delivered.
-func (v serviceScanners) pendingAt(rec index.Record) bool {
+func (v serviceScanners) pendingAt(ctx context.Context, rec index.Record) bool {
 	sc := v.scanners[rec.Stream]
 	switch {
 	case sc == nil:
@@ -1058,14 +1072,14 @@ func (v serviceScanners) pendingAt(rec index.Record) bool {
 		}
 		return sc.pendingAt(rec)
 	case v.owners != nil:
-		return v.owners.pending(rec)
+		return v.owners.pending(ctx, rec)
 	}
 	return false
 }
 
 // passed answers from this replica's scanner when it owns the level, and
 // otherwise asks the level's owner; 0 (nothing passed) without an answer.
-func (v serviceScanners) passed(stream string) uint64 {
+func (v serviceScanners) passed(ctx context.Context, stream string) uint64 {
 	sc := v.scanners[stream]
 	switch {
 	case sc == nil:
@@ -1076,7 +1090,7 @@ func (v serviceScanners) passed(stream string) uint64 {
 		}
 		return sc.passed.Load()
 	case v.owners != nil:
-		return v.owners.passed(stream)
+		return v.owners.passed(ctx, stream)
 	}
 	return 0
 }

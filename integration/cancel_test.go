@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -683,4 +684,66 @@ func TestCancelStormAnswered(t *testing.T) {
 	rec.ExpectKeys("last")
 	itest.WaitFor(t, time.Minute, "the last message delivered", func() bool { return rec.Counts()["last"] > 0 })
 	rec.CheckAll()
+}
+
+// TestCancelLookupConnection: the delayd binary reads the id index for
+// cancels on a connection of its own, named "delayd-lookups", not on the
+// connection that routes and delivers. nats-server answers a connection's
+// direct gets inline, on that connection's read loop, and a lookup walks
+// DELAYD_INDEX: on the delivering connection every delivery sent behind a
+// lookup would wait for the walk (deliver.Config.LookupConn, README "What
+// a cancel costs").
+func TestCancelLookupConnection(t *testing.T) {
+	t.Parallel()
+	b := itest.Setup(t)
+	b.StartProcess("DELAYD_LEVELS=1s 1m")
+	// What each of delayd's connections has sent the server, by name.
+	sent := func() map[string]uint64 {
+		cz, err := b.Srv.Connz(&server.ConnzOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]uint64{}
+		for _, c := range cz.Conns {
+			if strings.HasPrefix(c.Name, "delayd") {
+				out[c.Name] += uint64(c.InMsgs)
+			}
+		}
+		return out
+	}
+	itest.WaitFor(t, 30*time.Second, "delayd's streams and both connections", func() bool {
+		s := sent()
+		_, err := b.JS.Stream(context.Background(), deliver.IngressStream)
+		_, main := s["delayd"]
+		_, lookups := s["delayd-lookups"]
+		return err == nil && main && lookups
+	})
+	hdr := itest.Level(2) // 1 m: pending throughout
+	hdr.Set("Nats-Msg-Id", "lookup-conn-1")
+	b.Publish("delay.lookup.x", []byte("x"), hdr)
+	itest.WaitFor(t, 30*time.Second, "the message placed in DELAYD_1M", func() bool {
+		_, err := b.JS.Stream(context.Background(), "DELAYD_1M")
+		return err == nil && b.LevelCount("DELAYD_1M") >= 1
+	})
+	before := sent()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var (
+		r   delayd.CancelResult
+		err error
+	)
+	for { // the cancel API subscribes once delayd is ready: no responders before
+		if r, err = delayd.Cancel(ctx, b.NC, "lookup.x", "lookup-conn-1"); !errors.Is(err, nats.ErrNoResponders) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil || r != delayd.Cancelled {
+		t.Fatalf("cancel: %q %v, want cancelled", r, err)
+	}
+	after := sent()
+	if after["delayd-lookups"] <= before["delayd-lookups"] {
+		t.Errorf("the lookup connection sent %d messages before the cancel and %d after: the lookups went elsewhere (delayd sent %d then %d)",
+			before["delayd-lookups"], after["delayd-lookups"], before["delayd"], after["delayd"])
+	}
 }

@@ -246,7 +246,7 @@ func failovers(s *service) uint64 {
 // ended (by its own fence, at most the lease TTL after its last renewal),
 // its context is cancelled and Run awaited, as the process would be gone.
 // The caller starts the replacement before calling reap.
-func (s *service) kill() { s.nc.Close() }
+func (s *service) kill() { s.nc.Close(); s.lnc.Close() }
 
 // reap waits until a killed service holds no lease (up to 30 s), then
 // ends its Run; Run's error says nothing after a kill and is dropped.

@@ -393,7 +393,8 @@ type service struct {
 	proc   *proc
 	svc    *deliver.Service
 	nc     *nats.Conn
-	node   int // the node nc is connected to
+	lnc    *nats.Conn // the cancel API's lookup connection (deliver.Config.LookupConn)
+	node   int        // the node nc is connected to
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -427,14 +428,22 @@ func (e *env) startReplica(ctx context.Context, node int, cfg deliver.Config) (*
 	if err != nil {
 		return nil, err
 	}
-	cfg.Prefix = prefix
+	// The cancel API's lookups on a connection of their own, as cmd/delayd wires them.
+	lnc, err := e.connTo(node, func(error) {})
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	cfg.Prefix, cfg.LookupConn = prefix, lnc
 	svc, err := deliver.New(nc, cfg)
 	if err != nil {
+		nc.Close()
+		lnc.Close()
 		return nil, err
 	}
 	ref.Store(svc)
 	rctx, cancel := context.WithCancel(ctx)
-	s := &service{svc: svc, nc: nc, node: node, cancel: cancel, done: make(chan error, 1)}
+	s := &service{svc: svc, nc: nc, lnc: lnc, node: node, cancel: cancel, done: make(chan error, 1)}
 	go func() { s.done <- svc.Run(rctx) }()
 	deadline := time.Now().Add(time.Minute)
 	for !svc.Ready() {
@@ -463,6 +472,7 @@ func (s *service) stop() error {
 	select {
 	case err := <-s.done:
 		s.nc.Close()
+		s.lnc.Close()
 		return err
 	case <-time.After(30 * time.Second):
 		return errors.New("delayd did not stop within 30s")

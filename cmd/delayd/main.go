@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -84,6 +85,8 @@ func run() int {
 		opts = append(opts, nats.InProcessServer(srv))
 		logger.Info("embedded nats-server ready", slog.String("url", url), slog.String("store_dir", cfg.StoreDir))
 	}
+	// The cancel API's lookup connection gets the same server, auth and TLS options, and handlers of its own.
+	lookupOpts := slices.Clone(opts)
 	// The connection closes for good only when delayd drains it at shutdown, or when nats.go gives up (the same
 	// authentication error twice in a row): then delayd stops with an error rather than retry on a dead connection.
 	var connLost atomic.Bool
@@ -132,6 +135,37 @@ func run() int {
 			}
 		}
 	}()
+	// A second connection for the cancel API's id-index lookups: nats-server walks the index inline on the read loop
+	// of the connection that asks, so on nc every delivery behind a lookup would wait for it (deliver.Config.LookupConn).
+	var lookupClosing atomic.Bool
+	lnc, err := connect(url, cfg, logger, append(lookupOpts, nats.Name("delayd-lookups"),
+		// Its own messages: "connected to NATS", "disconnected from NATS" and "reconnected to NATS" are nc's.
+		nats.ConnectHandler(func(c *nats.Conn) {
+			logger.Debug("cancel lookup connection connected", slog.String("url", config.RedactURLs(c.ConnectedUrlRedacted())))
+		}),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				logger.Debug("cancel lookup connection disconnected", slog.Any("error", err))
+			}
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			logger.Error("NATS async error", slog.String("connection", "delayd-lookups"), errAttr(err))
+		}),
+		nats.ClosedHandler(func(c *nats.Conn) {
+			if ctx.Err() == nil && !lookupClosing.Load() {
+				connLost.Store(true)
+				logger.Error("NATS connection closed; stopping", slog.String("connection", "delayd-lookups"), errAttr(c.LastError()))
+				cancel()
+			}
+		}))...)
+	if err != nil {
+		logger.Error("connect to NATS failed", slog.String("connection", "delayd-lookups"), slog.Any("error", err))
+		return exitError
+	}
+	defer func() { // only reads: nothing to drain; closed before nc drains (defers run last first)
+		lookupClosing.Store(true)
+		lnc.Close()
+	}()
 	if !nc.IsConnected() { // once connected, the ConnectHandler logs it
 		logger.Warn("NATS not reachable yet; retrying for ever", slog.String("url", config.RedactURLs(cfg.NATSURL)), slog.String("auth", cfg.AuthMethod()), errAttr(nc.LastError()))
 	}
@@ -150,6 +184,7 @@ func run() int {
 		GraceAtStart:      srv != nil,
 		MaxDelay:          cfg.MaxDelay,
 		CancelLookupShare: cfg.CancelShare,
+		LookupConn:        lnc,
 		LeaseTTL:          cfg.LeaseTTL,
 		Targets:           cfg.TargetPolicy(),
 		Logger:            logger,
