@@ -4,7 +4,7 @@
 // 2.12+, a stream with AllowMsgSchedules and one "Nats-Schedule: @at …"
 // message per delayed message).
 //
-//	go run ./cmd/delaybench                       # every scenario, default sizes (≤ ~5 min on 2 cores)
+//	go run ./cmd/delaybench                       # the default scenarios, default sizes (≤ ~5 min on 2 cores before the 30k/s steady rows, which add about a minute)
 //	go run ./cmd/delaybench -scenarios burst,steady -burst-n 200000
 //	go run ./cmd/delaybench -json                 # one JSON object per row
 //	go run ./cmd/delaybench -scenarios cluster    # the cluster scenario (not in the default set; ~3 min on 2 cores)
