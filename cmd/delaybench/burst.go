@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -23,33 +24,63 @@ const (
 	nativeStream      = "NSCHED"
 )
 
-// burst runs N messages all due at the same instant: delayd to a core
-// subscriber and to a stream-bound target, native schedules to the stream.
-func (b *bench) burst(ctx context.Context) ([]result, []string, error) {
+// burst runs n messages all due at the same instant: delayd to a core
+// subscriber and to a stream-bound target, native schedules to the stream,
+// each row named scenario ("burst" with -burst-n, "burst-1m" with
+// -burst-1m-n). Native runs last, so its rows are related to delayd's
+// here rather than in [output.relate]: each delayd row gets NativeRatio
+// (see [nativeRatios]).
+func (b *bench) burst(ctx context.Context, scenario string, n int) ([]result, []string, error) {
 	var rows []result
 	for _, target := range []string{"core", "stream"} {
-		r, err := b.burstDelayd(ctx, target)
+		r, err := b.burstDelayd(ctx, scenario, target, n)
 		if err != nil {
 			return rows, nil, fmt.Errorf("delayd %s: %w", target, err)
 		}
 		rows = append(rows, r)
 	}
-	nrows, notes, err := b.burstNative(ctx)
+	nrows, notes, err := b.burstNative(ctx, scenario, n)
 	if err != nil {
 		return rows, notes, fmt.Errorf("native: %w", err)
 	}
-	return append(rows, nrows...), notes, nil
+	rows = append(rows, nrows...)
+	nativeRatios(rows)
+	return rows, notes, nil
+}
+
+// nativeRatios sets NativeRatio on each delayd row of rows: its last
+// arrival after due (lateness max) over that of the native row with the
+// stream target (native has no core row: its schedules never reach core
+// subscribers). Rows without lateness, or a native max of 0, get none.
+func nativeRatios(rows []result) {
+	i := slices.IndexFunc(rows, func(r result) bool { return r.System == "native" && r.Target == "stream" })
+	if i < 0 || rows[i].Lateness == nil || rows[i].Lateness.Max <= 0 {
+		return
+	}
+	native := rows[i].Lateness.Max
+	for j := range rows {
+		if r := &rows[j]; r.System == "delayd" && r.Lateness != nil {
+			v := r.Lateness.Max / native
+			r.NativeRatio = &v
+		}
+	}
+}
+
+// burstWait is how long a burst of n waits for each of its phases
+// (routing, delivery, reading back): 2 min, and 1 s more per 5,000
+// messages (a million: 5 min 20 s).
+func burstWait(n int) time.Duration {
+	return 2*time.Minute + time.Duration(n/5000)*time.Second
 }
 
 // burstDelayd routes N messages into DELAYD_1S with the router alone, waits
 // until the last is due, then starts the service at T (-tcp: starts the
 // delayd process before, while holding the level's lease, and releases
 // the lease at T).
-func (b *bench) burstDelayd(ctx context.Context, target string) (result, error) {
+func (b *bench) burstDelayd(ctx context.Context, scenario, target string, n int) (result, error) {
 	const table = "1s"
-	n := b.cfg.BurstN
-	label := "burst delayd " + target
-	row := result{Scenario: "burst", System: "delayd", Target: target, N: n}
+	label := scenario + " delayd " + target
+	row := result{Scenario: scenario, System: "delayd", Target: target, N: n}
 	e, err := b.newEnv()
 	if err != nil {
 		return row, err
@@ -87,7 +118,7 @@ func (b *bench) burstDelayd(ctx context.Context, target string) (result, error) 
 		return row, err
 	}
 	row.Note = refusedNote(n, pub.acked)
-	ok := b.waitCount(ctx, label+": routed", pub.acked, 2*time.Minute, func() int { return int(router.Stats().Routed) })
+	ok := b.waitCount(ctx, label+": routed", pub.acked, burstWait(n), func() int { return int(router.Stats().Routed) })
 	rcancel()
 	if err := <-rdone; err != nil {
 		return row, fmt.Errorf("router: %w", err)
@@ -143,10 +174,10 @@ func (b *bench) burstDelayd(ctx context.Context, target string) (result, error) 
 	}
 	var arrs []arrival
 	if core != nil {
-		b.waitCount(ctx, label+": delivered", n, 2*time.Minute, core.count)
+		b.waitCount(ctx, label+": delivered", n, burstWait(n), core.count)
 		arrs = core.arrivals()
 	} else {
-		_, _, err := e.waitStreamMsgs(ctx, "BURST", uint64(n), 2*time.Minute)
+		_, _, err := e.waitStreamMsgs(ctx, "BURST", uint64(n), burstWait(n))
 		if err != nil && !errors.Is(err, errTimeout) {
 			return row, err
 		}
@@ -154,7 +185,7 @@ func (b *bench) burstDelayd(ctx context.Context, target string) (result, error) 
 		if err != nil {
 			return row, err
 		}
-		b.waitCount(ctx, label+": read back", n, time.Minute, r.count)
+		b.waitCount(ctx, label+": read back", n, burstWait(n), r.count)
 		arrs = r.stop()
 	}
 	if err := svc.stop(); err != nil {
@@ -240,11 +271,10 @@ func (b *bench) scheduleMsg(i int, at time.Time) *nats.Msg {
 	}
 }
 
-// burstNative publishes N one-shot schedules "@at T" and measures the
+// burstNative publishes n one-shot schedules "@at T" and measures the
 // produced messages' store times against T.
-func (b *bench) burstNative(ctx context.Context) ([]result, []string, error) {
-	n := b.cfg.BurstN
-	label := "burst native"
+func (b *bench) burstNative(ctx context.Context, scenario string, n int) ([]result, []string, error) {
+	label := scenario + " native"
 	e, err := b.newNativeEnv(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -254,14 +284,17 @@ func (b *bench) burstNative(ctx context.Context) ([]result, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	// T must lie beyond the last publish: about 30 µs a schedule here, plus 2 s.
-	lead := 2*time.Second + time.Duration(n)*30*time.Microsecond
+	// T must lie beyond the last publish, or the schedules stored after T
+	// are late by their publishing alone (the row's note says so): 2 s,
+	// and 60 µs a schedule (about 30 µs each on a quiet machine; a million
+	// took 59 s beside other work, past a lead of 32 s).
+	lead := 2*time.Second + time.Duration(n)*60*time.Microsecond
 	t0 := time.Now().Add(lead)
 	pub, err := b.publishAll(ctx, e, label, n, func(i int) *nats.Msg { return b.scheduleMsg(i, t0) })
 	if err != nil {
 		return nil, nil, err
 	}
-	row := result{Scenario: "burst", System: "native", Target: "stream", N: n, Note: refusedNote(n, pub.acked)}
+	row := result{Scenario: scenario, System: "native", Target: "stream", N: n, Note: refusedNote(n, pub.acked)}
 	if over := time.Since(t0); over > 0 {
 		row.Note = notes(row.Note, fmt.Sprintf("publishing ended %s after T: later schedules were stored past due", over.Round(time.Millisecond)))
 	}
@@ -269,7 +302,7 @@ func (b *bench) burstNative(ctx context.Context) ([]result, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	b.waitCount(ctx, label+": produced", n, time.Until(t0)+2*time.Minute, r.count)
+	b.waitCount(ctx, label+": produced", n, time.Until(t0)+burstWait(n), r.count)
 	arrs := r.stop()
 	t := count(arrs, n, func(arrival) time.Time { return t0 })
 	row.Lost, row.Early, row.Lateness = t.lost, t.early, t.lateness
@@ -282,14 +315,14 @@ func (b *bench) burstNative(ctx context.Context) ([]result, []string, error) {
 
 	var notesOut []string
 	if got := core.count(); got == 0 {
-		notesOut = append(notesOut, fmt.Sprintf("burst/native: a core subscriber on nsched.out.> received 0 of %d produced messages (the server stores them without publishing to core subscribers), so native has no core row", t.distinct))
+		notesOut = append(notesOut, fmt.Sprintf("%s/native: a core subscriber on nsched.out.> received 0 of %d produced messages (the server stores them without publishing to core subscribers), so native has no core row", scenario, t.distinct))
 	} else {
 		carrs := core.arrivals()
 		for i := range carrs {
 			carrs[i].due = t0
 		}
 		ct := count(carrs, n, func(arrival) time.Time { return t0 })
-		crow := result{Scenario: "burst", System: "native", Target: "core", N: n, Lost: ct.lost, Early: ct.early, Lateness: ct.lateness, Note: dupNote(ct.dups)}
+		crow := result{Scenario: scenario, System: "native", Target: "core", N: n, Lost: ct.lost, Early: ct.early, Lateness: ct.lateness, Note: dupNote(ct.dups)}
 		if ct.distinct > 0 {
 			crow.MsgsPerS = float64(ct.distinct) / ct.last.Sub(t0).Seconds()
 		}

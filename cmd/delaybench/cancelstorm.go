@@ -29,7 +29,7 @@ type cancelCounts struct {
 	Both int `json:"cancelled_and_delivered"`
 }
 
-// cancelStorm runs the steady workload (-steady-rate msg/s for
+// cancelStorm runs the steady workload (the first of -steady-rates msg/s for
 // -steady-duration, each due 1 s after it is published, table "1s", every
 // message with a Nats-Msg-Id) twice, each on a fresh server: without
 // cancels, then with -cancel-rate cancel requests per second at the same
@@ -74,8 +74,8 @@ func (b *bench) cancelStormRun(ctx context.Context, rate int) (result, error) {
 	if err != nil {
 		return row, err
 	}
-	total := int(float64(b.cfg.SteadyRate) * b.cfg.SteadyDuration.Seconds())
-	core, err := e.subscribe("storm.core", total)
+	rate0 := b.cfg.SteadyRates[0]
+	core, err := e.subscribe("storm.core", b.steadyTotal(rate0))
 	if err != nil {
 		return row, err
 	}
@@ -84,12 +84,12 @@ func (b *bench) cancelStormRun(ctx context.Context, rate int) (result, error) {
 	stormDone := make(chan error, 1)
 	stopStorm := make(chan struct{})
 	if rate > 0 {
-		if storm, err = newStormer(e, rate, b.cfg.SteadyRate); err != nil {
+		if storm, err = newStormer(e, rate, rate0); err != nil {
 			return row, err
 		}
 		go func() { stormDone <- storm.run(ctx, func() int { return int(published.Load()) }, stopStorm) }()
 	}
-	p, err := b.publishPaced(ctx, e, row.Scenario+" delayd", func(i int) *nats.Msg {
+	p, err := b.publishPaced(ctx, e, row.Scenario+" delayd", rate0, func(i int) *nats.Msg {
 		m := b.delaydMsg(i, "storm.core", 1)
 		m.Header.Set("Nats-Msg-Id", stormID(i))
 		published.Store(int64(i + 1))

@@ -4,7 +4,7 @@
 // 2.12+, a stream with AllowMsgSchedules and one "Nats-Schedule: @at …"
 // message per delayed message).
 //
-//	go run ./cmd/delaybench                       # every scenario, default sizes (≤ ~5 min on 2 cores)
+//	go run ./cmd/delaybench                       # the default scenarios, default sizes (≤ ~5 min on 2 cores before the 30k/s steady rows, which add about a minute)
 //	go run ./cmd/delaybench -scenarios burst,steady -burst-n 200000
 //	go run ./cmd/delaybench -json                 # one JSON object per row
 //	go run ./cmd/delaybench -scenarios cluster    # the cluster scenario (not in the default set; ~3 min on 2 cores)
@@ -46,15 +46,16 @@
 //     work queue read by a durable pull consumer; each message is published
 //     async to another stream and acked once its PubAck is in (the router's
 //     store operations without classification); msgs_per_s = N / (SRC empty
-//     and the other stream holding N − start). ref-timer (core): at
-//     -steady-rate for -steady-duration, a relay receives each message on a
+//     and the other stream holding N − start). ref-timer (core; a row per
+//     steady rate, its rate in the row): at each of -steady-rates for
+//     -steady-duration, a relay receives each message on a
 //     core subscription, holds it in a Go timer until its due time (publish
 //     time + 1 s) and publishes it to core; lateness = arrival − due, as in
 //     steady. delayd's rows then carry their reference: burst core's
 //     ref_ratio = msgs_per_s / ref-drain's, burst stream's / ref-stream's,
 //     ingest's / ref-move's, and steady's over_ref_ms = its lateness −
-//     ref-timer's (p50, p99, max); ingest and burst rows carry raw_ratio =
-//     msgs_per_s / raw-publish's.
+//     ref-timer's at the same rate (p50, p99, max); ingest and burst rows
+//     carry raw_ratio = msgs_per_s / raw-publish's.
 //   - ingest (delayd): N messages are published to delay.bench.x with
 //     Delay-Level 3 of the table "1s 5s 1h" while delayd is stopped; then a
 //     delayd service starts and msgs_per_s = N / time from its start until
@@ -71,13 +72,23 @@
 //     arrivals are store timestamps read back with an ordered consumer.
 //     Native schedules produce their messages inside the stream only: a core
 //     subscriber sees none (the run checks and says so), so native has no
-//     core row.
-//   - steady (delayd and native): -steady-rate msg/s for -steady-duration,
+//     core row. Each delayd row's native_ratio is its lateness max (its
+//     last arrival after due) over the native stream row's.
+//   - burst-1m (only when named in -scenarios; minutes): the burst's three
+//     rows with -burst-1m-n messages (default 1,000,000), named burst-1m:
+//     issue 13's "last delivered after due ≤ 0.15× native" is their
+//     native_ratio. A scenario of its own, so that burst's rows and the
+//     references stay at -burst-n.
+//   - steady (delayd and native): each of -steady-rates msg/s (default
+//     10,000 and 30,000; -steady-rate N for one) for -steady-duration,
 //     each due 1 s after it is published (delayd: table "1s", level 1, to a
-//     core subscriber; native: "@at publish time + 1 s" to the stream).
-//     msgs_per_s is the publish rate achieved; lateness = arrival − due.
+//     core subscriber; native: "@at publish time + 1 s" to the stream, at
+//     the first rate only: no target compares with it). A row per rate,
+//     the rate in its rate field. msgs_per_s is the publish rate achieved;
+//     lateness = arrival − due.
 //   - cancel-storm, cancel-storm-off (delayd, core): the steady workload
-//     (table "1s", every message with a Nats-Msg-Id) run twice on fresh
+//     at the first steady rate (table "1s", every message with a
+//     Nats-Msg-Id) run twice on fresh
 //     servers, without cancels (cancel-storm-off) and with -cancel-rate
 //     cancel requests per second at that level (cancel-storm): a quarter
 //     unknown ids, a quarter messages delivered already, half messages
@@ -139,6 +150,11 @@
 // before due: arrival or store time before the due time). Times are wall
 // clock where they are compared with server timestamps, and monotonic
 // time.Now() deltas otherwise. Percentiles are over every message.
+//
+// -targets ends the run with issue 13's targets, each read from this run's
+// rows (see evaluate): its figure, ratio, and met, not met, or not run
+// (its rows not in the run); a Markdown table, or with -json one object
+// per target ({"issue_target": …, "status": …}).
 package main
 
 import (
@@ -159,13 +175,17 @@ import (
 
 // Default sizes: the whole default run stays within about 5 minutes on 2 cores.
 const (
-	NDefault              = 100_000
-	PayloadDefault        = 128
-	SteadyRateDefault     = 10_000
+	NDefault       = 100_000
+	PayloadDefault = 128
+	// SteadyRatesDefault are the steady scenario's rates, msg/s: issue
+	// 13's two, each with its own timer floor (ref-timer) in the run.
+	SteadyRatesDefault    = "10000,30000"
 	SteadyDurationDefault = 30 * time.Second
 	// CancelRateDefault is the cancel storm's cancel requests per second.
 	CancelRateDefault = 2_000
 	BurstNDefault     = 100_000
+	// BurstOneMNDefault is the burst-1m scenario's message count.
+	BurstOneMNDefault = 1_000_000
 	PendingNDefault   = 100_000
 	// SettleDefault is how long the pending scenario waits before a heap
 	// reading: past the file store's 10 s block cache expiry.
@@ -192,10 +212,10 @@ const (
 
 // scenarioNames are the scenarios, in the order they run: the references
 // (raw, ref) first, so that later rows can be given as ratios to them.
-var scenarioNames = []string{"raw", "ref", "ingest", "burst", "steady", "cancel-storm", "pending", "cross-level", "sustained", "cluster"}
+var scenarioNames = []string{"raw", "ref", "ingest", "burst", "burst-1m", "steady", "cancel-storm", "pending", "cross-level", "sustained", "cluster"}
 
 // optInScenarios run only when named in -scenarios.
-var optInScenarios = []string{"sustained", "cluster"}
+var optInScenarios = []string{"burst-1m", "sustained", "cluster"}
 
 // defaultScenarios run when -scenarios is not given: all but the opt-in ones.
 var defaultScenarios = slices.DeleteFunc(slices.Clone(scenarioNames), func(s string) bool { return slices.Contains(optInScenarios, s) })
@@ -204,10 +224,11 @@ var defaultScenarios = slices.DeleteFunc(slices.Clone(scenarioNames), func(s str
 type config struct {
 	N              int           // raw and ingest message count
 	Payload        int           // payload bytes, at least 12
-	SteadyRate     int           // steady: msg/s offered
+	SteadyRates    []int         // steady and ref-timer: msg/s offered, one row each; cancel-storm: the first
 	SteadyDuration time.Duration // steady: publishing time
 	CancelRate     int           // cancel-storm: cancel requests per second
 	BurstN         int           // burst message count
+	BurstOneMN     int           // burst-1m message count
 	PendingN       int           // pending message count
 	ClusterBurstN  int           // cluster-burst message count
 	ClusterRate    int           // cluster-steady and cluster-failover: msg/s offered
@@ -219,13 +240,20 @@ type config struct {
 	Scenarios      []string      // subset of scenarioNames; empty = defaultScenarios
 	TCP            bool          // nats-server and delayd as processes, every connection over TCP
 	JSON           bool          // one JSON object per row instead of a table
+	Targets        bool          // issue 13's targets, evaluated from this run's rows, at the end
 	Settle         time.Duration // pending: wait before heap readings
 	CommandLine    string        // printed in the header
 }
 
 func (c *config) validate() error {
-	if c.N < 1 || c.BurstN < 1 || c.PendingN < 1 || c.SteadyRate < 1 || c.SteadyDuration <= 0 || c.CancelRate < 1 {
-		return errors.New("-n, -burst-n, -pending-n, -steady-rate, -steady-duration and -cancel-rate must be positive")
+	if c.N < 1 || c.BurstN < 1 || c.PendingN < 1 || c.SteadyDuration <= 0 || c.CancelRate < 1 {
+		return errors.New("-n, -burst-n, -pending-n, -steady-duration and -cancel-rate must be positive")
+	}
+	if len(c.SteadyRates) == 0 || slices.Min(c.SteadyRates) < 1 {
+		return errors.New("-steady-rates (or -steady-rate) must list positive rates")
+	}
+	if c.wants("burst-1m") && c.BurstOneMN < 1 {
+		return errors.New("-burst-1m-n must be positive")
 	}
 	if c.wants("cluster") && (c.ClusterBurstN < 1 || c.ClusterRate < 1 || c.ClusterDur <= 0 || c.ClusterKills < 1) {
 		return errors.New("-cluster-burst-n, -cluster-rate, -cluster-duration and -cluster-kills must be positive")
@@ -262,10 +290,12 @@ func main() {
 	fs := flag.NewFlagSet("delaybench", flag.ContinueOnError)
 	fs.IntVar(&cfg.N, "n", NDefault, "messages for the raw and ingest scenarios")
 	fs.IntVar(&cfg.Payload, "payload", PayloadDefault, "payload bytes")
-	fs.IntVar(&cfg.SteadyRate, "steady-rate", SteadyRateDefault, "steady: messages per second offered")
+	steadyRates := fs.String("steady-rates", SteadyRatesDefault, "steady and ref-timer: comma-separated rates in msg/s, a row of each per rate (native schedules: the first rate only)")
+	steadyRate := fs.Int("steady-rate", 0, "steady and ref-timer: one rate in msg/s, in place of -steady-rates")
 	fs.DurationVar(&cfg.SteadyDuration, "steady-duration", SteadyDurationDefault, "steady: how long to publish")
-	fs.IntVar(&cfg.CancelRate, "cancel-rate", CancelRateDefault, "cancel-storm: cancel requests per second (the level takes -steady-rate msg/s for -steady-duration)")
+	fs.IntVar(&cfg.CancelRate, "cancel-rate", CancelRateDefault, "cancel-storm: cancel requests per second (the level takes the first steady rate for -steady-duration)")
 	fs.IntVar(&cfg.BurstN, "burst-n", BurstNDefault, "burst: messages all due at the same instant")
+	fs.IntVar(&cfg.BurstOneMN, "burst-1m-n", BurstOneMNDefault, "burst-1m: messages all due at the same instant")
 	fs.IntVar(&cfg.PendingN, "pending-n", PendingNDefault, "pending: messages waiting 2h")
 	fs.IntVar(&cfg.ClusterBurstN, "cluster-burst-n", ClusterBurstNDefault, "cluster: burst messages all due at the same instant")
 	fs.IntVar(&cfg.ClusterRate, "cluster-rate", ClusterRateDefault, "cluster: steady and failover load, messages per second")
@@ -274,9 +304,10 @@ func main() {
 	fs.IntVar(&cfg.TrickleRate, "trickle-rate", TrickleRateDefault, "cross-level: messages per second to level 1 while level 2 takes the burst (-burst-n)")
 	sustainedRates := fs.String("sustained-rates", SustainedRatesDefault, "sustained: comma-separated rates in msg/s, offered in turn until one is not bounded")
 	fs.DurationVar(&cfg.SustainedStep, "sustained-step", SustainedStepDefault, "sustained: how long each rate is offered")
-	scen := fs.String("scenarios", strings.Join(defaultScenarios, ","), "comma-separated subset of "+strings.Join(scenarioNames, ",")+" (sustained and cluster only when named)")
+	scen := fs.String("scenarios", strings.Join(defaultScenarios, ","), "comma-separated subset of "+strings.Join(scenarioNames, ",")+" (burst-1m, sustained and cluster only when named)")
 	fs.BoolVar(&cfg.TCP, "tcp", false, "run nats-server and delayd as processes (built with go build), every connection over TCP on loopback")
 	fs.BoolVar(&cfg.JSON, "json", false, "one JSON object per row instead of a table")
+	fs.BoolVar(&cfg.Targets, "targets", false, "at the end, issue 13's targets evaluated from this run's rows: figure, ratio, met, not met or not run (-json: one object per target)")
 	fs.DurationVar(&cfg.Settle, "settle", SettleDefault, "pending: wait before each heap reading (the file store's block cache expires after 10s)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	memProfile := fs.String("memprofile", "", "write an allocation profile at the end to this file (go tool pprof -sample_index=alloc_space)")
@@ -303,16 +334,24 @@ func main() {
 			}
 		}()
 	}
-	for s := range strings.SplitSeq(*sustainedRates, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		r, err := strconv.Atoi(s)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "delaybench: -sustained-rates: %q is not a rate in msg/s\n", s)
+	var err error
+	if cfg.SustainedRates, err = parseRates("-sustained-rates", *sustainedRates); err != nil {
+		fmt.Fprintln(os.Stderr, "delaybench:", err)
+		os.Exit(2)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	switch {
+	case set["steady-rate"] && set["steady-rates"]:
+		fmt.Fprintln(os.Stderr, "delaybench: give -steady-rate or -steady-rates, not both")
+		os.Exit(2)
+	case set["steady-rate"]:
+		cfg.SteadyRates = []int{*steadyRate}
+	default:
+		if cfg.SteadyRates, err = parseRates("-steady-rates", *steadyRates); err != nil {
+			fmt.Fprintln(os.Stderr, "delaybench:", err)
 			os.Exit(2)
 		}
-		cfg.SustainedRates = append(cfg.SustainedRates, r)
 	}
 	for s := range strings.SplitSeq(*scen, ",") {
 		if s = strings.TrimSpace(s); s != "" {
@@ -327,6 +366,24 @@ func main() {
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
+}
+
+// parseRates reads a comma-separated list of rates in msg/s given to the
+// flag name; it checks only that each is an integer (validate checks the
+// rest).
+func parseRates(name, list string) ([]int, error) {
+	var rates []int
+	for s := range strings.SplitSeq(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		r, err := strconv.Atoi(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q is not a rate in msg/s", name, s)
+		}
+		rates = append(rates, r)
+	}
+	return rates, nil
 }
 
 // commandLine is the command as typed: under go run, os.Args[0] is a
@@ -387,7 +444,9 @@ func (b *bench) scenario(ctx context.Context, name string) ([]result, []string, 
 	case "ingest":
 		return b.ingest(ctx)
 	case "burst":
-		return b.burst(ctx)
+		return b.burst(ctx, "burst", b.cfg.BurstN)
+	case "burst-1m":
+		return b.burst(ctx, "burst-1m", b.cfg.BurstOneMN)
 	case "steady":
 		return b.steady(ctx)
 	case "cancel-storm":

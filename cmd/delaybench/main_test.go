@@ -16,15 +16,20 @@ import (
 	"time"
 )
 
-// TestSmoke runs every scenario with tiny sizes and checks correctness only:
-// every row has lost == 0 and early == 0. It never asserts a speed.
+// TestSmoke runs every default scenario and burst-1m with tiny sizes, two
+// steady rates and -targets, and checks correctness only: every row has
+// lost == 0 and early == 0, each steady rate has its delayd row and its
+// timer floor, compared with each other, the delayd burst rows carry
+// native_ratio, and every one of issue 13's targets is reported once. It
+// never asserts a speed.
 func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs every scenario on embedded servers; skipped when testing.Short()")
 	}
 	cfg := config{
-		N: 1000, Payload: PayloadDefault, BurstN: 1000, PendingN: 1000,
-		SteadyRate: 500, SteadyDuration: 2 * time.Second, CancelRate: 100, TrickleRate: 100,
+		N: 1000, Payload: PayloadDefault, BurstN: 1000, BurstOneMN: 1500, PendingN: 1000,
+		SteadyRates: []int{500, 700}, SteadyDuration: 2 * time.Second, CancelRate: 100, TrickleRate: 100,
+		Scenarios: append(slices.Clone(defaultScenarios), "burst-1m"), Targets: true,
 		JSON: true, CommandLine: "delaybench (smoke test)",
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -35,9 +40,10 @@ func TestSmoke(t *testing.T) {
 	}
 	wantRef := map[string]string{
 		"burst/delayd/core": "ref-drain", "burst/delayd/stream": "ref-stream", "ingest/delayd/stream": "ref-move",
-		"steady/delayd/core": "ref-timer", "cross-level-burst/delayd/core": "cross-level-quiet",
+		"steady/delayd/core@500": "ref-timer", "steady/delayd/core@700": "ref-timer", "cross-level-burst/delayd/core": "cross-level-quiet",
 	}
 	seen := map[string]bool{}
+	goals := checkTargets(t, stdout.Bytes(), map[string]string{"burst-1m-core": "", "burst-1m-stream": "", "steady-10k": StatusNotRun, "steady-30k": StatusNotRun, "lost-early": StatusMet})
 	sc := bufio.NewScanner(&stdout)
 	for sc.Scan() {
 		var r result
@@ -45,10 +51,16 @@ func TestSmoke(t *testing.T) {
 			t.Fatalf("bad JSON line %q: %v", sc.Text(), err)
 		}
 		if r.Scenario == "" {
-			continue // a note
+			continue // a note or a target
 		}
 		key := r.Scenario + "/" + r.System + "/" + r.Target
+		if r.Rate > 0 {
+			key += "@" + strconv.Itoa(r.Rate)
+		}
 		seen[key] = true
+		if (r.Scenario == "burst" || r.Scenario == "burst-1m") && r.System == "delayd" && (r.NativeRatio == nil || *r.NativeRatio <= 0) {
+			t.Errorf("%s: native_ratio %v, want one (native ran in the same run)", key, deref(r.NativeRatio))
+		}
 		// Every reference runs before the rows compared with it.
 		if ref, ok := wantRef[key]; ok {
 			lat := ref == "ref-timer" || ref == "cross-level-quiet"
@@ -65,10 +77,11 @@ func TestSmoke(t *testing.T) {
 	}
 	for _, want := range []string{
 		"raw-publish/raw/stream", "raw-read/raw/stream",
-		"ref-drain/raw/core", "ref-stream/raw/stream", "ref-move/raw/stream", "ref-timer/raw/core",
+		"ref-drain/raw/core", "ref-stream/raw/stream", "ref-move/raw/stream", "ref-timer/raw/core@500", "ref-timer/raw/core@700",
 		"ingest/delayd/stream",
 		"burst/delayd/core", "burst/delayd/stream", "burst/native/stream",
-		"steady/delayd/core", "steady/native/stream",
+		"burst-1m/delayd/core", "burst-1m/delayd/stream", "burst-1m/native/stream",
+		"steady/delayd/core@500", "steady/delayd/core@700", "steady/native/stream@500",
 		"cancel-storm-off/delayd/core", "cancel-storm/delayd/core",
 		"pending/delayd/core", "pending-own/delayd/", "pending/native/stream",
 		"cross-level-quiet/delayd/core", "cross-level-burst/delayd/core", "cross-level-bulk/delayd/stream",
@@ -77,6 +90,45 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("no row %s; got %v", want, seen)
 		}
 	}
+	if seen["steady/native/stream@700"] {
+		t.Errorf("a native steady row at 700/s: native runs at the first rate only")
+	}
+	if g := goals["burst-1m-core"]; g.Ratio == nil || !strings.Contains(g.Figure, "1500 messages") {
+		t.Errorf("burst-1m-core target: ratio %v figure %q, want burst-1m's ratio at its 1500 messages", deref(g.Ratio), g.Figure)
+	}
+}
+
+// checkTargets reads the target objects of a -json -targets run's output:
+// each of issue 13's targets once, with a status, and the status want
+// gives ("": run, met or not). It returns them by ID.
+func checkTargets(t *testing.T, out []byte, want map[string]string) map[string]goal {
+	t.Helper()
+	goals := map[string]goal{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var g goal
+		if err := json.Unmarshal(sc.Bytes(), &g); err != nil || g.ID == "" {
+			continue
+		}
+		if _, dup := goals[g.ID]; dup {
+			t.Errorf("target %s twice", g.ID)
+		}
+		goals[g.ID] = g
+	}
+	for _, id := range []string{"burst-core", "burst-stream", "ingest", "burst-1m-core", "burst-1m-stream", "steady-10k", "steady-30k", "sustained", "cross-level", "lost-early"} {
+		g, ok := goals[id]
+		switch w, set := want[id]; {
+		case !ok:
+			t.Errorf("no target %s in the output", id)
+		case set && w != "" && g.Status != w:
+			t.Errorf("target %s: %s (%s), want %s", id, g.Status, g.Figure, w)
+		case set && w == "" && g.Status != StatusMet && g.Status != StatusNotMet:
+			t.Errorf("target %s: %s (%s), want it run", id, g.Status, g.Figure)
+		case g.Status != StatusMet && g.Status != StatusNotMet && g.Status != StatusNotRun:
+			t.Errorf("target %s: status %q", id, g.Status)
+		}
+	}
+	return goals
 }
 
 // TestCluster runs the cluster scenario tiny (two kills, two graceful
@@ -92,7 +144,7 @@ func TestCluster(t *testing.T) {
 	cfg := config{
 		Payload: PayloadDefault, ClusterBurstN: 500, ClusterRate: 200, ClusterDur: 2 * time.Second, ClusterKills: kills,
 		Scenarios: []string{"cluster"}, JSON: true, CommandLine: "delaybench (cluster test)",
-		N: 1, BurstN: 1, PendingN: 1, SteadyRate: 1, SteadyDuration: time.Second, CancelRate: 1,
+		N: 1, BurstN: 1, PendingN: 1, SteadyRates: []int{1}, SteadyDuration: time.Second, CancelRate: 1,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -162,7 +214,7 @@ func TestSustained(t *testing.T) {
 	cfg := config{
 		N: 1000, Payload: PayloadDefault, SustainedRates: []int{200, 400}, SustainedStep: time.Second,
 		Scenarios: []string{"sustained"}, JSON: true, CommandLine: "delaybench (sustained test)",
-		BurstN: 1, PendingN: 1, SteadyRate: 1, SteadyDuration: time.Second, CancelRate: 1,
+		BurstN: 1, PendingN: 1, SteadyRates: []int{1}, SteadyDuration: time.Second, CancelRate: 1,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -202,19 +254,20 @@ func TestSustained(t *testing.T) {
 }
 
 // TestSmokeTCP runs every -tcp scenario but sustained (TestSustained's)
-// tiny, with nats-server and delayd as processes over TCP, and checks
-// correctness only: every row has lost == 0 and early == 0 and says it ran
-// over TCP, and every process the run started has exited by its end. It
-// never asserts a speed.
+// tiny, burst-1m and two steady rates included, with -targets, with
+// nats-server and delayd as processes over TCP, and checks correctness
+// only: every row has lost == 0 and early == 0 and says it ran over TCP,
+// the targets are reported (over TCP), and every process the run started
+// has exited by its end. It never asserts a speed.
 func TestSmokeTCP(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds nats-server and delayd and runs them as processes; skipped when testing.Short()")
 	}
 	cfg := config{
-		N: 1000, Payload: PayloadDefault, BurstN: 1000, PendingN: 1,
-		SteadyRate: 500, SteadyDuration: 2 * time.Second, CancelRate: 100, TrickleRate: 100,
+		N: 1000, Payload: PayloadDefault, BurstN: 1000, BurstOneMN: 1500, PendingN: 1,
+		SteadyRates: []int{500, 700}, SteadyDuration: 2 * time.Second, CancelRate: 100, TrickleRate: 100,
 		Scenarios: slices.DeleteFunc(slices.Clone(tcpScenarios), func(s string) bool { return s == "sustained" }),
-		TCP:       true, JSON: true, CommandLine: "delaybench (tcp smoke test)",
+		TCP:       true, JSON: true, Targets: true, CommandLine: "delaybench (tcp smoke test)",
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -227,6 +280,12 @@ func TestSmokeTCP(t *testing.T) {
 		t.Errorf("%d child processes after the run, %d before: a nats-server or delayd process left running", after, before)
 	}
 	seen := map[string]bool{}
+	goals := checkTargets(t, stdout.Bytes(), map[string]string{"burst-1m-core": "", "burst-1m-stream": "", "lost-early": StatusMet})
+	for id, g := range goals {
+		if g.Transport != "tcp" {
+			t.Errorf("target %s: transport %q, want tcp", id, g.Transport)
+		}
+	}
 	sc := bufio.NewScanner(&stdout)
 	for sc.Scan() {
 		var r result
@@ -237,6 +296,9 @@ func TestSmokeTCP(t *testing.T) {
 			continue
 		}
 		key := r.Scenario + "/" + r.System + "/" + r.Target
+		if r.Rate > 0 {
+			key += "@" + strconv.Itoa(r.Rate)
+		}
 		seen[key] = true
 		if r.Transport != "tcp" {
 			t.Errorf("%s: transport %q, want tcp", key, r.Transport)
@@ -246,8 +308,9 @@ func TestSmokeTCP(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"raw-publish/raw/stream", "ref-drain/raw/core", "ref-stream/raw/stream", "ref-move/raw/stream", "ref-timer/raw/core",
-		"ingest/delayd/stream", "burst/delayd/core", "burst/delayd/stream", "steady/delayd/core",
+		"raw-publish/raw/stream", "ref-drain/raw/core", "ref-stream/raw/stream", "ref-move/raw/stream", "ref-timer/raw/core@500", "ref-timer/raw/core@700",
+		"ingest/delayd/stream", "burst/delayd/core", "burst/delayd/stream", "burst-1m/delayd/core", "burst-1m/delayd/stream", "burst-1m/native/stream",
+		"steady/delayd/core@500", "steady/delayd/core@700",
 		"cancel-storm/delayd/core", "cross-level-burst/delayd/core",
 	} {
 		if !seen[want] {

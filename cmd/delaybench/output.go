@@ -7,6 +7,7 @@ import (
 	"io"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,9 +17,12 @@ import (
 
 // result is one row.
 type result struct {
-	Scenario string    `json:"scenario"`
-	System   string    `json:"system"` // "delayd", "native" or "raw"
-	Target   string    `json:"target,omitempty"`
+	Scenario string `json:"scenario"`
+	System   string `json:"system"` // "delayd", "native" or "raw"
+	Target   string `json:"target,omitempty"`
+	// Rate is the rate offered, msg/s (steady and ref-timer rows, one per
+	// -steady-rates; shown in the table as "steady 30k/s").
+	Rate     int       `json:"rate,omitempty"`
 	N        int       `json:"n"`
 	MsgsPerS float64   `json:"msgs_per_s,omitempty"`
 	Lateness *lateness `json:"lateness_ms,omitempty"`
@@ -64,6 +68,10 @@ type result struct {
 	// RawRatio is msgs_per_s over raw-publish's in this run (ingest,
 	// burst and sustained-max rows, when raw ran).
 	RawRatio *float64 `json:"raw_ratio,omitempty"`
+	// NativeRatio is the row's last arrival after due (lateness max) over
+	// the native stream row's of the same scenario and run (delayd burst
+	// and burst-1m rows).
+	NativeRatio *float64 `json:"native_ratio,omitempty"`
 	// DeliveredPerS is the rate of deliveries, distinct messages over the
 	// time from the first arrival to the last (sustained rows only).
 	DeliveredPerS float64 `json:"delivered_per_s,omitempty"`
@@ -91,11 +99,22 @@ var refOf = map[string]struct {
 // rawRatioOf are the scenarios whose rows get raw_ratio.
 var rawRatioOf = []string{"ingest", "burst", "sustained-max"}
 
+// refKey is the key under which r is remembered as a reference, and
+// looked up as one: its scenario, and its rate if it has one (ref-timer
+// at 30,000 msg/s is "ref-timer@30000", the reference of steady at the
+// same rate).
+func refKey(scenario string, rate int) string {
+	if rate > 0 {
+		return scenario + "@" + strconv.Itoa(rate)
+	}
+	return scenario
+}
+
 // relate fills r's comparisons with the reference rows seen so far, and
 // remembers r as a reference for later rows.
 func (o *output) relate(r *result) {
-	if _, ok := o.refs[r.Scenario]; !ok {
-		o.refs[r.Scenario] = *r
+	if _, ok := o.refs[refKey(r.Scenario, r.Rate)]; !ok {
+		o.refs[refKey(r.Scenario, r.Rate)] = *r
 	}
 	if raw, ok := o.refs["raw-publish"]; ok && raw.MsgsPerS > 0 && r.MsgsPerS > 0 && slices.Contains(rawRatioOf, r.Scenario) {
 		v := r.MsgsPerS / raw.MsgsPerS
@@ -105,7 +124,7 @@ func (o *output) relate(r *result) {
 	if !ok {
 		return
 	}
-	ref, ok := o.refs[how.ref]
+	ref, ok := o.refs[refKey(how.ref, r.Rate)]
 	if !ok {
 		return
 	}
@@ -198,7 +217,8 @@ type output struct {
 	tw      *tabwriter.Writer
 	cluster []result
 	notes   []string
-	refs    map[string]result // the first row of each scenario, by scenario
+	refs    map[string]result // the first row of each scenario, by refKey
+	rows    []result          // every row written, as written (for -targets)
 }
 
 func newOutput(cfg config, w io.Writer) *output {
@@ -216,14 +236,22 @@ func (o *output) header() {
 	fmt.Fprintf(o.w, "delaybench  %s  %s/%s  NumCPU=%d  %s  nats-server %s (%s)\n",
 		time.Now().Format(time.RFC3339), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), server.VERSION, how)
 	fmt.Fprintf(o.w, "command: %s\n", o.cfg.CommandLine)
-	fmt.Fprintf(o.w, "payload %d B; n=%d burst-n=%d steady %d msg/s for %s; cancel-rate %d/s; pending-n=%d; lateness in ms over every message\n\n",
-		o.cfg.Payload, o.cfg.N, o.cfg.BurstN, o.cfg.SteadyRate, o.cfg.SteadyDuration, o.cfg.CancelRate, o.cfg.PendingN)
+	rates := make([]string, len(o.cfg.SteadyRates))
+	for i, r := range o.cfg.SteadyRates {
+		rates[i] = strconv.Itoa(r)
+	}
+	burst1M := ""
+	if o.cfg.wants("burst-1m") {
+		burst1M = fmt.Sprintf(" burst-1m-n=%d", o.cfg.BurstOneMN)
+	}
+	fmt.Fprintf(o.w, "payload %d B; n=%d burst-n=%d%s; steady %s msg/s for %s; cancel-rate %d/s; pending-n=%d; lateness in ms over every message\n\n",
+		o.cfg.Payload, o.cfg.N, o.cfg.BurstN, burst1M, strings.Join(rates, ","), o.cfg.SteadyDuration, o.cfg.CancelRate, o.cfg.PendingN)
 	if o.cfg.wants("cluster") {
 		fmt.Fprintf(o.w, "cluster: cluster-burst-n=%d; %d msg/s, steady for %s; %d kills and %d graceful stops; every node and service in this process\n",
 			o.cfg.ClusterBurstN, o.cfg.ClusterRate, o.cfg.ClusterDur, o.cfg.ClusterKills, o.cfg.ClusterKills)
 	}
 	if slices.ContainsFunc(scenarioNames, func(s string) bool { return s != "cluster" && o.cfg.wants(s) }) {
-		fmt.Fprintln(o.tw, "scenario\tsystem\ttarget\tn\tmsgs/s\tp50 ms\tp99 ms\tmax ms\tlost\tearly\theap B/pending\tvs reference\t×raw\t")
+		fmt.Fprintln(o.tw, "scenario\tsystem\ttarget\tn\tmsgs/s\tp50 ms\tp99 ms\tmax ms\tlost\tearly\theap B/pending\tvs reference\t×raw\tmax ×native\t")
 	}
 }
 
@@ -232,6 +260,7 @@ func (o *output) row(r result) {
 	if o.cfg.TCP {
 		r.Transport = "tcp"
 	}
+	o.rows = append(o.rows, r)
 	if o.cfg.JSON {
 		b, _ := json.Marshal(r)
 		fmt.Fprintln(o.w, string(b))
@@ -259,7 +288,7 @@ func (o *output) row(r result) {
 	if target == "" {
 		target = dash
 	}
-	vsRef, vsRaw := dash, dash
+	vsRef, vsRaw, vsNative := dash, dash, dash
 	if r.RefRatio != nil {
 		vsRef = fmt.Sprintf("%.2f× %s", *r.RefRatio, r.Ref)
 	}
@@ -269,9 +298,16 @@ func (o *output) row(r result) {
 	if r.RawRatio != nil {
 		vsRaw = fmt.Sprintf("%.2f", *r.RawRatio)
 	}
-	fmt.Fprintf(o.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t\n", r.Scenario, r.System, target, r.N, rate, p50, p99, mx, r.Lost, r.Early, heap, vsRef, vsRaw)
+	if r.NativeRatio != nil {
+		vsNative = fmt.Sprintf("%.2f", *r.NativeRatio)
+	}
+	name := r.Scenario
+	if r.Rate > 0 {
+		name += " " + rateLabel(r.Rate)
+	}
+	fmt.Fprintf(o.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t\n", name, r.System, target, r.N, rate, p50, p99, mx, r.Lost, r.Early, heap, vsRef, vsRaw, vsNative)
 	if r.Note != "" {
-		o.notes = append(o.notes, fmt.Sprintf("%s/%s/%s: %s", r.Scenario, r.System, target, r.Note))
+		o.notes = append(o.notes, fmt.Sprintf("%s/%s/%s: %s", name, r.System, target, r.Note))
 	}
 }
 
@@ -287,6 +323,9 @@ func (o *output) note(s string) {
 
 func (o *output) footer(elapsed time.Duration) {
 	if o.cfg.JSON {
+		if o.cfg.Targets {
+			o.targets()
+		}
 		return
 	}
 	_ = o.tw.Flush()
@@ -294,7 +333,18 @@ func (o *output) footer(elapsed time.Duration) {
 	for _, n := range o.notes {
 		fmt.Fprintln(o.w, "note: "+n)
 	}
+	if o.cfg.Targets {
+		o.targets()
+	}
 	fmt.Fprintf(o.w, "total %s\n", elapsed.Round(100*time.Millisecond))
+}
+
+// rateLabel is a rate in msg/s as the table shows it: "10k/s", "2500/s".
+func rateLabel(rate int) string {
+	if rate >= 1000 && rate%1000 == 0 {
+		return fmt.Sprintf("%dk/s", rate/1000)
+	}
+	return fmt.Sprintf("%d/s", rate)
 }
 
 // clusterTable writes the cluster rows: for cluster-failover rows, n is

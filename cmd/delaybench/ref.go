@@ -17,7 +17,7 @@ import (
 // written as directly as nats.go's jetstream package allows (issue 13's
 // yardsticks). Each runs on a fresh server, with -burst-n messages of
 // -payload bytes (the burst's) preloaded into a stream SRC, except the
-// timer floor, which runs at -steady-rate for -steady-duration.
+// timer floor, which runs at each of -steady-rates for -steady-duration.
 const (
 	// refPull is the reference readers' client buffer, messages.
 	refPull = 8192
@@ -26,11 +26,15 @@ const (
 	refAckPending = 1 << 16
 )
 
-// ref runs the four references: ref-drain, ref-stream, ref-move and
-// ref-timer.
+// ref runs the four references: ref-drain, ref-stream, ref-move, and
+// ref-timer once per steady rate.
 func (b *bench) ref(ctx context.Context) ([]result, []string, error) {
+	fs := []func(context.Context) (result, error){b.refDrain, b.refStream, b.refMove}
+	for _, rate := range b.cfg.SteadyRates {
+		fs = append(fs, func(ctx context.Context) (result, error) { return b.refTimer(ctx, rate) })
+	}
 	var rows []result
-	for _, f := range []func(context.Context) (result, error){b.refDrain, b.refStream, b.refMove, b.refTimer} {
+	for _, f := range fs {
 		r, err := f(ctx)
 		if err != nil {
 			return rows, nil, fmt.Errorf("%s: %w", r.Scenario, err)
@@ -285,21 +289,21 @@ func (b *bench) refMove(ctx context.Context) (result, error) {
 	return row, nil
 }
 
-// refTimer is the timer floor: -steady-rate msg/s for -steady-duration
-// published to the core subject timer.in, each with Delay-Due-At = publish
-// time + 1 s; a relay on a connection of its own receives each (core
+// refTimer is the timer floor: rate msg/s for -steady-duration published
+// to the core subject timer.in, each with Delay-Due-At = publish time +
+// 1 s; a relay on a connection of its own receives each (core
 // subscription), holds it in a Go timer (time.AfterFunc) until its due
 // time and publishes it to the core subject timer.out, where a core
 // subscriber takes lateness = arrival − due, as the steady row does. No
 // storage: the lateness of the machine itself at that rate.
-func (b *bench) refTimer(ctx context.Context) (result, error) {
-	row := result{Scenario: "ref-timer", System: "raw", Target: "core"}
+func (b *bench) refTimer(ctx context.Context, rate int) (result, error) {
+	row := result{Scenario: "ref-timer", System: "raw", Target: "core", Rate: rate}
 	e, err := b.newEnv()
 	if err != nil {
 		return row, err
 	}
 	defer e.close()
-	total := int(float64(b.cfg.SteadyRate) * b.cfg.SteadyDuration.Seconds())
+	total := b.steadyTotal(rate)
 	core, err := e.subscribe("timer.out", total)
 	if err != nil {
 		return row, err
@@ -325,7 +329,7 @@ func (b *bench) refTimer(ctx context.Context) (result, error) {
 	if err := rnc.Flush(); err != nil {
 		return row, err
 	}
-	sent, elapsed, err := b.publishCore(ctx, e.nc, "ref-timer", b.cfg.SteadyRate, total, func(i int) *nats.Msg {
+	sent, elapsed, err := b.publishCore(ctx, e.nc, fmt.Sprintf("ref-timer %d/s", rate), rate, total, func(i int) *nats.Msg {
 		return &nats.Msg{
 			Subject: "timer.in",
 			Header:  nats.Header{contract.HeaderDueAt: []string{contract.FormatTime(time.Now().Add(time.Second))}},
@@ -335,7 +339,7 @@ func (b *bench) refTimer(ctx context.Context) (result, error) {
 	if err != nil {
 		return row, err
 	}
-	b.waitCount(ctx, "ref-timer: delivered", sent, time.Minute, core.count)
+	b.waitCount(ctx, fmt.Sprintf("ref-timer %d/s: delivered", rate), sent, time.Minute, core.count)
 	t := count(core.arrivals(), sent, func(a arrival) time.Time { return a.due })
 	row.N, row.MsgsPerS = sent, float64(sent)/elapsed.Seconds()
 	row.Lost, row.Early, row.Lateness = t.lost, t.early, t.lateness

@@ -37,6 +37,29 @@ func TestRelateRefs(t *testing.T) {
 	}
 }
 
+// TestRelateRefsByRate: with several steady rates, each steady row is
+// compared with the timer floor at its own rate (ref-timer 10k/s measured
+// first, then 30k/s), and each floor is remembered under its rate.
+func TestRelateRefsByRate(t *testing.T) {
+	o := newOutput(config{}, io.Discard)
+	for _, r := range []result{
+		{Scenario: "ref-timer", System: "raw", Target: "core", Rate: 10_000, Lateness: &lateness{P50: 1, P99: 2, Max: 3}},
+		{Scenario: "ref-timer", System: "raw", Target: "core", Rate: 30_000, Lateness: &lateness{P50: 2, P99: 6, Max: 20}},
+	} {
+		o.relate(&r)
+	}
+	for _, c := range []struct {
+		rate int
+		want lateness
+	}{{10_000, lateness{P50: 4, P99: 8, Max: 27}}, {30_000, lateness{P50: 3, P99: 4, Max: 10}}} {
+		r := result{Scenario: "steady", System: "delayd", Target: "core", Rate: c.rate, Lateness: &lateness{P50: 5, P99: 10, Max: 30}}
+		o.relate(&r)
+		if r.Ref != "ref-timer" || r.OverRef == nil || *r.OverRef != c.want {
+			t.Errorf("steady %d/s: ref %q over_ref %+v, want ref-timer %+v (the floor at its rate)", c.rate, r.Ref, r.OverRef, c.want)
+		}
+	}
+}
+
 func deref(p *float64) any {
 	if p == nil {
 		return nil

@@ -11,18 +11,33 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// steady offers -steady-rate msg/s for -steady-duration, each message due
-// 1 s after it is published.
+// steady offers each of -steady-rates msg/s for -steady-duration, each
+// message due 1 s after it is published: a delayd row per rate (its Rate
+// set), then native schedules at the first rate only: native is no
+// target's reference at any rate (issue 13 compares steady with the timer
+// floor), at 10,000 msg/s it is already hundreds of ms late, and a row per
+// rate would add a row's time to the default run for every rate.
+// -steady-rates 30000 alone runs native at 30,000 msg/s.
 func (b *bench) steady(ctx context.Context) ([]result, []string, error) {
-	d, err := b.steadyDelayd(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("delayd: %w", err)
+	var rows []result
+	for _, rate := range b.cfg.SteadyRates {
+		d, err := b.steadyDelayd(ctx, rate)
+		if err != nil {
+			return rows, nil, fmt.Errorf("delayd %d/s: %w", rate, err)
+		}
+		rows = append(rows, d)
 	}
-	nrow, err := b.steadyNative(ctx)
+	nrow, err := b.steadyNative(ctx, b.cfg.SteadyRates[0])
 	if err != nil {
-		return []result{d}, nil, fmt.Errorf("native: %w", err)
+		return rows, nil, fmt.Errorf("native: %w", err)
 	}
-	return []result{d, nrow}, nil, nil
+	return append(rows, nrow), nil, nil
+}
+
+// steadyTotal is how many messages a steady row at rate msg/s publishes
+// in -steady-duration.
+func (b *bench) steadyTotal(rate int) int {
+	return int(float64(rate) * b.cfg.SteadyDuration.Seconds())
 }
 
 // paced is what a paced publisher did.
@@ -31,11 +46,10 @@ type paced struct {
 	elapsed       time.Duration // first publish to last PubAck (monotonic)
 }
 
-// publishPaced publishes -steady-rate msg/s for -steady-duration (see
+// publishPaced publishes rate msg/s for -steady-duration (see
 // [bench.publishRate]).
-func (b *bench) publishPaced(ctx context.Context, e *env, label string, mk func(i int) *nats.Msg) (paced, error) {
-	total := int(float64(b.cfg.SteadyRate) * b.cfg.SteadyDuration.Seconds())
-	return b.publishRate(ctx, e, label, b.cfg.SteadyRate, total, nil, nil, mk)
+func (b *bench) publishPaced(ctx context.Context, e *env, label string, rate int, mk func(i int) *nats.Msg) (paced, error) {
+	return b.publishRate(ctx, e, label, rate, b.steadyTotal(rate), nil, nil, mk)
 }
 
 // publishRate publishes rate msg/s in batches every 5 ms, catching up on
@@ -85,8 +99,9 @@ func (b *bench) publishRate(ctx context.Context, e *env, label string, rate, tot
 	return paced{sent: i, refused: int(refused.Load()), elapsed: time.Since(start)}, nil
 }
 
-func (b *bench) steadyDelayd(ctx context.Context) (result, error) {
-	row := result{Scenario: "steady", System: "delayd", Target: "core"}
+func (b *bench) steadyDelayd(ctx context.Context, rate int) (result, error) {
+	row := result{Scenario: "steady", System: "delayd", Target: "core", Rate: rate}
+	label := fmt.Sprintf("steady %d/s delayd", rate)
 	e, err := b.newEnv()
 	if err != nil {
 		return row, err
@@ -96,16 +111,15 @@ func (b *bench) steadyDelayd(ctx context.Context) (result, error) {
 	if err != nil {
 		return row, err
 	}
-	total := int(float64(b.cfg.SteadyRate) * b.cfg.SteadyDuration.Seconds())
-	core, err := e.subscribe("steady.core", total)
+	core, err := e.subscribe("steady.core", b.steadyTotal(rate))
 	if err != nil {
 		return row, err
 	}
-	p, err := b.publishPaced(ctx, e, "steady delayd", func(i int) *nats.Msg { return b.delaydMsg(i, "steady.core", 1) })
+	p, err := b.publishPaced(ctx, e, label, rate, func(i int) *nats.Msg { return b.delaydMsg(i, "steady.core", 1) })
 	if err != nil {
 		return row, err
 	}
-	b.waitCount(ctx, "steady delayd: delivered", p.sent, time.Minute, core.count)
+	b.waitCount(ctx, label+": delivered", p.sent, time.Minute, core.count)
 	if err := svc.stop(); err != nil {
 		return row, err
 	}
@@ -116,20 +130,20 @@ func (b *bench) steadyDelayd(ctx context.Context) (result, error) {
 	return row, nil
 }
 
-func (b *bench) steadyNative(ctx context.Context) (result, error) {
-	row := result{Scenario: "steady", System: "native", Target: "stream"}
+func (b *bench) steadyNative(ctx context.Context, rate int) (result, error) {
+	row := result{Scenario: "steady", System: "native", Target: "stream", Rate: rate}
 	e, err := b.newNativeEnv(ctx)
 	if err != nil {
 		return row, err
 	}
 	defer e.close()
-	total := int(float64(b.cfg.SteadyRate) * b.cfg.SteadyDuration.Seconds())
+	total := b.steadyTotal(rate)
 	due := make([]time.Time, total) // written by the publisher only, read after it is done
 	r, err := e.readStream(ctx, nativeStream, "nsched.out.>", total, nil)
 	if err != nil {
 		return row, err
 	}
-	p, err := b.publishPaced(ctx, e, "steady native", func(i int) *nats.Msg {
+	p, err := b.publishPaced(ctx, e, "steady native", rate, func(i int) *nats.Msg {
 		due[i] = time.Now().Add(time.Second)
 		return b.scheduleMsg(i, due[i])
 	})

@@ -25,7 +25,7 @@ import (
 // tcpScenarios are the scenarios -tcp runs: pending reads this process's
 // heap (delayd's is another process's) and cluster starts its nodes
 // in-process.
-var tcpScenarios = []string{"raw", "ref", "ingest", "burst", "steady", "cancel-storm", "cross-level", "sustained"}
+var tcpScenarios = []string{"raw", "ref", "ingest", "burst", "burst-1m", "steady", "cancel-storm", "cross-level", "sustained"}
 
 // tcpBins are the binaries of the -tcp mode.
 type tcpBins struct {
