@@ -120,26 +120,36 @@ func (b *Balancer) heldLocked() []*Elector {
 
 // fewestLocked returns the fewest leases any other live replica holds, as
 // this replica last read the lease keys it does not hold (each at least
-// every TTL/3); len(electors) if no other replica is live. b.mu is held.
-func (b *Balancer) fewestLocked() int {
+// every TTL/3); len(electors) if no other replica is live. settled reports
+// whether that reading accounts for every lease: each held by this replica
+// or, as last read, by another live replica. While leases change hands (a
+// replica stopped, its leases free or still read under its name, or taken
+// since the last read) the counts are stale and settled is false. b.mu is
+// held.
+func (b *Balancer) fewestLocked() (fewest int, settled bool) {
 	counts := map[string]int{}
 	self := ""
+	settled = true
+	members := b.members.Members()
 	for _, e := range b.electors {
 		self = e.holder
 		if _, valid := e.lease.Held(); valid {
 			continue
 		}
-		if h, _ := e.lease.Observed(); h != "" && h != e.holder {
-			counts[h]++
+		h, _ := e.lease.Observed()
+		if h == "" || h == e.holder || !slices.Contains(members, h) {
+			settled = false
+			continue
 		}
+		counts[h]++
 	}
-	fewest := len(b.electors)
-	for _, m := range b.members.Members() {
+	fewest = len(b.electors)
+	for _, m := range members {
 		if m != self {
 			fewest = min(fewest, counts[m])
 		}
 	}
-	return fewest
+	return fewest, settled
 }
 
 // Claim implements [lease.Gate]: a bid goes ahead while this replica holds
@@ -213,11 +223,19 @@ func (b *Balancer) tick() {
 	// Hand one over when holding more than the share (a replica
 	// joined), or when at the share while another live replica holds two
 	// fewer (ceil leaves slack: 14 leases on 4 replicas could rest at
-	// 4, 4, 4, 2); a replica below its share never hands over.
+	// 4, 4, 4, 2), as read once every lease is accounted for: right
+	// after a replica stopped, the others' counts as read lag their
+	// takes, and a replica at its share would hand over a lease the
+	// other takes anyway. A replica below its share never hands over.
 	held := b.heldLocked()
 	share := shareOf(len(b.electors), live)
-	if len(held) < share || len(held) == share && len(held) < b.fewestLocked()+2 {
+	if len(held) < share {
 		return
+	}
+	if len(held) == share {
+		if fewest, settled := b.fewestLocked(); !settled || len(held) < fewest+2 {
+			return
+		}
 	}
 	// The last key in order: deterministic, and the router (which sorts
 	// after "level.") goes before the levels it feeds.
