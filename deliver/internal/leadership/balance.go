@@ -68,7 +68,8 @@ type Balancer struct {
 	claims   int      // bids between Claim and their answer
 	yielding *Elector // handing over, until another replica holds its lease
 	yieldAt  time.Time
-	live     int // at the last tick
+	live     int       // at the last tick
+	liveAt   time.Time // when live last changed
 }
 
 // NewBalancer returns a balancer over cfg.Members; electors join it
@@ -120,31 +121,29 @@ func (b *Balancer) heldLocked() []*Elector {
 
 // fewestLocked returns the fewest leases any other live replica holds, as
 // this replica last read the lease keys it does not hold (each at least
-// every TTL/3); len(electors) if no other replica is live. settled reports
-// whether that reading accounts for every lease: each held by this replica
-// or, as last read, by another live replica. While leases change hands (a
-// replica stopped, its leases free or still read under its name, or taken
-// since the last read) the counts are stale and settled is false. b.mu is
-// held.
+// every TTL/3); len(electors) if no other replica is live. settled is
+// false while leases change hands as far as this replica can tell: one
+// is free as last read, or the count of live replicas changed less than
+// a TTL ago (a replica stopped or joined: the others' counts as read lag
+// their takes until every key is read again). b.mu is held.
 func (b *Balancer) fewestLocked() (fewest int, settled bool) {
 	counts := map[string]int{}
 	self := ""
-	settled = true
-	members := b.members.Members()
+	settled = time.Since(b.liveAt) >= b.ttl
 	for _, e := range b.electors {
 		self = e.holder
 		if _, valid := e.lease.Held(); valid {
 			continue
 		}
 		h, _ := e.lease.Observed()
-		if h == "" || h == e.holder || !slices.Contains(members, h) {
+		if h == "" || h == e.holder {
 			settled = false
 			continue
 		}
 		counts[h]++
 	}
 	fewest = len(b.electors)
-	for _, m := range members {
+	for _, m := range b.members.Members() {
 		if m != self {
 			fewest = min(fewest, counts[m])
 		}
@@ -204,7 +203,7 @@ func (b *Balancer) tick() {
 			b.logger.Info("live replicas changed", slog.Int("live", live), slog.Int("was", b.live),
 				slog.Int("share", shareOf(len(b.electors), live)))
 		}
-		b.live = live
+		b.live, b.liveAt = live, time.Now()
 		for _, e := range b.electors {
 			e.lease.Wake()
 		}
@@ -223,7 +222,7 @@ func (b *Balancer) tick() {
 	// Hand one over when holding more than the share (a replica
 	// joined), or when at the share while another live replica holds two
 	// fewer (ceil leaves slack: 14 leases on 4 replicas could rest at
-	// 4, 4, 4, 2), as read once every lease is accounted for: right
+	// 4, 4, 4, 2), as read once the leases have settled ([Balancer.fewestLocked]): right
 	// after a replica stopped, the others' counts as read lag their
 	// takes, and a replica at its share would hand over a lease the
 	// other takes anyway. A replica below its share never hands over.
