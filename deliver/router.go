@@ -1177,15 +1177,20 @@ func (r *Router) forgetMerge(rec index.Record) { r.merges.forget(rec) }
 // writeConfirmed is the acker's report of a stored write ([ackSink]).
 func (r *Router) writeConfirmed(rt *routing, ack *jetstream.PubAck) {
 	r.settleMerges(rt, true)
+	// Counted before the ack: once the ingress stream no longer holds the
+	// message, its count is in [Router.Stats].
+	if rt.w == nil {
+		r.deadLettered.Add(1)
+		r.wiring.reasons.add(reasonOf(rt.reason))
+	} else {
+		r.routed.Add(1)
+	}
 	rt.ack()
 	r.failing.progress() // the session works
 	if rt.w == nil {
 		r.wiring.refused.stored(r.refusal + r.ingressRef(rt.seq))
-		r.deadLettered.Add(1)
-		r.wiring.reasons.add(reasonOf(rt.reason))
 		return
 	}
-	r.routed.Add(1)
 	rt.w.failing.progress()
 	rt.w.lastRouted.Store(rt.seq)
 	r.cfg.OnRouted(rt.w.stream, ack.Sequence)

@@ -108,6 +108,9 @@ func TestUndeliverableAfterMaxAttempts(t *testing.T) {
 	}
 	b.Publish("delay.tiny.big", make([]byte, 100), itest.Level(1))
 	itest.WaitFor(t, 30*time.Second, "the dead letter", func() bool { return b.StreamCount(deliver.DLQStream) == 1 })
+	// Counted once the dead letter's PubAck is back, which may trail its
+	// arrival in DELAYD_DLQ.
+	itest.WaitFor(t, 10*time.Second, "the dead letter counted", func() bool { return b.ScannerStats("DELAYD_100MS").DeadLettered >= 1 })
 	st := b.ScannerStats("DELAYD_100MS")
 	if st.Retries != deliver.ScannerMaxAttemptsDefault || st.DeadLettered != 1 {
 		t.Errorf("failed deliveries %d, dead-lettered %d; want %d and 1", st.Retries, st.DeadLettered, deliver.ScannerMaxAttemptsDefault)

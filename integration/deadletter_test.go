@@ -187,6 +187,12 @@ func TestDeadLetter(t *testing.T) {
 	if _, err := b.JS.Stream(context.Background(), "DELAYD_1S"); err != nil {
 		t.Fatalf("stream DELAYD_1S after the $JS.API dead letter: %v", err)
 	}
+	// A dead letter is counted once its write's PubAck is back, which may
+	// trail its arrival in DELAYD_DLQ: wait for the count, then check it.
+	itest.WaitFor(t, 10*time.Second, "the router's dead-letter count", func() bool {
+		rs, _ := b.Svc.Stats()
+		return rs.DeadLettered >= uint64(len(want))
+	})
 	rs, _ := b.Svc.Stats()
 	if rs.DeadLettered != uint64(len(want)) {
 		t.Errorf("router counted %d dead letters, want %d", rs.DeadLettered, len(want))
@@ -358,11 +364,14 @@ func TestDeadLetterUndeliverableLastInLevel(t *testing.T) {
 	itest.WaitFor(t, 15*time.Second, "the refused message, alone in its level, in DELAYD_DLQ", func() bool {
 		return b.StreamCount(deliver.DLQStream) >= 1
 	})
-	_, ss := b.Svc.Stats()
-	for _, st := range ss {
-		if st.Stream == "DELAYD_100MS" && st.DeadLettered != 1 {
-			t.Errorf("scanner %s dead-lettered %d, want 1", st.Stream, st.DeadLettered)
-		}
+	// The scanner counts a dead letter once its write's PubAck is back,
+	// which may trail its arrival in DELAYD_DLQ: wait for the count, then
+	// check that it is exactly one.
+	itest.WaitFor(t, 10*time.Second, "DELAYD_100MS's dead-letter count", func() bool {
+		return b.ScannerStats("DELAYD_100MS").DeadLettered >= 1
+	})
+	if n := b.ScannerStats("DELAYD_100MS").DeadLettered; n != 1 {
+		t.Errorf("scanner DELAYD_100MS dead-lettered %d, want 1", n)
 	}
 }
 

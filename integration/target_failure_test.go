@@ -223,13 +223,14 @@ func TestTargetFailureTooLargeIsLast(t *testing.T) {
 	if n := b.StreamCount("SMALL"); n != 0 {
 		t.Errorf("SMALL holds %d messages, want 0", n)
 	}
-	_, ss := b.Svc.Stats()
-	for _, st := range ss {
-		if st.Stream == "DELAYD_100MS" {
-			t.Logf("scanner %s: retries=%d dead-lettered=%d", st.Stream, st.Retries, st.DeadLettered)
-			if st.DeadLettered != 1 {
-				t.Errorf("scanner %s dead-lettered %d, want 1", st.Stream, st.DeadLettered)
-			}
-		}
+	// Counted once the dead letter's PubAck is back, which may trail its
+	// arrival in DELAYD_DLQ: wait for the count, then check it is one.
+	itest.WaitFor(t, 10*time.Second, "DELAYD_100MS's dead-letter count", func() bool {
+		return b.ScannerStats("DELAYD_100MS").DeadLettered >= 1
+	})
+	st := b.ScannerStats("DELAYD_100MS")
+	t.Logf("scanner %s: retries=%d dead-lettered=%d", st.Stream, st.Retries, st.DeadLettered)
+	if st.DeadLettered != 1 {
+		t.Errorf("scanner %s dead-lettered %d, want 1", st.Stream, st.DeadLettered)
 	}
 }
