@@ -165,6 +165,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -311,8 +312,26 @@ func main() {
 	fs.DurationVar(&cfg.Settle, "settle", SettleDefault, "pending: wait before each heap reading (the file store's block cache expires after 10s)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	memProfile := fs.String("memprofile", "", "write an allocation profile at the end to this file (go tool pprof -sample_index=alloc_space)")
+	blockProfile := fs.String("blockprofile", "", "write a profile of the time goroutines spent blocked (channels, selects, sync waits; every event sampled) at the end to this file")
+	mutexProfile := fs.String("mutexprofile", "", "write a profile of mutex contention (every contended unlock sampled) at the end to this file")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
+	}
+	for _, p := range []struct{ file, name string }{{*blockProfile, "block"}, {*mutexProfile, "mutex"}} {
+		if p.file == "" {
+			continue
+		}
+		if p.name == "block" {
+			runtime.SetBlockProfileRate(1)
+		} else {
+			runtime.SetMutexProfileFraction(1)
+		}
+		defer func() {
+			if f, err := os.Create(p.file); err == nil {
+				_ = pprof.Lookup(p.name).WriteTo(f, 0)
+				_ = f.Close()
+			}
+		}()
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
