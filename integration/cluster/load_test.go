@@ -60,6 +60,7 @@ func markerSubjectOf(stream string) string {
 type load struct {
 	t      *testing.T
 	cfg    loadConfig
+	nc     *nats.Conn
 	js     jetstream.JetStream
 	target jetstream.Stream
 	core   *itest.Recorder // receive times at the core target
@@ -98,7 +99,7 @@ func newLoad(t *testing.T, nc *nats.Conn, js jetstream.JetStream, cfg loadConfig
 	if err != nil {
 		t.Fatalf("create target stream %s: %v", loadStream, err)
 	}
-	l := &load{t: t, cfg: cfg, js: js, target: s, core: itest.NewRecorder(t),
+	l := &load{t: t, cfg: cfg, nc: nc, js: js, target: s, core: itest.NewRecorder(t),
 		sent: make([]time.Time, cfg.Total), isAcked: make([]bool, cfg.Total), done: make(chan struct{})}
 	l.core.Subscribe(nc, loadCoreSubject+".>")
 	for i := range cfg.Total {
@@ -275,22 +276,72 @@ func (l *load) waitAcked(n int, timeout time.Duration) {
 // earlier one.
 func (l *load) waitCaughtUp(timeout time.Duration) {
 	l.t.Helper()
-	itest.WaitFor(l.t, timeout, "deliveries to catch up with the load", func() bool {
-		got := l.core.Counts()
-		horizon := time.Now().Add(-time.Second)
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		for i := 1; i < l.cfg.Total; i += 2 {
-			if !l.isAcked[i] {
-				continue
-			}
-			lvl, _ := l.cfg.Levels.Level(i%l.cfg.Levels.Len() + 1)
-			if l.sent[i].Add(lvl.Delay).Before(horizon) && got[strconv.Itoa(i)] == 0 {
-				return false
-			}
+	deadline := time.Now().Add(timeout)
+	for {
+		missing := l.overdue()
+		if len(missing) == 0 {
+			return
 		}
-		return true
-	})
+		if time.Now().After(deadline) {
+			l.t.Fatalf("timed out after %s waiting for deliveries to catch up with the load: %s", timeout, l.describeOverdue(missing))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// overdue returns the acked core-target messages (odd indexes) due more
+// than a second ago that the core target has not received.
+func (l *load) overdue() []int {
+	got := l.core.Counts()
+	horizon := time.Now().Add(-time.Second)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var missing []int
+	for i := 1; i < l.cfg.Total; i += 2 {
+		if !l.isAcked[i] {
+			continue
+		}
+		lvl, _ := l.cfg.Levels.Level(i%l.cfg.Levels.Len() + 1)
+		if l.sent[i].Add(lvl.Delay).Before(horizon) && got[strconv.Itoa(i)] == 0 {
+			missing = append(missing, i)
+		}
+	}
+	return missing
+}
+
+// describeOverdue says which levels the overdue messages are in, how long
+// past due the oldest of each is, and what delayd's stats API answers
+// (owners and offsets), for a failure message.
+func (l *load) describeOverdue(missing []int) string {
+	type lv struct {
+		n      int
+		oldest int
+	}
+	by := map[int]*lv{}
+	for _, i := range missing {
+		n := i%l.cfg.Levels.Len() + 1
+		if by[n] == nil {
+			by[n] = &lv{oldest: i}
+		}
+		by[n].n++
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d overdue", len(missing))
+	l.mu.Lock()
+	for n := 1; n <= l.cfg.Levels.Len(); n++ {
+		if v := by[n]; v != nil {
+			lvl, _ := l.cfg.Levels.Level(n)
+			fmt.Fprintf(&b, "; level %d (%s): %d, the oldest %d due %s ago", n, lvl.Stream(), v.n, v.oldest,
+				time.Since(l.sent[v.oldest].Add(lvl.Delay)).Round(time.Millisecond))
+		}
+	}
+	l.mu.Unlock()
+	if m, err := l.nc.Request(contract.StatsSubject, nil, 5*time.Second); err != nil {
+		fmt.Fprintf(&b, "; stats API: %v", err)
+	} else {
+		fmt.Fprintf(&b, "; stats API: %s", m.Data)
+	}
+	return b.String()
 }
 
 // waitPublished waits up to timeout until every publisher is done and fails

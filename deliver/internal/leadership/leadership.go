@@ -296,7 +296,9 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t Term
 		}
 		term := Term{Epoch: epoch, lease: e.lease}
 		info := e.lease.LastTerm()
-		e.logger.Debug("lease gained", slog.Uint64("epoch", epoch))
+		// At info, as its hand-overs and losses: who owns a level is
+		// what an operator reads first after a failover.
+		e.logger.Info("lease gained", slog.Uint64("epoch", epoch))
 		e.onEvent(Event{Key: e.key, Kind: Gained, Epoch: epoch, Acquired: info.Acquired})
 
 		wctx, cancel := context.WithCancelCause(ctx)
