@@ -406,7 +406,9 @@ func moveLeaderOff(t *testing.T, c *procCluster, nc *nats.Conn, js jetstream.Jet
 // (the owner starts with only nodes 1 and 2 in its URLs; leaders on node 0
 // are asked to step down first). Each kill waits until the deliveries have
 // caught up with the load. Nothing is lost or early, nothing doubled at
-// the stream target, no offset moves back; the stall of each (the longest
+// the stream target, no offset moves back; at the core target, only
+// messages due at a kill may be lost, with the node that had taken them
+// (checkCore; README "Non-guarantees"); the stall of each (the longest
 // delivery gap: what the elections and the reconnect take) is logged.
 func TestReplicasNodeKill9(t *testing.T) {
 	if testing.Short() {
@@ -427,7 +429,9 @@ func TestReplicasNodeKill9(t *testing.T) {
 	rs[1].waitReady(time.Minute)
 	rs[2].waitReady(time.Minute)
 	offs := itest.WatchOffsets(t, js)
-	cfg := loadConfig{Total: 30000, Rate: 500, Levels: clusterLevels} // a minute: room for three stalls of up to 15 s
+	// Two minutes: room for three stalls of up to 30 s (a node's loss
+	// stalls the cluster for 10-25 s on a loaded machine).
+	cfg := loadConfig{Total: 60000, Rate: 500, Levels: clusterLevels}
 	l := newLoad(t, nc, js, cfg)
 	c.WaitCurrent(js, 2*time.Minute)
 	l.start()
@@ -463,6 +467,7 @@ func TestReplicasNodeKill9(t *testing.T) {
 		before := len(l.core.Snapshot())
 		at := time.Now()
 		c.Kill9(node)
+		l.nodeKilled(at)
 		itest.WaitFor(t, 2*time.Minute, "core deliveries to resume", func() bool { return len(l.core.Snapshot()) > before+100 })
 		t.Logf("killed %s, node %d, at %s; deliveries resumed %s after; leaders now %s",
 			step.name, node, at.Format("15:04:05.000"), time.Since(at).Round(time.Millisecond), leaders())

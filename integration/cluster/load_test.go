@@ -72,6 +72,13 @@ type load struct {
 
 	streamGot []itest.Delivery // what report read from the target stream
 
+	// nodeKills are the times of SIGKILLs of NATS nodes (nodeKilled): a
+	// core delivery the killed node had taken (its flush answered) but not
+	// yet forwarded over its route to the subscriber's node is gone with
+	// it (README "Non-guarantees"). Core-target messages due within
+	// coreKillWindow before a kill may be missing, and are counted apart.
+	nodeKills []time.Time
+
 	nAcked  atomic.Int64
 	retries atomic.Int64
 	done    chan struct{}
@@ -289,8 +296,36 @@ func (l *load) waitCaughtUp(timeout time.Duration) {
 	}
 }
 
+// coreKillWindow is how long before a node's SIGKILL a core delivery
+// may be due and still be lost with the node: the killed node answered
+// the flush that confirmed it, but its route to the subscriber's node had
+// not sent it yet (delivered at due + lateness, so due up to the lateness
+// before the kill; 2 s covers the lateness of a loaded machine).
+const coreKillWindow = 2 * time.Second
+
+// nodeKilled records a SIGKILL of a NATS node at at (see nodeKills).
+func (l *load) nodeKilled(at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.nodeKills = append(l.nodeKills, at)
+}
+
+// atKill reports whether message i was due within coreKillWindow before
+// a node kill, or up to 100 ms after it (clocks of one machine). l.mu held.
+func (l *load) atKill(i int) bool {
+	lvl, _ := l.cfg.Levels.Level(i%l.cfg.Levels.Len() + 1)
+	due := l.sent[i].Add(lvl.Delay)
+	for _, k := range l.nodeKills {
+		if due.After(k.Add(-coreKillWindow)) && due.Before(k.Add(100*time.Millisecond)) {
+			return true
+		}
+	}
+	return false
+}
+
 // overdue returns the acked core-target messages (odd indexes) due more
-// than a second ago that the core target has not received.
+// than a second ago that the core target has not received, except those
+// due at a node kill (atKill).
 func (l *load) overdue() []int {
 	got := l.core.Counts()
 	horizon := time.Now().Add(-time.Second)
@@ -302,7 +337,7 @@ func (l *load) overdue() []int {
 			continue
 		}
 		lvl, _ := l.cfg.Levels.Level(i%l.cfg.Levels.Len() + 1)
-		if l.sent[i].Add(lvl.Delay).Before(horizon) && got[strconv.Itoa(i)] == 0 {
+		if l.sent[i].Add(lvl.Delay).Before(horizon) && got[strconv.Itoa(i)] == 0 && !l.atKill(i) {
 			missing = append(missing, i)
 		}
 	}
@@ -405,6 +440,7 @@ type targetReport struct {
 	Expected    int           // messages the load sent to this target
 	Deliveries  int           // deliveries seen (stored, or received)
 	Lost        int           // expected messages never delivered
+	LostAtKill  int           // of Lost, core-target messages due at a node's SIGKILL (load.atKill)
 	Duplicates  int           // deliveries beyond the first of a message (by payload index)
 	Unexpected  int           // deliveries of a message not sent to this target
 	Early       int           // deliveries before their Delay-Due-At, or without one ([delivery.early])
@@ -446,8 +482,8 @@ type levelWrites struct {
 
 func (r loadReport) String() string {
 	f := func(name string, t targetReport) string {
-		return fmt.Sprintf("%s: expected=%d deliveries=%d lost=%d duplicates=%d unexpected=%d early=%d early_by_send=%d lateness %s, longest gap %s from %s",
-			name, t.Expected, t.Deliveries, t.Lost, t.Duplicates, t.Unexpected, t.Early, t.EarlyBySend, t.Lateness,
+		return fmt.Sprintf("%s: expected=%d deliveries=%d lost=%d (due at a node kill %d) duplicates=%d unexpected=%d early=%d early_by_send=%d lateness %s, longest gap %s from %s",
+			name, t.Expected, t.Deliveries, t.Lost, t.LostAtKill, t.Duplicates, t.Unexpected, t.Early, t.EarlyBySend, t.Lateness,
 			t.LongestGap.Round(time.Millisecond), t.GapFrom.Format("15:04:05.000"))
 	}
 	var lv []string
@@ -577,6 +613,12 @@ func (l *load) targetReport(got []itest.Delivery, parity int, sent []time.Time) 
 		r.Expected++
 		switch c := n[i]; {
 		case c == 0:
+			l.mu.Lock()
+			atKill := parity == 1 && l.atKill(i)
+			l.mu.Unlock()
+			if atKill {
+				r.LostAtKill++
+			}
 			if r.Lost++; len(r.LostKeys) < 10 {
 				r.LostKeys = append(r.LostKeys, strconv.Itoa(i))
 			}
@@ -626,13 +668,21 @@ func (r loadReport) checkStream(t *testing.T) {
 // checkCore fails the test for any message lost, early or unexpected at
 // the core target, or for more duplicates than faults re-deliveries of one
 // scanner window per level each (README "At-least-once": a core subscriber
-// sees at most the deliveries past the last committed offset again).
+// sees at most the deliveries past the last committed offset again). The
+// one loss it allows is of messages due at a node's SIGKILL
+// ([load.nodeKilled]), up to the same bound: core NATS forwards a message
+// between nodes after it answered the publisher's flush (README
+// "Non-guarantees").
 func (r loadReport) checkCore(t *testing.T, faults, window int, table levels.Table) {
 	t.Helper()
 	c := r.Core
 	var bad []string
-	if c.Lost > 0 {
-		bad = append(bad, fmt.Sprintf("%d lost, e.g. %v", c.Lost, c.LostKeys))
+	if c.Lost > c.LostAtKill {
+		bad = append(bad, fmt.Sprintf("%d lost (%d of them due at a node kill), e.g. %v", c.Lost, c.LostAtKill, c.LostKeys))
+	} else if bound := faults * table.Len() * window; c.LostAtKill > bound {
+		bad = append(bad, fmt.Sprintf("%d lost at node kills, more than one window of %d per level per fault (%d faults: %d), e.g. %v", c.LostAtKill, window, faults, bound, c.LostKeys))
+	} else if c.LostAtKill > 0 {
+		t.Logf("core target: %d messages due at a node's SIGKILL lost with it (README \"Non-guarantees\"), e.g. %v", c.LostAtKill, c.LostKeys)
 	}
 	if c.Early+c.EarlyBySend > 0 {
 		bad = append(bad, fmt.Sprintf("%d early by Delay-Due-At and %d by the send time, e.g. %v", c.Early, c.EarlyBySend, c.EarlyKeys))
