@@ -107,6 +107,9 @@ func (b *bench) newEnv() (*env, error) {
 	srv, err := startServer(&server.Options{
 		ServerName: "delaybench", Host: "127.0.0.1", Port: -1,
 		JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
+		// nats-server sets the process's block profile rate at start (0:
+		// off); -blockprofile's rate must survive it.
+		ProfBlockRate: blockProfileRate,
 	})
 	if err != nil {
 		e.close()

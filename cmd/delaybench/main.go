@@ -286,6 +286,11 @@ func (c *config) wants(name string) bool {
 	return slices.Contains(c.Scenarios, name)
 }
 
+// blockProfileRate is -blockprofile's sampling rate (runtime.SetBlockProfileRate),
+// 0 without it; in-process servers are started with it (their start sets
+// the process's rate).
+var blockProfileRate int
+
 func main() {
 	cfg := config{CommandLine: commandLine(os.Args)}
 	fs := flag.NewFlagSet("delaybench", flag.ContinueOnError)
@@ -312,8 +317,8 @@ func main() {
 	fs.DurationVar(&cfg.Settle, "settle", SettleDefault, "pending: wait before each heap reading (the file store's block cache expires after 10s)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	memProfile := fs.String("memprofile", "", "write an allocation profile at the end to this file (go tool pprof -sample_index=alloc_space)")
-	blockProfile := fs.String("blockprofile", "", "write a profile of the time goroutines spent blocked (channels, selects, sync waits; every event sampled) at the end to this file")
-	mutexProfile := fs.String("mutexprofile", "", "write a profile of mutex contention (every contended unlock sampled) at the end to this file")
+	blockProfile := fs.String("blockprofile", "", "write a profile of the time goroutines spent blocked (channels, selects, sync waits; sampled: one event per 10µs blocked, which still slows a saturated run) at the end to this file")
+	mutexProfile := fs.String("mutexprofile", "", "write a profile of mutex contention (one contended unlock in 100 sampled) at the end to this file")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
@@ -322,9 +327,10 @@ func main() {
 			continue
 		}
 		if p.name == "block" {
-			runtime.SetBlockProfileRate(1)
+			blockProfileRate = int(10 * time.Microsecond)
+			runtime.SetBlockProfileRate(blockProfileRate)
 		} else {
-			runtime.SetMutexProfileFraction(1)
+			runtime.SetMutexProfileFraction(100)
 		}
 		defer func() {
 			if f, err := os.Create(p.file); err == nil {
