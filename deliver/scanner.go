@@ -240,6 +240,14 @@ type Scanner struct {
 	stream  jetstream.Stream
 	subject string // "delayd.level.<NAME>."
 
+	// acks publishes the deliveries to stream-bound targets and the hop
+	// forwards and tracks their PubAcks (one reply subscription for the
+	// scanner, a write failing after ackTimeout without one, or at once
+	// when the connection starts reconnecting); open while Run runs.
+	acks       *jswire.PubAcks
+	ackTimeout time.Duration
+	loseAcks   func(n uint64) bool // tests: the n-th write's PubAck is dropped (jswire.PubAcks.LoseReplies)
+
 	offset    uint64 // last confirmed sequence
 	purgedTo  uint64
 	lastPurge time.Duration // monotonic reading of the last purge
@@ -367,6 +375,8 @@ func newScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig, wiring
 		delay:   delay,
 		srv:     &serverClock{clock: cfg.Clock},
 		grace:   newCoreGrace(cfg.Clock, cfg.StartGrace, cfg.StartedAt),
+
+		ackTimeout: publishAsyncTimeout,
 	}
 	return sc, nil
 }
@@ -548,6 +558,16 @@ func (s *Scanner) Run(ctx context.Context) error {
 	}
 	s.reader = reader
 	defer reader.Close()
+	acks, err := jswire.NewPubAcks(s.nc, s.ackTimeout)
+	if err != nil {
+		return err
+	}
+	acks.FailOnDisconnect()
+	if s.loseAcks != nil {
+		acks.LoseReplies(s.loseAcks)
+	}
+	s.acks = acks
+	defer acks.Close() // after shutdown has confirmed what is in flight
 	s.feed = newFeed(s.nc, s.js, s.cfg.Stream, s.cfg.Batch, s.cfg.BatchBytes)
 	defer s.feed.close()
 	jctx, stopJanitor := context.WithCancel(ctx)
@@ -971,7 +991,7 @@ func (s *Scanner) forward(ctx context.Context, m *nats.Msg, seq uint64, target s
 	h[contract.HeaderNatsMsgID] = []string{s.cfg.hopKey.hopID(origin, hops)}
 	m.Subject, m.Reply, m.Sub = s.cfg.Prefix+"."+target, "", nil
 	s.cfg.hopKey.sign(m.Subject, h)
-	fut, err := s.js.PublishMsgAsync(m)
+	fut, err := s.acks.Publish(m)
 	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
 			// Refused before sending: confirm what precedes it, then dead-letter.
@@ -1028,7 +1048,7 @@ func (s *Scanner) publish(ctx context.Context, m *nats.Msg, seq uint64, target s
 	d := delivery{seq: seq, target: target}
 	var err error
 	if bound {
-		d.fut, err = s.js.PublishMsgAsync(m)
+		d.fut, err = s.acks.Publish(m)
 	} else {
 		if !s.coreUnflushed {
 			// The first core publish since the last flush: the connection
@@ -1163,12 +1183,8 @@ func (s *Scanner) settleFirst(ctx context.Context, n int) {
 				err = fmt.Errorf("%w: publish to %q", ErrPermissionDenied, d.target)
 			}
 		default:
-			if err = d.err; err == nil {
-				select {
-				case <-d.fut.Ok():
-				case err = <-d.fut.Err():
-				}
-			}
+			<-d.fut.Done() // a PubAck, an error, or the tracker's timeout
+			_, err = d.fut.Result()
 			if err != nil && s.cfg.Targets.refused(d.target) {
 				err = fmt.Errorf("%w: publish to %q: %v", ErrPermissionDenied, d.target, err)
 			}

@@ -9,12 +9,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/offsets"
 )
 
-// outcomes produces real PubAck futures from an embedded nats-server, one
-// kind per outcome the settle state machine must handle:
+// outcomes produces real PubAck futures from an embedded nats-server,
+// through a PubAck tracker as the scanner's (jswire.PubAcks), one kind per
+// outcome the settle state machine must handle:
 //
 //   - ok: a publish stored by a stream;
 //   - full: a publish refused by a stream at its limits (MaxMsgs 1,
@@ -30,8 +32,8 @@ import (
 // server for a unit test would outweigh the test. Its client-visible
 // outcome, a PubAck that times out or fails, is what late and full give.
 type outcomes struct {
-	t  *testing.T
-	js jetstream.JetStream
+	t    *testing.T
+	acks *jswire.PubAcks
 }
 
 func newOutcomes(t *testing.T, nc *nats.Conn) *outcomes {
@@ -64,13 +66,18 @@ func newOutcomes(t *testing.T, nc *nats.Conn) *outcomes {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	return &outcomes{t: t, js: js}
+	acks, err := jswire.NewPubAcks(nc, 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(acks.Close)
+	return &outcomes{t: t, acks: acks}
 }
 
 // future publishes to kind's subject and returns its PubAck future.
-func (o *outcomes) future(kind string) jetstream.PubAckFuture {
+func (o *outcomes) future(kind string) *jswire.PubAckFuture {
 	o.t.Helper()
-	f, err := o.js.PublishAsync(kind+".x", []byte(kind))
+	f, err := o.acks.Publish(&nats.Msg{Subject: kind + ".x", Data: []byte(kind)})
 	if err != nil {
 		o.t.Fatal(err)
 	}

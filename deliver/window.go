@@ -1,16 +1,15 @@
 package deliver
 
-import "github.com/nats-io/nats.go/jetstream"
+import "github.com/delayd/delayd/deliver/internal/jswire"
 
 // delivery is one hand-off awaiting confirmation.
 type delivery struct {
 	seq    uint64
 	target string
-	fut    jetstream.PubAckFuture // nil for a core subject
+	fut    *jswire.PubAckFuture // the PubAck's; nil for a core subject
 
-	confirmed bool  // nothing to wait for: dead-lettered, or confirmed earlier
-	hop       bool  // a cascading message moved on, not a delivery
-	err       error // the PubAck's error, once taken from the future
+	confirmed bool // nothing to wait for: dead-lettered, or confirmed earlier
+	hop       bool // a cascading message moved on, not a delivery
 }
 
 // window is a scanner's confirmation window: the hand-offs in flight, in
@@ -93,17 +92,17 @@ func (w *window) failedAgain(seq uint64) int {
 func (w *window) forgetAttempts(seq uint64) { delete(w.attempts, seq) }
 
 // firstFailure reports whether one of the oldest n in-flight PubAcks has
-// already failed, without waiting. The error taken from the future is kept
-// in the delivery.
+// already failed, without waiting.
 func (w *window) firstFailure(n int) bool {
-	for i, d := range w.inflight[:n] {
+	for _, d := range w.inflight[:n] {
 		if d.fut == nil {
 			continue
 		}
 		select {
-		case err := <-d.fut.Err():
-			w.inflight[i].err = err // consumed from the future: kept here
-			return true
+		case <-d.fut.Done():
+			if _, err := d.fut.Result(); err != nil {
+				return true
+			}
 		default:
 		}
 	}

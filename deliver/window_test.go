@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/delayd/delayd/deliver/internal/jswire"
 )
 
 // TestWindowRecord: each outcome of a settled delivery changes the window's
@@ -115,8 +117,9 @@ func TestWindowLifecycle(t *testing.T) {
 }
 
 // TestWindowFirstFailure: among the oldest n, a PubAck refused at once (a
-// full stream, real server) is found without waiting and its error kept in
-// the delivery; one beyond n, and core deliveries, are not looked at.
+// full stream, real server) is found without waiting, and again when asked
+// again (settle reads the same future); one beyond n, and core deliveries,
+// are not looked at.
 func TestWindowFirstFailure(t *testing.T) {
 	t.Parallel()
 	_, o := settleScanner(t)
@@ -126,7 +129,7 @@ func TestWindowFirstFailure(t *testing.T) {
 	w.add(delivery{seq: 3, target: "full.x", fut: o.future("full")})
 	// Wait, with a deadline, until the refusal has arrived.
 	deadline := time.Now().Add(10 * time.Second)
-	for len(w.inflight[2].fut.Err()) == 0 && time.Now().Before(deadline) {
+	for !resolved(w.inflight[2].fut) && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if w.firstFailure(2) {
@@ -135,7 +138,20 @@ func TestWindowFirstFailure(t *testing.T) {
 	if !w.firstFailure(3) {
 		t.Fatal("firstFailure(3) = false, want true: the full stream refused 3")
 	}
-	if w.inflight[2].err == nil {
-		t.Error("the error taken from the future was not kept")
+	if !w.firstFailure(3) {
+		t.Error("firstFailure(3) = false the second time: the failure must stay visible to settle")
+	}
+	if _, err := w.inflight[2].fut.Result(); err == nil {
+		t.Error("the full stream's refusal reads as stored")
+	}
+}
+
+// resolved reports whether f's outcome is known.
+func resolved(f *jswire.PubAckFuture) bool {
+	select {
+	case <-f.Done():
+		return true
+	default:
+		return false
 	}
 }

@@ -31,8 +31,11 @@ var ErrPubAcksClosed = errors.New("jswire: PubAck tracker closed")
 // server's code, err_code and description); [jetstream.ErrNoStreamResponse]
 // when no stream listens on the subject (not retried);
 // [jetstream.ErrAsyncPublishTimeout] when no PubAck came within timeout
-// (the write may be stored); [jetstream.ErrInvalidJSAck] for a reply that
-// is no PubAck; [ErrPubAcksClosed] for a write pending at [PubAcks.Close].
+// (the write may be stored); [nats.ErrDisconnected] for a write pending
+// when the connection started reconnecting, if asked for
+// ([PubAcks.FailOnDisconnect]; the write may be stored);
+// [jetstream.ErrInvalidJSAck] for a reply that is no PubAck;
+// [ErrPubAcksClosed] for a write pending at [PubAcks.Close].
 //
 // Safe for concurrent use.
 type PubAcks struct {
@@ -47,6 +50,9 @@ type PubAcks struct {
 	pending map[uint64]*PubAckFuture
 	closed  bool
 	lose    func(n uint64) bool // fault tests: replies to drop as lost (LoseReplies)
+
+	status     chan nats.Status // the connection's RECONNECTING events (FailOnDisconnect); nil if not asked
+	statusDone chan struct{}    // closed when the status goroutine ends
 
 	stop chan struct{}
 	done chan struct{}
@@ -126,6 +132,50 @@ func (t *PubAcks) Publish(m *nats.Msg) (*PubAckFuture, error) {
 	return f, nil
 }
 
+// FailOnDisconnect makes every write pending when the connection starts
+// reconnecting fail at once with [nats.ErrDisconnected], as the jetstream
+// package's async publish does, instead of after the timeout: a PubAck the
+// server sent meanwhile went to the lost connection. The write may be
+// stored. A write sent while the connection reconnects (buffered) may fail
+// with it too, if the event is handled after it was sent. Call it once,
+// before the writes it should cover; [PubAcks.Close] stops it.
+func (t *PubAcks) FailOnDisconnect() {
+	t.mu.Lock()
+	if t.closed || t.status != nil {
+		t.mu.Unlock()
+		return
+	}
+	t.status = t.nc.StatusChanged(nats.RECONNECTING)
+	t.statusDone = make(chan struct{})
+	status, done := t.status, t.statusDone
+	t.mu.Unlock()
+	go func() {
+		defer close(done)
+		for range status { // closed by Close (RemoveStatusListener)
+			t.failPending(nats.ErrDisconnected)
+		}
+	}()
+}
+
+// failPending resolves every pending write with err.
+func (t *PubAcks) failPending(err error) {
+	t.mu.Lock()
+	if t.closed || len(t.pending) == 0 {
+		t.mu.Unlock()
+		return
+	}
+	failed := make([]*PubAckFuture, 0, len(t.pending))
+	for id, f := range t.pending {
+		failed = append(failed, f)
+		delete(t.pending, id)
+	}
+	t.mu.Unlock()
+	for _, f := range failed {
+		f.err = err
+		close(f.done)
+	}
+}
+
 // LoseReplies makes the tracker drop the reply to its n-th write (n from
 // 1) when lose(n) is true, as if the PubAck were lost in transit: the write
 // then times out. For fault tests; lose runs on the reply goroutine.
@@ -142,7 +192,8 @@ func (t *PubAcks) Pending() int {
 	return len(t.pending)
 }
 
-// Close unsubscribes the reply inbox, stops the sweep and resolves every
+// Close unsubscribes the reply inbox, stops the sweep (and the disconnect
+// watch of [PubAcks.FailOnDisconnect]) and resolves every
 // write still pending with [ErrPubAcksClosed]. Later Publish calls fail
 // with it. Safe to call more than once.
 func (t *PubAcks) Close() {
@@ -154,10 +205,15 @@ func (t *PubAcks) Close() {
 	t.closed = true
 	left := t.pending
 	t.pending = nil
+	status, statusDone := t.status, t.statusDone
 	t.mu.Unlock()
 	_ = t.sub.Unsubscribe()
 	close(t.stop)
 	<-t.done
+	if status != nil {
+		t.nc.RemoveStatusListener(status)
+		<-statusDone
+	}
 	for _, f := range left {
 		f.err = ErrPubAcksClosed
 		close(f.done)

@@ -317,6 +317,84 @@ func TestPubAcksLostLastReply(t *testing.T) {
 	}
 }
 
+// TestPubAcksFailOnDisconnect: with FailOnDisconnect, a write pending
+// when the connection starts reconnecting fails at once with
+// nats.ErrDisconnected, as nats.go's async publish does, not after the
+// timeout (ten minutes here: only the reconnect can resolve it within the
+// test); a tracker not asked keeps its write pending. Both keep working
+// after the reconnect (the reply subscription is resubscribed), and Close
+// ends the watch.
+func TestPubAcksFailOnDisconnect(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.stream(t, "T")
+	mute, err := b.nc.SubscribeSync("mute.>") // takes the write, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mute.Unsubscribe()
+	acks, err := NewPubAcks(b.nc, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer acks.Close()
+	acks.FailOnDisconnect()
+	plain, err := NewPubAcks(b.nc, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+
+	lost, err := acks.Publish(&nats.Msg{Subject: "mute.x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := plain.Publish(&nats.Msg{Subject: "mute.x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wait(t, lost); !errors.Is(err, nats.ErrDisconnected) {
+		t.Fatalf("write pending at the reconnect: %v; want %v", err, nats.ErrDisconnected)
+	}
+	if n := acks.Pending(); n != 0 {
+		t.Errorf("%d writes still pending after the reconnect", n)
+	}
+
+	// Both trackers answer writes after the reconnect.
+	for i, tr := range []*PubAcks{acks, plain} {
+		f, err := tr.Publish(&nats.Msg{Subject: "t.x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ack, err := wait(t, f); err != nil || ack.Stream != "T" || ack.Sequence != uint64(i+1) {
+			t.Errorf("write %d after the reconnect: %+v, %v; want T sequence %d", i+1, ack, err, i+1)
+		}
+	}
+	select {
+	case <-kept.Done():
+		r, err := kept.Result()
+		t.Errorf("a tracker without FailOnDisconnect resolved its write at the reconnect: %+v, %v", r, err)
+	default:
+	}
+	if n := plain.Pending(); n != 1 {
+		t.Errorf("the tracker without FailOnDisconnect has %d writes pending, want 1", n)
+	}
+	acks.Close() // ends the watch: returns, and a later reconnect fails nothing
+	plain.Close()
+	if _, err := wait(t, kept); !errors.Is(err, ErrPubAcksClosed) {
+		t.Errorf("write pending at Close: %v; want %v", err, ErrPubAcksClosed)
+	}
+	if err := b.nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestPubAcksMaxPayload: a message larger than the server's max payload
 // is refused by Publish itself (nats.ErrMaxPayload), and nothing stays
 // pending.
