@@ -25,6 +25,12 @@ func TestMetrics(t *testing.T) {
 	b := itest.Setup(t)
 	var m atomic.Pointer[metrics.Metrics]
 	b.StartDelayd("100ms 1h", func(c *deliver.Config) {
+		// One process, no takeover to wait for: a TTL well above the
+		// default 1.5 s keeps a starved run (CI under -race stalled every
+		// renewal for 1.35 s once) from losing the leases, after which the
+		// level's re-deliveries (at-least-once) would make the exact
+		// counts below wrong.
+		c.LeaseTTL = 15 * time.Second
 		c.OnDelivery = func(stream string, l time.Duration) {
 			if mm := m.Load(); mm != nil {
 				mm.ObserveDelivery(stream, l)
