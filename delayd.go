@@ -10,6 +10,7 @@
 package delayd
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,7 +49,7 @@ const (
 	// HeaderAttempt is set by retry ladders: which retry a delivery is (1, 2, ...).
 	HeaderAttempt = contract.HeaderAttempt
 	// HeaderStatus is set on cancel API replies: the answer's code, "200",
-	// "404", "409", "400", "503" or "500" (README, Cancel).
+	// "404", "409", "400", "503" or "500" (docs/guide.md#cancel).
 	HeaderStatus = contract.HeaderStatus
 )
 
@@ -67,7 +68,7 @@ func CancelSubjectFor(target string) string { return contract.CancelSubjectFor(t
 // CancelResult is the reply of delayd's cancel API.
 type CancelResult string
 
-// The three answers of the cancel API (README, Cancel).
+// The three answers of the cancel API (docs/guide.md#cancel).
 const (
 	// Cancelled: the message was pending and will never be delivered.
 	Cancelled CancelResult = contract.CancelReplyCancelled
@@ -122,7 +123,7 @@ func Cancel(ctx context.Context, nc *nats.Conn, target, id string) (CancelResult
 
 // CancelAny is [Cancel] without a target, on the unscoped [CancelSubject]:
 // the operator's form, for a message of any target. Grant that subject only
-// to operators (README, Security).
+// to operators (docs/operations.md#security).
 func CancelAny(ctx context.Context, nc *nats.Conn, id string) (CancelResult, error) {
 	return cancel(ctx, nc, CancelSubject, id)
 }
@@ -171,7 +172,7 @@ func cancelAnswer(m *nats.Msg) (CancelResult, error) {
 // its Status: [ErrAmbiguousID] (400), [ErrCancelBusy] (429),
 // [ErrRouterBehind] (503) or [ErrCancelFailed] (500, or any other code).
 type CancelError struct {
-	// Status is the answer's code (README, Cancel), 0 for a reply without
+	// Status is the answer's code (docs/guide.md#cancel), 0 for a reply without
 	// one: a delayd from before the codes, or not delayd's reply.
 	Status int
 	// Reply is the reply's body, as delayd sent it: "error: " and the
@@ -264,7 +265,11 @@ func WithDeliverAt(t time.Time) PublishOpt {
 }
 
 // WithMsgID sets the message's Nats-Msg-Id: it dedupes at ingress within the
-// ingress stream's duplicate window and is kept on delivery.
+// ingress stream's duplicate window ([contract.DuplicateWindow], 2 min) and
+// is kept on delivery. A publish with an id the ingress stream stored
+// within the window stores nothing and fails with a [*DuplicateError]
+// ([ErrDuplicate]), even if that message was cancelled or delivered: to
+// send a new message, use a new id.
 func WithMsgID(id string) PublishOpt {
 	return func(o *publishOpts) error {
 		o.msgID = id
@@ -345,8 +350,11 @@ func WithHeader(h nats.Header) PublishOpt {
 // delayd), or one delayd would dead-letter (wildcards, '$' subjects,
 // subjects under the prefix or under "delayd.", refused by the target
 // policy); [ErrTooLarge];
-// [ErrPrefixMismatch]; [ErrNoInfo] with [WithRequireInfo]; JetStream's
-// publish errors.
+// [ErrPrefixMismatch]; [ErrNoInfo] with [WithRequireInfo]; a
+// [*DuplicateError], matching [ErrDuplicate], when the ingress stream
+// dropped the message as a duplicate of one it stored with the same
+// [WithMsgID] within its duplicate window (nothing was stored; see
+// DuplicateError for the two causes); JetStream's publish errors.
 func Publish(ctx context.Context, js jetstream.JetStream, subject string, data []byte, opts ...PublishOpt) (string, error) {
 	o := publishOpts{prefix: PrefixDefault}
 	for _, opt := range opts {
@@ -396,10 +404,6 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 	if o.mergeKey != "" {
 		m.Header.Set(HeaderMergeKey, o.mergeKey)
 	}
-	var popts []jetstream.PublishOpt
-	if o.msgID != "" {
-		popts = append(popts, jetstream.WithMsgID(o.msgID))
-	}
 	if info != nil {
 		delay := time.Duration(-1) // a level: clamped, never too long
 		switch o.delayKey {
@@ -416,14 +420,39 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, data [
 			return "", err
 		}
 	}
-	ack, err := js.PublishMsg(ctx, m, popts...)
-	if err != nil {
+	ack, err := publishMsg(ctx, js, m, o.msgID)
+	var dup *DuplicateError
+	switch {
+	case errors.As(err, &dup):
+		return "", err
+	case err != nil:
 		return "", fmt.Errorf("delayd: publish: %w", err)
-	}
-	if o.msgID != "" {
+	case o.msgID != "":
 		return o.msgID, nil
 	}
 	return strconv.FormatUint(ack.Sequence, 10), nil
+}
+
+// publishMsg publishes m through JetStream, with Nats-Msg-Id id unless id
+// is empty, and waits for its PubAck. A PubAck that says the stream
+// dropped m as a duplicate is a [*DuplicateError], returned with the ack:
+// the one way this package's publishes learn of a duplicate ([Publish]
+// returns it, [Retry] reports it in its result).
+func publishMsg(ctx context.Context, js jetstream.JetStream, m *nats.Msg, id string) (*jetstream.PubAck, error) {
+	var opts []jetstream.PublishOpt
+	if id != "" {
+		opts = append(opts, jetstream.WithMsgID(id))
+	}
+	ack, err := js.PublishMsg(ctx, m, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if ack.Duplicate {
+		// id is empty for a Nats-Msg-Id header a caller set itself.
+		return ack, &DuplicateError{ID: cmp.Or(id, headerFold(m.Header, contract.HeaderNatsMsgID)), Stream: ack.Stream,
+			Sequence: ack.Sequence, Window: contract.DuplicateWindow}
+	}
+	return ack, nil
 }
 
 // checkLimits checks m (before its Nats-Msg-Id msgID is set), published

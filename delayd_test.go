@@ -3,6 +3,7 @@ package delayd_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,5 +91,44 @@ func TestPublish(t *testing.T) {
 		if got := m.Header.Get(want[0]); got != want[1] || m.Header.Get(delayd.HeaderLevel) != "" {
 			t.Errorf("message %d: %s = %q (Delay-Level %q), want %q alone", seq, want[0], got, m.Header.Get(delayd.HeaderLevel), want[1])
 		}
+	}
+}
+
+// TestPublishReusedID moves a reminder the way a new user would: publish
+// it with an id, cancel it, publish it again with the same id and a new
+// delay. The ingress stream drops the second publish as a duplicate (its
+// window is 2 min): Publish must say that nothing was stored, with an error
+// matching ErrDuplicate that names the id and the window. A new id works.
+// Against an embedded nats-server and a delayd service.
+func TestPublishReusedID(t *testing.T) {
+	t.Parallel()
+	nc, stop := runDelayd("100ms 1s")
+	t.Cleanup(stop)
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	id, err := delayd.Publish(ctx, js, "remind.me", []byte("at 10"), delayd.WithDuration(time.Hour), delayd.WithMsgID("remind-7"))
+	if err != nil || id != "remind-7" {
+		t.Fatalf("first publish: %q, %v", id, err)
+	}
+	if res, err := delayd.Cancel(ctx, nc, "remind.me", id); res != delayd.Cancelled || err != nil {
+		t.Fatalf("cancel: %q, %v", res, err)
+	}
+	id, err = delayd.Publish(ctx, js, "remind.me", []byte("at 11"), delayd.WithDuration(2*time.Hour), delayd.WithMsgID("remind-7"))
+	var dup *delayd.DuplicateError
+	if !errors.Is(err, delayd.ErrDuplicate) || !errors.As(err, &dup) || id != "" {
+		t.Fatalf("publish again with the cancelled message's id: %q, %v; want an error matching ErrDuplicate", id, err)
+	}
+	if dup.ID != "remind-7" || dup.Stream != deliver.IngressStream || dup.Window != 2*time.Minute || dup.Sequence != 1 {
+		t.Errorf("DuplicateError %+v, want id remind-7, stream %s, window 2m, the first message's sequence 1", *dup, deliver.IngressStream)
+	}
+	for _, s := range []string{`"remind-7"`, "2m0s", "nothing stored", deliver.IngressStream} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not say %s", err, s)
+		}
+	}
+	if id, err := delayd.Publish(ctx, js, "remind.me", []byte("at 11"), delayd.WithDuration(2*time.Hour), delayd.WithMsgID("remind-8")); err != nil || id != "remind-8" {
+		t.Errorf("publish with a new id: %q, %v", id, err)
 	}
 }

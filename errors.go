@@ -2,6 +2,8 @@ package delayd
 
 import (
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/delayd/delayd/contract"
 )
@@ -43,7 +45,46 @@ var (
 	// ErrPrefixMismatch is returned by [Publish] when [WithPrefix] names
 	// another prefix than the running delayd's.
 	ErrPrefixMismatch = errors.New("delayd: prefix differs from the running delayd's DELAYD_PREFIX")
+
+	// ErrDuplicate is matched by a [*DuplicateError]: the stream dropped
+	// the message as a duplicate of one it stored earlier with the same
+	// Nats-Msg-Id, and stored nothing.
+	ErrDuplicate = errors.New("delayd: duplicate message id")
 )
+
+// DuplicateError is [Publish]'s error when the ingress stream stored
+// nothing: it already held a message published with the same Nats-Msg-Id
+// within its duplicate window ([contract.DuplicateWindow], 2 min), and its
+// PubAck said "duplicate". [errors.Is] matches it against [ErrDuplicate].
+//
+// The stream cannot tell the two causes apart. A publish sent again after
+// a lost PubAck or a timeout finds its own first copy: the message is
+// stored once, and the error can be taken for success. An id re-used for
+// another message, for example to move a cancelled message to a new time,
+// is never delivered: publish it with a new id. (Moving a pending message
+// is not supported yet; docs/guide.md#re-using-an-id.)
+type DuplicateError struct {
+	// ID is the Nats-Msg-Id the message was published with.
+	ID string
+	// Stream is the stream that dropped it, DELAYD_INGRESS.
+	Stream string
+	// Sequence is the stream sequence of the message stored earlier with
+	// ID.
+	Sequence uint64
+	// Window is the stream's duplicate window.
+	Window time.Duration
+}
+
+// Error says what was dropped, why, and what to do.
+func (e *DuplicateError) Error() string {
+	return fmt.Sprintf("%v %q: %s stored a message with this Nats-Msg-Id (sequence %d) within its duplicate window (%s) "+
+		"and dropped this one: nothing stored. A repeat of a publish that succeeded needs nothing more; "+
+		"a new message needs a new id, or this one once the window has passed",
+		ErrDuplicate, e.ID, e.Stream, e.Sequence, e.Window)
+}
+
+// Is reports whether target is [ErrDuplicate].
+func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
 
 // Errors for a target subject delayd refuses, the contract's sentinels:
 // [Publish], [Cancel], [Retry] and [RetryMsg] return errors wrapping them.
@@ -61,8 +102,8 @@ var (
 	ErrDeniedTarget = contract.ErrDeniedTarget
 )
 
-// Errors of the cancel API, as [Cancel] and [CancelAny] report them (README,
-// Cancel). A reply's Delay-Status code tells them apart; match them with
+// Errors of the cancel API, as [Cancel] and [CancelAny] report them
+// (docs/guide.md#cancel). A reply's Delay-Status code tells them apart; match them with
 // [errors.Is].
 var (
 	// ErrCancelReply is matched by every [*CancelError]: an error answer of

@@ -21,7 +21,12 @@ func runDelayd(table string) (*nats.Conn, func()) {
 	go srv.Start()
 	srv.ReadyForConnections(10 * time.Second)
 	nc, _ := nats.Connect(srv.ClientURL())
-	svc, _ := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse(table)})
+	// As the end-to-end tests' harness (integration/internal/itest): one
+	// delayd, so a lease TTL that CPU starvation cannot expire, and cancel
+	// lookups unpaced (the examples show answers, not pacing; paced to a
+	// tenth of a core by wall time, a lone cancel beside a CPU hog was
+	// answered busy).
+	svc, _ := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse(table), LeaseTTL: 15 * time.Second, CancelLookupShare: 1})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()

@@ -68,7 +68,7 @@ func ExampleRetry() {
 	// retry 2 in 200ms
 	// delivery order-42-retry2, attempt "2": failed
 	// dead-lettered on delayd.dlq.retries
-	// "charge order 42", Delay-Error: retries exhausted after 2 attempts (ladder 100ms 200ms): payment gateway timeout
+	// "charge order 42", Delay-Error: retries exhausted after 3 failed deliveries (the first and 2 retries, ladder 100ms 200ms): payment gateway timeout
 	// Delay-Subject: delay.orders.charge
 	// history: attempt 1 after 100ms: payment gateway timeout
 	// history: attempt 2 after 200ms: payment gateway timeout

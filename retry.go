@@ -3,6 +3,7 @@ package delayd
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -146,7 +147,10 @@ type RetryResult struct {
 	Sequence uint64
 	// Duplicate is true when the stream had the MsgID already: an earlier
 	// call for the same attempt (a consumer that crashed after Retry
-	// and before its ack) already published it.
+	// and before its ack) already published it, and Sequence is that
+	// one's. It is the [*DuplicateError] that [Publish] returns, taken
+	// for success: the id is Retry's own, one per delivery and attempt,
+	// so the message stored with it is this retry. Ack the delivery.
 	Duplicate bool
 }
 
@@ -173,8 +177,9 @@ func Retry(ctx context.Context, js jetstream.JetStream, msg jetstream.Msg, ladde
 // set to the rung, Delay-Attempt to the attempt + 1 and a record appended
 // to [HeaderRetryHistory], and waits for the PubAck. After the last rung it
 // writes the message to the dead-letter stream DELAYD_DLQ on
-// "delayd.dlq.retries" instead, with Delay-Error ("retries exhausted after N
-// attempts: <cause>"), Delay-Subject (the ingress subject, so it can be
+// "delayd.dlq.retries" instead, with Delay-Error ("retries exhausted after
+// 4 failed deliveries (the first and 3 retries, ladder 1m 5m 10m):
+// <cause>", for a ladder of 3 rungs), Delay-Subject (the ingress subject, so it can be
 // published there again), Delay-Msg-Id (the delivered Nats-Msg-Id) and the
 // history. The payload is unchanged either way.
 //
@@ -252,22 +257,20 @@ func retry(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, ladder La
 
 	if attempt >= len(ladder) {
 		h := copyHeader(msg.Header, contract.IsInternalHeader)
-		h[contract.HeaderError] = []string{fmt.Sprintf("%s after %d attempts (ladder %s): %s", ErrRetriesExhausted, attempt, ladder, causeText)}
+		h[contract.HeaderError] = []string{exhaustedText(attempt, ladder, causeText)}
 		h[contract.HeaderSubject] = []string{ingress}
 		if delivered != "" {
 			h[contract.HeaderMsgID] = []string{delivered}
 		}
 		res := RetryResult{DeadLettered: true, Attempt: attempt, Subject: contract.DLQSubjectPrefix + ReasonRetries}
-		var popts []jetstream.PublishOpt
 		if base != "" {
 			res.MsgID = base + "-retries-exhausted"
-			popts = append(popts, jetstream.WithMsgID(res.MsgID))
 		}
-		ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: res.Subject, Header: h, Data: msg.Data}, popts...)
-		if err != nil {
+		ack, err := publishMsg(ctx, js, &nats.Msg{Subject: res.Subject, Header: h, Data: msg.Data}, res.MsgID)
+		if err := res.noteDuplicate(err); err != nil {
 			return RetryResult{}, fmt.Errorf("delayd: retry: dead-letter to %s: %w", res.Subject, err)
 		}
-		res.Sequence, res.Duplicate = ack.Sequence, ack.Duplicate
+		res.Sequence = ack.Sequence
 		return res, nil
 	}
 
@@ -283,13 +286,11 @@ func retry(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, ladder La
 	h[HeaderRetryHistory] = append(h[HeaderRetryHistory], RetryRecord{
 		Attempt: res.Attempt, At: time.Now(), Delay: res.Delay, Cause: causeText,
 	}.String())
-	var popts []jetstream.PublishOpt
 	if base != "" {
 		res.MsgID = base + "-retry" + strconv.Itoa(res.Attempt)
-		popts = append(popts, jetstream.WithMsgID(res.MsgID))
 	}
 	out := &nats.Msg{Subject: ingress, Header: h, Data: msg.Data}
-	// The running delayd's limits, as Publish checks them (README, From Go);
+	// The running delayd's limits, as Publish checks them (docs/guide.md#from-go);
 	// with no delayd answering, the retry is published unchecked.
 	if info, err := connInfo(ctx, js.Conn()); err == nil {
 		if info.Prefix != o.prefix {
@@ -300,12 +301,38 @@ func retry(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, ladder La
 			return RetryResult{}, fmt.Errorf("delayd: retry: %w", err)
 		}
 	}
-	ack, err := js.PublishMsg(ctx, out, popts...)
-	if err != nil {
+	ack, err := publishMsg(ctx, js, out, res.MsgID)
+	if err := res.noteDuplicate(err); err != nil {
 		return RetryResult{}, fmt.Errorf("delayd: retry: publish attempt %d to %s: %w", res.Attempt, ingress, err)
 	}
-	res.Sequence, res.Duplicate = ack.Sequence, ack.Duplicate
+	res.Sequence = ack.Sequence
 	return res, nil
+}
+
+// noteDuplicate takes publishMsg's [*DuplicateError] for what it is for
+// Retry: the id is Retry's own, derived from the delivery and the attempt,
+// so the message stored with it is this retry (or dead letter), published
+// by an earlier call for the same delivery. It sets Duplicate and returns
+// nil for it; any other error it returns.
+func (r *RetryResult) noteDuplicate(err error) error {
+	var dup *DuplicateError
+	if errors.As(err, &dup) {
+		r.Duplicate = true
+		return nil
+	}
+	return err
+}
+
+// exhaustedText is the Delay-Error of a message dead-lettered after the
+// delivery of retry attempt failed: counted as users count failures, the
+// first delivery and each retry, "retries exhausted after 4 failed
+// deliveries (the first and 3 retries, ladder 1m 5m 10m): <cause>".
+func exhaustedText(attempt int, ladder Ladder, cause string) string {
+	retries := "retries"
+	if attempt == 1 {
+		retries = "retry"
+	}
+	return fmt.Sprintf("%s after %d failed deliveries (the first and %d %s, ladder %s): %s", ErrRetriesExhausted, attempt+1, attempt, retries, ladder, cause)
 }
 
 // attemptOf reads Delay-Attempt, matched in any case: absent is 0.

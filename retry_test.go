@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -198,7 +199,7 @@ func TestRetryMsg(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantErr := "retries exhausted after 2 attempts (ladder 1m 5m): " + strings.Repeat("x", delayd.RetryCauseMax-3) + "..."
+	wantErr := "retries exhausted after 3 failed deliveries (the first and 2 retries, ladder 1m 5m): " + strings.Repeat("x", delayd.RetryCauseMax-3) + "..."
 	if dl.Subject != "delayd.dlq.retries" || string(dl.Data) != "close order 42" ||
 		dl.Header.Get(delayd.HeaderError) != wantErr ||
 		dl.Header.Get(delayd.HeaderSubject) != "delay.orders.close" ||
@@ -226,6 +227,37 @@ func TestRetryMsg(t *testing.T) {
 	m, _ = b2.GetMsg(ctx, 1)
 	if hist, _ := delayd.RetryHistory(m.Header); len(hist) != 1 || hist[0].Cause != "(no cause given)" {
 		t.Errorf("nil cause: history %+v", hist)
+	}
+}
+
+// TestRetryExhaustedText: the dead letter's Delay-Error counts failures as
+// users do: a ladder of n rungs dead-letters after n+1 failed deliveries,
+// the first and n retries.
+func TestRetryExhaustedText(t *testing.T) {
+	t.Parallel()
+	b := setupRetry(t)
+	ctx := context.Background()
+	for i, tt := range []struct {
+		ladder string
+		want   string
+	}{
+		{"1m", "retries exhausted after 2 failed deliveries (the first and 1 retry, ladder 1m): gateway down"},
+		{"1m 5m 10m", "retries exhausted after 4 failed deliveries (the first and 3 retries, ladder 1m 5m 10m): gateway down"},
+	} {
+		ladder := delayd.MustParseLadder(tt.ladder)
+		id := "order-" + strconv.Itoa(i)
+		d := delivered(id+"-retry"+strconv.Itoa(len(ladder)), nats.Header{delayd.HeaderAttempt: {strconv.Itoa(len(ladder))}})
+		res, err := delayd.RetryMsg(ctx, b.js, d, ladder, errors.New("gateway down"))
+		if err != nil || !res.DeadLettered {
+			t.Fatalf("ladder %s, attempt %d: %+v, %v; want dead-lettered", ladder, len(ladder), res, err)
+		}
+		dl, err := b.dlq.GetMsg(ctx, res.Sequence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := dl.Header.Get(delayd.HeaderError); got != tt.want {
+			t.Errorf("ladder %s: Delay-Error %q, want %q", ladder, got, tt.want)
+		}
 	}
 }
 

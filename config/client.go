@@ -33,6 +33,10 @@ type Client struct {
 	// Levels is delayd's level table, as [Config].Levels. Optional. Default [levels.DefaultTable].
 	Levels levels.Table `envconfig:"DELAYD_LEVELS"`
 
+	// Precision is delayd's DELAYD_PRECISION, as [Config].Precision: with "off", [LoadClient] returns Levels
+	// without precision levels, and `delayctl levels` lists none. Optional. Default [PrecisionDefault].
+	Precision string `envconfig:"DELAYD_PRECISION"`
+
 	// Partitions is delayd's partition list, as [Config].Partitions: `delayctl levels` lists a partitioned level's
 	// streams. Optional. Default "": none.
 	Partitions levels.Partitions `envconfig:"DELAYD_PARTITIONS"`
@@ -44,15 +48,8 @@ type Client struct {
 	// Prefix is delayd's ingress subject prefix, as [Config].Prefix. Optional. Default [PrefixDefault].
 	Prefix string `envconfig:"DELAYD_PREFIX"`
 
-	// The authentication and TLS settings, as the [Config] fields of the same names. Optional. Default: none.
-	NATSUser     string `envconfig:"DELAYD_NATS_USER"`
-	NATSPassword Secret `envconfig:"DELAYD_NATS_PASSWORD"`
-	NATSToken    Secret `envconfig:"DELAYD_NATS_TOKEN"`
-	NATSNKeySeed string `envconfig:"DELAYD_NATS_NKEY_SEED"`
-	NATSCreds    string `envconfig:"DELAYD_NATS_CREDS"`
-	NATSTLSCA    string `envconfig:"DELAYD_NATS_TLS_CA"`
-	NATSTLSCert  string `envconfig:"DELAYD_NATS_TLS_CERT"`
-	NATSTLSKey   string `envconfig:"DELAYD_NATS_TLS_KEY"`
+	// NATSAuth holds the authentication and TLS settings, as [Config] embeds it. Optional. Default: none.
+	NATSAuth
 }
 
 // LoadClient reads the [Client] variables from the environment, applies each override in order (a CLI's flags,
@@ -86,8 +83,14 @@ func LoadClient(overrides ...func(*Client)) (Client, error) {
 	if c.Levels.Len() == 0 {
 		c.Levels = levels.Default()
 	}
+	if c.Precision == "" {
+		c.Precision = PrecisionDefault
+	}
 	if err := c.Validate(); err != nil {
 		return Client{}, err
+	}
+	if !precisionOn(c.Precision) {
+		c.Levels = c.Levels.WithoutPrecision()
 	}
 	return c, nil
 }
@@ -122,6 +125,9 @@ func (c Client) Validate() error {
 	} else if err := c.Partitions.WithIngress(c.IngressPartitions).Check(c.Levels); err != nil {
 		errs = append(errs, &VarError{Var: "DELAYD_PARTITIONS", Value: c.Partitions.String(), Reason: err.Error(), Err: err})
 	}
+	if reason := precisionReason(c.Precision); reason != "" {
+		errs = append(errs, &VarError{Var: "DELAYD_PRECISION", Value: c.Precision, Reason: reason})
+	}
 	if c.IngressPartitions < 0 || c.IngressPartitions > levels.PartitionsMax {
 		errs = append(errs, &VarError{Var: "DELAYD_INGRESS_PARTITIONS", Value: strconv.Itoa(c.IngressPartitions),
 			Reason: fmt.Sprintf("must be between 1 and %d", levels.PartitionsMax)})
@@ -143,7 +149,6 @@ func (c Client) AuthMethod() string { return c.config().AuthMethod() }
 func (c Client) config() Config {
 	return Config{
 		NATSURL: c.NATSURL, Levels: c.Levels, Partitions: c.Partitions, Prefix: c.Prefix,
-		NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, NATSToken: c.NATSToken, NATSNKeySeed: c.NATSNKeySeed,
-		NATSCreds: c.NATSCreds, NATSTLSCA: c.NATSTLSCA, NATSTLSCert: c.NATSTLSCert, NATSTLSKey: c.NATSTLSKey,
+		NATSAuth: c.NATSAuth,
 	}
 }

@@ -16,7 +16,7 @@ func TestLoadClientDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("LoadClient: %v", err)
 	}
-	want := Client{NATSURL: ClientURLDefault, Levels: levels.Default(), Prefix: PrefixDefault}
+	want := Client{NATSURL: ClientURLDefault, Levels: levels.Default(), Precision: PrecisionDefault, Prefix: PrefixDefault}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("LoadClient() = %+v, want %+v", c, want)
 	}
@@ -152,8 +152,7 @@ func TestLoadClientBad(t *testing.T) {
 func TestClientTagsMatchConfig(t *testing.T) {
 	t.Parallel()
 	ct, cfg := reflect.TypeFor[Client](), reflect.TypeFor[Config]()
-	for i := range ct.NumField() {
-		f := ct.Field(i)
+	for _, f := range reflect.VisibleFields(ct) { // the fields of an embedded struct (NATSAuth) too
 		g, ok := cfg.FieldByName(f.Name)
 		if !ok {
 			t.Errorf("Client.%s has no Config field", f.Name)

@@ -5,19 +5,14 @@ package config
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"net"
-	"net/url"
-	"os"
+	"math"
 	"strconv"
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/kelseyhightower/envconfig"
-	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/internal/lease"
@@ -37,6 +32,8 @@ const (
 	HTTPAddrDefault = "127.0.0.1:8223"
 	// IngressPartitionsDefault is DELAYD_INGRESS_PARTITIONS's default: ingress is not partitioned, one router.
 	IngressPartitionsDefault = 1
+	// PrecisionDefault is DELAYD_PRECISION's default: the precision levels are created.
+	PrecisionDefault = "on"
 	// ReplicasDefault is the default replica count of the streams and buckets delayd creates (DELAYD_REPLICAS).
 	ReplicasDefault = 1
 	// LogFormatDefault is the default log format (DELAYD_LOG_FORMAT).
@@ -52,6 +49,11 @@ const (
 	// LeaseTTLDefault is the default TTL of the leases through which one delayd process at a time owns the router and
 	// each level stream (DELAYD_LEASE_TTL): lease.TTLDefault, 1.5 s.
 	LeaseTTLDefault = lease.TTLDefault
+	// AnswerKeepDefault is DELAYD_ANSWER_KEEP's default: how long a message's final answer is kept for cancel and
+	// status once the id index forgot it, 6 hours.
+	AnswerKeepDefault = contract.AnswerKeepDefault
+	// AnswerMaxBytesDefault is DELAYD_ANSWER_MAX_BYTES's default: 256 MiB, about 2.3 million answers (docs/guarantees.md#what-kept-answers-cost).
+	AnswerMaxBytesDefault = contract.AnswerMaxBytesDefault
 )
 
 // Limits of DELAYD_LEASE_TTL: renewals run every TTL/3, so a shorter TTL costs more lease writes and leaves less room
@@ -87,6 +89,16 @@ type Config struct {
 	// ms s m h d.
 	// Optional. Default [levels.DefaultTable], RocketMQ 4's 18 levels.
 	Levels levels.Table `envconfig:"DELAYD_LEVELS"`
+
+	// Precision is "on" or "off" (case-insensitive): whether delayd creates the precision levels, the streams below
+	// the shortest level through which a Delay-Duration or Delay-Deliver-At message's last stretch passes
+	// (1 ms, 2 ms, ... 512 ms below the default 1 s level: 10 streams, 10 Raft groups with DELAYD_REPLICAS above 1).
+	// With "off", [Load] returns Levels without them ([levels.Table.WithoutPrecision]): such a message's last
+	// stretch waits in the shortest level, and is delivered never early and late by less than the shortest level's
+	// delay, instead of by milliseconds. Delay-Level messages are unaffected. Every live replica must have the same
+	// value.
+	// Optional. Default [PrecisionDefault].
+	Precision string `envconfig:"DELAYD_PRECISION"`
 
 	// Partitions splits hot levels into partition streams, parsed by [levels.ParsePartitions]: entries
 	// <level delay>=<count> separated by spaces or commas, e.g. "1m=4 5m=2"; each delay a level of Levels, each
@@ -144,39 +156,26 @@ type Config struct {
 	// and delivering again; a graceful stop hands them over at once. A Go duration, [LeaseTTLMin] to [LeaseTTLMax].
 	// Optional. Default [LeaseTTLDefault].
 	LeaseTTL time.Duration `envconfig:"DELAYD_LEASE_TTL"`
+	// AnswerKeep is how long a message's final answer ("already delivered", "cancelled") is kept for the cancel and
+	// status APIs once the id index has trimmed its records (about a minute after it left its level); after it the
+	// answer is "not found" ([deliver.Config].AnswerKeep). A Go duration, 1s to 720h; 0 or "off" turns kept
+	// answers off (one JetStream write and one read fewer per message, "not found" about a minute after a message
+	// left its level). Optional. Default [AnswerKeepDefault].
+	AnswerKeep OffDuration `envconfig:"DELAYD_ANSWER_KEEP"`
+	// AnswerMaxBytes bounds the kept answers (stream DELAYD_ANSWERS) on disk; past it the oldest go first. Bytes, as
+	// a whole number with an optional unit (KiB, MiB, GiB), at least 1MiB. Optional. Default [AnswerMaxBytesDefault].
+	AnswerMaxBytes ByteSize `envconfig:"DELAYD_ANSWER_MAX_BYTES"`
 
-	// NATSUser and NATSPassword authenticate to the NATS server(s) of NATSURL with a user name and password
-	// ([nats.UserInfo]). Both or neither; only with NATSURL; at most one authentication method.
-	// Optional. Default "": none.
-	NATSUser     string `envconfig:"DELAYD_NATS_USER"`
-	NATSPassword Secret `envconfig:"DELAYD_NATS_PASSWORD"`
+	// NATSAuth holds the authentication and TLS variables of the connection to NATSURL's servers; its fields are
+	// promoted (c.NATSUser) and keep their full variable names (envconfig gives an embedded struct's fields no prefix).
+	NATSAuth
 
-	// NATSToken authenticates with a token ([nats.Token]). Only with NATSURL; at most one authentication method.
-	// Optional. Default "": none.
-	NATSToken Secret `envconfig:"DELAYD_NATS_TOKEN"`
+	// TargetLists holds DELAYD_ALLOW_TARGETS and DELAYD_DENY_TARGETS; its fields are promoted, like NATSAuth's.
+	TargetLists
+}
 
-	// NATSNKeySeed is the path of a file holding an NKey user seed ([nats.NkeyOptionFromSeed]); it must be readable
-	// at start, and it is read again on every (re)connect. Only with NATSURL; at most one authentication method.
-	// Optional. Default "": none.
-	NATSNKeySeed string `envconfig:"DELAYD_NATS_NKEY_SEED"`
-
-	// NATSCreds is the path of a .creds file, a user JWT and its NKey seed as nsc writes them
-	// ([nats.UserCredentials]); it must be readable at start, and it is read again on every (re)connect. Only with
-	// NATSURL; at most one authentication method.
-	// Optional. Default "": none.
-	NATSCreds string `envconfig:"DELAYD_NATS_CREDS"`
-
-	// NATSTLSCA is the path of a PEM file of CA certificates to verify the server with ([nats.RootCAs]) instead of
-	// the system's. Setting it requires TLS. Only with NATSURL.
-	// Optional. Default "": the system's roots (and TLS only if the URL or server asks for it).
-	NATSTLSCA string `envconfig:"DELAYD_NATS_TLS_CA"`
-
-	// NATSTLSCert and NATSTLSKey are the paths of a PEM client certificate and its private key, for servers that
-	// verify clients (mutual TLS, [nats.ClientCert]). Both or neither; setting them requires TLS. Only with NATSURL.
-	// Optional. Default "": no client certificate.
-	NATSTLSCert string `envconfig:"DELAYD_NATS_TLS_CERT"`
-	NATSTLSKey  string `envconfig:"DELAYD_NATS_TLS_KEY"`
-
+// TargetLists are the target subject pattern lists of [Config], see [Config.TargetPolicy].
+type TargetLists struct {
 	// AllowTargets lists the target subject patterns delayd may deliver to ([contract.ValidatePattern]: NATS
 	// wildcards '*' and '>' as whole tokens), separated by spaces or commas. A target matching none is dead-lettered
 	// with reason target. The list narrows what the contract allows; it never widens it.
@@ -188,29 +187,69 @@ type Config struct {
 	DenyTargets Patterns `envconfig:"DELAYD_DENY_TARGETS"`
 }
 
-// Secret is a configuration value that must never be printed: its String, GoString, LogValue and MarshalText
-// give "<redacted>" (or "" when empty). Convert it with string(s) to use it.
-type Secret string
+// OffDuration is a Go duration whose 0 means off; "off" also decodes to 0.
+type OffDuration time.Duration
 
-// Redacted is how a set [Secret] prints.
-const Redacted = "<redacted>"
-
-// String returns [Redacted], or "" for an empty secret.
-func (s Secret) String() string {
-	if s == "" {
-		return ""
+// Decode parses value (envconfig.Decoder): "off" or a Go duration.
+func (d *OffDuration) Decode(value string) error {
+	v := strings.TrimSpace(value)
+	if v == "off" {
+		*d = 0
+		return nil
 	}
-	return Redacted
+	p, err := time.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	*d = OffDuration(p)
+	return nil
 }
 
-// GoString returns String quoted, so %#v does not print the secret either.
-func (s Secret) GoString() string { return strconv.Quote(s.String()) }
+// String is "off" for 0, else the Go duration.
+func (d OffDuration) String() string {
+	if d == 0 {
+		return "off"
+	}
+	return time.Duration(d).String()
+}
 
-// LogValue returns String as a [slog.Value].
-func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
+// ByteSize is a number of bytes: a whole number with an optional unit, KiB, MiB or GiB (powers of 1024), e.g.
+// "4GiB" or "1048576".
+type ByteSize int64
 
-// MarshalText returns String.
-func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+// Decode parses value (envconfig.Decoder).
+func (b *ByteSize) Decode(value string) error {
+	v := strings.TrimSpace(value)
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if rest, ok := strings.CutSuffix(v, u.suffix); ok {
+			v, mult = strings.TrimSpace(rest), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return fmt.Errorf("not a byte size: %q", value)
+	}
+	*b = ByteSize(n * mult)
+	return nil
+}
+
+// String formats b with the largest unit that divides it exactly: "4GiB", "1536KiB", "1000".
+func (b ByteSize) String() string {
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if b != 0 && int64(b)%u.mult == 0 {
+			return strconv.FormatInt(int64(b)/u.mult, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(int64(b), 10)
+}
 
 // Patterns is a list of NATS subject patterns, read from one variable with the patterns separated by spaces or
 // commas (empty entries are skipped).
@@ -250,7 +289,23 @@ func Load() (Config, error) {
 	if err := c.Validate(); err != nil {
 		return Config{}, err
 	}
+	if !precisionOn(c.Precision) {
+		c.Levels = c.Levels.WithoutPrecision()
+	}
 	return c, nil
+}
+
+// precisionOn reports whether a valid DELAYD_PRECISION value asks for the precision levels.
+func precisionOn(v string) bool { return !strings.EqualFold(v, "off") }
+
+// precisionReason returns why v is not a valid DELAYD_PRECISION value, or "".
+func precisionReason(v string) string {
+	switch strings.ToLower(v) {
+	case "on", "off":
+		return ""
+	}
+	return "must be on (precision levels below the shortest level: any delay late by milliseconds) or off (none: " +
+		"a Delay-Duration or Delay-Deliver-At message late by less than the shortest level's delay)"
 }
 
 // defaults returns the configuration of an empty environment: every optional variable at its *Default constant.
@@ -262,8 +317,10 @@ func defaults() Config {
 		StoreDir: StoreDirDefault,
 		Levels:   levels.Default(),
 		Prefix:   PrefixDefault,
-		HTTPAddr: HTTPAddrDefault,
-		Replicas: ReplicasDefault,
+
+		Precision: PrecisionDefault,
+		HTTPAddr:  HTTPAddrDefault,
+		Replicas:  ReplicasDefault,
 
 		IngressPartitions: IngressPartitionsDefault,
 		LogFormat:         LogFormatDefault,
@@ -273,6 +330,9 @@ func defaults() Config {
 
 		CancelShare: CancelShareDefault,
 		LeaseTTL:    LeaseTTLDefault,
+
+		AnswerKeep:     OffDuration(AnswerKeepDefault),
+		AnswerMaxBytes: AnswerMaxBytesDefault,
 	}
 }
 
@@ -297,6 +357,10 @@ func parseReason(pe *envconfig.ParseError) string {
 		return "must be a number above 0 and at most 1, such as 0.1"
 	case "DELAYD_LEASE_TTL":
 		return fmt.Sprintf(`must be a Go duration from %s to %s, such as "1500ms"`, LeaseTTLMin, LeaseTTLMax)
+	case "DELAYD_ANSWER_KEEP":
+		return `must be a Go duration from 1s to 720h, such as "6h", or 0 or "off"`
+	case "DELAYD_ANSWER_MAX_BYTES":
+		return `must be a whole number of bytes, at least 1MiB, with an optional unit KiB, MiB or GiB, such as "1GiB"`
 	}
 	return pe.Err.Error()
 }
@@ -340,6 +404,9 @@ func (c Config) Validate() error {
 	if c.Levels.Len() == 0 {
 		bad("DELAYD_LEVELS", c.Levels.String(), "must hold at least one level", levels.ErrEmptyTable)
 	}
+	if reason := precisionReason(c.Precision); reason != "" {
+		bad("DELAYD_PRECISION", c.Precision, reason, nil)
+	}
 	if c.IngressPartitions < 1 || c.IngressPartitions > levels.PartitionsMax {
 		bad("DELAYD_INGRESS_PARTITIONS", strconv.Itoa(c.IngressPartitions), fmt.Sprintf("must be between 1 and %d", levels.PartitionsMax), nil)
 	} else if err := c.Partitions.WithIngress(c.IngressPartitions).Check(c.Levels); err != nil && c.Levels.Len() > 0 {
@@ -381,6 +448,12 @@ func (c Config) Validate() error {
 	if c.LeaseTTL < LeaseTTLMin || c.LeaseTTL > LeaseTTLMax {
 		bad("DELAYD_LEASE_TTL", c.LeaseTTL.String(), fmt.Sprintf("must be a Go duration from %s to %s", LeaseTTLMin, LeaseTTLMax), nil)
 	}
+	if keep := time.Duration(c.AnswerKeep); keep != 0 && (keep < contract.AnswerKeepMin || keep > contract.AnswerKeepMax) {
+		bad("DELAYD_ANSWER_KEEP", c.AnswerKeep.String(), "must be a Go duration from 1s to 720h, such as 6h, or 0 or off", nil)
+	}
+	if c.AnswerMaxBytes < contract.AnswerMaxBytesMin {
+		bad("DELAYD_ANSWER_MAX_BYTES", c.AnswerMaxBytes.String(), "must be at least 1MiB (1048576 bytes)", nil)
+	}
 	errs = append(errs, c.validateSecurity()...)
 	for _, v := range []struct {
 		name string
@@ -395,202 +468,6 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// connVar is one of the variables that configure the connection to an external NATS server.
-type connVar struct {
-	name    string
-	value   string // the value as printed: a path, a user name, or [Redacted]
-	set     bool
-	isFile  bool
-	authKey string // the authentication method it belongs to, or "" for TLS
-}
-
-// connVars returns the connection variables, authentication first, in the order of [authMethods].
-func (c Config) connVars() []connVar {
-	return []connVar{
-		{name: "DELAYD_NATS_USER", value: c.NATSUser, set: c.NATSUser != "", authKey: "user"},
-		{name: "DELAYD_NATS_PASSWORD", value: c.NATSPassword.String(), set: c.NATSPassword != "", authKey: "user"},
-		{name: "DELAYD_NATS_TOKEN", value: c.NATSToken.String(), set: c.NATSToken != "", authKey: "token"},
-		{name: "DELAYD_NATS_NKEY_SEED", value: c.NATSNKeySeed, set: c.NATSNKeySeed != "", isFile: true, authKey: "nkey"},
-		{name: "DELAYD_NATS_CREDS", value: c.NATSCreds, set: c.NATSCreds != "", isFile: true, authKey: "creds"},
-		{name: "DELAYD_NATS_TLS_CA", value: c.NATSTLSCA, set: c.NATSTLSCA != "", isFile: true},
-		{name: "DELAYD_NATS_TLS_CERT", value: c.NATSTLSCert, set: c.NATSTLSCert != "", isFile: true},
-		{name: "DELAYD_NATS_TLS_KEY", value: c.NATSTLSKey, set: c.NATSTLSKey != "", isFile: true},
-	}
-}
-
-// authMethods names the authentication methods, at most one of which may be set.
-const authMethods = "DELAYD_NATS_USER with DELAYD_NATS_PASSWORD, DELAYD_NATS_TOKEN, DELAYD_NATS_NKEY_SEED or DELAYD_NATS_CREDS"
-
-// validateSecurity checks the authentication and TLS variables: only with NATSURL, at most one authentication
-// method, pairs set together, files readable. It never prints a password or token, only [Redacted].
-func (c Config) validateSecurity() []error {
-	var errs []error
-	bad := func(v connVar, reason string, err error) {
-		errs = append(errs, &VarError{Var: v.name, Value: v.value, Reason: reason, Err: err})
-	}
-	vars := c.connVars()
-	byName := make(map[string]connVar, len(vars))
-	for _, v := range vars {
-		byName[v.name] = v
-	}
-	if c.NATSURL == "" {
-		for _, v := range vars {
-			if v.set {
-				bad(v, "only applies with DELAYD_NATS_URL: the embedded server has no authentication or TLS "+
-					"(unset it, or set DELAYD_NATS_URL)", nil)
-			}
-		}
-		return errs
-	}
-
-	pair := func(a, b string) {
-		if va, vb := byName[a], byName[b]; va.set != vb.set {
-			if !va.set {
-				va, vb = vb, va
-			}
-			bad(va, fmt.Sprintf("needs %s too (both or neither)", vb.name), nil)
-		}
-	}
-	pair("DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD")
-	pair("DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY")
-
-	first := ""
-	for _, v := range vars {
-		if v.authKey == "" || !v.set {
-			continue
-		}
-		switch {
-		case first == "":
-			first = v.name
-		case byName[first].authKey != v.authKey:
-			bad(v, fmt.Sprintf("%s is set too: set at most one authentication method (%s)", first, authMethods), nil)
-		}
-	}
-	if first != "" && urlHasUserInfo(c.NATSURL) {
-		bad(byName[first], "DELAYD_NATS_URL carries credentials too: put them in one place", nil)
-	}
-
-	for _, v := range vars {
-		if v.isFile && v.set {
-			if reason, err := fileReason(v.value); reason != "" {
-				bad(v, reason, err)
-			}
-		}
-	}
-	return errs
-}
-
-// fileReason returns why path is not a readable regular file, or "".
-func fileReason(path string) (string, error) {
-	f, err := os.Open(path)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return "file does not exist", nil
-	case errors.Is(err, fs.ErrPermission):
-		return "file is not readable (permission denied)", nil
-	case err != nil:
-		return "cannot open the file", err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return "cannot read the file", err
-	}
-	if !fi.Mode().IsRegular() {
-		return "is not a regular file", nil
-	}
-	return "", nil
-}
-
-// urlHasUserInfo reports whether an entry of the comma-separated server list carries a user, password or token.
-func urlHasUserInfo(list string) bool {
-	for entry := range strings.SplitSeq(list, ",") {
-		if u, err := url.Parse(strings.TrimSpace(entry)); err == nil && u.User != nil {
-			return true
-		}
-	}
-	return false
-}
-
-// AuthMethod names the authentication method the variables choose, for logs: "user", "token", "nkey", "creds",
-// "url" (credentials inside DELAYD_NATS_URL), or "none" (also in embedded mode).
-func (c Config) AuthMethod() string {
-	switch {
-	case c.NATSURL == "":
-		return "none"
-	case urlHasUserInfo(c.NATSURL):
-		return "url"
-	case c.NATSUser != "":
-		return "user"
-	case c.NATSToken != "":
-		return "token"
-	case c.NATSNKeySeed != "":
-		return "nkey"
-	case c.NATSCreds != "":
-		return "creds"
-	}
-	return "none"
-}
-
-// NATSOptions returns the nats.go options for the authentication and TLS variables, built with nats.go's own
-// helpers: [nats.UserInfo], [nats.Token], [nats.NkeyOptionFromSeed], [nats.UserCredentials], [nats.RootCAs] and
-// [nats.ClientCert]. In embedded mode (NATSURL "") it returns nil. Call it after [Config.Validate].
-//
-// It loads every file once, so a file that is not what the variable wants (a seed file without a user seed, a
-// .creds file without a JWT and seed, a CA file without PEM certificates, a key that does not match its
-// certificate) is a [*VarError] at start, naming the variable and the path, never the file's contents.
-func (c Config) NATSOptions() ([]nats.Option, error) {
-	if c.NATSURL == "" {
-		return nil, nil
-	}
-	var opts []nats.Option
-	fileErr := func(name, path, reason string, err error) error {
-		return &VarError{Var: name, Value: path, Reason: reason, Err: err}
-	}
-	switch {
-	case c.NATSUser != "":
-		opts = append(opts, nats.UserInfo(c.NATSUser, string(c.NATSPassword)))
-	case c.NATSToken != "":
-		opts = append(opts, nats.Token(string(c.NATSToken)))
-	case c.NATSNKeySeed != "":
-		opt, err := nats.NkeyOptionFromSeed(c.NATSNKeySeed)
-		if err != nil {
-			return nil, fileErr("DELAYD_NATS_NKEY_SEED", c.NATSNKeySeed, "cannot load an NKey user seed (want a file holding an SU... seed)", err)
-		}
-		opts = append(opts, opt)
-	case c.NATSCreds != "":
-		opt := nats.UserCredentials(c.NATSCreds)
-		var o nats.Options
-		err := opt(&o)
-		if err == nil {
-			_, err = o.UserJWT()
-		}
-		if err == nil {
-			_, err = o.SignatureCB([]byte("delayd"))
-		}
-		if err != nil {
-			return nil, fileErr("DELAYD_NATS_CREDS", c.NATSCreds, "cannot load the credentials (want a .creds file with a user JWT and its NKey seed, as nsc writes it)", err)
-		}
-		opts = append(opts, opt)
-	}
-	if c.NATSTLSCA != "" {
-		opt := nats.RootCAs(c.NATSTLSCA)
-		if err := opt(&nats.Options{}); err != nil {
-			return nil, fileErr("DELAYD_NATS_TLS_CA", c.NATSTLSCA, "cannot load CA certificates (want a PEM file)", err)
-		}
-		opts = append(opts, opt)
-	}
-	if c.NATSTLSCert != "" || c.NATSTLSKey != "" {
-		opt := nats.ClientCert(c.NATSTLSCert, c.NATSTLSKey)
-		if err := opt(&nats.Options{}); err != nil {
-			return nil, fileErr("DELAYD_NATS_TLS_CERT", c.NATSTLSCert,
-				fmt.Sprintf("cannot load the client certificate with DELAYD_NATS_TLS_KEY=%q (want PEM files of a certificate and its private key)", c.NATSTLSKey), err)
-		}
-		opts = append(opts, opt)
-	}
-	return opts, nil
 }
 
 // SlogLevel returns LogLevel as a [slog.Level]. Call it after [Config.Validate]; an invalid LogLevel is
@@ -612,118 +489,4 @@ func parseLogLevel(s string) (slog.Level, bool) {
 		return slog.LevelError, true
 	}
 	return slog.LevelInfo, false
-}
-
-// checkHostPort returns why addr is not host:port with port minPort to 65535, or "". The host may be empty (all
-// interfaces).
-func checkHostPort(addr string, minPort int) string {
-	want := fmt.Sprintf("must be host:port with port %d to 65535", minPort)
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return want
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil || n < minPort || n > 65535 || port[0] == '+' || port[0] == '-' {
-		return want
-	}
-	return ""
-}
-
-// natsSchemes are the URL schemes nats.go accepts.
-var natsSchemes = map[string]bool{"nats": true, "tls": true, "ws": true, "wss": true}
-
-// validateNATSURL checks a comma-separated server list as nats.Connect reads it: entries trimmed, empty entries
-// skipped, each a URL with scheme nats, tls, ws or wss or a bare host[:port], websocket and non-websocket not mixed.
-func validateNATSURL(list string) error {
-	if list == "" {
-		return nil
-	}
-	var n, ws int
-	for entry := range strings.SplitSeq(list, ",") {
-		entry = strings.TrimSpace(entry)
-		if entry == "" {
-			continue
-		}
-		n++
-		raw := entry
-		if !strings.Contains(entry, "://") {
-			raw = "nats://" + entry
-		}
-		u, err := url.Parse(raw)
-		if err != nil || !natsSchemes[u.Scheme] || u.Hostname() == "" || strings.ContainsAny(u.Host, " \t") {
-			return fmt.Errorf("%q is not a server URL (want nats://, tls://, ws:// or wss://host:port, or host:port, comma-separated)",
-				RedactURLs(entry))
-		}
-		if p := u.Port(); p != "" {
-			if port, err := strconv.Atoi(p); err != nil || port < 1 || port > 65535 {
-				return fmt.Errorf("%q has a bad port (want 1 to 65535)", RedactURLs(entry))
-			}
-		}
-		if u.Scheme == "ws" || u.Scheme == "wss" {
-			ws++
-		}
-	}
-	if n == 0 {
-		return errors.New(`holds no server URL (want nats://host:port, comma-separated, or "" for the embedded server)`)
-	}
-	if ws != 0 && ws != n {
-		return errors.New("mixes websocket (ws, wss) and non-websocket URLs, which nats.go rejects")
-	}
-	return nil
-}
-
-// RedactURLs returns a comma-separated list of server URLs with every secret replaced by "xxxxx": the password of
-// user:password@, and a token@ (a user name without a password, which nats.go sends as a token). nats.go's own
-// ConnectedUrlRedacted keeps a token; pass its result through RedactURLs before logging it.
-func RedactURLs(list string) string {
-	entries := strings.Split(list, ",")
-	for i, entry := range entries {
-		if u, err := url.Parse(strings.TrimSpace(entry)); err == nil && u.User != nil {
-			if _, ok := u.User.Password(); ok {
-				u.User = url.UserPassword(u.User.Username(), "xxxxx")
-			} else {
-				u.User = url.User("xxxxx")
-			}
-			entries[i] = u.String()
-		}
-	}
-	return strings.Join(entries, ",")
-}
-
-// ValidatePrefix checks an ingress subject prefix. It must be a valid literal NATS subject: non-empty tokens separated
-// by '.', with no wildcard '*' or '>', no whitespace, no control characters, and valid UTF-8. It must not overlap
-// delayd's internal subjects ("delayd" and "delayd.…"), the system and JetStream API subjects (anything starting with
-// '$'), or request-reply inboxes ("_INBOX" and "_INBOX.…"). Errors wrap [ErrInvalid].
-func ValidatePrefix(p string) error {
-	if reason := prefixReason(p); reason != "" {
-		return fmt.Errorf("config: prefix %q: %s: %w", p, reason, ErrInvalid)
-	}
-	return nil
-}
-
-// prefixReason returns why p is not a valid ingress prefix (see [ValidatePrefix]), or "".
-func prefixReason(p string) string {
-	switch {
-	case p == "":
-		return "must not be empty"
-	case !utf8.ValidString(p):
-		return "must be valid UTF-8"
-	case strings.IndexFunc(p, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
-		return "must not contain whitespace or control characters"
-	case strings.ContainsAny(p, "*>"):
-		return "must be a literal subject, without wildcards '*' or '>'"
-	case strings.HasPrefix(p, "$"):
-		return "must not start with '$' (system and JetStream API subjects)"
-	}
-	for tok := range strings.SplitSeq(p, ".") {
-		if tok == "" {
-			return `must not have empty tokens (want tokens separated by single dots, e.g. "sched.in")`
-		}
-	}
-	for _, reserved := range []string{"delayd", "_INBOX"} {
-		if p == reserved || strings.HasPrefix(p, reserved+".") {
-			return fmt.Sprintf("must not be %s or start with %s. (reserved subjects)", reserved, reserved)
-		}
-	}
-	return ""
 }

@@ -19,7 +19,7 @@ var vars = []string{
 	"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY", "DELAYD_CANCEL_SHARE", "DELAYD_LEASE_TTL",
 	"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED", "DELAYD_NATS_CREDS",
 	"DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY", "DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS",
-	"DELAYD_PARTITIONS", "DELAYD_INGRESS_PARTITIONS",
+	"DELAYD_PARTITIONS", "DELAYD_INGRESS_PARTITIONS", "DELAYD_PRECISION", "DELAYD_ANSWER_KEEP", "DELAYD_ANSWER_MAX_BYTES",
 }
 
 // clearEnv unsets every DELAYD_* variable (and the unprefixed names envconfig could fall back to) for the test.
@@ -46,6 +46,7 @@ func TestLoadDefaults(t *testing.T) {
 		Listen:    ListenDefault,
 		StoreDir:  StoreDirDefault,
 		Levels:    levels.Default(),
+		Precision: PrecisionDefault,
 		Prefix:    PrefixDefault,
 		HTTPAddr:  HTTPAddrDefault,
 		Replicas:  ReplicasDefault,
@@ -57,6 +58,8 @@ func TestLoadDefaults(t *testing.T) {
 		MaxDelay:          MaxDelayDefault,
 		CancelShare:       CancelShareDefault,
 		LeaseTTL:          LeaseTTLDefault,
+		AnswerKeep:        OffDuration(AnswerKeepDefault),
+		AnswerMaxBytes:    AnswerMaxBytesDefault,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load() = %+v, want %+v", c, want)
@@ -81,16 +84,27 @@ func TestVarTags(t *testing.T) {
 		"DELAYD_REPLICAS", "DELAYD_LOG_FORMAT", "DELAYD_LOG_LEVEL", "DELAYD_START_GRACE", "DELAYD_MAX_DELAY", "DELAYD_CANCEL_SHARE", "DELAYD_LEASE_TTL",
 		"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED",
 		"DELAYD_NATS_CREDS", "DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY",
-		"DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS", "DELAYD_PARTITIONS", "DELAYD_INGRESS_PARTITIONS",
+		"DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS", "DELAYD_PARTITIONS", "DELAYD_INGRESS_PARTITIONS", "DELAYD_PRECISION",
+		"DELAYD_ANSWER_KEEP", "DELAYD_ANSWER_MAX_BYTES",
 	} {
 		known[name] = true
 	}
-	typ := reflect.TypeFor[Config]()
-	if typ.NumField() != len(vars) {
-		t.Fatalf("Config has %d fields, want %d", typ.NumField(), len(vars))
+	// The variables are Config's own fields and those promoted from its embedded structs (NATSAuth, TargetLists),
+	// whose tags envconfig reads without a prefix; an embedded struct itself is no variable.
+	var fields []reflect.StructField
+	for _, f := range reflect.VisibleFields(reflect.TypeFor[Config]()) {
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			if tag, ok := f.Tag.Lookup("envconfig"); ok {
+				t.Errorf("embedded %s: envconfig tag %q: envconfig ignores it, its fields name their variables", f.Name, tag)
+			}
+			continue
+		}
+		fields = append(fields, f)
 	}
-	for i := range typ.NumField() {
-		f := typ.Field(i)
+	if len(fields) != len(vars) {
+		t.Fatalf("Config has %d fields, want %d", len(fields), len(vars))
+	}
+	for _, f := range fields {
 		name := f.Tag.Get("envconfig")
 		if !known[name] {
 			t.Errorf("field %s: variable %q is not known to the test", f.Name, name)
@@ -149,6 +163,8 @@ func TestLoadValues(t *testing.T) {
 	t.Setenv("DELAYD_START_GRACE", "0s")
 	t.Setenv("DELAYD_LEASE_TTL", "3s")
 	t.Setenv("DELAYD_PARTITIONS", "90s=4, 1d=2")
+	t.Setenv("DELAYD_ANSWER_KEEP", "24h")
+	t.Setenv("DELAYD_ANSWER_MAX_BYTES", "512MiB")
 
 	c, err := Load()
 	if err != nil {
@@ -159,6 +175,7 @@ func TestLoadValues(t *testing.T) {
 		Listen:    ":4333",
 		StoreDir:  "/var/lib/delayd",
 		Levels:    levels.MustParse("100ms 1m30s 24h"),
+		Precision: PrecisionDefault,
 		Prefix:    "sched.in",
 		HTTPAddr:  "",
 		Replicas:  3,
@@ -170,6 +187,8 @@ func TestLoadValues(t *testing.T) {
 		MaxDelay:          MaxDelayDefault,
 		CancelShare:       CancelShareDefault,
 		LeaseTTL:          3 * time.Second,
+		AnswerKeep:        OffDuration(24 * time.Hour),
+		AnswerMaxBytes:    512 << 20,
 	}
 	if got := c.Partitions.String(); got != "1m30s=4 24h=2" {
 		t.Errorf("Partitions = %q, want %q", got, "1m30s=4 24h=2")
@@ -224,12 +243,20 @@ func TestLoadBadValue(t *testing.T) {
 		{name: "DELAYD_REPLICAS", value: "9", want: "must be between 1 and 5"},
 		{name: "DELAYD_REPLICAS", value: "0", want: "must be between 1 and 5"},
 		{name: "DELAYD_LOG_FORMAT", value: "xml", want: "text, json or auto"},
+		{name: "DELAYD_PRECISION", value: "no", want: "must be on (precision levels"},
+		{name: "DELAYD_PRECISION", value: "", want: "must be on (precision levels"},
 		{name: "DELAYD_LOG_LEVEL", value: "trace", want: "debug, info, warn or error"},
 		{name: "DELAYD_START_GRACE", value: "soon", want: "Go duration"},
 		{name: "DELAYD_START_GRACE", value: "-1s", want: "must be >= 0"},
 		{name: "DELAYD_LEASE_TTL", value: "soon", want: "Go duration"},
 		{name: "DELAYD_LEASE_TTL", value: "100ms", want: "from 250ms to 1m0s"},
 		{name: "DELAYD_LEASE_TTL", value: "1m1s", want: "from 250ms to 1m0s"},
+		{name: "DELAYD_ANSWER_KEEP", value: "soon", want: "Go duration"},
+		{name: "DELAYD_ANSWER_KEEP", value: "500ms", want: "from 1s to 720h"},
+		{name: "DELAYD_ANSWER_KEEP", value: "-1s", want: "from 1s to 720h"},
+		{name: "DELAYD_ANSWER_KEEP", value: "721h0m0s", want: "from 1s to 720h"},
+		{name: "DELAYD_ANSWER_MAX_BYTES", value: "4GB", want: "whole number of bytes"},
+		{name: "DELAYD_ANSWER_MAX_BYTES", value: "1KiB", want: "at least 1MiB"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
@@ -441,5 +468,52 @@ func TestCancelShare(t *testing.T) {
 		if _, err := Load(); err == nil || !strings.Contains(err.Error(), "DELAYD_CANCEL_SHARE") {
 			t.Errorf("DELAYD_CANCEL_SHARE=%q: %v, want an error naming the variable", bad, err)
 		}
+	}
+}
+
+// TestLoadPrecision: DELAYD_PRECISION=off (any case) loads the level table without precision levels, the table
+// itself unchanged; on, or unset, with them.
+func TestLoadPrecision(t *testing.T) {
+	for value, want := range map[string]int{"": 10, "on": 10, "ON": 10, "off": 0, "Off": 0} {
+		t.Run(value, func(t *testing.T) {
+			clearEnv(t)
+			if value != "" {
+				t.Setenv("DELAYD_PRECISION", value)
+			}
+			c, err := Load()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := len(c.Levels.PrecisionLevels()); n != want || c.Levels.String() != levels.DefaultTable {
+				t.Errorf("DELAYD_PRECISION=%q: %d precision levels, table %q; want %d and the default table", value, n, c.Levels, want)
+			}
+		})
+	}
+}
+
+// TestAnswerKeepOff: DELAYD_ANSWER_KEEP 0 or "off" turns kept answers
+// off (AnswerKeep 0, shown as "off"); a duration keeps them that long.
+func TestAnswerKeepOff(t *testing.T) {
+	for _, tt := range []struct {
+		value string
+		want  OffDuration
+		str   string
+	}{
+		{"0", 0, "off"},
+		{"0s", 0, "off"},
+		{"off", 0, "off"},
+		{"2h", OffDuration(2 * time.Hour), "2h0m0s"},
+	} {
+		t.Run(tt.value, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("DELAYD_ANSWER_KEEP", tt.value)
+			c, err := Load()
+			if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			if c.AnswerKeep != tt.want || c.AnswerKeep.String() != tt.str {
+				t.Errorf("AnswerKeep = %v (%s), want %v (%s)", time.Duration(c.AnswerKeep), c.AnswerKeep, time.Duration(tt.want), tt.str)
+			}
+		})
 	}
 }

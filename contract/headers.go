@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Header names of the user-facing contract (README, Publishing). NATS headers are
+// Header names of the user-facing contract (docs/guide.md#publishing). NATS headers are
 // case-sensitive on the wire; delayd matches the control headers
 // case-insensitively, as the contract requires.
 const (

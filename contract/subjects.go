@@ -11,9 +11,15 @@ const PrefixDefault = "delay"
 // a week. A longer one is dead-lettered with reason "level".
 const MaxDelayDefault = 168 * time.Hour
 
+// DuplicateWindow is the Nats-Msg-Id duplicate window of delayd's ingress
+// and dead-letter streams (JetStream's own default), which delayd sets on
+// every start: a message published with an id that one of them stored
+// within the window is dropped as a duplicate, and nothing is stored.
+const DuplicateWindow = 2 * time.Minute
+
 // CancelShareDefault is the default share of one core's time the cancel
 // API's id-index lookups may take (DELAYD_CANCEL_SHARE): a tenth. Past it,
-// cancel requests are answered busy (README "What a cancel costs").
+// cancel requests are answered busy (docs/guarantees.md#what-a-cancel-costs).
 const CancelShareDefault = 0.1
 
 // Internal subject space. Every subject delayd itself uses lives under

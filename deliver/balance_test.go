@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -14,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/delayd/delayd/deliver/internal/leadership"
+	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
 )
@@ -47,17 +48,19 @@ func balanced(rs ...*replica) error {
 	return nil
 }
 
-// waitBalanced waits (a minute at most) until [balanced] holds for rs.
+// waitBalanced waits (two minutes at most) until [balanced] holds for rs.
+// With [handoverTTL] the last hand-overs wait for the leases to settle (no
+// change of live replicas for a TTL, 15 s): a join takes about 30 s.
 func (b *ownerBundle) waitBalanced(rs ...*replica) {
 	b.t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		err := balanced(rs...)
 		if err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
-			b.t.Fatalf("not balanced after a minute: %v", err)
+			b.t.Fatalf("not balanced after two minutes: %v", err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -69,9 +72,9 @@ func (b *ownerBundle) waitBalanced(rs ...*replica) {
 // (no TTL wait).
 func checkHandedOver(t *testing.T, from, to *replica, key string) {
 	t.Helper()
-	var last *leadership.Event
+	var last *ownership.Event
 	for _, ev := range from.eventsCopy() {
-		if ev.Key == key && ev.Kind != leadership.Gained {
+		if ev.Key == key && ev.Kind != ownership.Gained {
 			last = &ev
 		}
 	}
@@ -79,12 +82,12 @@ func checkHandedOver(t *testing.T, from, to *replica, key string) {
 		t.Errorf("%s: %s never gave it up", key, from.name)
 		return
 	}
-	if last.Kind == leadership.Lost {
+	if last.Kind == ownership.Lost {
 		t.Errorf("%s: %s lost it (%v), want a release", key, from.name, last.Cause)
 		return
 	}
 	for _, ev := range to.eventsCopy() {
-		if ev.Key == key && ev.Kind == leadership.Gained && ev.Acquired.After(last.ValidUntil) {
+		if ev.Key == key && ev.Kind == ownership.Gained && ev.Acquired.After(last.ValidUntil) {
 			if !ev.Acquired.Before(last.Fence) {
 				t.Errorf("%s: %s gained it %s after %s's fence: it waited for the TTL, no hand-over", key, to.name,
 					ev.Acquired.Sub(last.Fence), from.name)
@@ -100,7 +103,7 @@ func noneLost(t *testing.T, rs ...*replica) {
 	t.Helper()
 	for _, r := range rs {
 		for _, ev := range r.eventsCopy() {
-			if ev.Kind == leadership.Lost {
+			if ev.Kind == ownership.Lost {
 				t.Errorf("%s lost %s (epoch %d): %v", r.name, ev.Key, ev.Epoch, ev.Cause)
 			}
 		}
@@ -117,8 +120,8 @@ func holderOf(key string, rs ...*replica) *replica {
 	return nil
 }
 
-// startBalanced starts n replicas, one after the other, and waits until
-// they share the leases.
+// startBalanced starts n replicas with lease TTL ttl, one after the
+// other, and waits until they share the leases.
 //
 // The balance tests that use it are not parallel: they run before the
 // package's parallel tests, alone. Their "no hand-over" assertions need
@@ -126,11 +129,11 @@ func holderOf(key string, rs ...*replica) *replica {
 // among the parallel tests, a starved replica left one free that long and
 // another took it beyond its share (liveness before balance, by design),
 // then handed it on.
-func (b *ownerBundle) startBalanced(n int) []*replica {
+func (b *ownerBundle) startBalanced(n int, ttl time.Duration) []*replica {
 	b.t.Helper()
 	var rs []*replica
 	for i := range n {
-		rs = append(rs, b.start(fmt.Sprintf("R%d", i), ownerTTL))
+		rs = append(rs, b.start(fmt.Sprintf("R%d", i), ttl))
 	}
 	b.waitBalanced(rs...)
 	return rs
@@ -138,13 +141,14 @@ func (b *ownerBundle) startBalanced(n int) []*replica {
 
 // TestBalanceSpread: three replicas started one after the other share the
 // leases: each holds within 1 of ceil(leases/3), every lease is held by
-// exactly one, and once spread nothing moves for three TTLs (no flapping).
-// The first one took every lease alone and handed the surplus over: no
-// replica lost a lease.
+// exactly one, and once spread nothing moves for 4.5 s (three default
+// TTLs: no flapping). The first one took every lease alone and handed the
+// surplus over: no replica lost a lease. The TTL is [handoverTTL], so that
+// a renewal stalled under -race does not expire a lease.
 func TestBalanceSpread(t *testing.T) {
 	// Not parallel (see startBalanced).
 	b := setupOwners(t)
-	rs := b.startBalanced(3)
+	rs := b.startBalanced(3, handoverTTL)
 	before := map[string]string{}
 	for _, k := range leaseKeys() {
 		before[k] = holderOf(k, rs...).name
@@ -167,11 +171,12 @@ func TestBalanceSpread(t *testing.T) {
 // TestBalanceGracefulStop: of three replicas sharing the leases, one
 // stops gracefully; the other two take each of its leases by its release,
 // before its fence (no TTL wait), each no more than its share (no
-// hand-over between them), and no replica loses a lease.
+// hand-over between them), and no replica loses a lease. The TTL is
+// [handoverTTL]: every lease changes hands by a release, none may expire.
 func TestBalanceGracefulStop(t *testing.T) {
 	// Not parallel (see startBalanced).
 	b := setupOwners(t)
-	rs := b.startBalanced(3)
+	rs := b.startBalanced(3, handoverTTL)
 	gone := rs[0].held()
 	stopped := time.Now()
 	rs[0].stopGracefully(t)
@@ -182,7 +187,7 @@ func TestBalanceGracefulStop(t *testing.T) {
 	// Each took no more than its share: neither hands a lease on.
 	for _, r := range rs[1:] {
 		for _, ev := range r.eventsCopy() {
-			if ev.Kind == leadership.HandedOver && ev.ValidUntil.After(stopped) {
+			if ev.Kind == ownership.HandedOver && ev.ValidUntil.After(stopped) {
 				t.Errorf("%s handed %s over after R0's stop: it took more than its share", r.name, ev.Key)
 			}
 		}
@@ -199,7 +204,7 @@ func TestBalanceGracefulStop(t *testing.T) {
 func TestBalanceKilled(t *testing.T) {
 	// Not parallel (see startBalanced).
 	b := setupOwners(t)
-	rs := b.startBalanced(3)
+	rs := b.startBalanced(3, ownerTTL) // the default: expiry is the subject
 	crashed := rs[0].held()
 	killed := time.Now()
 	rs[0].nc.Close()
@@ -207,18 +212,18 @@ func TestBalanceKilled(t *testing.T) {
 	// Each took no more than its share: neither hands a lease on.
 	for _, r := range rs[1:] {
 		for _, ev := range r.eventsCopy() {
-			if ev.Kind == leadership.HandedOver && ev.ValidUntil.After(killed) {
+			if ev.Kind == ownership.HandedOver && ev.ValidUntil.After(killed) {
 				t.Errorf("%s handed %s over after R0 was killed: it took more than its share", r.name, ev.Key)
 			}
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(crashed)) {
-		lost := rs[0].waitEvent(t, k, leadership.Lost, time.Minute)
+		lost := rs[0].waitEvent(t, k, ownership.Lost, time.Minute)
 		if !errors.Is(lost.Cause, lease.ErrExpired) {
 			t.Errorf("%s: R0's term ended by %v, want its expiry", k, lost.Cause)
 		}
 		next := holderOf(k, rs[1:]...)
-		gained := next.waitEvent(t, k, leadership.Gained, time.Second)
+		gained := next.waitEvent(t, k, ownership.Gained, time.Second)
 		if !gained.Acquired.After(lost.ValidUntil) {
 			t.Errorf("%s: %s gained it %s before R0's term ended at its fence", k, next.name, lost.ValidUntil.Sub(gained.Acquired))
 		}
@@ -230,12 +235,13 @@ func TestBalanceKilled(t *testing.T) {
 // TestBalanceJoin: a fourth replica joining three that share the leases
 // gets its share by hand-over: the others release their surplus one lease
 // at a time, and it gains each before the releasing term's fence; no
-// replica loses a lease.
+// replica loses a lease. The TTL is [handoverTTL]: every lease changes
+// hands by a release, none may expire.
 func TestBalanceJoin(t *testing.T) {
 	// Not parallel (see startBalanced).
 	b := setupOwners(t)
-	rs := b.startBalanced(3)
-	d := b.start("R3", ownerTTL)
+	rs := b.startBalanced(3, handoverTTL)
+	d := b.start("R3", handoverTTL)
 	b.waitBalanced(append(rs, d)...)
 	got := d.held()
 	if len(got) == 0 {
@@ -245,7 +251,7 @@ func TestBalanceJoin(t *testing.T) {
 		var from *replica
 		for _, r := range rs {
 			for _, ev := range r.eventsCopy() {
-				if ev.Key == k && ev.Kind == leadership.HandedOver {
+				if ev.Key == k && ev.Kind == ownership.HandedOver {
 					from = r
 				}
 			}
@@ -332,7 +338,7 @@ func TestJanitorSingleton(t *testing.T) {
 		}
 		return out
 	}
-	janitor := holderOf(leadership.JanitorKey, rs...)
+	janitor := holderOf(ownership.JanitorKey, rs...)
 	if janitor == nil {
 		t.Fatal("no replica holds the janitor lease")
 	}
@@ -351,7 +357,7 @@ func TestJanitorSingleton(t *testing.T) {
 			t.Errorf("%s ran %d trim passes while %s held the janitor lease", r.name, after[i]-before[i], janitor.name)
 		}
 	}
-	if h := holderOf(leadership.JanitorKey, rs...); h != janitor {
+	if h := holderOf(ownership.JanitorKey, rs...); h != janitor {
 		t.Fatalf("the janitor lease moved during the test")
 	}
 }
@@ -359,7 +365,7 @@ func TestJanitorSingleton(t *testing.T) {
 // BenchmarkLeaseTraffic measures the writes to DELAYD_LEASES of three
 // replicas with the default level table (31 leases) and the default lease
 // TTL, once they share the leases: lease renewals and membership renewals
-// per second, over 10 s (README "Several replicas": (31 + 3) × 3 / T = 68
+// per second, over 10 s (docs/operations.md#several-replicas: (31 + 3) × 3 / T = 68
 // per second). Run it once: go test ./deliver -run '^$' -bench
 // BenchmarkLeaseTraffic -benchtime 1x
 func BenchmarkLeaseTraffic(bm *testing.B) {
@@ -405,4 +411,129 @@ func BenchmarkLeaseTraffic(bm *testing.B) {
 	bm.ReportMetric(float64(leases.Load())/window.Seconds(), "lease-writes/s")
 	bm.ReportMetric(float64(members.Load())/window.Seconds(), "member-writes/s")
 	bm.ReportMetric(0, "ns/op")
+}
+
+// TestPrecisionMismatch: a replica whose DELAYD_PRECISION differs from a
+// live one's refuses to start, naming DELAYD_PRECISION, and changes no
+// stream: one would write precision level streams the other neither
+// expects nor shares. Both ways: B without precision levels beside A with
+// them, and B with them beside A without (B's setup would create the
+// precision level streams).
+func TestPrecisionMismatch(t *testing.T) {
+	t.Parallel()
+	on, off := levels.MustParse(ownerLevels), levels.MustParse(ownerLevels).WithoutPrecision()
+	for _, tc := range []struct {
+		name string
+		a, b levels.Table
+	}{
+		{"B off beside A on", on, off},
+		{"B on beside A off", off, on},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupOwners(t)
+			a := b.startConfig("A", Config{Levels: tc.a, LeaseTTL: ownerTTL})
+			before := streamConfigs(t, b.js)
+			c := b.launch("B", Config{Levels: tc.b, LeaseTTL: ownerTTL})
+			select {
+			case <-c.done:
+			case <-time.After(20 * time.Second):
+				t.Fatal("B, with another DELAYD_PRECISION, did not stop while A runs")
+			}
+			if !errors.Is(c.err, ErrReplicaMismatch) || !strings.Contains(fmt.Sprint(c.err), "DELAYD_PRECISION") {
+				t.Fatalf("B's error: %v; want ErrReplicaMismatch naming DELAYD_PRECISION", c.err)
+			}
+			t.Logf("B: %v", c.err)
+			if !a.svc.Ready() {
+				t.Errorf("A not ready after B's refusal: %v", a.svc.Unready())
+			}
+			unchangedStreams(t, before, streamConfigs(t, b.js))
+		})
+	}
+}
+
+// streamState is what a refused replica must leave as it was: a stream's
+// config and its creation time (a stream deleted and created again has a
+// later one).
+type streamState struct {
+	Config  jetstream.StreamConfig
+	Created time.Time
+}
+
+// streamConfigs returns every stream on the server, by name.
+func streamConfigs(t *testing.T, js jetstream.JetStream) map[string]streamState {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out := map[string]streamState{}
+	list := js.ListStreams(ctx)
+	for si := range list.Info() {
+		out[si.Config.Name] = streamState{si.Config, si.Created}
+	}
+	if err := list.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// unchangedStreams fails t for each stream created, deleted or changed
+// between the snapshots before and after.
+func unchangedStreams(t *testing.T, before, after map[string]streamState) {
+	t.Helper()
+	for name, a := range after {
+		b, ok := before[name]
+		switch {
+		case !ok:
+			t.Errorf("stream %s created by the refused replica", name)
+		case !reflect.DeepEqual(a, b):
+			t.Errorf("stream %s changed by the refused replica:\nbefore %+v\nafter  %+v", name, b, a)
+		}
+	}
+	for name := range before {
+		if _, ok := after[name]; !ok {
+			t.Errorf("stream %s deleted by the refused replica", name)
+		}
+	}
+}
+
+// TestAnswerSettingsMismatch: a replica with another DELAYD_ANSWER_KEEP or
+// DELAYD_ANSWER_MAX_BYTES beside a live one refuses to start, naming the
+// variable: each replica's setup writes DELAYD_ANSWERS' MaxAge and
+// MaxBytes, so two values would rewrite the stream back and forth.
+func TestAnswerSettingsMismatch(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		variable string
+		cfg      Config
+	}{
+		{"DELAYD_ANSWER_KEEP", Config{AnswerKeep: AnswerKeepDefault + time.Hour}},
+		{"DELAYD_ANSWER_MAX_BYTES", Config{AnswerMaxBytes: 2 * AnswerMaxBytesDefault}},
+	} {
+		t.Run(tc.variable, func(t *testing.T) {
+			t.Parallel()
+			b := setupOwners(t)
+			a := b.start("A", ownerTTL)
+			before := streamConfigs(t, b.js)
+			tc.cfg.Levels, tc.cfg.LeaseTTL = levels.MustParse(ownerLevels), ownerTTL
+			c := b.launch("B", tc.cfg)
+			select {
+			case <-c.done:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("B, with another %s, did not stop while A runs", tc.variable)
+			}
+			if !errors.Is(c.err, ErrReplicaMismatch) || !strings.Contains(fmt.Sprint(c.err), tc.variable) {
+				t.Fatalf("B's error: %v; want ErrReplicaMismatch naming %s", c.err, tc.variable)
+			}
+			if !a.svc.Ready() {
+				t.Errorf("A not ready after B's refusal: %v", a.svc.Unready())
+			}
+			// B changed nothing: DELAYD_ANSWERS keeps A's MaxAge and MaxBytes.
+			after := streamConfigs(t, b.js)
+			if got := after[AnswerStream].Config; got.MaxAge != a.svc.cfg.AnswerKeep || got.MaxBytes != a.svc.cfg.AnswerMaxBytes {
+				t.Errorf("%s after B's refusal: MaxAge %s, MaxBytes %d; want A's %s, %d",
+					AnswerStream, got.MaxAge, got.MaxBytes, a.svc.cfg.AnswerKeep, a.svc.cfg.AnswerMaxBytes)
+			}
+			unchangedStreams(t, before, after)
+		})
+	}
 }

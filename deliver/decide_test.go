@@ -2,11 +2,11 @@ package deliver
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,7 +16,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
-	"github.com/delayd/delayd/deliver/internal/leadership"
+	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -32,8 +32,8 @@ const decideLevels = "1s 5s"
 func (b *ownerBundle) splitOwners() (a, c *replica) {
 	b.t.Helper()
 	table := func(s *Service) { s.cfg.Levels = levels.MustParse(decideLevels) }
-	a = b.start("A", ownerTTL, table, func(s *Service) { s.noBid = func(key string) bool { return key == leadership.RouterKey } })
-	c = b.start("B", ownerTTL, table, func(s *Service) { s.noBid = func(key string) bool { return key != leadership.RouterKey } })
+	a = b.start("A", ownerTTL, table, func(s *Service) { s.noBid = func(key string) bool { return key == ownership.RouterKey } })
+	c = b.start("B", ownerTTL, table, func(s *Service) { s.noBid = func(key string) bool { return key != ownership.RouterKey } })
 	streams := []string{levels.Level{}.Stream()}
 	t := levels.MustParse(decideLevels)
 	for _, l := range append(t.Levels(), t.PrecisionLevels()...) {
@@ -42,11 +42,11 @@ func (b *ownerBundle) splitOwners() (a, c *replica) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		ha, hc := a.held(), c.held()
-		ok := hc[leadership.RouterKey] && len(hc) == 1
+		ok := hc[ownership.RouterKey] && len(hc) == 1
 		for _, st := range streams {
-			ok = ok && ha[leadership.LevelKey(st)]
+			ok = ok && ha[ownership.LevelKey(st)]
 		}
-		delete(ha, leadership.JanitorKey) // whoever holds it: it decides nothing
+		delete(ha, ownership.JanitorKey) // whoever holds it: it decides nothing
 		if ok && len(ha) == len(streams) {
 			return a, c
 		}
@@ -209,12 +209,148 @@ func TestMergeAcrossReplicas(t *testing.T) {
 	sc := a.svc.scanners[stream]
 	a.svc.mu.Unlock()
 	passed, err := strconv.ParseUint(string(m.Data), 10, 64)
-	if owner := sc.passed.Load(); err != nil || passed == 0 || passed > owner {
+	if owner := sc.l.Passed(); err != nil || passed == 0 || passed > owner {
 		t.Errorf("passed of %s answered %q; want A's handed-off sequence (%d now), not 0 once the first was delivered", stream, m.Data, owner)
 	}
 }
 
 func contains(list []string, s string) bool { return slices.Contains(list, s) }
+
+// TestMergeNotIntoRetiredCancelledHop: the router runs in replica B, the
+// levels in A. A cascading message with a merge key (12 s: it waits in
+// the 5 s level, then hops) is cancelled; A skips it at its hop and, once
+// the offset passed it, deletes its tombstone. A later message with the
+// key, before the first's due time, is not merged into the cancelled one
+// (B's merge cache still places the first, and A counts a hop it passed
+// as pending until its due time): it is delivered.
+func TestMergeNotIntoRetiredCancelledHop(t *testing.T) {
+	t.Parallel()
+	b := setupOwners(t)
+	b.targetStream()
+	a, c := b.splitOwners()
+	b.publishTo("tgt.h", "first", nats.Header{contract.HeaderDuration: {"12s"}, contract.HeaderMergeKey: {"k"}, contract.HeaderNatsMsgID: {"h1"}})
+	reader, err := jswire.NewBatchReader(b.nc, index.Batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	ctx := context.Background()
+	var rec index.Record
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		r, ok, err := index.Lookup(ctx, reader, index.UserKey("h1"), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			rec = r
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first message not placed in 20 s")
+		}
+	}
+	if !rec.Hop {
+		t.Fatalf("the first message's placement %+v does not hop", rec)
+	}
+	m, err := b.nc.Request(contract.CancelSubjectFor("tgt.h"), []byte("h1"), 30*time.Second)
+	if err != nil || string(m.Data) != contract.CancelReplyCancelled {
+		t.Fatalf("cancel of the first: %v, %v; want %q", m, err, contract.CancelReplyCancelled)
+	}
+	a.svc.mu.Lock()
+	sc := a.svc.scanners[rec.Stream]
+	a.svc.mu.Unlock()
+	for deadline := time.Now().Add(time.Minute); sc.l.Cancelled(rec.Seq) || sc.l.Passed() < rec.Seq; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the first's tombstone (sequence %d) still held a minute after the cancel", rec.Seq)
+		}
+	}
+	b.publishTo("tgt.h", "second", nats.Header{contract.HeaderDuration: {"1s"}, contract.HeaderMergeKey: {"k"}})
+	if sent := time.Now(); !sent.Before(rec.Due) {
+		t.Fatalf("the second was published at %s, after the first's due time %s: nothing tested (a loaded machine)", sent, rec.Due)
+	}
+	b.publishTo("tgt.h", "marker", nats.Header{contract.HeaderDuration: {"14s"}})
+	got := b.waitPayload("marker", time.Minute)
+	if rs, _ := c.svc.Stats(); !contains(got, "second") || contains(got, "first") {
+		t.Errorf("TGT holds %q (B merged %d): want second, not merged into the cancelled first, and not first", got, rs.Merged)
+	}
+}
+
+// TestCancelAnsweredAfterTombstoneRetired: a cancel whose index lookup
+// found the message's placement, but whose decision comes after the
+// message was cancelled by another request, skipped by its level and its
+// tombstone deleted by the janitor (which first writes the "cancelled"
+// index record), answers "cancelled" like the first, never "already
+// delivered": the owner no longer holds the tombstone and finds the
+// sequence below its next one, and the requester reads the index again
+// (docs/guarantees.md#delivered-xor-cancelled). The first request is held
+// between its lookup and the owner's decision by the Service's looked hook.
+func TestCancelAnsweredAfterTombstoneRetired(t *testing.T) {
+	t.Parallel()
+	b := setupOwners(t)
+	b.targetStream()
+	looked := make(chan index.Record, 1)
+	release := make(chan struct{})
+	var holding atomic.Bool
+	hold := func(s *Service) {
+		s.cfg.Levels = levels.MustParse(decideLevels)
+		s.hooks.looked = func(rec index.Record) {
+			if rec.Key == index.UserKey("x") && holding.CompareAndSwap(false, true) {
+				looked <- rec
+				<-release
+			}
+		}
+	}
+	a := b.start("A", ownerTTL, hold)
+	b.publishTo("tgt.r", "x", nats.Header{contract.HeaderLevel: {"2"}, contract.HeaderNatsMsgID: {"x"}})
+	type reply struct {
+		body string
+		err  error
+	}
+	first := make(chan reply, 1)
+	go func() {
+		m, err := b.nc.Request(contract.CancelSubjectFor("tgt.r"), []byte("x"), time.Minute)
+		if err != nil {
+			first <- reply{err: err}
+			return
+		}
+		first <- reply{body: string(m.Data)}
+	}()
+	var rec index.Record
+	select {
+	case rec = <-looked:
+	case r := <-first:
+		t.Fatalf("the first cancel was answered %q, %v before its lookup was held", r.body, r.err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first cancel's index lookup not made in 30 s")
+	}
+	if rec.Gone || rec.Stream != levels.MustParse(decideLevels).Levels()[1].Stream() {
+		t.Fatalf("the first cancel's lookup found %+v; want x's placement in the 5 s level", rec)
+	}
+	m, err := b.nc.Request(contract.CancelSubjectFor("tgt.r"), []byte("x"), 30*time.Second)
+	if err != nil || string(m.Data) != contract.CancelReplyCancelled {
+		close(release)
+		t.Fatalf("the second cancel, while the first waits: %v, %v; want %q (it is sent 5 s before x is due)", m, err, contract.CancelReplyCancelled)
+	}
+	// x is skipped when due, the offset passes it, and the janitor deletes
+	// its tombstone: the owner's book no longer holds it.
+	a.svc.mu.Lock()
+	sc := a.svc.scanners[rec.Stream]
+	a.svc.mu.Unlock()
+	for deadline := time.Now().Add(time.Minute); sc.l.Cancelled(rec.Seq) || sc.l.Passed() < rec.Seq; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatalf("x's tombstone (sequence %d) still held a minute after the cancel (passed %d)", rec.Seq, sc.l.Passed())
+		}
+	}
+	close(release)
+	if r := <-first; r.err != nil || r.body != contract.CancelReplyCancelled {
+		t.Errorf("the first cancel, decided after x's tombstone was deleted: %q, %v; want %q (the second was answered %q)", r.body, r.err, contract.CancelReplyCancelled, contract.CancelReplyCancelled)
+	}
+	b.publishTo("tgt.r", "marker", nats.Header{contract.HeaderDuration: {"6s"}})
+	if got := b.waitPayload("marker", time.Minute); contains(got, "x") {
+		t.Errorf("x, cancelled, was delivered: TGT holds %q", got)
+	}
+}
 
 // TestDecideSubjectOwnerOnly: only the level's owner serves its decide
 // subject; a request that is not JSON with an op, a key and a sequence is
@@ -259,101 +395,5 @@ func TestDecideSubjectOwnerOnly(t *testing.T) {
 	}
 	if _, err := strconv.ParseUint(string(m.Data), 10, 64); err != nil {
 		t.Errorf("passed answered %q, want a sequence", m.Data)
-	}
-}
-
-// TestCancelNotAnsweredAfterFence: once another writer has written a
-// level's offset key since the owner's bump (as a new owner's bump would),
-// the owner stores the tombstone of a cancel but does not answer
-// "cancelled" in that term: the next owner may not have loaded it. The
-// owner skips the message, its commit is fenced, it gives the lease up and
-// takes it back with a bump of its own, loading the tombstone; only that
-// term answers "cancelled" (the request is asked again meanwhile, or, if
-// that takes longer than two lease TTLs, answered with an error to send it
-// again). The message is never delivered.
-func TestCancelNotAnsweredAfterFence(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits for a 5 s level and a lease TTL: skipped under testing.Short()")
-	}
-	t.Parallel()
-	b := setupOwners(t)
-	b.targetStream()
-	a := b.start("A", ownerTTL, func(s *Service) { s.cfg.Levels = levels.MustParse(decideLevels) })
-	stream := levels.MustParse(decideLevels).Levels()[1].Stream() // DELAYD_5S
-	key := leadership.LevelKey(stream)
-	first := a.waitEvent(t, key, leadership.Gained, 20*time.Second)
-	a.svc.mu.Lock()
-	sc := a.svc.scanners[stream]
-	a.svc.mu.Unlock()
-	for deadline := time.Now().Add(20 * time.Second); !sc.decides.Load(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's scanner not started in 20 s", stream)
-		}
-	}
-	// The level's first message is the router's epoch marker: once the
-	// scanner has passed it, its offset key exists.
-	ctx := context.Background()
-	kv, err := b.js.KeyValue(ctx, "DELAYD_OFFSETS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if _, err := kv.Get(ctx, stream); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's offset key not written in 20 s", stream)
-		}
-	}
-	b.publishTo("tgt.f", "x", nats.Header{contract.HeaderLevel: {"2"}, contract.HeaderNatsMsgID: {"x"}})
-	// Another writer's write of the offset key, as a new owner's bump
-	// would: the same value, at the revision it read.
-	for {
-		e, err := kv.Get(ctx, stream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err = kv.Update(ctx, stream, e.Value(), e.Revision()); err == nil {
-			break
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			t.Fatal(err)
-		}
-	}
-	m, err := b.nc.Request(contract.CancelSubjectFor("tgt.f"), []byte("x"), 30*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	answered, got := time.Now(), string(m.Data)
-	// "cancelled" comes only from a term that began after the fence.
-	next := func() (leadership.Event, bool) {
-		for _, ev := range a.eventsCopy() {
-			if ev.Key == key && ev.Kind == leadership.Gained && ev.Epoch > first.Epoch {
-				return ev, true
-			}
-		}
-		return leadership.Event{}, false
-	}
-	again, ok := next()
-	switch {
-	case got == contract.CancelReplyCancelled && (!ok || !again.Acquired.Before(answered)):
-		t.Fatalf("answered %q by the term whose offset key another wrote (epoch %d); no later term had begun", got, first.Epoch)
-	case got != contract.CancelReplyCancelled && !strings.Contains(got, "send the cancel again"):
-		t.Fatalf("cancel after another writer's offset: %q, want %q from the next term or an error to send it again", got, contract.CancelReplyCancelled)
-	}
-	for deadline := time.Now().Add(time.Minute); !ok; again, ok = next() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not gained again within a minute (the first answer was %q)", key, got)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Logf("first answer %q, %s after the next term (epoch %d) began", got, answered.Sub(again.Acquired), again.Epoch)
-	m, err = b.nc.Request(contract.CancelSubjectFor("tgt.f"), []byte("x"), 30*time.Second)
-	if err != nil || string(m.Data) != contract.CancelReplyCancelled {
-		t.Errorf("cancel once the level was taken again: %q, %v; want %q", m.Data, err, contract.CancelReplyCancelled)
-	}
-	b.publishTo("tgt.f", "marker", nats.Header{contract.HeaderDuration: {"6s"}})
-	if got := b.waitPayload("marker", time.Minute); contains(got, "x") {
-		t.Errorf("x, its tombstone stored, was delivered: TGT holds %q", got)
 	}
 }

@@ -8,7 +8,7 @@
 // ever looks at its stream's head. No timer, sorted set or in-memory state is
 // kept per pending message, so a backlog costs disk, not memory.
 //
-// Subjects and streams (see SPEC.md):
+// Subjects and streams (see docs/operations.md#jetstream-resources):
 //
 //	<prefix>.<target>               DELAYD_INGRESS   (work-queue; where publishers write)
 //	delayd.level.<NAME>.<target>    DELAYD_<NAME>    (one stream per level, NAME from levels.DurationName)

@@ -1,6 +1,14 @@
 package deliver
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/delayd/delayd/deliver/internal/cancelapi"
+	"github.com/delayd/delayd/deliver/internal/hop"
+	"github.com/delayd/delayd/deliver/internal/level"
+	"github.com/delayd/delayd/deliver/internal/message"
+	"github.com/delayd/delayd/deliver/internal/resource"
+)
 
 // Sentinel errors of the package. Returned errors wrap one of these (or one
 // of [contract.ErrInvalidTarget], [contract.ErrForbiddenTarget],
@@ -14,28 +22,28 @@ var (
 	// "level". Its text is "invalid delay level", the text those dead
 	// letters' Delay-Error has always started with; it is kept so that
 	// Delay-Error does not change.
-	ErrInvalidDelay = errors.New("invalid delay level")
+	ErrInvalidDelay = message.ErrInvalidDelay
 
 	// ErrInvalidMergeKey means a message's Delay-Merge-Key is empty or has
 	// more than one value. Such a message is dead-lettered with reason
 	// "level"; its text is "invalid delay level" for the same reason as
 	// [ErrInvalidDelay].
-	ErrInvalidMergeKey = errors.New("invalid delay level")
+	ErrInvalidMergeKey = message.ErrInvalidMergeKey
 
 	// ErrTooLarge means a message no longer fits the server's max payload
 	// once delayd's own headers are added. Such a message is dead-lettered
 	// with reason "size".
-	ErrTooLarge = errors.New("message too large")
+	ErrTooLarge = message.ErrTooLarge
 
 	// ErrPermissionDenied means the server refused delayd's publish to the
 	// target: delayd's NATS user may not publish there.
-	ErrPermissionDenied = errors.New("permission denied")
+	ErrPermissionDenied = message.ErrPermissionDenied
 
 	// ErrHopKey is wrapped by the error [Service.Run] returns when the hop
 	// secret stored in the offsets bucket is not one delayd wrote: wrong
 	// length, unknown format or failed integrity check. It is not retried:
 	// running on with another secret would change every derived delivery id.
-	ErrHopKey = errors.New("hop secret is not one delayd wrote")
+	ErrHopKey = hop.ErrKey
 
 	// ErrReplicaMismatch is wrapped by the error [Service.Run] returns
 	// at start when a live replica (another delayd process on the same
@@ -57,8 +65,8 @@ var (
 	// both counts and how many messages wait. It is not retried and nothing
 	// was changed: start with the old count until the stream is empty
 	// (stop the publishers, let the routers drain it), then change it
-	// (README "Ingress partitions").
-	ErrIngressPartitionsChanged = errors.New("DELAYD_INGRESS holds messages stored under another ingress partition count")
+	// (docs/operations.md#ingress-partitions).
+	ErrIngressPartitionsChanged = resource.ErrIngressPartitionsChanged
 
 	// ErrReplicasUnsupported is wrapped by the error [Service.Run] returns
 	// at start when the server refuses a stream or bucket of more than one
@@ -70,23 +78,18 @@ var (
 	// messages published before it within 25 s: the answer is not known yet.
 	// The request may be sent again. The cancel API answers it with code
 	// [contract.CancelStatusRouterBehind].
-	ErrRouterBehind = errors.New("the router has not yet placed every message published before this cancel; try again")
+	ErrRouterBehind = cancelapi.ErrRouterBehind
 
 	// ErrAmbiguousID is a cancel's error for a decimal id that is both a
 	// publisher's Nats-Msg-Id and an ingress sequence delayd knows: "seq:N"
 	// or "id:N" says which. The cancel API answers it with code
 	// [contract.CancelStatusBadRequest].
-	ErrAmbiguousID = errors.New("ambiguous id")
+	ErrAmbiguousID = cancelapi.ErrAmbiguousID
 
 	// ErrCancelBusy is the cancel API's answer (code 429,
 	// [contract.CancelStatusBusy]) to a request that arrives while
 	// [CancelQueueMax] requests already wait: it is answered at once,
 	// not looked at, so a storm of cancels gets prompt answers instead of
 	// timeouts and costs the deliveries nothing. Try again after a pause.
-	ErrCancelBusy = errors.New("busy: too many cancel requests waiting; try again")
+	ErrCancelBusy = level.ErrCancelBusy
 )
-
-// errReconnected is a core delivery's outcome when the flush that was to
-// confirm it spans a reconnect: it may have been lost with the old
-// connection, so it is delivered again.
-var errReconnected = errors.New("the connection was re-established since the publish; delivering again")

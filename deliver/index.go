@@ -3,8 +3,6 @@ package deliver
 import (
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/delayd/delayd/deliver/internal/index"
 )
 
@@ -31,22 +29,3 @@ const (
 	// passed it.
 	CancelStream = index.CancelStream
 )
-
-// levelKey is the index key of a level message: its publisher's id
-// ([index.UserKey]), else its first ingress sequence ([index.SeqKey]:
-// Delayd-Origin of a cascading message, else Delayd-Ingress). "" if it has
-// neither. It reads the level message's own headers, which the classifier
-// writes, so it lives with them.
-func levelKey(h nats.Header) string {
-	if id := h.Get(hdrMsgID); id != "" {
-		return index.UserKey(id)
-	}
-	ref := h.Get(hdrOrigin)
-	if ref == "" {
-		ref = h.Get(hdrIngress)
-	}
-	if _, seq, ok := parseIngressRef(ref); ok {
-		return index.SeqKey(seq)
-	}
-	return ""
-}

@@ -81,3 +81,12 @@ func (s *Service) subscribeInfo(ctx context.Context) (*nats.Subscription, error)
 	}
 	return sub, nil
 }
+
+// precisionSetting is DELAYD_PRECISION's value for a level table: "on"
+// with precision levels, "off" without ([levels.Table.WithoutPrecision]).
+func precisionSetting(t levels.Table) string {
+	if t.Precision() {
+		return "on"
+	}
+	return "off"
+}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
-	"github.com/delayd/delayd/deliver/internal/leadership"
+	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -32,7 +31,7 @@ func noLevels(s *Service) {
 // noRouter makes a replica bid for no router lease: ingress keeps what is
 // published.
 func noRouter(s *Service) {
-	s.noBid = func(key string) bool { return strings.HasPrefix(key, leadership.RouterKey) }
+	s.noBid = func(key string) bool { return strings.HasPrefix(key, ownership.RouterKey) }
 }
 
 // waitRouters waits until every router lease "router.<i>", i < n, is held
@@ -45,12 +44,12 @@ func waitRouters(t *testing.T, n int, rs ...*replica) {
 		for i := range n {
 			holders := 0
 			for _, r := range rs {
-				if r.held()[leadership.RouterPartitionKey(i)] {
+				if r.held()[ownership.RouterPartitionKey(i)] {
 					holders++
 				}
 			}
 			if holders != 1 {
-				bad = fmt.Sprintf("%s held by %d replicas", leadership.RouterPartitionKey(i), holders)
+				bad = fmt.Sprintf("%s held by %d replicas", ownership.RouterPartitionKey(i), holders)
 			}
 		}
 		if bad == "" {
@@ -129,7 +128,7 @@ func TestIngressPartitions(t *testing.T) {
 	for _, r := range []*replica{a, c} {
 		for _, st := range r.svc.RouterStats() {
 			got[st.IngressPartition] += st.Routed
-			if st.Lease != leadership.RouterPartitionKey(st.IngressPartition) {
+			if st.Lease != ownership.RouterPartitionKey(st.IngressPartition) {
 				t.Errorf("router %d's lease %q", st.IngressPartition, st.Lease)
 			}
 		}
@@ -163,7 +162,7 @@ func TestIngressPartitions(t *testing.T) {
 	var sum uint64
 	for i, r := range reply.Routers {
 		sum += r.Routed
-		if r.IngressPartition != i || r.Lease != leadership.RouterPartitionKey(i) {
+		if r.IngressPartition != i || r.Lease != ownership.RouterPartitionKey(i) {
 			t.Errorf("A's router %d in the stats reply: %+v", i, r)
 		}
 	}
@@ -372,47 +371,12 @@ func TestIngressPartitionsChangeRace(t *testing.T) {
 			old.stopGracefully(t)
 			race := keyedLoad(8, 40, 0)
 			cur := b.launch("B", ingressCfg(t, tc.to, ""), func(s *Service) {
-				s.ingressChanging = func() { b.publishKeyed(race) }
+				s.hooks.ingressChanging = func() { b.publishKeyed(race) }
 			})
 			waitReady(t, cur)
 			b.checkKeyOrder(race)
 			b.checkNotEarly()
 			b.waitRouted()
 		})
-	}
-}
-
-// TestOldIngressSubject: the subject a message stored under another
-// ingress partition count was published to.
-func TestOldIngressSubject(t *testing.T) {
-	t.Parallel()
-	type oldCase struct {
-		n            int
-		stored, want string
-		old          bool
-	}
-	cases := []oldCase{
-		{1, "delay.orders.close", "delay.orders.close", false},
-		{1, "delayd.in.2.orders.close", "delay.orders.close", true},
-		{4, "delay.orders.close", "delay.orders.close", true},
-		{4, "delayd.in.1.orders.close", "delay.orders.close", false},
-		{4, "delayd.in.3.orders.close", "delay.orders.close", true}, // partition 1 under 4
-		{2, "delayd.in.1.orders.close", "delay.orders.close", ingressPartitionOf("delay.orders.close", 2) != 1},
-	}
-	// Subjects of every partition under 4: stored under their own
-	// partition they are not old, under the next one they are.
-	for i := range 16 {
-		published := "delay.t" + strconv.Itoa(i)
-		p := ingressPartitionOf(published, 4)
-		cases = append(cases,
-			oldCase{4, ingressPartitionSubject(p) + strings.TrimPrefix(published, "delay."), published, false},
-			oldCase{4, ingressPartitionSubject((p+1)%4) + strings.TrimPrefix(published, "delay."), published, true})
-	}
-	for _, tc := range cases {
-		s := &Service{cfg: Config{Prefix: "delay", IngressPartitions: tc.n}}
-		got, old := s.oldIngressSubject(tc.stored)
-		if got != tc.want || old != tc.old {
-			t.Errorf("N=%d, stored %q: %q %v; want %q %v", tc.n, tc.stored, got, old, tc.want, tc.old)
-		}
 	}
 }

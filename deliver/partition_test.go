@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
-	"github.com/delayd/delayd/deliver/internal/leadership"
+	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -36,7 +36,13 @@ func mustPartitions(t testing.TB, text string) levels.Partitions {
 // is ready.
 func (b *ownerBundle) startParts(name, parts string, skip ...string) *replica {
 	b.t.Helper()
-	cfg := Config{Levels: levels.MustParse(partLevels), Partitions: mustPartitions(b.t, parts), LeaseTTL: ownerTTL}
+	return b.startPartsTable(name, partLevels, parts, skip...)
+}
+
+// startPartsTable is [ownerBundle.startParts] with the level table table.
+func (b *ownerBundle) startPartsTable(name, table, parts string, skip ...string) *replica {
+	b.t.Helper()
+	cfg := Config{Levels: levels.MustParse(table), Partitions: mustPartitions(b.t, parts), LeaseTTL: ownerTTL}
 	r := b.launch(name, cfg, func(s *Service) {
 		if len(skip) > 0 {
 			s.noBid = func(key string) bool { return slices.Contains(skip, key) }
@@ -219,29 +225,45 @@ func (b *ownerBundle) checkKeyOrder(msgs []keyedMsg) {
 
 // TestPartitionRouting: with level 500ms in 4 partitions and no replica
 // delivering them (their leases left alone), 600 messages over 30 keys,
-// and 10 cascading messages (Delay-Duration 1.6s: 1s, then a hop on to
+// and 10 cascading messages (Delay-Duration 9.9s: 5s, then a hop on to
 // 500ms) with a Delay-Partition-Key each, land in the partition streams
 // DELAYD_500MS-P0..P3, each key's in exactly one, the one
 // levels.PartitionOf(key, 4) names (the key is the Delay-Partition-Key if
 // set, else the target subject; a hop keeps it), and the keys are spread
 // over every partition. No unpartitioned DELAYD_500MS is created.
+//
+// A hop's level is chosen by what remains when its forward is stored
+// (classifier.cascadeLevel): the 9.9 s message leaves 5s with 4.9 s to
+// go, and lands at 500ms only if its forward is stored less than 4.4 s
+// after its wait at 5s ended; later, it rightly moves on through shorter
+// levels and never reaches a partition. The table's 5s (not 1s, with
+// 1.6 s: a margin of 100 ms, which a busy machine's scanner missed about
+// one run in two) gives that margin. The hops' target is bound to a
+// stream, so a hop that missed it is seen delivered there and named,
+// instead of the count falling short for a minute.
 func TestPartitionRouting(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
+	b.targetStream()
 	d := 500 * time.Millisecond
 	var skip []string
 	for i := range 4 {
-		skip = append(skip, leadership.LevelKey(levels.PartitionStreamName(d, i)))
+		skip = append(skip, ownership.LevelKey(levels.PartitionStreamName(d, i)))
 	}
-	b.startParts("A", "500ms=4", skip...)
+	const (
+		table      = "200ms 500ms 5s"
+		cascade    = 9900 * time.Millisecond
+		firstLevel = 5 * time.Second
+	)
+	b.startPartsTable("A", table, "500ms=4", skip...)
 	msgs := keyedLoad(30, 600, 0)
 	b.publishKeyed(msgs)
-	// Cascading messages: 1.6s waits at 1s, then hops on to 500ms, where
+	// Cascading messages: 9.9s waits at 5s, then hops on to 500ms, where
 	// its Delay-Partition-Key, kept across the hop, picks the partition.
 	ctx := context.Background()
 	for i := range 10 {
 		key := "hop-" + strconv.Itoa(i)
-		h := nats.Header{contract.HeaderDuration: {"1.6s"}, contract.HeaderPartitionKey: {key}}
+		h := nats.Header{contract.HeaderDuration: {cascade.String()}, contract.HeaderPartitionKey: {key}}
 		if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: "delay.tgt.hop", Header: h, Data: []byte(key + "|0")}); err != nil {
 			t.Fatal(err)
 		}
@@ -250,11 +272,17 @@ func TestPartitionRouting(t *testing.T) {
 
 	var where map[string]map[int]int // key -> partition -> messages
 	total := 0
+	var hopLate time.Duration // the latest hop's forward, after its wait at 5s ended
 	for deadline := time.Now().Add(time.Minute); total != want; {
 		if time.Now().After(deadline) {
 			t.Fatalf("the partitions hold %d messages after a minute, want %d", total, want)
 		}
 		time.Sleep(50 * time.Millisecond)
+		if missed := b.targetPayloads(); len(missed) > 0 {
+			t.Fatalf("cascading messages %v moved on through the levels below 500ms: their forward from 5s came "+
+				"%s or more after its wait ended (a machine too busy for this test), or the hop lost its level", missed,
+				cascade-firstLevel-d)
+		}
 		where, total = map[string]map[int]int{}, 0
 		for i := range 4 {
 			for _, m := range b.levelMsgs(levels.PartitionStreamName(d, i)) {
@@ -264,9 +292,13 @@ func TestPartitionRouting(t *testing.T) {
 				}
 				where[key][i]++
 				total++
+				if strings.HasPrefix(key, "hop-") {
+					hopLate = max(hopLate, forwardLateness(t, m, firstLevel, d))
+				}
 			}
 		}
 	}
+	t.Logf("the hops' forwards were stored up to %s after their wait at 5s ended", hopLate)
 	used := map[int]bool{}
 	for key, parts := range where {
 		want := levels.PartitionOf(key, 4)
@@ -281,6 +313,23 @@ func TestPartitionRouting(t *testing.T) {
 	if _, err := b.js.Stream(ctx, levels.StreamName(d)); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Errorf("DELAYD_500MS exists (or: %v): a partitioned level has only its partition streams", err)
 	}
+}
+
+// forwardLateness returns how long after its wait at its first level
+// (first, from Delay-Enqueued-At) the hop of level message m, placed at
+// level delay, was stored by the ingress stream: Delayd-Hop-Due is that
+// store time + delay.
+func forwardLateness(t testing.TB, m *jetstream.RawStreamMsg, first, delay time.Duration) time.Duration {
+	t.Helper()
+	enqueued, err := parseTime(m.Header.Get(contract.HeaderEnqueuedAt))
+	if err != nil {
+		t.Fatalf("%s: %s: %v", m.Data, contract.HeaderEnqueuedAt, err)
+	}
+	hopDue, err := parseTime(m.Header.Get(hdrHopDue))
+	if err != nil {
+		t.Fatalf("%s: %s %q: %v", m.Data, hdrHopDue, m.Header.Get(hdrHopDue), err)
+	}
+	return hopDue.Add(-delay).Sub(enqueued.Add(first))
 }
 
 // TestPartitionKeyOrder: 1,500 messages over 40 keys to a stream target,
@@ -331,7 +380,7 @@ func TestPartitionChangeOrder(t *testing.T) {
 			b.targetStream()
 			var skip []string
 			for _, s := range tc.retired {
-				skip = append(skip, leadership.LevelKey(s))
+				skip = append(skip, ownership.LevelKey(s))
 			}
 			old := b.startParts("A", tc.from, skip...)
 			first := keyedLoad(24, 240, 0)
@@ -378,7 +427,7 @@ func TestPartitionLeasesShared(t *testing.T) {
 	waitReady(t, c)
 	var keys []string
 	for i := range 16 {
-		keys = append(keys, leadership.LevelKey(levels.PartitionStreamName(4*time.Millisecond, i)))
+		keys = append(keys, ownership.LevelKey(levels.PartitionStreamName(4*time.Millisecond, i)))
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -476,13 +525,17 @@ func TestPartitionChangeOldMarkersOnly(t *testing.T) {
 // a cancel by id of each of 12 pending messages (12 targets, so spread
 // over the partitions) is answered "cancelled" through the partition
 // owner's decide subject, and none of them is delivered, while 12
-// messages published after them, not cancelled, are.
+// messages published after them, not cancelled, are. The level is 10 s
+// long, so that every cancel is asked while its message is pending: with
+// a 1 s level, on a busy machine, the later cancels came after their
+// messages were due and were rightly answered "already delivered".
 func TestPartitionCancel(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
 	b.targetStream()
-	b.startParts("A", "1s=4")
-	b.startParts("B", "1s=4")
+	const table = "200ms 500ms 10s"
+	b.startPartsTable("A", table, "10s=4")
+	b.startPartsTable("B", table, "10s=4")
 	for i := range 12 {
 		target := "tgt.c" + strconv.Itoa(i)
 		b.publishTo(target, "cancel-me-"+strconv.Itoa(i), nats.Header{contract.HeaderLevel: {"3"}, contract.HeaderNatsMsgID: {"c-" + strconv.Itoa(i)}})

@@ -7,19 +7,17 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/cancelapi"
 	"github.com/delayd/delayd/deliver/internal/index"
-	"github.com/delayd/delayd/deliver/internal/jswire"
-	"github.com/delayd/delayd/deliver/internal/leadership"
+	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
@@ -31,8 +29,9 @@ const (
 	IngressStream = "DELAYD_INGRESS"
 
 	// DuplicateWindowDefault is the ingress and dead-letter streams'
-	// Nats-Msg-Id duplicate window (JetStream's own default).
-	DuplicateWindowDefault = 2 * time.Minute
+	// Nats-Msg-Id duplicate window (JetStream's own default),
+	// [contract.DuplicateWindow].
+	DuplicateWindowDefault = contract.DuplicateWindow
 
 	publishAsyncTimeout = 10 * time.Second
 )
@@ -80,7 +79,7 @@ type Config struct {
 	// CancelLookupShare is the share of one core's time, in (0, 1], the
 	// cancel API's id-index lookups may take: one lookup at a time, and
 	// after a lookup that took d, none for d×(1/share − 1). Lookups cost
-	// the NATS server a walk of the index (README "What a cancel costs"),
+	// the NATS server a walk of the index (docs/guarantees.md#what-a-cancel-costs),
 	// so this trades cancel capacity against delivery lateness; requests
 	// beyond what it allows are answered busy ([ErrCancelBusy]). Optional.
 	// Default [CancelLookupShareDefault].
@@ -94,7 +93,7 @@ type Config struct {
 	// lookups (direct gets on DELAYD_INDEX) with the direct gets of level
 	// messages that decide a cancel, and the router's merge checks that
 	// miss its merge cache. A lookup walks the whole index on the server
-	// (README "What a cancel costs"), and nats-server answers a client's
+	// (docs/guarantees.md#what-a-cancel-costs), and nats-server answers a client's
 	// direct gets inline, on the read loop of that client's connection:
 	// on the service's own connection every delivery, level write and
 	// ack sent behind a lookup waits until its walk is done. Optional: nil
@@ -116,6 +115,21 @@ type Config struct {
 	// still answers "already delivered" or "cancelled", a later one "not
 	// found". Optional. Default [IndexKeep].
 	IndexKeep time.Duration
+
+	// AnswerKeep is how long a message's final answer ("already
+	// delivered" or "cancelled") is kept once the id index has trimmed its
+	// records (stream DELAYD_ANSWERS): cancel and status answer truly for
+	// about IndexKeep plus AnswerKeep after the message left its level,
+	// "not found" after. Between [AnswerKeepMin] and [AnswerKeepMax], or
+	// [AnswerKeepOff]. Optional. Default [AnswerKeepDefault].
+	AnswerKeep time.Duration
+
+	// AnswerMaxBytes bounds DELAYD_ANSWERS on disk: past it, the oldest
+	// answers are dropped first (they answer "not found" before
+	// AnswerKeep). Pending messages keep their records in the id index,
+	// which this never touches. At least [AnswerMaxBytesMin]. Optional.
+	// Default [AnswerMaxBytesDefault].
+	AnswerMaxBytes int64
 
 	// LeaseTTL is the TTL, T, of the leases through which the router and
 	// each level stream's scanner are owned by one delayd process at a
@@ -153,9 +167,9 @@ type Config struct {
 // the router, each level stream's scanner and the singleton jobs (the id
 // index trim) run only in the Service that holds their lease (key
 // "router", "level." + the stream name, and "janitor", in DELAYD_LEASES),
-// one [leadership.Elector] each. The Services share the leases: each bids
+// one [ownership.Elector] each. The Services share the leases: each bids
 // only while it holds fewer than its share, ceil(leases / live Services),
-// and hands a surplus over (README "Several replicas"). A Service holding
+// and hands a surplus over (docs/operations.md#several-replicas). A Service holding
 // no lease is ready; a graceful stop settles, commits and releases every
 // lease it holds, so other Services take over at once. A Service whose
 // level table, prefix or replica count differs from a live one's refuses
@@ -179,100 +193,50 @@ type Service struct {
 	// carries the ingress partitions too), for the shared settings.
 	partitionsSetting string
 
-	cancelCancelled, cancelNotFound, cancelDelivered, cancelBusy atomic.Uint64
+	cancels, statuses answerCounts // the cancel and status APIs' answers (CancelStats, StatusStats)
+	answers           answerWork   // the kept answers' bounds and counters
 
 	hopKey hopKey // set by setup
 	// boundaries are, by level delay, the boundaries of its streams at
 	// the last change of its partition count, while old messages may be
-	// pending (README "Partitions for hot levels"); set by setup.
+	// pending (docs/operations.md#partitions-for-hot-levels); set by setup.
 	boundaries map[time.Duration]map[string]uint64
-	routed     *routedGate // shared by the cancel workers; set by Run
-	lookups    *lookupGate // paces the cancel workers' index lookups
+	cancelAPI  *cancelapi.API // the cancel and status APIs; set by Run
 
 	// leases are the electors' counters by lease key, filled by Run before
-	// the electors start and read-only after; onLease, if set (tests),
-	// sees every elector's events, on the elector's goroutine.
-	leases  map[string]*leaseState
-	onLease func(leadership.Event)
+	// the electors start and read-only after.
+	leases map[string]*leaseState
+	hooks  serviceHooks // tests only; set before Run
+	// gains logs this replica's lease gains in one line per burst; set
+	// by Run before the electors start.
+	gains *gainLog
 
-	balancer   atomic.Pointer[leadership.Balancer] // set by Run
-	trimPasses atomic.Uint64                       // id index trim passes run (tests)
+	balancer   atomic.Pointer[ownership.Balancer] // set by Run
+	trimPasses atomic.Uint64                      // id index trim passes run (tests)
 
 	// holder is this Service's lease holder id, set by Run. noBid, if set
 	// (tests), names lease keys this Service does not bid for, to pin
 	// ownership on another replica.
 	holder string
 	noBid  func(key string) bool
+}
 
-	// ingressChanging, if set (tests), runs in setup between the check
-	// that DELAYD_INGRESS is empty and the update of its transform at a
+// serviceHooks are a Service's test hooks: each, if set, runs at one
+// point of the Service's work, on the goroutine doing it.
+type serviceHooks struct {
+	// ingressChanging runs in setup between the check that
+	// DELAYD_INGRESS is empty and the update of its transform at a
 	// change of the ingress partition count.
 	ingressChanging func()
-}
-
-// leaseState is one lease's state in this Service, for [Service.Leases].
-type leaseState struct {
-	elector           *leadership.Elector
-	gained, failovers atomic.Uint64
-}
-
-// LeaseStats is this Service's view of one lease.
-type LeaseStats struct {
-	// Key is the lease key: "router", or "level." + a level stream's name.
-	Key string
-	// Held reports whether this Service holds the lease now.
-	Held bool
-	// Epoch is the epoch of this Service's last term of the lease; 0 if it
-	// never held it.
-	Epoch uint64
-	// Gained counts the terms this Service gained since start.
-	Gained uint64
-	// Failovers counts this Service's terms that ended without its
-	// resigning: expired (no renewal stored in time), lost to another
-	// holder, or given up when the work stopped (fenced). Each one hands
-	// the work to another replica after the TTL, not at once.
-	Failovers uint64
-}
-
-// Leases returns this Service's view of every lease it bids for, sorted by
-// key; empty until Run has set up.
-func (s *Service) Leases() []LeaseStats {
-	s.mu.Lock()
-	leases := s.leases
-	s.mu.Unlock()
-	out := make([]LeaseStats, 0, len(leases))
-	for key, st := range leases {
-		epoch, held := st.elector.Held()
-		out = append(out, LeaseStats{Key: key, Held: held, Epoch: epoch, Gained: st.gained.Load(), Failovers: st.failovers.Load()})
-	}
-	slices.SortFunc(out, func(a, b LeaseStats) int { return strings.Compare(a.Key, b.Key) })
-	return out
-}
-
-// Balance returns how many replicas are live (this one included, as
-// counted from their membership keys in DELAYD_LEASES), this replica's
-// share of the leases (ceil(leases / live)) and how many it holds; zeros
-// until Run has set up.
-func (s *Service) Balance() (live, share, held int) {
-	if b := s.balancer.Load(); b != nil {
-		return b.Share()
-	}
-	return 0, 0, 0
-}
-
-// leaseEvent counts an elector's event; it runs on the elector's goroutine.
-func (s *Service) leaseEvent(ev leadership.Event) {
-	if st := s.leases[ev.Key]; st != nil {
-		switch ev.Kind {
-		case leadership.Gained:
-			st.gained.Add(1)
-		case leadership.Lost:
-			st.failovers.Add(1)
-		}
-	}
-	if s.onLease != nil {
-		s.onLease(ev)
-	}
+	// looked runs in DecideID between the index lookup of a cancel's or
+	// status request's id and the owner's decision, with the record
+	// found.
+	looked func(index.Record)
+	// onLease sees every elector's events, on the elector's goroutine.
+	onLease func(ownership.Event)
+	// tailHook is called before each tail read of a level stream by a
+	// router; its error fails the read.
+	tailHook func(stream string) error
 }
 
 // New returns a service on nc. Nothing touches the server until Run.
@@ -305,13 +269,22 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if cfg.Replicas < 1 {
 		return nil, fmt.Errorf("deliver: replicas %d: must be at least 1", cfg.Replicas)
 	}
+	cfg.AnswerKeep = cmp.Or(cfg.AnswerKeep, AnswerKeepDefault)
+	if cfg.AnswerKeep != AnswerKeepOff && (cfg.AnswerKeep < AnswerKeepMin || cfg.AnswerKeep > AnswerKeepMax) {
+		return nil, fmt.Errorf("deliver: answer keep %s: must be from %s to %s, or AnswerKeepOff", cfg.AnswerKeep, AnswerKeepMin, AnswerKeepMax)
+	}
+	cfg.AnswerMaxBytes = cmp.Or(cfg.AnswerMaxBytes, AnswerMaxBytesDefault)
+	if cfg.AnswerMaxBytes < AnswerMaxBytesMin {
+		return nil, fmt.Errorf("deliver: answer max bytes %d: must be at least %d", cfg.AnswerMaxBytes, int64(AnswerMaxBytesMin))
+	}
 	if cfg.LeaseTTL < 0 {
 		return nil, fmt.Errorf("deliver: lease TTL %s: must not be negative", cfg.LeaseTTL)
 	}
 	if err := cfg.Targets.Validate(); err != nil {
 		return nil, fmt.Errorf("deliver: target policy: %w", err)
 	}
-	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger, targets: NewTargetIndex(nc, mustJS(nc, 0), cfg.Logger), partitionsSetting: setting}, nil
+	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger, targets: NewTargetIndex(nc, mustJS(nc, 0), cfg.Logger), partitionsSetting: setting,
+		answers: answerWork{bounds: answerBounds{passMax: answerPassMax, lagMax: answerLagMax, rangeMax: answerRangeMax}}}, nil
 }
 
 // Ready reports whether the resources exist and the service bids for its
@@ -342,7 +315,7 @@ func (s *Service) Unready() []string {
 	if st := s.Stalled(); len(st) > 0 {
 		why = append(why, "stalled levels "+strings.Join(st, " "))
 	}
-	if d := s.refused.snapshot(); d.Waiting > 0 && d.Oldest > ScannerStallAfterDefault {
+	if d := s.refused.Snapshot(); d.Waiting > 0 && d.Oldest > ScannerStallAfterDefault {
 		why = append(why, fmt.Sprintf("%s refuses dead letters: %d waiting, the oldest for %s: %v", DLQStream, d.Waiting, d.Oldest.Round(time.Second), d.LastErr))
 	}
 	return why
@@ -350,7 +323,7 @@ func (s *Service) Unready() []string {
 
 // DLQRefusals returns the state of dead letters DELAYD_DLQ refuses: failed
 // writes since start, and those waiting to be stored.
-func (s *Service) DLQRefusals() DLQRefusals { return s.refused.snapshot() }
+func (s *Service) DLQRefusals() DLQRefusals { return DLQRefusals(s.refused.Snapshot()) }
 
 // HandleReconnect tells the service its connection came back (wire it into
 // nats.ReconnectHandler): deliveries to core subjects that fell due during
@@ -365,7 +338,7 @@ func (s *Service) HandleReconnect() {
 
 // DeadLetters returns the dead letters written since start, by reason
 // (every reason of [Reasons] is present).
-func (s *Service) DeadLetters() map[string]uint64 { return s.reasons.snapshot() }
+func (s *Service) DeadLetters() map[string]uint64 { return s.reasons.Snapshot() }
 
 // HandleAsyncError takes the connection's asynchronous errors (wire it into
 // nats.ErrorHandler). A publish permissions violation marks its subject as
@@ -386,58 +359,6 @@ func (s *Service) Stalled() []string {
 		}
 	}
 	slices.Sort(out)
-	return out
-}
-
-// Stats returns the router's counters and each scanner's, by stream name.
-// With ingress partitions the router's are the sum over this replica's
-// routers (Owner if it routes any partition, Epoch the highest, no
-// IngressPartition or Lease); [Service.RouterStats] gives each one's.
-func (s *Service) Stats() (RouterStats, []ScannerStats) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var rs RouterStats
-	switch len(s.routers) {
-	case 0:
-	case 1:
-		rs = s.routers[0].Stats()
-	default:
-		for _, r := range s.routers {
-			st := r.Stats()
-			rs.Routed += st.Routed
-			rs.DeadLettered += st.DeadLettered
-			rs.Clamped += st.Clamped
-			rs.Skipped += st.Skipped
-			rs.Merged += st.Merged
-			rs.IndexErrors += st.IndexErrors
-			rs.Owner = rs.Owner || st.Owner
-			rs.Epoch = max(rs.Epoch, st.Epoch)
-			for stream, n := range st.FencedWrites {
-				if rs.FencedWrites == nil {
-					rs.FencedWrites = make(map[string]uint64)
-				}
-				rs.FencedWrites[stream] += n
-			}
-		}
-	}
-	var ss []ScannerStats
-	for _, sc := range s.scanners {
-		ss = append(ss, sc.Stats())
-	}
-	slices.SortFunc(ss, func(a, b ScannerStats) int { return strings.Compare(a.Stream, b.Stream) })
-	return rs, ss
-}
-
-// RouterStats returns each router's counters in this replica, by ingress
-// partition: one entry when ingress is not partitioned; nil until Run has
-// set up.
-func (s *Service) RouterStats() []RouterStats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]RouterStats, 0, len(s.routers))
-	for _, r := range s.routers {
-		out = append(out, r.Stats())
-	}
 	return out
 }
 
@@ -476,7 +397,7 @@ func (s *Service) Run(ctx context.Context) error {
 			return err
 		}
 		s.logger.Warn("joining the replicas failed; retrying", slog.Any("error", err))
-		if !backoff.sleep(ctx) {
+		if !backoff.Sleep(ctx) {
 			return nil
 		}
 	}
@@ -484,7 +405,7 @@ func (s *Service) Run(ctx context.Context) error {
 	var streams []string
 	var store *offsets.Store
 	var bucket *lease.Bucket
-	backoff.reset()
+	backoff.Reset()
 	for {
 		var err error
 		streams, store, bucket, err = s.setupInTurn(ctx, holder)
@@ -501,7 +422,7 @@ func (s *Service) Run(ctx context.Context) error {
 			return err
 		}
 		s.logger.Warn("setup failed; retrying", slog.Any("error", err))
-		if !backoff.sleep(ctx) {
+		if !backoff.Sleep(ctx) {
 			return nil
 		}
 	}
@@ -511,100 +432,44 @@ func (s *Service) Run(ctx context.Context) error {
 		s.logger.Warn("target index refresh failed", slog.Any("error", err))
 	}
 
-	start := time.Now()
 	var routersRef atomic.Pointer[[]*Router] // for the scanners' mergeGone, set below
-	scanners := make(map[string]*Scanner, len(streams))
-	for _, name := range streams {
-		sc := s.cfg.Scanner
-		sc.Stream, sc.Offsets, sc.Targets, sc.Prefix = name, store, targets, s.cfg.Prefix
-		if s.cfg.OnDelivery != nil {
-			stream := name
-			sc.OnDelivery = func(l time.Duration) { s.cfg.OnDelivery(stream, l) }
-		}
-		sc.Logger = s.logger.With(slog.String("component", "scanner"))
-		if s.cfg.Clock != nil {
-			sc.Clock = s.cfg.Clock
-		}
-		sc.StartGrace = s.cfg.StartGrace
-		if s.cfg.GraceAtStart {
-			sc.StartedAt = start
-		}
-		window := sc.Window
-		if window == 0 {
-			window = ScannerWindowDefault
-		}
-		var gate *orderGate
-		if d, ok := levels.ParseStreamName(name); ok && s.boundaries[d] != nil {
-			gate = newOrderGate(name, s.boundaries[d], store, mustJS(s.nc, 0))
-		}
-		scanner, err := newScanner(s.nc, mustJS(s.nc, window+16), sc, scannerWiring{
-			reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey, fenced: true, gate: gate,
-			mergeGone: func(rec index.Record) {
-				if rs := routersRef.Load(); rs != nil {
-					for _, r := range *rs {
-						r.forgetMerge(rec)
-					}
-				}
-			},
-		})
-		if err != nil {
-			return err
-		}
-		scanners[name] = scanner
+	scanners, err := s.buildLevels(streams, store, targets, &routersRef)
+	if err != nil {
+		return err
 	}
-	rc := s.cfg.Router
-	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas, rc.MaxDelay = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas, s.cfg.MaxDelay
-	rc.Partitions = s.cfg.Partitions
-	rc.OnRouted = func(stream string, seq uint64) {
-		if sc := scanners[stream]; sc != nil {
-			sc.Written(seq)
-		}
-	}
-	inflight := rc.MaxInFlight
-	if inflight == 0 {
-		inflight = RouterMaxInFlightDefault
-	}
-	// One router per ingress partition (README "Ingress partitions").
-	routers := make([]*Router, s.cfg.IngressPartitions)
-	owners := newPendingAsker(s.nc)
-	for i := range routers {
-		rc := rc
-		rc.IngressPartition = i
-		rc.Logger = s.logger.With(slog.String("component", "router"))
-		if len(routers) > 1 {
-			rc.Logger = rc.Logger.With(slog.Int("ingress_partition", i))
-		}
-		// Every level write is followed by one or two index writes.
-		router, err := newRouter(mustJS(s.nc, 3*inflight+16), rc, routerWiring{
-			reasons: &s.reasons, refused: &s.refused, hopKey: s.hopKey,
-			scanners:   serviceScanners{scanners: scanners, store: store, owners: owners},
-			lookupConn: s.cfg.LookupConn,
-		})
-		if err != nil {
-			return err
-		}
-		routers[i] = router
+	routers, err := s.buildRouters(scanners, store)
+	if err != nil {
+		return err
 	}
 	routersRef.Store(&routers)
 
 	// One elector per lease: the router's, each level stream's and the
 	// janitor's, sharing the leases with the other live replicas.
-	balancer, err := leadership.NewBalancer(leadership.BalancerConfig{Members: members, TTL: s.cfg.LeaseTTL,
+	balancer, err := ownership.NewBalancer(ownership.BalancerConfig{Members: members, TTL: s.cfg.LeaseTTL,
 		Logger: s.logger.With(slog.String("component", "balance"))})
 	if err != nil {
 		return err
 	}
 	leases := make(map[string]*leaseState, len(scanners)+2)
+	s.gains = newGainLog(s.logger.With(slog.String("component", "lease")), func() int {
+		n := 0
+		for _, st := range leases {
+			if _, held := st.elector.Held(); held {
+				n++
+			}
+		}
+		return n
+	})
 	type leasedWork struct {
-		elector *leadership.Elector
-		work    func(context.Context, leadership.Term) error
+		elector *ownership.Elector
+		work    func(context.Context, ownership.Term) error
 	}
 	var works []leasedWork
-	addLease := func(key string, work func(context.Context, leadership.Term) error) error {
+	addLease := func(key string, work func(context.Context, ownership.Term) error) error {
 		if s.noBid != nil && s.noBid(key) {
 			return nil
 		}
-		e, err := leadership.New(leadership.Config{Bucket: bucket, Key: key, Holder: holder, TTL: s.cfg.LeaseTTL,
+		e, err := ownership.New(ownership.Config{Bucket: bucket, Key: key, Holder: holder, TTL: s.cfg.LeaseTTL,
 			Balancer: balancer, OnEvent: s.leaseEvent, Logger: s.logger.With(slog.String("component", "lease"))})
 		if err != nil {
 			return err
@@ -620,12 +485,12 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	nRouters := len(works) // fewer than the routers where noBid skips some
 	for _, name := range streams {
-		if err := addLease(leadership.LevelKey(name), scanners[name].runTerm); err != nil {
+		if err := addLease(ownership.LevelKey(name), scanners[name].runTerm); err != nil {
 			return err
 		}
 	}
 	// The singleton jobs run in one replica at a time.
-	if err := addLease(leadership.JanitorKey, func(ctx context.Context, _ leadership.Term) error {
+	if err := addLease(ownership.JanitorKey, func(ctx context.Context, _ ownership.Term) error {
 		return s.runJanitor(ctx, store, members)
 	}); err != nil {
 		return err
@@ -635,15 +500,14 @@ func (s *Service) Run(ctx context.Context) error {
 	s.routers, s.scanners, s.leases, s.holder = routers, scanners, leases, holder
 	s.mu.Unlock()
 
-	cancelSubs, cancelCh, err := s.subscribeCancel(ctx)
-	if err != nil {
+	cancelJS := mustJS(s.nc, 0)
+	cancels := s.newCancelAPI(cancelJS)
+	if err := cancels.Subscribe(ctx); err != nil {
 		return err
 	}
 	infoSub, err := s.subscribeInfo(ctx)
 	if err != nil {
-		for _, sub := range cancelSubs {
-			_ = sub.Unsubscribe()
-		}
+		cancels.Unsubscribe()
 		return err
 	}
 	defer func() { _ = infoSub.Unsubscribe() }()
@@ -653,6 +517,7 @@ func (s *Service) Run(ctx context.Context) error {
 	defer cancel()
 	wg.Go(func() { errs <- targets.Run(runCtx) })
 	wg.Go(func() { errs <- balancer.Run(runCtx) })
+	wg.Go(func() { errs <- s.gains.run(runCtx) })
 	// Each elector runs its work only while it holds the lease, and
 	// releases the lease after the work has settled and committed.
 	// The router bids once every scanner made its first bid: a single
@@ -675,11 +540,8 @@ func (s *Service) Run(ctx context.Context) error {
 			errs <- router.elector.Run(runCtx, router.work)
 		})
 	}
-	cancelJS := mustJS(s.nc, 0)
-	s.routed = newRoutedGate(cancelJS, s.refused.routerWaiting)
-	s.lookups = newLookupGate(s.cfg.CancelLookupShare)
-	wg.Go(func() { s.routed.run(runCtx) })
-	wg.Go(func() { errs <- s.serveCancel(runCtx, cancelJS, cancelSubs, cancelCh) })
+	s.cancelAPI = cancels
+	wg.Go(func() { errs <- cancels.Run(runCtx) })
 	members.Bidding() // the others count this replica in their shares from now on
 	s.ready.Store(true)
 	s.logger.Info("delayd scheduling", slog.String("ingress", s.cfg.Prefix+".>"), slog.Int("level_streams", len(streams)), slog.String("holder", holder))
@@ -694,413 +556,4 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.ready.Store(false)
 	return first
-}
-
-// runJanitor runs the singleton jobs while this replica holds the janitor
-// lease: the id index trim, and the sweep of membership keys left by
-// replicas that stopped without leaving (a crash).
-func (s *Service) runJanitor(ctx context.Context, store *offsets.Store, members *lease.Membership) error {
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(memberSweepEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			sctx, cancel := context.WithTimeout(ctx, opTimeout)
-			n, err := members.Sweep(sctx, memberSweepAfter)
-			cancel()
-			if err != nil && ctx.Err() == nil {
-				s.logger.Warn("membership sweep failed", slog.Any("error", err))
-			}
-			if n > 0 {
-				s.logger.Info("membership keys of stopped replicas deleted", slog.Int("keys", n))
-			}
-		}
-	})
-	err := s.trimIndex(ctx, store)
-	wg.Wait()
-	return err
-}
-
-// A membership key seen unchanged for memberSweepAfter (its replica
-// stopped without leaving) is deleted by the janitor.
-const (
-	memberSweepEvery = time.Minute
-	memberSweepAfter = 10 * time.Minute
-)
-
-// trimIndex purges the id index every indexTrimEvery until ctx is done.
-// It keeps every record stored since the oldest head any level had
-// IndexKeep ago: a message that left its level (delivered or cancelled)
-// within the last IndexKeep was at or behind a head then, so its records
-// are kept, and a cancel still gets its true answer.
-func (s *Service) trimIndex(ctx context.Context, store *offsets.Store) error {
-	js := mustJS(s.nc, 0)
-	reader, err := jswire.NewBatchReader(s.nc, 1)
-	if err != nil {
-		return err
-	}
-	defer reader.Close()
-	keep := cmp.Or(s.cfg.IndexKeep, IndexKeep)
-	t := time.NewTicker(min(indexTrimEvery, keep/4))
-	defer t.Stop()
-	type sample struct {
-		at     time.Time // when it was taken (delayd's clock)
-		oldest time.Time // the oldest pending message then, or the server's time then (server clock)
-	}
-	var history []sample
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		s.trimPasses.Add(1)
-		cutoff, err := s.oldestPending(ctx, js, reader, store)
-		if err != nil {
-			if ctx.Err() == nil {
-				s.logger.Warn("id index trim skipped", slog.Any("error", err))
-			}
-			continue
-		}
-		now := time.Now()
-		history = append(history, sample{at: now, oldest: cutoff})
-		// The newest sample at least IndexKeep old decides; older ones go.
-		i := -1
-		for j, h := range history {
-			if now.Sub(h.at) >= keep {
-				i = j
-			}
-		}
-		if i < 0 {
-			continue
-		}
-		cutoff, history = history[i].oldest, history[i:]
-		if cutoff.IsZero() {
-			continue
-		}
-		tctx, cancel := context.WithTimeout(ctx, opTimeout)
-		err = index.Trim(tctx, js, cutoff, indexStoreSkew)
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			s.logger.Warn("id index trim failed", slog.Any("error", err))
-		}
-	}
-}
-
-const indexTrimEvery = 10 * time.Second
-
-// indexStoreSkew is how much earlier than its level message an index
-// record may be stored: the router publishes the level write first, but the
-// server stores writes to different streams on their own goroutines
-// (seen even on an idle server). Trims keep this much more.
-const indexStoreSkew = 5 * time.Second
-
-// oldestPending returns the store time of the oldest message any level
-// still holds past its committed offset, or the server's time if none: no
-// index record of a message not yet handed off is older. The server's time
-// is read first, so a message stored during the reads is newer than it.
-// It costs a stream info, an offset read and a direct get per level.
-func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, store *offsets.Store) (time.Time, error) {
-	nctx, cancel := context.WithTimeout(ctx, opTimeout)
-	oldest := index.ServerNow(nctx, js)
-	cancel()
-	if oldest.IsZero() {
-		return oldest, errors.New("no server time")
-	}
-	s.mu.Lock()
-	scanners := make([]*Scanner, 0, len(s.scanners))
-	for _, sc := range s.scanners {
-		scanners = append(scanners, sc)
-	}
-	s.mu.Unlock()
-	var buf []*nats.Msg
-	for _, sc := range scanners {
-		// The committed offset as stored: the janitor's replica scans
-		// only its share of the levels, and its own view of the others'
-		// offsets is stale. A level it owns counts its latest commit.
-		rctx, cancel := context.WithTimeout(ctx, opTimeout)
-		committed, err := store.Load(rctx, sc.cfg.Stream)
-		if errors.Is(err, offsets.ErrNotFound) {
-			committed, err = 0, nil // never committed: from the first message
-		}
-		if err != nil {
-			cancel()
-			return time.Time{}, err
-		}
-		if sc.owned.Load() {
-			committed = max(committed, sc.commits.Committed())
-		}
-		buf, err = reader.Read(rctx, sc.cfg.Stream, buf[:0], committed+1, 1, 1)
-		cancel()
-		if err != nil {
-			return time.Time{}, err
-		}
-		if len(buf) == 1 {
-			if at, err := time.Parse(time.RFC3339Nano, buf[0].Header.Get(hdrJSTimeStamp)); err == nil && at.Before(oldest) {
-				oldest = at
-			}
-		}
-	}
-	return oldest, nil
-}
-
-// join opens the lease bucket (without changing it) and starts this
-// replica's membership: it fails with an error wrapping lease.ErrMismatch
-// if a live replica's level table, prefix or replica count differs. The
-// membership lasts until ctx ends.
-func (s *Service) join(ctx context.Context, holder string) (*lease.Membership, error) {
-	// 10 s: creates of the bucket sent at once by replicas started
-	// together may go unanswered (see setupInTurn); the retry finds it.
-	jctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	bucket, err := lease.BindBucket(jctx, mustJS(s.nc, 0), lease.BucketConfig{Replicas: s.cfg.Replicas})
-	if err != nil {
-		return nil, err
-	}
-	m, err := lease.NewMembership(bucket, lease.MembershipConfig{Holder: holder, TTL: s.cfg.LeaseTTL, Settings: s.sharedSettings(),
-		Logger: s.logger.With(slog.String("component", "membership"))})
-	if err != nil {
-		return nil, err
-	}
-	if err := m.Start(ctx); err != nil {
-		return nil, err
-	}
-	return m, nil
-}
-
-// sharedSettings are the settings every live replica must share, by the
-// variable that sets each: they decide which streams exist and how.
-func (s *Service) sharedSettings() map[string]string {
-	return map[string]string{
-		"DELAYD_LEVELS":     s.cfg.Levels.String(),
-		"DELAYD_PARTITIONS": s.partitionsSetting,
-
-		"DELAYD_INGRESS_PARTITIONS": strconv.Itoa(s.cfg.IngressPartitions),
-		"DELAYD_PREFIX":             s.cfg.Prefix,
-		"DELAYD_REPLICAS":           strconv.Itoa(s.cfg.Replicas),
-	}
-}
-
-// permanent returns the error Run stops with for a setup or join error
-// that no retry can mend, nil for any other: a replica count the server
-// cannot give (not clustered) wraps [ErrReplicasUnsupported] and names
-// DELAYD_REPLICAS.
-func (s *Service) permanent(err error) error {
-	var api *jetstream.APIError
-	if errors.As(err, &api) && api.ErrorCode == jsErrReplicasNotSupported {
-		return fmt.Errorf("DELAYD_REPLICAS=\"%d\": %w (%w)", s.cfg.Replicas, ErrReplicasUnsupported, err)
-	}
-	return nil
-}
-
-// jsErrReplicasNotSupported is JetStream's error code for a stream of
-// more than one replica on a server that is not clustered
-// (nats-server's JSStreamReplicasNotSupportedErr).
-const jsErrReplicasNotSupported jetstream.ErrorCode = 10074
-
-// setupInTurn runs setup while holding the lease [leadership.SetupKey], so
-// that replicas set up one at a time: identical stream creates sent at
-// once by several replicas to a cluster can all go unanswered
-// (nats-server v2.15.2: three replicas started together waited 60 to 91 s
-// for their streams, integration TestReplicasStartTogether). The lease is
-// released once setup returns; one left by a replica that crashed in its
-// setup is taken a lease TTL after its last renewal. Each later replica's
-// setup finds every stream in place and changes nothing.
-func (s *Service) setupInTurn(ctx context.Context, holder string) ([]string, *offsets.Store, *lease.Bucket, error) {
-	bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	bucket, err := lease.BindBucket(bctx, mustJS(s.nc, 0), lease.BucketConfig{Replicas: s.cfg.Replicas})
-	cancel()
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	turn, err := lease.New(bucket, lease.Config{Key: leadership.SetupKey, Holder: holder, TTL: s.cfg.LeaseTTL,
-		Logger: s.logger.With(slog.String("component", "lease"), slog.String("lease", leadership.SetupKey))})
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	if err := turn.Acquire(ctx); err != nil {
-		return nil, nil, nil, err
-	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := turn.Release(rctx); err != nil {
-			s.logger.Warn("setup lease not released; the next replica takes it after the lease TTL", slog.Any("error", err))
-		}
-	}()
-	return s.setup(ctx)
-}
-
-// setup creates or updates every stream, the offsets and lease buckets, and returns
-// the level streams to scan: the table's, the immediate level's, and any
-// DELAYD_<duration> stream left from an earlier table.
-func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, *lease.Bucket, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	js := mustJS(s.nc, 0)
-	r := s.cfg.Replicas
-	if err := s.ensureIngress(ctx, js); err != nil {
-		return nil, nil, nil, err
-	}
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        DLQStream,
-		Description: "delayd dead letters: invalid or undeliverable messages with Delay-Error and Delay-Subject",
-		Subjects:    []string{dlqSubjects + ">"},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    r,
-		Duplicates:  DuplicateWindowDefault,
-	}); err != nil {
-		return nil, nil, nil, fmt.Errorf("stream %s: %w", DLQStream, err)
-	}
-	if err := index.EnsureStreams(ctx, js, r); err != nil {
-		return nil, nil, nil, err
-	}
-	want := append([]levels.Level{{}}, s.cfg.Levels.Levels()...)
-	want = append(want, s.cfg.Levels.PrecisionLevels()...)
-	var streams []string
-	for _, l := range want {
-		for _, name := range s.cfg.Partitions.Streams(l.Delay) {
-			if err := ensureLevelStream(ctx, js, name, l.Delay, r); err != nil {
-				return nil, nil, nil, err
-			}
-			streams = append(streams, name)
-		}
-	}
-	names := js.StreamNames(ctx, jetstream.WithStreamListSubject(levelSubjects+">"))
-	for name := range names.Name() {
-		if _, ok := levels.ParseStreamName(name); ok && !slices.Contains(streams, name) {
-			s.logger.Info("draining level stream no longer in the table", slog.String("stream", name))
-			streams = append(streams, name)
-		}
-	}
-	if err := names.Err(); err != nil {
-		return nil, nil, nil, fmt.Errorf("list level streams: %w", err)
-	}
-	store, err := offsets.New(ctx, js, offsets.Config{Replicas: r, Logger: s.logger.With(slog.String("component", "offsets"))})
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	if s.hopKey, err = loadHopKey(ctx, js, s.logger); err != nil {
-		return nil, nil, nil, err
-	}
-	existing := make(map[time.Duration][]string)
-	for _, name := range streams {
-		d, _ := levels.ParseStreamName(name)
-		existing[d] = append(existing[d], name)
-	}
-	if s.boundaries, err = s.partitionBoundaries(ctx, js, want, existing); err != nil {
-		return nil, nil, nil, err
-	}
-	bucket, err := lease.OpenBucket(ctx, js, lease.BucketConfig{Replicas: r})
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return streams, store, bucket, nil
-}
-
-// ensureLevelStream creates or updates the level stream name (a
-// [levels.StreamName] or [levels.PartitionStreamName]) of delay, on the
-// subjects "delayd.level.<name without DELAYD_>.>".
-func ensureLevelStream(ctx context.Context, js jetstream.JetStream, name string, delay time.Duration, replicas int) error {
-	desc := "delayd level " + levels.FormatDuration(delay) + ": messages waiting for their due time"
-	if _, part, _ := levels.ParseStream(name); part >= 0 {
-		desc = fmt.Sprintf("delayd level %s, partition %d: messages waiting for their due time", levels.FormatDuration(delay), part)
-	}
-	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        name,
-		Description: desc,
-		Subjects:    []string{levelSubjects + strings.TrimPrefix(name, levels.StreamPrefix) + ".>"},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    replicas,
-		AllowDirect: true,
-		// The router writes with Nats-Expected-Last-Sequence and no
-		// Nats-Msg-Id, so the smallest window keeps no ids in memory.
-		Duplicates: 100 * time.Millisecond,
-	})
-	if err != nil {
-		return fmt.Errorf("stream %s: %w", name, err)
-	}
-	return nil
-}
-
-// mustJS returns a JetStream context with its own async-publish window, so
-// that one level's slow target never stalls another's publishes.
-func mustJS(nc *nats.Conn, maxPending int) jetstream.JetStream {
-	opts := []jetstream.JetStreamOpt{jetstream.WithPublishAsyncTimeout(publishAsyncTimeout)}
-	if maxPending > 0 {
-		opts = append(opts, jetstream.WithPublishAsyncMaxPending(maxPending))
-	}
-	js, err := jetstream.New(nc, opts...)
-	if err != nil {
-		panic(err) // only invalid options fail, and these are constant
-	}
-	return js
-}
-
-// serviceScanners is the router's view of a Service's scanners
-// ([levelScanners]).
-type serviceScanners struct {
-	scanners map[string]*Scanner
-	store    *offsets.Store
-	owners   *pendingAsker // asks the owner of a level this replica does not own
-}
-
-// pendingAt answers from this replica's scanner when it owns the level
-// (once its term's start loaded the offset and tombstones: it waits for
-// that up to decidePendingWait), and otherwise asks the level's owner on
-// its decide subject. No answer (no owner, a failover, a timeout) is "not
-// pending": that costs a merge, never a message merged into one already
-// delivered.
-func (v serviceScanners) pendingAt(ctx context.Context, rec index.Record) bool {
-	sc := v.scanners[rec.Stream]
-	switch {
-	case sc == nil:
-		return false
-	case sc.owned.Load():
-		for deadline := time.Now().Add(decidePendingWait); !sc.decides.Load(); {
-			if !sc.owned.Load() || time.Now().After(deadline) {
-				return false
-			}
-			time.Sleep(time.Millisecond) // a term's first moments only
-		}
-		return sc.pendingAt(rec)
-	case v.owners != nil:
-		return v.owners.pending(ctx, rec)
-	}
-	return false
-}
-
-// passed answers from this replica's scanner when it owns the level, and
-// otherwise asks the level's owner; 0 (nothing passed) without an answer.
-func (v serviceScanners) passed(ctx context.Context, stream string) uint64 {
-	sc := v.scanners[stream]
-	switch {
-	case sc == nil:
-		return 0
-	case sc.owned.Load():
-		if !sc.decides.Load() {
-			return 0 // its term's start has not loaded the offset yet
-		}
-		return sc.passed.Load()
-	case v.owners != nil:
-		return v.owners.passed(ctx, stream)
-	}
-	return 0
-}
-
-func (v serviceScanners) committed(ctx context.Context, stream string) uint64 {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	off, err := v.store.Load(ctx, stream)
-	if err != nil {
-		return 0
-	}
-	return off
 }

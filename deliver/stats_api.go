@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/message"
 )
 
 // StatsReply is the stats API's reply: this delayd process's counters since
@@ -83,14 +84,23 @@ type RouterReply struct {
 
 // LevelStats is one scanner's counters in a [StatsReply] ([ScannerStats]).
 type LevelStats struct {
-	Stream              string  `json:"stream"`
-	Offset              uint64  `json:"offset"`
-	Delivered           uint64  `json:"delivered"`
-	DeadLettered        uint64  `json:"dead_lettered"`
-	Retries             uint64  `json:"retries"`
-	Forwarded           uint64  `json:"forwarded"`
-	Pending             uint64  `json:"pending"`
-	OldestDueAgeSeconds float64 `json:"oldest_due_age_seconds"`
+	Stream       string `json:"stream"`
+	Offset       uint64 `json:"offset"`
+	Delivered    uint64 `json:"delivered"`
+	DeadLettered uint64 `json:"dead_lettered"`
+	Retries      uint64 `json:"retries"`
+	Forwarded    uint64 `json:"forwarded"`
+	Pending      uint64 `json:"pending"`
+	// Cancelled counts the level's cancelled messages past the committed
+	// offset: still in the level stream (tombstoned, not yet passed), so
+	// within Pending, never to be delivered. CancelledSeqs lists the
+	// lowest [StatsCancelledSeqsMax] of their sequences, ascending, so
+	// that a reader of the level stream can skip them (delayctl stats
+	// does); all of them when Cancelled is at most that. Both are the
+	// owner's (Owner true); 0 and none on another process.
+	Cancelled           uint64   `json:"cancelled"`
+	CancelledSeqs       []uint64 `json:"cancelled_seqs,omitempty"`
+	OldestDueAgeSeconds float64  `json:"oldest_due_age_seconds"`
 	// Owner reports whether this process holds the level's lease and scans
 	// it now; Epoch is its last term's epoch (0 if never).
 	Owner bool   `json:"owner"`
@@ -132,10 +142,13 @@ func (s *Service) StartStatsAPI() (stop func() error, err error) {
 					Owner: r.Owner, Epoch: r.Epoch, Routed: r.Routed, Clamped: r.Clamped, DeadLettered: r.DeadLettered})
 			}
 		}
+		cancelled := s.cancelledPending(StatsCancelledSeqsMax)
 		for _, sc := range ss {
+			c := cancelled[sc.Stream]
 			reply.Levels = append(reply.Levels, LevelStats{
 				Stream: sc.Stream, Offset: sc.Offset, Delivered: sc.Delivered, DeadLettered: sc.DeadLettered,
-				Retries: sc.Retries, Forwarded: sc.Forwarded, Pending: sc.Pending,
+				Retries: sc.Retries, Forwarded: sc.Forwarded, Pending: sc.Pending - min(sc.Pending, c.n),
+				Cancelled: c.n, CancelledSeqs: c.lowest,
 				OldestDueAgeSeconds: sc.OldestDueAge.Seconds(),
 				Owner:               sc.Owner, Epoch: sc.Epoch,
 			})
@@ -160,13 +173,68 @@ func (s *Service) StartStatsAPI() (stop func() error, err error) {
 	return sub.Unsubscribe, nil
 }
 
-// LevelDue returns when a scanner acts on a level-stream message with
-// headers h: the end of its wait at this level if it cascades on
-// (Delayd-Hop-Due), else its Delay-Due-At. ok is false if neither parses.
-func LevelDue(h nats.Header) (due time.Time, ok bool) {
-	if t, err := time.Parse(time.RFC3339Nano, h.Get(hdrHopDue)); err == nil {
-		return t, true
+// StatsCancelledSeqsMax is how many sequences of a level's cancelled
+// messages a stats reply lists at most ([LevelStats].CancelledSeqs).
+const StatsCancelledSeqsMax = 64
+
+// cancelledView is one level's cancelled messages past its committed
+// offset: how many, and the lowest of their sequences.
+type cancelledView struct {
+	n      uint64
+	lowest []uint64
+}
+
+// CancelledPending returns, by level stream, how many cancelled messages
+// each level this process owns holds past its committed offset (still in
+// the level stream, never delivered; [ScannerStats].Pending counts them);
+// levels with none are absent. It reads each level's cancel book, in
+// memory (see [LevelStats].Cancelled).
+func (s *Service) CancelledPending() map[string]uint64 {
+	out := make(map[string]uint64)
+	for stream, c := range s.cancelledPending(0) {
+		out[stream] = c.n
 	}
+	return out
+}
+
+// cancelledPending returns, for every level this process owns now, its
+// cancelled messages past the committed offset, from the level's cancel
+// book, with the lowest keep of their sequences. It costs O(tombstones held) in memory, no I/O: the book holds only
+// the tombstones of messages its scanner has not passed yet, or passed
+// but not yet retired by the janitor (the offset moved past them a moment
+// ago), so at most the level's cancelled-but-pending messages and a short
+// tail.
+func (s *Service) cancelledPending(keep int) map[string]cancelledView {
+	s.mu.Lock()
+	scanners := make([]*Scanner, 0, len(s.scanners))
+	for _, sc := range s.scanners {
+		scanners = append(scanners, sc)
+	}
+	s.mu.Unlock()
+	out := make(map[string]cancelledView, len(scanners))
+	for _, sc := range scanners {
+		if !sc.l.Owned() {
+			continue
+		}
+		n, lowest := sc.l.PendingTombs(keep)
+		if n > 0 {
+			out[sc.l.Stream()] = cancelledView{n: n, lowest: lowest}
+		}
+	}
+	return out
+}
+
+// DeliveryDue returns a level-stream message's delivery due: its
+// Delay-Due-At, when it is delivered to its target, also for a cascading
+// message that waits at this level only until an earlier hop
+// ([LevelDue]). ok is false if it does not parse (an epoch marker has
+// none).
+func DeliveryDue(h nats.Header) (due time.Time, ok bool) {
 	t, err := time.Parse(time.RFC3339Nano, h.Get(contract.HeaderDueAt))
 	return t, err == nil
 }
+
+// LevelDue returns when a scanner acts on a level-stream message with
+// headers h: the end of its wait at this level if it cascades on
+// (Delayd-Hop-Due), else its Delay-Due-At. ok is false if neither parses.
+func LevelDue(h nats.Header) (due time.Time, ok bool) { return message.LevelDue(h) }

@@ -2,27 +2,13 @@ package deliver
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
-	"regexp"
-	"strings"
-	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/target"
 )
-
-// targetIndexRefresh is how often the index re-lists streams even without an
-// advisory (advisories are core messages and can be missed on a reconnect).
-const targetIndexRefresh = 30 * time.Second
-
-// targetIndexMaxCache bounds the per-subject answer cache. Targets often carry
-// ids ("orders.123.close"), so the cache is reset rather than grown past it.
-const targetIndexMaxCache = 1 << 16
 
 // TargetIndex answers "is this target subject bound to a stream?" without a
 // round trip per message. It keeps the subject filters of every stream in the
@@ -36,148 +22,28 @@ const targetIndexMaxCache = 1 << 16
 // captures core publishes), only the confirmation is a flush instead of a
 // PubAck; a stream deleted a moment ago answers "no responders", which the
 // scanner treats as a core subject with no interest.
-type TargetIndex struct {
-	js     jetstream.JetStream
-	nc     *nats.Conn
-	logger *slog.Logger
-
-	mu       sync.RWMutex
-	patterns []string
-	cache    map[string]bool
-	denied   map[string]time.Time // subject -> when the server last refused a publish to it
-
-	kick chan struct{}
-}
+//
+// It wraps deliver/internal/target's Bindings, which holds the code.
+type TargetIndex struct{ b *target.Bindings }
 
 // NewTargetIndex returns an empty index; call [TargetIndex.Refresh] once, then
 // [TargetIndex.Run]. A nil logger discards.
 func NewTargetIndex(nc *nats.Conn, js jetstream.JetStream, logger *slog.Logger) *TargetIndex {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	return &TargetIndex{js: js, nc: nc, logger: logger, cache: make(map[string]bool), denied: make(map[string]time.Time), kick: make(chan struct{}, 1)}
-}
-
-// bound reports whether subject is captured by a stream.
-func (t *TargetIndex) bound(subject string) bool {
-	t.mu.RLock()
-	b, ok := t.cache[subject]
-	t.mu.RUnlock()
-	if ok {
-		return b
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	b = false
-	for _, p := range t.patterns {
-		if contract.MatchSubject(p, subject) {
-			b = true
-			break
-		}
-	}
-	if len(t.cache) >= targetIndexMaxCache {
-		clear(t.cache)
-	}
-	t.cache[subject] = b
-	return b
-}
-
-// forget drops the cached answer for subject and asks for a refresh: used
-// when a publish's outcome contradicts the index.
-func (t *TargetIndex) forget(subject string) {
-	t.mu.Lock()
-	delete(t.cache, subject)
-	t.mu.Unlock()
-	select {
-	case t.kick <- struct{}{}:
-	default:
-	}
+	return &TargetIndex{b: target.New(nc, js, logger)}
 }
 
 // Refresh re-lists the account's streams.
-func (t *TargetIndex) Refresh(ctx context.Context) error {
-	var patterns []string
-	lister := t.js.ListStreams(ctx)
-	for info := range lister.Info() {
-		if strings.HasPrefix(info.Config.Name, "DELAYD_") {
-			continue // delayd's own streams never hold targets
-		}
-		patterns = append(patterns, info.Config.Subjects...)
-	}
-	if err := lister.Err(); err != nil {
-		return fmt.Errorf("list streams: %w", err)
-	}
-	t.mu.Lock()
-	t.patterns = patterns
-	clear(t.cache)
-	t.mu.Unlock()
-	return nil
-}
+func (t *TargetIndex) Refresh(ctx context.Context) error { return t.b.Refresh(ctx) }
 
 // Run keeps the index fresh until ctx is done: it refreshes on JetStream
 // stream advisories and every 30 s. It returns nil when ctx is done.
-func (t *TargetIndex) Run(ctx context.Context) error {
-	sub, err := t.nc.Subscribe("$JS.EVENT.ADVISORY.STREAM.*.*", func(m *nats.Msg) {
-		action := strings.TrimPrefix(m.Subject, "$JS.EVENT.ADVISORY.STREAM.")
-		if strings.HasPrefix(action, "CREATED.") || strings.HasPrefix(action, "DELETED.") || strings.HasPrefix(action, "UPDATED.") {
-			select {
-			case t.kick <- struct{}{}:
-			default:
-			}
-		}
-	})
-	if err != nil {
-		return fmt.Errorf("subscribe stream advisories: %w", err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	tick := time.NewTicker(targetIndexRefresh)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		case <-t.kick:
-		}
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if err := t.Refresh(rctx); err != nil && ctx.Err() == nil {
-			t.logger.Warn("target index refresh failed", slog.Any("error", err))
-		}
-		cancel()
-	}
-}
-
-// deniedFor is how long a server's permission refusal is remembered.
-const deniedFor = time.Minute
-
-// permissionRe extracts the subject of a publish permissions violation.
-var permissionRe = regexp.MustCompile(`(?i)permissions violation for publish to "([^"]+)"`)
+func (t *TargetIndex) Run(ctx context.Context) error { return t.b.Run(ctx) }
 
 // NoteError records a publish permissions violation reported by the server
 // (as a connection's async error or LastError). It returns the refused
 // subject, or "" if err is not such a violation.
-func (t *TargetIndex) NoteError(err error) string {
-	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) {
-		return ""
-	}
-	m := permissionRe.FindStringSubmatch(err.Error())
-	if m == nil {
-		return ""
-	}
-	t.mu.Lock()
-	if len(t.denied) >= targetIndexMaxCache {
-		clear(t.denied)
-	}
-	t.denied[m[1]] = time.Now()
-	t.mu.Unlock()
-	return m[1]
-}
+func (t *TargetIndex) NoteError(err error) string { return t.b.NoteError(err) }
 
-// refused reports whether the server refused a publish to subject within
-// the last minute.
-func (t *TargetIndex) refused(subject string) bool {
-	t.mu.RLock()
-	at, ok := t.denied[subject]
-	t.mu.RUnlock()
-	return ok && time.Since(at) < deniedFor
-}
+func (t *TargetIndex) bound(subject string) bool   { return t.b.Bound(subject) }
+func (t *TargetIndex) forget(subject string)       { t.b.Forget(subject) }
+func (t *TargetIndex) refused(subject string) bool { return t.b.Refused(subject) }

@@ -498,13 +498,14 @@ func TestAuthConfigErrorsRedacted(t *testing.T) {
 	}
 }
 
-// secReadmeMarker precedes the README's nats-server permissions example, which TestAuthREADMEPermissions runs.
+// secReadmeMarker precedes the nats-server permissions example in docs/operations.md#security, which
+// TestAuthREADMEPermissions runs.
 const secReadmeMarker = "<!-- permissions example: run by TestAuthREADMEPermissions in integration/auth_test.go -->"
 
-// secReadmeBlock returns the fenced code block that follows secReadmeMarker in README.md.
+// secReadmeBlock returns the fenced code block that follows secReadmeMarker in docs/operations.md.
 func secReadmeBlock(t *testing.T) string {
 	t.Helper()
-	f, err := os.Open("../README.md")
+	f, err := os.Open("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -525,18 +526,18 @@ func secReadmeBlock(t *testing.T) string {
 			block = append(block, line)
 		}
 	}
-	t.Fatalf("README.md has no code block after %q", secReadmeMarker)
+	t.Fatalf("docs/operations.md has no code block after %q", secReadmeMarker)
 	return ""
 }
 
-// Passwords of the README permissions example's users, which it reads from the server's environment.
+// Passwords of the permissions example's users (docs/operations.md#security), which it reads from the server's environment.
 const (
 	delaydPassword  = "delayd-pw-for-test"
 	ordersPassword  = "orders-pw-for-test"
 	billingPassword = "billing-pw-for-test"
 )
 
-// secReadmeServer starts a nats-server configured with the README's permissions example, on a free loopback port.
+// secReadmeServer starts a nats-server configured with the permissions example of docs/operations.md#security, on a free loopback port.
 func secReadmeServer(t *testing.T) *server.Server {
 	t.Helper()
 	t.Setenv("DELAYD_PASSWORD", delaydPassword) // referenced by the example as $DELAYD_PASSWORD
@@ -550,14 +551,14 @@ func secReadmeServer(t *testing.T) *server.Server {
 	}
 	opts, err := server.ProcessConfigFile(conf)
 	if err != nil {
-		t.Fatalf("README permissions example: %v", err)
+		t.Fatalf("permissions example (docs/operations.md): %v", err)
 	}
 	opts.Host, opts.Port, opts.NoSigs, opts.NoLog = "127.0.0.1", -1, true, true
 	return secStart(t, opts)
 }
 
-// TestAuthREADMEPermissions runs the README's permissions example: a server configured with it, delayd connected
-// as its delayd user with DELAYD_ALLOW_TARGETS matching, and an application user that may only schedule orders.
+// TestAuthREADMEPermissions runs the permissions example of docs/operations.md#security: a server configured with it,
+// delayd connected as its delayd user with DELAYD_ALLOW_TARGETS matching, and an application user that may only schedule orders.
 // It exercises everything delayd does under its user: a level delivery, a cascading Delay-Duration (its hop is a
 // publish to the ingress prefix), a dead letter, the id index and a tombstone (a cancel), the offsets bucket, and
 // the info, stats and cancel APIs, with their replies; delayd must hit no permissions violation.
@@ -584,7 +585,7 @@ func TestAuthREADMEPermissions(t *testing.T) {
 	defer func() { _ = stopStats() }()
 	// The stats API answers under these permissions (asked here by the delayd user itself).
 	if m, err := dnc.Request(contract.StatsSubject, nil, 5*time.Second); err != nil || !strings.Contains(string(m.Data), `"levels"`) {
-		t.Errorf("stats API under the README's permissions: %v", err)
+		t.Errorf("stats API under the permissions example: %v", err)
 	}
 
 	orders := secMustConnect(t, map[string]string{
@@ -616,7 +617,7 @@ func TestAuthREADMEPermissions(t *testing.T) {
 		t.Fatalf("publish a cascading message as orders: %v", err)
 	}
 	if m, err := remind.NextMsg(20 * time.Second); err != nil {
-		t.Errorf("cascading message not delivered under the README's permissions: %v", err)
+		t.Errorf("cascading message not delivered under the permissions example: %v", err)
 	} else {
 		due, enq := parseTime(t, m.Header, delayd.HeaderDueAt), parseTime(t, m.Header, delayd.HeaderEnqueuedAt)
 		if due.Sub(enq) != 1500*time.Millisecond || time.Now().Before(due) {
@@ -702,12 +703,13 @@ func TestAuthREADMEPermissions(t *testing.T) {
 	}
 }
 
-// TestAuthREADMECancelScope: under the README's permissions example, the orders user cannot cancel a billing
+// TestAuthREADMECancelScope: under the permissions example of docs/operations.md#security, the orders user cannot cancel a billing
 // message, neither by its ingress sequence nor by its (guessed) Nats-Msg-Id, in any of the id's forms: the scoped
 // cancel answers "not found" exactly as for an unknown id, and the message is still pending (billing cancels it) or
 // delivered. An orders message whose id has the same text as a billing sequence does not make that id ambiguous.
-// The server refuses the orders user's requests to billing's scope and to the unscoped operator form, and the orders
-// user can still cancel its own messages.
+// The status API, granted in the same scope, tells the orders user its own message's state and billing's as "not
+// found". The server refuses the orders user's requests to billing's scope and to the unscoped operator forms, of
+// cancel and status, and the orders user can still cancel its own messages.
 func TestAuthREADMECancelScope(t *testing.T) {
 	srv := secReadmeServer(t)
 	dnc := secMustConnect(t, map[string]string{
@@ -770,12 +772,31 @@ func TestAuthREADMECancelScope(t *testing.T) {
 		return r
 	}
 
+	statusAs := func(nc *nats.Conn, target, id string) delayd.State {
+		t.Helper()
+		r, err := delayd.Status(rctx, nc, target, id)
+		if err != nil {
+			t.Fatalf("status %s %q: %v", target, id, err)
+		}
+		return r.State
+	}
+
 	b1 := pub(billingJS, "billing.charge", 2, "")          // pending an hour; id: its ingress sequence
 	b2 := pub(billingJS, "billing.charge", 2, "invoice-7") // pending an hour; a guessable id
 	b3 := pub(billingJS, "billing.charge", 1, "")          // delivered in a second
 	o1 := pub(ordersJS, "orders.close", 2, "")
 	pub(ordersJS, "orders.close", 2, b1) // o2: an orders id with the text of billing's sequence
 
+	// Within its own scope, the orders user finds nothing of billing's: status (granted with cancel, scoped the
+	// same way) tells its own message's state and nothing of billing's.
+	if st := statusAs(orders, "orders.close", o1); st != delayd.Pending {
+		t.Errorf("orders asking the status of its own %s: %q, want pending", o1, st)
+	}
+	for _, id := range []string{"seq:" + b1, b2, "id:" + b2, "seq:" + b3} {
+		if st := statusAs(orders, "orders.close", id); st != delayd.StateNotFound {
+			t.Errorf("orders asking the status of billing's %q in its scope: %q, want not found", id, st)
+		}
+	}
 	// Within its own scope, the orders user finds nothing of billing's.
 	for _, id := range []string{"seq:" + b1, b2, "id:" + b2, b3, "seq:" + b3} {
 		if r := cancelAs(orders, "orders.close", id); r != delayd.NotFound {
@@ -803,7 +824,8 @@ func TestAuthREADMECancelScope(t *testing.T) {
 	}
 
 	// The server refuses the orders user's requests to billing's scope and to the unscoped form.
-	for _, subject := range []string{delayd.CancelSubjectFor("billing.charge"), delayd.CancelSubject} {
+	for _, subject := range []string{delayd.CancelSubjectFor("billing.charge"), delayd.CancelSubject,
+		delayd.StatusSubjectFor("billing.charge"), delayd.StatusSubject} {
 		if err := orders.PublishRequest(subject, orders.NewInbox(), []byte(b1)); err != nil {
 			t.Fatal(err)
 		}
@@ -827,7 +849,7 @@ func TestAuthREADMECancelScope(t *testing.T) {
 	}
 }
 
-// TestAuthREADMEDelayctl runs the built delayctl as the README permissions example's orders user: pub needs only
+// TestAuthREADMEDelayctl runs the built delayctl as the orders user of the permissions example (docs/operations.md#security): pub needs only
 // what delayd.Publish needs (no JetStream API), cancel works in its own scope, and a request or publish the server
 // refuses fails at once with "permission denied" naming the subject, instead of waiting for its timeout.
 func TestAuthREADMEDelayctl(t *testing.T) {

@@ -89,7 +89,7 @@ func TestCancelDeadLetteredHop(t *testing.T) {
 		began := time.Now()
 		r, err := delayd.Cancel(ctx, b.NC, "big."+id, id)
 		// "busy; try again" (the lookups' CPU share is used up, as under a
-		// loaded CI machine) is retried, as README tells a caller to.
+		// loaded CI machine) is retried, as docs/guide.md#cancel tells a caller to.
 		for errors.Is(err, delayd.ErrCancelBusy) && ctx.Err() == nil {
 			time.Sleep(200 * time.Millisecond)
 			r, err = delayd.Cancel(ctx, b.NC, "big."+id, id)

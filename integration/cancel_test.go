@@ -409,7 +409,7 @@ func TestMergeIntoCancelledHopAfterCommit(t *testing.T) {
 // saw delivered (same form, the other ingress sequence, with or without
 // the seen id's MAC), cannot make that delivery be dropped as its
 // duplicate. Delivery ids are "delayd-<ingress created>-<seq>-<MAC>" and
-// hop ids "delayd-hop-<MAC>" (deliver/hopauth.go); without the MAC the
+// hop ids "delayd-hop-<MAC>" (deliver/internal/hop/hop.go); without the MAC the
 // guesses below would be exact.
 func TestHopIDNotGuessable(t *testing.T) {
 	t.Parallel()
@@ -457,11 +457,13 @@ func TestHopIDNotGuessable(t *testing.T) {
 // TestCancelAnswersAfterLeaving: a message that waited longer than the
 // index keeps records (IndexKeep, 2 s here) still answers truly for
 // IndexKeep after it left its level, while a shorter level churns: a
-// delivered one "already delivered", a cancelled one "cancelled".
+// delivered one "already delivered", a cancelled one "cancelled". With
+// the kept answers' keep short too (AnswerKeep 1 s), it is then
+// forgotten (TestAnswersOutliveIndex: with the default, it is not).
 func TestCancelAnswersAfterLeaving(t *testing.T) {
 	t.Parallel()
 	b := itest.Setup(t)
-	b.StartDelayd("200ms 5s", func(c *deliver.Config) { c.IndexKeep = 2 * time.Second })
+	b.StartDelayd("200ms 5s", func(c *deliver.Config) { c.IndexKeep, c.AnswerKeep = 2*time.Second, time.Second })
 	c := b.Collect("leave.x")
 	for _, id := range []string{"leave-a", "leave-m"} {
 		hdr := itest.Level(2)
@@ -502,8 +504,9 @@ func TestCancelAnswersAfterLeaving(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond) // let time pass: ask again and again over 1.5 s
 	}
-	// Long after: the records are gone, the index does not grow.
-	itest.WaitFor(t, 20*time.Second, "leave-a forgotten", func() bool { return b.Cancel("leave-a") == delayd.NotFound })
+	// Long after: the records and the kept answers are gone, the index
+	// does not grow.
+	itest.WaitFor(t, 30*time.Second, "leave-a forgotten", func() bool { return b.Cancel("leave-a") == delayd.NotFound })
 }
 
 // TestCancelScopeOldRecords: index records written before records carried
@@ -652,8 +655,8 @@ func TestCancelStormAnswered(t *testing.T) {
 	if st := b.Svc.CancelStats(); st.Busy != uint64(busy) {
 		t.Errorf("CancelStats().Busy = %d, want %d", st.Busy, busy)
 	}
-	// Sent again one at a time, after a pause when busy (as README tells
-	// a client to), the busy ones answer as usual.
+	// Sent again one at a time, after a pause when busy (as
+	// docs/guide.md#cancel tells a client to), the busy ones answer as usual.
 	for _, k := range retry {
 		var r delayd.CancelResult
 		deadline := time.Now().Add(30 * time.Second)
@@ -662,7 +665,7 @@ func TestCancelStormAnswered(t *testing.T) {
 			res, err := delayd.CancelAny(ctx, b.NC, id(k))
 			cancel()
 			if errors.Is(err, delayd.ErrCancelBusy) && time.Now().Before(deadline) {
-				time.Sleep(100 * time.Millisecond) // the pause README asks for
+				time.Sleep(100 * time.Millisecond) // the pause docs/guide.md#cancel asks for
 				continue
 			}
 			if err != nil {
@@ -691,8 +694,8 @@ func TestCancelStormAnswered(t *testing.T) {
 // connection that routes and delivers. nats-server answers a connection's
 // direct gets inline, on that connection's read loop, and a lookup walks
 // DELAYD_INDEX: on the delivering connection every delivery sent behind a
-// lookup would wait for the walk (deliver.Config.LookupConn, README "What
-// a cancel costs").
+// lookup would wait for the walk (deliver.Config.LookupConn,
+// docs/guarantees.md#what-a-cancel-costs).
 func TestCancelLookupConnection(t *testing.T) {
 	t.Parallel()
 	b := itest.Setup(t)

@@ -15,9 +15,9 @@ import (
 	"github.com/delayd/delayd/integration/internal/itest"
 )
 
-// Tests of README claims that no other test checks.
+// Tests of claims in docs/ that no other test checks.
 
-// TestConsumerRecreated: README "Backlogs cost no memory": if the server
+// TestConsumerRecreated: docs/guarantees.md#backlogs-cost-no-memory: if the server
 // drops a scanner's consumer while its level waits for its head, the
 // scanner recreates it where it stands, and the head is delivered.
 func TestConsumerRecreated(t *testing.T) {
@@ -57,7 +57,7 @@ func consumerExists(s jetstream.Stream, name string) bool {
 	return err == nil || !errors.Is(err, jetstream.ErrConsumerNotFound)
 }
 
-// TestMergeKeyPerTarget: README "Merge": a merge key coalesces messages
+// TestMergeKeyPerTarget: docs/guide.md#merge-delay-merge-key: a merge key coalesces messages
 // with the same key and target only; the same key bound for two targets
 // gives two deliveries.
 func TestMergeKeyPerTarget(t *testing.T) {
@@ -84,7 +84,7 @@ func TestMergeKeyPerTarget(t *testing.T) {
 	}
 }
 
-// TestUndeliverableAfterMaxAttempts: README "Failing targets": a delivery
+// TestUndeliverableAfterMaxAttempts: docs/guarantees.md#failing-targets: a delivery
 // a target refuses for good is dead-lettered after 3 attempts: three
 // publishes to the target, each counted as a failed delivery, then the
 // dead letter.

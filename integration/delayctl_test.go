@@ -117,6 +117,7 @@ type ctlStats struct {
 		Exists        bool       `json:"exists"`
 		InTable       bool       `json:"in_table"`
 		Pending       uint64     `json:"pending"`
+		Cancelled     *uint64    `json:"cancelled"`
 		DueNow        uint64     `json:"due_now"`
 		OldestDue     *time.Time `json:"oldest_due"`
 		BehindSeconds *float64   `json:"behind_seconds"`
@@ -196,8 +197,8 @@ func TestDelayctlStats(t *testing.T) {
 	if hour.OldestDue == nil || hour.OldestDue.Before(first.Add(time.Hour-time.Second)) || hour.OldestDue.After(first.Add(time.Hour+5*time.Second)) {
 		t.Errorf("DELAYD_1H oldest due %v, want about %v", hour.OldestDue, first.Add(time.Hour))
 	}
-	if hour.BehindSeconds == nil || *hour.BehindSeconds > -3590 {
-		t.Errorf("DELAYD_1H behind %s, want about -3600 s", fmtSeconds(hour.BehindSeconds))
+	if hour.BehindSeconds == nil || *hour.BehindSeconds != 0 {
+		t.Errorf("DELAYD_1H behind %s, want 0 (its head is not due)", fmtSeconds(hour.BehindSeconds))
 	}
 	if d := hour.Delivered; d == nil || *d != 0 {
 		t.Errorf("DELAYD_1H delivered %v, want 0", d)
@@ -239,6 +240,99 @@ func TestDelayctlStats(t *testing.T) {
 	if n := strings.Count(r.Stdout, "delayd stats at"); n != 2 || strings.Contains(r.Stdout, "\x1b[") {
 		t.Errorf("watch --count 2 printed %d tables (ANSI: %t), want 2 plain", n, strings.Contains(r.Stdout, "\x1b["))
 	}
+}
+
+// TestDelayctlStatsCascadeCancel reads stats as issue 19 item 3 found them: a cascading head's OLDEST DUE is its
+// delivery due (Delay-Due-At), not the end of its wait at the level; a cancelled message is not PENDING but
+// CANCELLED, and is never the level's OLDEST DUE; BEHIND of a level whose head is not due is "-", never "in …".
+func TestDelayctlStatsCascadeCancel(t *testing.T) {
+	t.Parallel()
+	b := itest.Setup(t)
+	b.StartDelayd("1s 1m 1h")
+	stop, err := b.Svc.StartStatsAPI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = stop() })
+	url := b.Srv.ClientURL()
+	table := "--levels=1s 1m 1h"
+
+	// A 30-minute Delay-Duration waits its first minute in DELAYD_1M, then hops on.
+	b.Publish("delay.ctl.cascade", []byte("c"), nats.Header{contract.HeaderDuration: {"30m"}, contract.HeaderNatsMsgID: {"casc-1"}})
+	// Three in the 1h level. The middle one is cancelled: the head, due in an hour, keeps the scanner from
+	// passing it, so its tombstone stays past the offset.
+	for i := range 3 {
+		b.Publish("delay.ctl.hour", []byte(fmt.Sprint(i)), nats.Header{contract.HeaderLevel: {"3"}, contract.HeaderNatsMsgID: {fmt.Sprintf("hour-%d", i)}})
+	}
+	itest.WaitFor(t, 10*time.Second, "the levels hold every message", func() bool {
+		return b.LevelCount("DELAYD_1M") == 1 && b.LevelCount("DELAYD_1H") == 3
+	})
+	if r := b.Cancel("hour-1"); r != delayd.Cancelled {
+		t.Fatalf("cancel hour-1: %q, want cancelled", r)
+	}
+	dueAt := func(stream string, i int) time.Time {
+		msgs := b.LevelMsgs(stream)
+		due, err := time.Parse(time.RFC3339Nano, msgs[i].Header.Get(contract.HeaderDueAt))
+		if err != nil {
+			t.Fatalf("%s message %d: %v", stream, i, err)
+		}
+		return due
+	}
+	cascadeDue, hourDue := dueAt("DELAYD_1M", 0), [3]time.Time{dueAt("DELAYD_1H", 0), dueAt("DELAYD_1H", 1), dueAt("DELAYD_1H", 2)}
+
+	s := ctlStatsJSON(t, url, table)
+	minute := s.Levels[s.level(t, "DELAYD_1M")]
+	if minute.OldestDue == nil || !minute.OldestDue.Equal(cascadeDue) {
+		t.Errorf("DELAYD_1M oldest due %v, want the cascading message's delivery due %v", minute.OldestDue, cascadeDue)
+	}
+	hour := s.Levels[s.level(t, "DELAYD_1H")]
+	if hour.Pending != 2 || hour.Cancelled == nil || *hour.Cancelled != 1 {
+		t.Errorf("DELAYD_1H pending %d cancelled %s, want 2 and 1", hour.Pending, fmtCount(hour.Cancelled))
+	}
+	if hour.OldestDue == nil || !hour.OldestDue.Equal(hourDue[0]) {
+		t.Errorf("DELAYD_1H oldest due %v, want its head's %v", hour.OldestDue, hourDue[0])
+	}
+	for _, l := range []int{s.level(t, "DELAYD_1M"), s.level(t, "DELAYD_1H")} {
+		if b := s.Levels[l].BehindSeconds; b == nil || *b != 0 {
+			t.Errorf("%s behind %s, want 0 (nothing overdue)", s.Levels[l].Stream, fmtSeconds(b))
+		}
+	}
+	// The stats API and the metrics count the same way.
+	if c := b.Svc.CancelledPending()["DELAYD_1H"]; c != 1 {
+		t.Errorf("CancelledPending DELAYD_1H = %d, want 1", c)
+	}
+	cancelledSeq := b.LevelMsgs("DELAYD_1H")[1].Sequence
+	for _, l := range s.Counters.Levels {
+		if l.Stream == "DELAYD_1H" && (l.Pending != 2 || l.Cancelled != 1 || !slices.Equal(l.CancelledSeqs, []uint64{cancelledSeq})) {
+			t.Errorf("stats API DELAYD_1H pending %d cancelled %d %v, want 2, 1 [%d]", l.Pending, l.Cancelled, l.CancelledSeqs, cancelledSeq)
+		}
+	}
+	r := itest.Delayctl(t, url, "stats", table)
+	r.Want(t, 0, "CANCELLED")
+	for _, line := range strings.Split(r.Stdout, "\n") {
+		if strings.Contains(line, " in ") {
+			t.Errorf("stats shows a future time as BEHIND: %q", line)
+		}
+	}
+
+	// The head cancelled too: the scanner passes both (the offset may or may not have moved past them yet);
+	// either way one message is pending, and the oldest due is the last one's.
+	if r := b.Cancel("hour-0"); r != delayd.Cancelled {
+		t.Fatalf("cancel hour-0: %q, want cancelled", r)
+	}
+	s = ctlStatsJSON(t, url, table)
+	hour = s.Levels[s.level(t, "DELAYD_1H")]
+	if hour.Pending != 1 || hour.OldestDue == nil || !hour.OldestDue.Equal(hourDue[2]) {
+		t.Errorf("DELAYD_1H with its head cancelled: pending %d (cancelled %s), oldest due %v, want 1 and %v",
+			hour.Pending, fmtCount(hour.Cancelled), hour.OldestDue, hourDue[2])
+	}
+}
+
+func fmtCount(p *uint64) string {
+	if p == nil {
+		return "null"
+	}
+	return fmt.Sprint(*p)
 }
 
 // TestDelayctlDLQReplay dead-letters messages through a deny policy, lifts it, and replays them twice (and once
@@ -389,6 +483,34 @@ func TestDelayctlCancel(t *testing.T) {
 	}
 }
 
+// TestDelayctlPubReusedID moves a reminder the way a new user would: pub
+// with --id, cancel, pub again with the same --id and a new delay. The
+// ingress stream drops the second as a duplicate (its window is 2 min):
+// pub must exit 7, print no id, and say why (the id, the window, nothing
+// stored); nothing is delivered. A new id works.
+func TestDelayctlPubReusedID(t *testing.T) {
+	t.Parallel()
+	b := itest.Setup(t)
+	b.StartDelayd("200ms 2s")
+	url := b.Srv.ClientURL()
+	c := b.Collect("ctl.remind.>")
+
+	itest.Delayctl(t, url, "pub", "ctl.remind.me", "at 10", "--in", "1h", "--id", "remind-7").Want(t, 0, "remind-7")
+	itest.Delayctl(t, url, "cancel", "ctl.remind.me", "remind-7").Want(t, 0, "cancelled")
+	again := itest.Delayctl(t, url, "pub", "ctl.remind.me", "at 11", "--in", "1s", "--id", "remind-7")
+	again.Want(t, 7, `"remind-7"`, "2m0s", "nothing stored")
+	if again.Stdout != "" {
+		t.Errorf("pub of a dropped duplicate printed %q on stdout, want no id", again.Stdout)
+	}
+	itest.Delayctl(t, url, "pub", "ctl.remind.me", "at 11", "--in", "1s", "--id", "remind-8").Want(t, 0, "remind-8")
+	// Had the dropped publish been stored, it would be due before
+	// remind-8 (the same delay, published first) and delivered first.
+	got := c.Wait(t, 1, 15*time.Second)
+	if id := got[0].Msg.Header.Get("Nats-Msg-Id"); len(got) != 1 || string(got[0].Msg.Data) != "at 11" || !strings.Contains(id, "remind-8") {
+		t.Errorf("delivered %d messages, the first %q with id %q; want remind-8's \"at 11\" alone", len(got), got[0].Msg.Data, id)
+	}
+}
+
 // TestDelayctlReplayRetries replays a dead letter of a retry ladder: it has
 // no delay header, so it is delivered at once (not dead-lettered again),
 // without the last delivery's Delay-Hops and due times.
@@ -422,5 +544,72 @@ func TestDelayctlReplayRetries(t *testing.T) {
 	}
 	if n := b.StreamCount(deliver.DLQStream); n != 0 {
 		t.Errorf("DELAYD_DLQ holds %d letters after the replay, want 0", n)
+	}
+}
+
+// TestDelayctlStatus: delayctl status prints each state with its exit
+// code (pending 0 with its due, not found 5, already delivered 6,
+// cancelled 8) and changes nothing: the pending message is delivered.
+func TestDelayctlStatus(t *testing.T) {
+	t.Parallel()
+	b := itest.Setup(t)
+	b.StartDelayd("200ms 2s 1h")
+	url := b.Srv.ClientURL()
+	c := b.Collect("ctl.status.>")
+
+	itest.Delayctl(t, url, "pub", "ctl.status.x", "later", "--level", "2", "--id", "st-later").Want(t, 0, "st-later")
+	itest.Delayctl(t, url, "status", "ctl.status.x", "st-later").Want(t, 0, "pending  due ")
+	itest.Delayctl(t, url, "status", "ctl.status.y", "st-later").Want(t, 5, "not found") // another target's scope
+	itest.Delayctl(t, url, "pub", "ctl.status.x", "gone", "--level", "3", "--id", "st-gone").Want(t, 0, "st-gone")
+	itest.Delayctl(t, url, "cancel", "ctl.status.x", "st-gone").Want(t, 0, "cancelled")
+	itest.Delayctl(t, url, "status", "--any", "st-gone").Want(t, 8, "cancelled")
+	c.Wait(t, 1, 15*time.Second)
+	itest.Delayctl(t, url, "status", "ctl.status.x", "st-later").Want(t, 6, "already delivered")
+	itest.Delayctl(t, url, "status", "ctl.status.x").Want(t, 2, "TARGET and ID")
+}
+
+// TestDelayctlLevelsMessages: `levels` counts the messages a level stream holds without the routers' epoch markers
+// (every level stream holds one from the router's start): an empty level shows 0, not 1, and a level holding one
+// message shows 1, in the table and in JSON.
+func TestDelayctlLevelsMessages(t *testing.T) {
+	t.Parallel()
+	b := itest.Setup(t)
+	b.StartDelayd("1s 1h")
+	url := b.Srv.ClientURL()
+	table := "--levels=1s 1h"
+	b.Publish("delay.ctl.levels.x", []byte("later"), itest.Level(2))
+	// Routed: the router acks an ingress message once its level write is stored.
+	itest.WaitFor(t, 15*time.Second, "the message routed to DELAYD_1H", func() bool {
+		return b.StreamCount(deliver.IngressStream) == 0
+	})
+
+	var rows []struct {
+		Stream   string `json:"stream"`
+		Messages uint64 `json:"messages"`
+	}
+	r := itest.Delayctl(t, url, "levels", "--json", table)
+	r.Want(t, 0)
+	if err := json.Unmarshal([]byte(r.Stdout), &rows); err != nil {
+		t.Fatalf("levels --json: %v\n%s", err, r.Stdout)
+	}
+	want := map[string]uint64{"DELAYD_0S": 0, "DELAYD_1S": 0, "DELAYD_1H": 1}
+	for _, row := range rows {
+		if w, ok := want[row.Stream]; ok {
+			if row.Messages != w {
+				t.Errorf("levels --json: %s messages %d, want %d (epoch markers not counted)", row.Stream, row.Messages, w)
+			}
+			delete(want, row.Stream)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("levels --json lists none of %v:\n%s", want, r.Stdout)
+	}
+	text := itest.Delayctl(t, url, "levels", table)
+	text.Want(t, 0)
+	for _, line := range strings.Split(text.Stdout, "\n") {
+		// LEVEL DELAY STREAM EXISTS MESSAGES
+		if f := strings.Fields(line); len(f) >= 5 && f[2] == "DELAYD_1S" && f[4] != "0" {
+			t.Errorf("levels: DELAYD_1S shows %s messages, want 0: %q", f[4], line)
+		}
 	}
 }

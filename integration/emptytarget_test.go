@@ -20,7 +20,8 @@ import (
 // JetStream publish fails with no response from the stream (nats.go's
 // jetstream.ErrNoStreamResponse, the server's no-responders), a core
 // publish is dropped without a word, and nothing is dead-lettered. The
-// second kind is dead-lettered, as README's Invalid input section says.
+// second kind is dead-lettered, as
+// docs/guide.md#invalid-input-the-dead-letter-stream says.
 func TestTargetRefusedByServer(t *testing.T) {
 	t.Parallel()
 	b := itest.Setup(t)

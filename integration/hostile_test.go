@@ -386,7 +386,7 @@ func TestHostileMaxPayload(t *testing.T) {
 }
 
 // TestHostileOddLevels checks Delay-Level values a lenient parser might take:
-// the README's rules are base-10 integers, surrounding white space allowed,
+// the rules of docs/guide.md#publishing are base-10 integers, surrounding white space allowed,
 // a leading "+" accepted, negative values refused.
 func TestHostileOddLevels(t *testing.T) {
 	t.Parallel()

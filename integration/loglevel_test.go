@@ -18,7 +18,7 @@ import (
 // TestDeadLetterRefusedLogsOnce: while DELAYD_DLQ refuses (max_msgs 1, discard new, already full), invalid
 // messages stay in ingress and are redelivered, their dead letters tried again each time. Each message is logged
 // at warn once ("dead-lettering invalid message", "dead-letter write refused"), however often it is tried: the
-// retries are at debug. README: "Each dead letter is logged as a warning".
+// retries are at debug. docs/guide.md#invalid-input-the-dead-letter-stream: "Each dead letter is logged as a warning".
 func TestDeadLetterRefusedLogsOnce(t *testing.T) {
 	t.Parallel()
 	b := itest.Setup(t)
@@ -59,7 +59,7 @@ func TestDeadLetterRefusedLogsOnce(t *testing.T) {
 
 // TestDeliveryRetryLogsThrottled: a target stream at its limits (max_msgs 1, discard new, already full) refuses a
 // due message, and the scanner retries it. Its first failed attempt and every 10th are logged at warn, the others
-// at debug, so 12 or more retries log at most 2 warnings (README, Failing targets).
+// at debug, so 12 or more retries log at most 2 warnings (docs/guarantees.md#failing-targets).
 func TestDeliveryRetryLogsThrottled(t *testing.T) {
 	t.Parallel()
 	b := itest.Setup(t)

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/integration/internal/itest"
@@ -25,12 +27,6 @@ func TestMetrics(t *testing.T) {
 	b := itest.Setup(t)
 	var m atomic.Pointer[metrics.Metrics]
 	b.StartDelayd("100ms 1h", func(c *deliver.Config) {
-		// One process, no takeover to wait for: a TTL well above the
-		// default 1.5 s keeps a starved run (CI under -race stalled every
-		// renewal for 1.35 s once) from losing the leases, after which the
-		// level's re-deliveries (at-least-once) would make the exact
-		// counts below wrong.
-		c.LeaseTTL = 15 * time.Second
 		c.OnDelivery = func(stream string, l time.Duration) {
 			if mm := m.Load(); mm != nil {
 				mm.ObserveDelivery(stream, l)
@@ -42,8 +38,9 @@ func TestMetrics(t *testing.T) {
 	t.Cleanup(srv.Close)
 
 	c := b.Collect("met.>")
+	var now []uint64
 	for i := range 5 {
-		b.Publish("delay.met.x", []byte(strconv.Itoa(i)), itest.Level(1))
+		now = append(now, b.Publish("delay.met.x", []byte(strconv.Itoa(i)), itest.Level(1)))
 	}
 	var later []uint64
 	for range 3 {
@@ -64,6 +61,15 @@ func TestMetrics(t *testing.T) {
 	b.Publish("delay.met.bad", nil, nil)
 	b.Publish("delay.$JS.API.INFO", nil, itest.Level(1))
 	c.Wait(t, 5, 10*time.Second)
+	// Status requests, one of each state, counted apart from the cancels.
+	for id, want := range map[uint64]delayd.State{later[0]: delayd.StateCancelled, later[1]: delayd.Pending, now[0]: delayd.StateDelivered, 1 << 40: delayd.StateNotFound} {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		r, err := delayd.StatusAny(ctx, b.NC, strconv.FormatUint(id, 10))
+		cancel()
+		if err != nil || r.State != want {
+			t.Fatalf("status %d: %+v, %v; want %q", id, r, err, want)
+		}
+	}
 
 	var fams map[string]*dto.MetricFamily
 	value := func(name string, labels map[string]string) float64 {
@@ -107,13 +113,17 @@ func TestMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The cancelled message leaves DELAYD_1H's pending count about 10 s
-	// after its cancel (TestMetrics alone took 10.2 s): a deadline of a
-	// minute, not that 10 s, so a slow pass does not fail the test.
+	// The cancelled message is not pending from its cancel on (cancelled
+	// ones are counted apart): the wait is for the deliveries, the routing
+	// and the dead letters, which the router counts before it acks each
+	// ingress message, so after the collector saw the deliveries.
 	itest.WaitFor(t, time.Minute, "counters to settle", func() bool {
 		scrape()
 		return value("delayd_delivered_total", map[string]string{"stream": "DELAYD_100MS"}) == 5 &&
-			value("delayd_level_pending_messages", map[string]string{"stream": "DELAYD_1H"}) == 3
+			value("delayd_level_pending_messages", map[string]string{"stream": "DELAYD_1H"}) == 3 &&
+			value("delayd_routed_total", nil) == 9 &&
+			value("delayd_dead_lettered_total", map[string]string{"reason": "level"}) == 2 &&
+			value("delayd_dead_lettered_total", map[string]string{"reason": "target"}) == 1
 	})
 	for name, want := range map[string]float64{
 		"delayd_routed_total": 9,
@@ -127,6 +137,11 @@ func TestMetrics(t *testing.T) {
 	for result, want := range map[string]float64{"cancelled": 1, "not_found": 1, "already_delivered": 0} {
 		if got := value("delayd_cancel_requests_total", map[string]string{"result": result}); got != want {
 			t.Errorf("delayd_cancel_requests_total{result=%q} = %v, want %v", result, got, want)
+		}
+	}
+	for result, want := range map[string]float64{"pending": 1, "cancelled": 1, "not_found": 1, "already_delivered": 1, "busy": 0} {
+		if got := value("delayd_status_requests_total", map[string]string{"result": result}); got != want {
+			t.Errorf("delayd_status_requests_total{result=%q} = %v, want %v", result, got, want)
 		}
 	}
 	if got := value("delayd_cancelled_total", map[string]string{"stream": "DELAYD_1H"}); got != 1 {

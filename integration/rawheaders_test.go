@@ -134,10 +134,11 @@ func checkStoredLines(t *testing.T, block []byte, want []string) {
 // The server stores a raw header block byte for byte (the control stream).
 // delayd republishes through nats.go, whose encoder trims every value: so
 // every line nats.go can carry arrives byte for byte, and the others arrive
-// exactly as nats.go encodes them, nothing more lost (README, What the
-// target receives). Checked at level 0, at level 2, through a cascade of
+// exactly as nats.go encodes them, nothing more lost
+// (docs/guide.md#what-the-target-receives). Checked at level 0, at level 2, through a cascade of
 // hops, and into the dead-letter stream. Should a nats.go upgrade stop
-// trimming, this test fails: README's header-bytes paragraph then changes.
+// trimming, this test fails: the header-bytes paragraph of
+// docs/guide.md#what-the-target-receives then changes.
 func TestHeaderBytesPreserved(t *testing.T) {
 	t.Parallel()
 	b := itest.Setup(t)

@@ -121,7 +121,7 @@ func TestRetryLadder(t *testing.T) {
 	if dl.Subject != "delayd.dlq.retries" || string(dl.Data) != string(payload) {
 		t.Errorf("dead letter on %s with %q, want delayd.dlq.retries with the payload", dl.Subject, dl.Data)
 	}
-	if e := dl.Header.Get(delayd.HeaderError); !strings.HasPrefix(e, "retries exhausted after 3 attempts") || !strings.HasSuffix(e, "attempt 3: downstream refused") {
+	if e := dl.Header.Get(delayd.HeaderError); !strings.HasPrefix(e, "retries exhausted after 4 failed deliveries (the first and 3 retries, ladder ") || !strings.HasSuffix(e, "attempt 3: downstream refused") {
 		t.Errorf("Delay-Error %q", e)
 	}
 	if s, id := dl.Header.Get(delayd.HeaderSubject), dl.Header.Get(delayd.HeaderMsgID); s != "delay.ladder.work" || id != "item-7-retry3" {

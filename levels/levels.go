@@ -49,8 +49,10 @@ const PrecisionMin = time.Millisecond
 // level does, instead of behind messages due later in the shortest level.
 // This is what makes any delay late by milliseconds, not by up to the
 // shortest level.
+//
+// A table [Table.WithoutPrecision] has none.
 func (t Table) PrecisionLevels() []Level {
-	if len(t.delays) == 0 {
+	if len(t.delays) == 0 || t.noPrecision {
 		return nil
 	}
 	var out []Level
@@ -63,8 +65,23 @@ func (t Table) PrecisionLevels() []Level {
 // Table is an immutable, strictly increasing list of level delays; level i (1-based) has the i-th delay. The zero value
 // is an empty table, which [Parse] never returns.
 type Table struct {
-	delays []time.Duration
+	delays      []time.Duration
+	noPrecision bool // see WithoutPrecision
 }
+
+// WithoutPrecision returns the table without precision levels ([Table.PrecisionLevels] is empty): a cascading
+// message's last stretch, shorter than the shortest level, then waits in the shortest level itself, which hands it
+// off at its due time or once the messages stored before it there are handed off, whichever is later. It is never
+// early, and late by less than the shortest level's delay (less what remained), where the precision levels make it
+// late by milliseconds. It saves one stream per precision level (10 below the default 1 s level). The level
+// table itself ([Table.String], [Table.Levels]) is unchanged.
+func (t Table) WithoutPrecision() Table {
+	t.noPrecision = true
+	return t
+}
+
+// Precision reports whether the table has precision levels: true unless it came from [Table.WithoutPrecision].
+func (t Table) Precision() bool { return !t.noPrecision }
 
 // Parse parses a level table: durations separated by any whitespace, for example "1s 5s 1m30s 2h". Each duration is a
 // sequence of decimal numbers, each with an optional fraction and a unit: ms, s, m, h or d (d = 24h), as in "1.5s",

@@ -35,9 +35,11 @@ type Metrics struct {
 	observers sync.Map // stream -> prometheus.Observer
 
 	pending, oldestDue, delivered, retries, commitLag *prometheus.Desc
+	cancelledPending                                  *prometheus.Desc
 	routed, clamped, deadLettered, reconnects, ready  *prometheus.Desc
-	cancelled, cancels, merged, indexErrors           *prometheus.Desc
+	cancelled, cancels, statuses, merged, indexErrors *prometheus.Desc
 	dlqFailures, dlqWaiting                           *prometheus.Desc
+	answersKept, answersSkipped                       *prometheus.Desc
 	leaseHeld, leaseEpoch, failovers, fencedWrites    *prometheus.Desc
 	replicasLive, leaseShare                          *prometheus.Desc
 }
@@ -52,28 +54,32 @@ func New(svc *deliver.Service, nc *nats.Conn) *Metrics {
 			Help:    "Lateness of each delivery: publish time minus due time, by the server's clock.",
 			Buckets: LatenessBuckets,
 		}, lv),
-		pending:      prometheus.NewDesc("delayd_level_pending_messages", "Messages in the level stream past its committed offset.", lv, nil),
-		oldestDue:    prometheus.NewDesc("delayd_level_oldest_due_age_seconds", "How long the level's due head has waited undelivered; 0 if nothing is due.", lv, nil),
-		delivered:    prometheus.NewDesc("delayd_delivered_total", "Deliveries confirmed by their target (PubAck or flush).", lv, nil),
-		retries:      prometheus.NewDesc("delayd_delivery_retries_total", "Deliveries a target refused and that were tried again.", lv, nil),
-		commitLag:    prometheus.NewDesc("delayd_offset_commit_lag_messages", "Confirmed deliveries whose offset write the KV bucket has not acknowledged yet.", lv, nil),
-		routed:       prometheus.NewDesc("delayd_routed_total", "Ingress messages written to a level stream.", nil, nil),
-		clamped:      prometheus.NewDesc("delayd_clamped_total", "Delay-Level values above the table, clamped to the highest level.", nil, nil),
-		deadLettered: prometheus.NewDesc("delayd_dead_lettered_total", "Messages written to DELAYD_DLQ, by reason.", []string{"reason"}, nil),
-		reconnects:   prometheus.NewDesc("delayd_nats_reconnects_total", "Reconnections of delayd's NATS connection.", nil, nil),
-		ready:        prometheus.NewDesc("delayd_ready", "1 when /readyz would answer 200.", nil, nil),
-		cancelled:    prometheus.NewDesc("delayd_cancelled_total", "Pending messages cancelled through the cancel API (delayd.api.cancel.<target>, delayd.api.cancel), by the level that held them.", lv, nil),
-		cancels:      prometheus.NewDesc("delayd_cancel_requests_total", "Answers of the cancel API, by result: cancelled, not_found, already_delivered, busy (answered 429 at once: too many waiting).", []string{"result"}, nil),
-		merged:       prometheus.NewDesc("delayd_merged_total", "Messages merged into a pending message with the same Delay-Merge-Key and target (their payloads dropped).", nil, nil),
-		indexErrors:  prometheus.NewDesc("delayd_index_errors_total", "Id index writes that failed: those messages answer \"not found\" to a cancel.", nil, nil),
-		dlqFailures:  prometheus.NewDesc("delayd_dead_letter_failures_total", "Dead-letter writes DELAYD_DLQ refused (every attempt); each is retried until stored.", nil, nil),
-		dlqWaiting:   prometheus.NewDesc("delayd_dead_letters_waiting", "Dead letters DELAYD_DLQ refused that are not stored yet (their messages are neither acked nor passed).", nil, nil),
-		leaseHeld:    prometheus.NewDesc("delayd_lease_held", "1 while this process holds the lease (router, level.<stream>) and runs its work.", []string{"lease"}, nil),
-		leaseEpoch:   prometheus.NewDesc("delayd_lease_epoch", "The epoch of this process's last term of the lease; 0 if it never held it.", []string{"lease"}, nil),
-		failovers:    prometheus.NewDesc("delayd_failovers_total", "Terms of this process's leases that ended without a graceful release (expired, lost to another holder, or given up when fenced): each hands the work to another replica after the lease TTL.", []string{"lease"}, nil),
-		replicasLive: prometheus.NewDesc("delayd_replicas_live", "delayd processes (replicas) this one counts as live, itself included: those that bid for leases and whose membership key in DELAYD_LEASES changed within the lease TTL.", nil, nil),
-		leaseShare:   prometheus.NewDesc("delayd_lease_share", "This process's share of the leases, ceil(leases / live replicas): it bids for a free lease only while it holds fewer, and hands the surplus over when it holds more.", nil, nil),
-		fencedWrites: prometheus.NewDesc("delayd_fenced_writes_total", "Offset commits refused by their compare-and-set because another owner wrote the offset (also after the term ended), and router terms fenced because a router of a newer term wrote the level stream (its epoch marker, or past this router's writes; also when the refusal came after the term ended) or, under stream DELAYD_INGRESS, created its ingress consumer; each stopped the level, or the router, in this process, and counts once per term.", lv, nil),
+		pending:          prometheus.NewDesc("delayd_level_pending_messages", "Messages in the level stream past its committed offset, cancelled ones not counted.", lv, nil),
+		cancelledPending: prometheus.NewDesc("delayd_level_cancelled_messages", "Cancelled messages still in the level stream past its committed offset (tombstoned, not yet passed): never delivered.", lv, nil),
+		oldestDue:        prometheus.NewDesc("delayd_level_oldest_due_age_seconds", "How long the level's due head has waited undelivered; 0 if nothing is due.", lv, nil),
+		delivered:        prometheus.NewDesc("delayd_delivered_total", "Deliveries confirmed by their target (PubAck or flush).", lv, nil),
+		retries:          prometheus.NewDesc("delayd_delivery_retries_total", "Deliveries a target refused and that were tried again.", lv, nil),
+		commitLag:        prometheus.NewDesc("delayd_offset_commit_lag_messages", "Confirmed deliveries whose offset write the KV bucket has not acknowledged yet.", lv, nil),
+		routed:           prometheus.NewDesc("delayd_routed_total", "Ingress messages written to a level stream.", nil, nil),
+		clamped:          prometheus.NewDesc("delayd_clamped_total", "Delay-Level values above the table, clamped to the highest level.", nil, nil),
+		deadLettered:     prometheus.NewDesc("delayd_dead_lettered_total", "Messages written to DELAYD_DLQ, by reason.", []string{"reason"}, nil),
+		reconnects:       prometheus.NewDesc("delayd_nats_reconnects_total", "Reconnections of delayd's NATS connection.", nil, nil),
+		ready:            prometheus.NewDesc("delayd_ready", "1 when /readyz would answer 200.", nil, nil),
+		cancelled:        prometheus.NewDesc("delayd_cancelled_total", "Pending messages cancelled through the cancel API (delayd.api.cancel.<target>, delayd.api.cancel), by the level that held them.", lv, nil),
+		cancels:          prometheus.NewDesc("delayd_cancel_requests_total", "Answers of the cancel API, by result: cancelled, not_found, already_delivered, busy (answered 429 at once: too many waiting).", []string{"result"}, nil),
+		statuses:         prometheus.NewDesc("delayd_status_requests_total", "Answers of the status API (delayd.api.status.<target>, delayd.api.status), by result: pending, cancelled, not_found, already_delivered, busy (answered 429 at once: too many waiting, the cancel API's queue).", []string{"result"}, nil),
+		merged:           prometheus.NewDesc("delayd_merged_total", "Messages merged into a pending message with the same Delay-Merge-Key and target (their payloads dropped).", nil, nil),
+		indexErrors:      prometheus.NewDesc("delayd_index_errors_total", "Id index writes that failed: those messages answer \"not found\" to a cancel.", nil, nil),
+		answersKept:      prometheus.NewDesc("delayd_answers_kept_total", "Final answers (delivered, cancelled) written to DELAYD_ANSWERS before the id index trim purged their records.", nil, nil),
+		answersSkipped:   prometheus.NewDesc("delayd_answers_skipped_total", "Id index messages (each holds the records of one or more messages) the trim purged without keeping their answers, because the answers fell behind beyond their bound: those messages answer \"not found\" about a minute after leaving their level (docs/guarantees.md#what-kept-answers-cost).", nil, nil),
+		dlqFailures:      prometheus.NewDesc("delayd_dead_letter_failures_total", "Dead-letter writes DELAYD_DLQ refused (every attempt); each is retried until stored.", nil, nil),
+		dlqWaiting:       prometheus.NewDesc("delayd_dead_letters_waiting", "Dead letters DELAYD_DLQ refused that are not stored yet (their messages are neither acked nor passed).", nil, nil),
+		leaseHeld:        prometheus.NewDesc("delayd_lease_held", "1 while this process holds the lease (router, level.<stream>) and runs its work.", []string{"lease"}, nil),
+		leaseEpoch:       prometheus.NewDesc("delayd_lease_epoch", "The epoch of this process's last term of the lease; 0 if it never held it.", []string{"lease"}, nil),
+		failovers:        prometheus.NewDesc("delayd_failovers_total", "Terms of this process's leases that ended without a graceful release (expired, lost to another holder, or given up when fenced): each hands the work to another replica after the lease TTL.", []string{"lease"}, nil),
+		replicasLive:     prometheus.NewDesc("delayd_replicas_live", "delayd processes (replicas) this one counts as live, itself included: those that bid for leases and whose membership key in DELAYD_LEASES changed within the lease TTL.", nil, nil),
+		leaseShare:       prometheus.NewDesc("delayd_lease_share", "This process's share of the leases, ceil(leases / live replicas): it bids for a free lease only while it holds fewer, and hands the surplus over when it holds more.", nil, nil),
+		fencedWrites:     prometheus.NewDesc("delayd_fenced_writes_total", "Offset commits refused by their compare-and-set because another owner wrote the offset (also after the term ended), and router terms fenced because a router of a newer term wrote the level stream (its epoch marker, or past this router's writes; also when the refusal came after the term ended) or, under stream DELAYD_INGRESS, created its ingress consumer; each stopped the level, or the router, in this process, and counts once per term.", lv, nil),
 	}
 }
 
@@ -91,8 +97,8 @@ func (m *Metrics) ObserveDelivery(stream string, lateness time.Duration) {
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.lateness.Describe(ch)
 	for _, d := range []*prometheus.Desc{
-		m.pending, m.oldestDue, m.delivered, m.retries, m.commitLag, m.routed, m.clamped, m.deadLettered, m.reconnects, m.ready,
-		m.cancelled, m.cancels, m.merged, m.indexErrors, m.dlqFailures, m.dlqWaiting,
+		m.pending, m.cancelledPending, m.oldestDue, m.delivered, m.retries, m.commitLag, m.routed, m.clamped, m.deadLettered, m.reconnects, m.ready,
+		m.cancelled, m.cancels, m.statuses, m.merged, m.indexErrors, m.dlqFailures, m.dlqWaiting, m.answersKept, m.answersSkipped,
 		m.leaseHeld, m.leaseEpoch, m.failovers, m.fencedWrites, m.replicasLive, m.leaseShare,
 	} {
 		ch <- d
@@ -103,9 +109,12 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.lateness.Collect(ch)
 	rs, ss := m.svc.Stats()
+	cancelled := m.svc.CancelledPending()
 	for _, s := range ss {
 		l := []string{s.Stream, delayLabel(s.Stream)}
-		ch <- prometheus.MustNewConstMetric(m.pending, prometheus.GaugeValue, float64(s.Pending), l...)
+		c := cancelled[s.Stream]
+		ch <- prometheus.MustNewConstMetric(m.pending, prometheus.GaugeValue, float64(s.Pending-min(s.Pending, c)), l...)
+		ch <- prometheus.MustNewConstMetric(m.cancelledPending, prometheus.GaugeValue, float64(c), l...)
 		ch <- prometheus.MustNewConstMetric(m.oldestDue, prometheus.GaugeValue, s.OldestDueAge.Seconds(), l...)
 		ch <- prometheus.MustNewConstMetric(m.delivered, prometheus.CounterValue, float64(s.Delivered), l...)
 		ch <- prometheus.MustNewConstMetric(m.retries, prometheus.CounterValue, float64(s.Retries), l...)
@@ -133,6 +142,15 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.cancels, prometheus.CounterValue, float64(cs.NotFound), "not_found")
 	ch <- prometheus.MustNewConstMetric(m.cancels, prometheus.CounterValue, float64(cs.AlreadyDelivered), "already_delivered")
 	ch <- prometheus.MustNewConstMetric(m.cancels, prometheus.CounterValue, float64(cs.Busy), "busy")
+	st := m.svc.StatusStats()
+	ch <- prometheus.MustNewConstMetric(m.statuses, prometheus.CounterValue, float64(st.Pending), "pending")
+	ch <- prometheus.MustNewConstMetric(m.statuses, prometheus.CounterValue, float64(st.Cancelled), "cancelled")
+	ch <- prometheus.MustNewConstMetric(m.statuses, prometheus.CounterValue, float64(st.NotFound), "not_found")
+	ch <- prometheus.MustNewConstMetric(m.statuses, prometheus.CounterValue, float64(st.AlreadyDelivered), "already_delivered")
+	ch <- prometheus.MustNewConstMetric(m.statuses, prometheus.CounterValue, float64(st.Busy), "busy")
+	as := m.svc.AnswerStats()
+	ch <- prometheus.MustNewConstMetric(m.answersKept, prometheus.CounterValue, float64(as.Kept))
+	ch <- prometheus.MustNewConstMetric(m.answersSkipped, prometheus.CounterValue, float64(as.Skipped))
 	ch <- prometheus.MustNewConstMetric(m.merged, prometheus.CounterValue, float64(rs.Merged))
 	ch <- prometheus.MustNewConstMetric(m.indexErrors, prometheus.CounterValue, float64(rs.IndexErrors))
 	ch <- prometheus.MustNewConstMetric(m.routed, prometheus.CounterValue, float64(rs.Routed))

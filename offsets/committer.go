@@ -2,16 +2,29 @@ package offsets
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/hedge"
 )
 
 // CommitTimeoutDefault bounds one offset write of a [Committer].
 const CommitTimeoutDefault = 10 * time.Second
+
+// CommitAttemptDefault bounds one copy of a fenced offset write: a copy not
+// answered within it is sent again, until the write's Timeout. A write goes
+// to the bucket's stream leader, and one that hangs never answers; the
+// copy sent again reaches the new leader once JetStream has elected one
+// (docs/design.md#re-sent-writes-to-a-hung-leader).
+const CommitAttemptDefault = 2 * time.Second
 
 // CommitterConfig configures a [Committer].
 type CommitterConfig struct {
@@ -20,7 +33,9 @@ type CommitterConfig struct {
 	Stream string
 
 	// Timeout bounds one offset write. Optional. Default
-	// [CommitTimeoutDefault].
+	// [CommitTimeoutDefault]. A fenced write ([CommitterConfig.Fenced]) is
+	// sent in copies, each bounded by [CommitAttemptDefault] (or Timeout if
+	// shorter), until one is answered or Timeout has passed.
 	Timeout time.Duration
 
 	// Fenced makes every write a compare-and-set at the revision of the
@@ -28,11 +43,17 @@ type CommitterConfig struct {
 	// given to [Committer.ResetAt]. Once a write fails its compare-and-set
 	// (another owner bumped the key, [Store.Bump]), the committer is fenced:
 	// it writes nothing more, and Commit and Settle return [ErrFenced].
-	// A write whose outcome is unknown (a timeout) may have been stored; the
-	// next write then fails as fenced too. That is conservative: an owner
-	// that still holds the level stream bumps again ([Store.Bump]) and
-	// resets ([Committer.ResetAt]). Optional. Default false: every write is
-	// a plain put.
+	// A copy of a write not answered within its attempt is sent again
+	// (the same value at the same revision, carrying the same write id); a
+	// copy refused for the revision reads the key back, and an entry with
+	// its write id is its own earlier copy, applied: a success at that
+	// entry's revision, not a fence (docs/design.md#re-sent-writes-to-a-hung-leader).
+	// A write whose outcome is still unknown at Timeout may have been
+	// stored; the next write then fails as fenced. That is conservative: an
+	// owner that still holds the level stream bumps again ([Store.Bump])
+	// and resets ([Committer.ResetAt]). Optional. Default false: every
+	// write is a plain put, sent once (a put sent again could land after a
+	// later one and move the offset back).
 	Fenced bool
 
 	// Logger receives failed writes. Optional. Default discards.
@@ -67,8 +88,19 @@ type Committer struct {
 	store   *Store
 	stream  string
 	timeout time.Duration
+	attempt time.Duration // one copy of a fenced write
 	fenced  bool
 	logger  *slog.Logger
+	idPre   string // "<random>-": write ids are idPre and a count
+
+	// lose, for tests, drops the answer to a fenced write's copy n (n
+	// counting every copy from 1) when it returns true, as if lost in a hung
+	// node's socket: the copy was sent (and may be applied) and is taken
+	// for unanswered.
+	lose func(n uint64) bool
+
+	writes atomic.Uint64 // fenced writes started: the count in their write ids
+	copies atomic.Uint64 // copies of fenced writes sent (lose)
 
 	mu      sync.Mutex
 	gen     uint64        // incremented by Reset: older writes no longer count
@@ -102,7 +134,10 @@ func NewCommitter(store *Store, cfg CommitterConfig) (*Committer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Committer{store: store, stream: cfg.Stream, timeout: cfg.Timeout, fenced: cfg.Fenced, logger: cfg.Logger}, nil
+	return &Committer{
+		store: store, stream: cfg.Stream, timeout: cfg.Timeout, attempt: min(cfg.Timeout, CommitAttemptDefault),
+		fenced: cfg.Fenced, logger: cfg.Logger, idPre: rand.Text()[:16] + "-",
+	}, nil
 }
 
 // Commit makes seq the stream's offset to store and returns at once. The
@@ -159,15 +194,15 @@ func (c *Committer) write(ctx context.Context, gen uint64, done chan struct{}) {
 		c.sent = seq
 		c.mu.Unlock()
 
-		wctx, cancel := context.WithTimeout(ctx, c.timeout)
 		var rev uint64
 		var err error
 		if c.fenced {
-			rev, err = c.store.update(wctx, c.stream, seq, prev)
+			rev, err = c.update(ctx, seq, prev)
 		} else {
+			wctx, cancel := context.WithTimeout(ctx, c.timeout)
 			rev, err = c.store.put(wctx, c.stream, seq)
+			cancel()
 		}
-		cancel()
 
 		c.mu.Lock()
 		if gen == c.gen {
@@ -184,6 +219,63 @@ func (c *Committer) write(ctx context.Context, gen uint64, done chan struct{}) {
 			c.logger.Warn("offset commit fenced: another owner wrote the offset; committing nothing more", slog.String("stream", c.stream), slog.Uint64("offset", seq), slog.Uint64("revision", prev), slog.Any("error", err))
 		} else if err != nil {
 			c.logger.Warn("offset commit failed; the next one supersedes it", slog.String("stream", c.stream), slog.Uint64("offset", seq), slog.Any("error", err))
+		}
+	}
+}
+
+// update writes seq at revision prev, fenced, within the committer's
+// Timeout: in copies of one write (one write id), each bounded by the
+// attempt, sent again while unanswered. A copy refused for the revision
+// after an earlier copy went unanswered reads the key back: its own write
+// id there means an earlier copy was applied, and the write succeeded at
+// that revision. Safe because every copy is a compare-and-set at prev:
+// however many copies are sent, and whenever a copy held in a hung node is
+// applied, at most one is applied, and only while the key is still at
+// prev, so none can overwrite another owner's write or move the offset
+// back (docs/design.md#re-sent-writes-to-a-hung-leader).
+func (c *Committer) update(ctx context.Context, seq, prev uint64) (uint64, error) {
+	deadline := time.Now().Add(c.timeout)
+	id := c.idPre + strconv.FormatUint(c.writes.Add(1), 10)
+	unanswered := false // a copy of this write went unanswered: it may be applied
+	for {
+		left := time.Until(deadline)
+		actx, cancel := context.WithTimeout(ctx, min(c.attempt, left))
+		rev, err := c.store.updateTagged(actx, c.stream, seq, prev, id)
+		cancel()
+		if n := c.copies.Add(1); c.lose != nil && c.lose(n) {
+			rev, err = 0, fmt.Errorf("offsets: commit %s=%d: answer lost (test): %w", c.stream, seq, context.DeadlineExceeded)
+		}
+		switch {
+		case err == nil:
+			return rev, nil
+		case errors.Is(err, ErrFenced) && unanswered:
+			// Whose write moved the key: this write's earlier copy, or
+			// another owner's? Read until a replica shows it.
+			for {
+				rctx, cancel := context.WithTimeout(ctx, min(c.attempt, time.Until(deadline)))
+				own, stale, at, rerr := c.store.ownWrite(rctx, c.stream, prev, id)
+				cancel()
+				switch {
+				case rerr == nil && own:
+					c.logger.Debug("offset commit re-sent: its first copy was applied", slog.String("stream", c.stream), slog.Uint64("offset", seq), slog.Uint64("revision", at))
+					c.store.noteCommitted(c.stream, seq)
+					return at, nil
+				case rerr == nil && !stale:
+					return 0, err // another owner's write: fenced
+				}
+				if time.Until(deadline) <= 0 || ctx.Err() != nil {
+					// Unknown: conservatively fenced, as an unanswered
+					// write's next write would be.
+					return 0, err
+				}
+				time.Sleep(50 * time.Millisecond) // a replica behind catches up within milliseconds
+			}
+		case !hedge.IsTimeout(err) && !errors.Is(err, jetstream.ErrNoStreamResponse):
+			return 0, err // an answer: a refusal
+		}
+		unanswered = true
+		if time.Until(deadline) <= 0 || ctx.Err() != nil {
+			return 0, err
 		}
 	}
 }

@@ -32,7 +32,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/hedge"
 )
 
 // Bucket is the name of the key-value bucket that holds the offsets.
@@ -50,6 +53,7 @@ type Config struct {
 // Store reads and commits level offsets. It is safe for concurrent use; each
 // level stream's scanner owns its own key.
 type Store struct {
+	js       jetstream.JetStream // fenced writes, which carry a write id ([Store.updateTagged])
 	kv       jetstream.KeyValue
 	kvStream jetstream.Stream // the bucket's stream, for delete markers
 	logger   *slog.Logger
@@ -84,7 +88,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("offsets: bucket %s: %w", Bucket, err)
 	}
-	return &Store{kv: kv, kvStream: kvStream, logger: logger, last: make(map[string]uint64)}, nil
+	return &Store{js: js, kv: hedge.KV(kv), kvStream: kvStream, logger: logger, last: make(map[string]uint64)}, nil
 }
 
 // Load returns the committed offset of a level stream. It returns an error
@@ -106,7 +110,9 @@ func (s *Store) LoadRevision(ctx context.Context, stream string) (offset, revisi
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		// A deleted key leaves a marker as its last (and, with History 1,
 		// only) message; a key never written has none.
-		if m, merr := s.kvStream.GetLastMsgForSubject(ctx, "$KV."+Bucket+"."+stream); merr == nil {
+		if m, merr := hedge.Do(ctx, hedge.After, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+			return s.kvStream.GetLastMsgForSubject(ctx, "$KV."+Bucket+"."+stream)
+		}); merr == nil {
 			op := "deleted"
 			if r := m.Header.Get(jetstream.MarkerReasonHeader); m.Header.Get("KV-Operation") == "PURGE" || r == "Purge" || r == "MaxAge" {
 				op = "purged"
@@ -207,6 +213,70 @@ func (s *Store) update(ctx context.Context, stream string, seq, rev uint64) (uin
 	s.last[stream] = seq
 	s.mu.Unlock()
 	return newRev, nil
+}
+
+// writeIDHeader carries the id of a fenced offset write
+// ([Store.updateTagged]): unique to the write, so a write sent again can
+// tell its own first copy, applied, from another owner's write of the same
+// value (docs/design.md#re-sent-writes-to-a-hung-leader).
+const writeIDHeader = "Delayd-Offset-Write"
+
+// updateTagged is [Store.update] carrying id (unique to this write, the
+// same in every copy of it) in the [writeIDHeader] header, which
+// [Store.ownWrite] reads back. The key's value stays the decimal text
+// operators read.
+func (s *Store) updateTagged(ctx context.Context, stream string, seq, rev uint64, id string) (uint64, error) {
+	var buf [20]byte
+	m := &nats.Msg{Subject: "$KV." + Bucket + "." + stream, Header: nats.Header{writeIDHeader: {id}}, Data: strconv.AppendUint(buf[:0], seq, 10)}
+	ack, err := s.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev))
+	if wrongLastSeq(err) {
+		return 0, fmt.Errorf("%w: commit %s=%d at revision %d: %w: %w", ErrFenced, stream, seq, rev, err, jetstream.ErrKeyRevisionMismatch)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("offsets: commit %s=%d at revision %d: %w", stream, seq, rev, err)
+	}
+	s.mu.Lock()
+	s.last[stream] = seq
+	s.mu.Unlock()
+	return ack.Sequence, nil
+}
+
+// ownWrite reads the key's last entry after a copy of the write id, sent
+// at revision rev, failed its compare-and-set, and tells whose write the
+// key holds: own (the entry carries id: an earlier copy of this write was
+// applied, at the revision returned), or another writer's (own false, at a
+// revision past rev). stale reports a read that does not show the write
+// that failed the compare-and-set yet (a replica behind: the entry's
+// revision is rev or lower); read again then. Direct gets, which any
+// replica answers, hedged.
+func (s *Store) ownWrite(ctx context.Context, stream string, rev uint64, id string) (own, stale bool, revision uint64, err error) {
+	m, err := hedge.Do(ctx, hedge.After, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+		return s.kvStream.GetLastMsgForSubject(ctx, "$KV."+Bucket+"."+stream)
+	})
+	if err != nil {
+		return false, false, 0, fmt.Errorf("offsets: read back %s: %w", stream, err)
+	}
+	if m.Sequence <= rev {
+		return false, true, m.Sequence, nil
+	}
+	return m.Header.Get(writeIDHeader) == id, false, m.Sequence, nil
+}
+
+// wrongLastSeq reports whether err is the server's refusal of a write
+// whose expected last sequence (here: per subject) did not hold (code
+// 10071, or 10164 on a replicated stream).
+func wrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// noteCommitted records seq as the stream's last committed offset (a
+// write recognised as applied after its answer was lost).
+func (s *Store) noteCommitted(stream string, seq uint64) {
+	s.mu.Lock()
+	s.last[stream] = seq
+	s.mu.Unlock()
 }
 
 // put stores seq as the stream's offset and returns the KV revision the

@@ -215,7 +215,9 @@ func holdLease(ctx context.Context, e *env, key string) (*lease.Lease, error) {
 	return l, l.Acquire(ctx)
 }
 
-// lastDue reads Delay-Due-At of a level stream's last message.
+// lastDue reads Delay-Due-At of a level stream's last message that has
+// one: a router's epoch marker (no Delay-Due-At) may follow the messages,
+// written when a router term starts, as under load a lease moves.
 func lastDue(ctx context.Context, e *env, stream string) (time.Time, error) {
 	s, err := e.js.Stream(ctx, stream)
 	if err != nil {
@@ -228,11 +230,19 @@ func lastDue(ctx context.Context, e *env, stream string) (time.Time, error) {
 	if info.State.Msgs == 0 {
 		return time.Now(), nil
 	}
-	m, err := s.GetMsg(ctx, info.State.LastSeq)
-	if err != nil {
-		return time.Time{}, err
+	for seq := info.State.LastSeq; seq >= info.State.FirstSeq && seq > 0; seq-- {
+		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // deleted
+		}
+		if err != nil {
+			return time.Time{}, err
+		}
+		if due := m.Header.Get(contract.HeaderDueAt); due != "" {
+			return time.Parse(time.RFC3339Nano, due)
+		}
 	}
-	return time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
+	return time.Now(), nil
 }
 
 func later(a, b time.Time) time.Time {

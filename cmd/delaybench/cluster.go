@@ -39,7 +39,7 @@ var clusterReplicas = []int{1, 2, 3}
 
 var (
 	clusterLevel = levels.StreamName(time.Second) // DELAYD_1S
-	levelLease   = "level." + clusterLevel        // its lease key (README "Several replicas")
+	levelLease   = "level." + clusterLevel        // its lease key (docs/operations.md#several-replicas)
 	routerLease  = "router"
 )
 
@@ -101,10 +101,10 @@ func (b *bench) clusterEnv(ctx context.Context, nodes int) (*env, error) {
 	return b.newClusterEnv(ctx, nodes)
 }
 
-// clusterConfig is the services' configuration: the level table "1s", and
-// every stream with a replica per node.
-func clusterConfig(nodes int) deliver.Config {
-	return deliver.Config{Levels: levels.MustParse(clusterTable), Replicas: nodes}
+// clusterConfig is the services' configuration: the level table "1s",
+// every stream with a replica per node, and -cluster-lease-ttl.
+func (b *bench) clusterConfig(nodes int) deliver.Config {
+	return deliver.Config{Levels: levels.MustParse(clusterTable), Replicas: nodes, LeaseTTL: b.cfg.ClusterLeaseTTL}
 }
 
 // startReplicas starts k services, service i on node i (modulo the
@@ -302,8 +302,8 @@ func levelNote(svcs []*service, termsBefore uint64) string {
 // "level.DELAYD_1S"), so that no scanner delivers that level; publishes
 // -cluster-burst-n messages at level 1 to a core target, which the
 // services' router routes into DELAYD_1S; waits until the last is due;
-// then, at T, releases the lease: a service takes it at once (README
-// "Several replicas") and drains the level.
+// then, at T, releases the lease: a service takes it at once
+// (docs/operations.md#several-replicas) and drains the level.
 func (b *bench) clusterBurst(ctx context.Context, nodes, k int) (result, error) {
 	n := b.cfg.ClusterBurstN
 	label := fmt.Sprintf("cluster-burst R%d, %d replicas", nodes, k)
@@ -318,7 +318,7 @@ func (b *bench) clusterBurst(ctx context.Context, nodes, k int) (result, error) 
 	if err != nil {
 		return row, err
 	}
-	hold, err := lease.New(bucket, lease.Config{Key: levelLease, Holder: "delaybench"})
+	hold, err := lease.New(bucket, lease.Config{Key: levelLease, Holder: "delaybench", TTL: b.cfg.ClusterLeaseTTL})
 	if err != nil {
 		return row, err
 	}
@@ -326,7 +326,7 @@ func (b *bench) clusterBurst(ctx context.Context, nodes, k int) (result, error) 
 		return row, err
 	}
 	defer func() { _ = hold.Release(context.Background()) }()
-	svcs, err := e.startReplicas(ctx, k, clusterConfig(nodes))
+	svcs, err := e.startReplicas(ctx, k, b.clusterConfig(nodes))
 	if err != nil {
 		return row, err
 	}
@@ -400,7 +400,7 @@ func (b *bench) clusterSteady(ctx context.Context, nodes, k int) (result, error)
 		return row, err
 	}
 	defer e.close()
-	svcs, err := e.startReplicas(ctx, k, clusterConfig(nodes))
+	svcs, err := e.startReplicas(ctx, k, b.clusterConfig(nodes))
 	if err != nil {
 		return row, err
 	}
@@ -454,7 +454,7 @@ func (b *bench) clusterFailover(ctx context.Context) ([]result, error) {
 		return nil, err
 	}
 	defer e.close()
-	cfg := clusterConfig(clusterNodes)
+	cfg := b.clusterConfig(clusterNodes)
 	svcs, err := e.startReplicas(ctx, clusterNodes, cfg)
 	if err != nil {
 		return nil, err

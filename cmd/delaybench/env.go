@@ -129,7 +129,7 @@ func (b *bench) newClusterEnv(ctx context.Context, n int) (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &env{dir: dir}
+	e := &env{dir: dir, bench: b}
 	dirs := make([]string, n)
 	for i := range dirs {
 		dirs[i] = filepath.Join(dir, fmt.Sprintf("n%d", i))
@@ -261,8 +261,8 @@ func (e *env) streamMsgs(ctx context.Context, name string) (uint64, error) {
 }
 
 // levelMsgs returns how many messages the level stream of delay d holds
-// for target: the routers' epoch markers it also holds (README
-// "Guarantees": epoch markers) are not counted.
+// for target: the routers' epoch markers it also holds
+// (docs/guarantees.md#epoch-markers) are not counted.
 func (e *env) levelMsgs(ctx context.Context, d time.Duration, target string) (uint64, error) {
 	s, err := e.js.Stream(ctx, levels.StreamName(d))
 	if err != nil {
@@ -412,7 +412,7 @@ func (e *env) startService(ctx context.Context, table string) (*service, error) 
 	return e.startReplica(ctx, 0, deliver.Config{Levels: levels.MustParse(table)})
 }
 
-// startReplica runs a delayd service with cfg (its Prefix set to the
+// startReplica runs a delayd service with cfg (its Prefix and cancel share the
 // benchmark's) on a connection of its own to node i, wired as cmd/delayd
 // wires it (async errors to the service, no reconnect buffer), and waits
 // until it is ready: set up and bidding for its leases, holding none yet
@@ -437,7 +437,8 @@ func (e *env) startReplica(ctx context.Context, node int, cfg deliver.Config) (*
 		nc.Close()
 		return nil, err
 	}
-	cfg.Prefix, cfg.LookupConn = prefix, lnc
+	cfg.Prefix, cfg.LookupConn, cfg.CancelLookupShare = prefix, lnc, e.bench.cfg.CancelShare
+	cfg.AnswerKeep, _ = e.bench.cfg.answerKeep() // checked by validate
 	svc, err := deliver.New(nc, cfg)
 	if err != nil {
 		nc.Close()

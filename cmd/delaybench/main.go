@@ -143,7 +143,10 @@
 //     longest time between two deliveries in a row at the target after
 //     each stop, up to the next (store times), over the stops; lost,
 //     early and duplicates count the messages published in that phase.
-//     Every node, service and client shares this process's cores.
+//     Every service, and delaybench's own hold of DELAYD_1S's lease in
+//     cluster-burst, has the lease TTL -cluster-lease-ttl (delayd's
+//     default, 1.5 s). Every node, service and client shares this
+//     process's cores.
 //
 // Every row counts lost (published and PubAcked, but never delivered, by
 // payload index; a timeout counts the rest as lost) and early (delivered
@@ -172,6 +175,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/internal/lease"
 )
 
 // Default sizes: the whole default run stays within about 5 minutes on 2 cores.
@@ -223,32 +229,60 @@ var defaultScenarios = slices.DeleteFunc(slices.Clone(scenarioNames), func(s str
 
 // config is the harness's configuration; the flags set it.
 type config struct {
-	N              int           // raw and ingest message count
-	Payload        int           // payload bytes, at least 12
-	SteadyRates    []int         // steady and ref-timer: msg/s offered, one row each; cancel-storm: the first
-	SteadyDuration time.Duration // steady: publishing time
-	CancelRate     int           // cancel-storm: cancel requests per second
-	BurstN         int           // burst message count
-	BurstOneMN     int           // burst-1m message count
-	PendingN       int           // pending message count
-	ClusterBurstN  int           // cluster-burst message count
-	ClusterRate    int           // cluster-steady and cluster-failover: msg/s offered
-	ClusterDur     time.Duration // cluster-steady: publishing time
-	ClusterKills   int           // cluster-failover: stops of the level's owner, each way
-	TrickleRate    int           // cross-level: msg/s to the quiet level
-	SustainedRates []int         // sustained: msg/s offered, one step each, in order
-	SustainedStep  time.Duration // sustained: how long each rate is offered
-	Scenarios      []string      // subset of scenarioNames; empty = defaultScenarios
-	TCP            bool          // nats-server and delayd as processes, every connection over TCP
-	JSON           bool          // one JSON object per row instead of a table
-	Targets        bool          // issue 13's targets, evaluated from this run's rows, at the end
-	Settle         time.Duration // pending: wait before heap readings
-	CommandLine    string        // printed in the header
+	N               int           // raw and ingest message count
+	Payload         int           // payload bytes, at least 12
+	SteadyRates     []int         // steady and ref-timer: msg/s offered, one row each; cancel-storm: the first
+	SteadyDuration  time.Duration // steady: publishing time
+	CancelRate      int           // cancel-storm: cancel requests per second
+	CancelShare     float64       // every delayd's DELAYD_CANCEL_SHARE; 0: delayd's default
+	AnswerKeep      string        // every delayd's DELAYD_ANSWER_KEEP ("off", "0" or a Go duration); "": delayd's default
+	BurstN          int           // burst message count
+	BurstOneMN      int           // burst-1m message count
+	PendingN        int           // pending message count
+	ClusterBurstN   int           // cluster-burst message count
+	ClusterRate     int           // cluster-steady and cluster-failover: msg/s offered
+	ClusterDur      time.Duration // cluster-steady: publishing time
+	ClusterKills    int           // cluster-failover: stops of the level's owner, each way
+	ClusterLeaseTTL time.Duration // cluster: every service's lease TTL, and delaybench's own hold of the level's lease
+	TrickleRate     int           // cross-level: msg/s to the quiet level
+	SustainedRates  []int         // sustained: msg/s offered, one step each, in order
+	SustainedStep   time.Duration // sustained: how long each rate is offered
+	Scenarios       []string      // subset of scenarioNames; empty = defaultScenarios
+	TCP             bool          // nats-server and delayd as processes, every connection over TCP
+	JSON            bool          // one JSON object per row instead of a table
+	Targets         bool          // issue 13's targets, evaluated from this run's rows, at the end
+	Settle          time.Duration // pending: wait before heap readings
+	CommandLine     string        // printed in the header
+}
+
+// answerKeep is -answer-keep as [deliver.Config].AnswerKeep: 0 for
+// delayd's default, [deliver.AnswerKeepOff] for "off" or 0.
+func (c *config) answerKeep() (time.Duration, error) {
+	switch c.AnswerKeep {
+	case "":
+		return 0, nil
+	case "off":
+		return deliver.AnswerKeepOff, nil
+	}
+	d, err := time.ParseDuration(c.AnswerKeep)
+	switch {
+	case err != nil || d < 0:
+		return 0, fmt.Errorf(`-answer-keep %q: must be a Go duration or "off"`, c.AnswerKeep)
+	case d == 0:
+		return deliver.AnswerKeepOff, nil
+	}
+	return d, nil
 }
 
 func (c *config) validate() error {
 	if c.N < 1 || c.BurstN < 1 || c.PendingN < 1 || c.SteadyDuration <= 0 || c.CancelRate < 1 {
 		return errors.New("-n, -burst-n, -pending-n, -steady-duration and -cancel-rate must be positive")
+	}
+	if c.CancelShare < 0 || c.CancelShare > 1 {
+		return errors.New("-cancel-share must be above 0 and at most 1 (0: delayd's default)")
+	}
+	if _, err := c.answerKeep(); err != nil {
+		return err
 	}
 	if len(c.SteadyRates) == 0 || slices.Min(c.SteadyRates) < 1 {
 		return errors.New("-steady-rates (or -steady-rate) must list positive rates")
@@ -256,8 +290,8 @@ func (c *config) validate() error {
 	if c.wants("burst-1m") && c.BurstOneMN < 1 {
 		return errors.New("-burst-1m-n must be positive")
 	}
-	if c.wants("cluster") && (c.ClusterBurstN < 1 || c.ClusterRate < 1 || c.ClusterDur <= 0 || c.ClusterKills < 1) {
-		return errors.New("-cluster-burst-n, -cluster-rate, -cluster-duration and -cluster-kills must be positive")
+	if c.wants("cluster") && (c.ClusterBurstN < 1 || c.ClusterRate < 1 || c.ClusterDur <= 0 || c.ClusterKills < 1 || c.ClusterLeaseTTL <= 0) {
+		return errors.New("-cluster-burst-n, -cluster-rate, -cluster-duration, -cluster-kills and -cluster-lease-ttl must be positive")
 	}
 	if c.wants("cross-level") && c.TrickleRate < 1 {
 		return errors.New("-trickle-rate must be positive")
@@ -300,6 +334,8 @@ func main() {
 	steadyRate := fs.Int("steady-rate", 0, "steady and ref-timer: one rate in msg/s, in place of -steady-rates")
 	fs.DurationVar(&cfg.SteadyDuration, "steady-duration", SteadyDurationDefault, "steady: how long to publish")
 	fs.IntVar(&cfg.CancelRate, "cancel-rate", CancelRateDefault, "cancel-storm: cancel requests per second (the level takes the first steady rate for -steady-duration)")
+	fs.Float64Var(&cfg.CancelShare, "cancel-share", 0, "DELAYD_CANCEL_SHARE of every delayd the run starts: the share of a core its cancel lookups may take, above 0 and at most 1 (0: delayd's default, 0.1)")
+	fs.StringVar(&cfg.AnswerKeep, "answer-keep", "", `DELAYD_ANSWER_KEEP of every delayd the run starts: a Go duration, or "off" (or 0) to run without kept answers ("": delayd's default, 6h)`)
 	fs.IntVar(&cfg.BurstN, "burst-n", BurstNDefault, "burst: messages all due at the same instant")
 	fs.IntVar(&cfg.BurstOneMN, "burst-1m-n", BurstOneMNDefault, "burst-1m: messages all due at the same instant")
 	fs.IntVar(&cfg.PendingN, "pending-n", PendingNDefault, "pending: messages waiting 2h")
@@ -307,6 +343,7 @@ func main() {
 	fs.IntVar(&cfg.ClusterRate, "cluster-rate", ClusterRateDefault, "cluster: steady and failover load, messages per second")
 	fs.DurationVar(&cfg.ClusterDur, "cluster-duration", ClusterDurationDefault, "cluster: how long each steady row publishes")
 	fs.IntVar(&cfg.ClusterKills, "cluster-kills", ClusterKillsDefault, "cluster: stops of the level's owner, killed and then graceful, this many each")
+	fs.DurationVar(&cfg.ClusterLeaseTTL, "cluster-lease-ttl", lease.TTLDefault, "cluster: the lease TTL of every service and of delaybench's own hold of DELAYD_1S's lease (a kill stalls the level about this long)")
 	fs.IntVar(&cfg.TrickleRate, "trickle-rate", TrickleRateDefault, "cross-level: messages per second to level 1 while level 2 takes the burst (-burst-n)")
 	sustainedRates := fs.String("sustained-rates", SustainedRatesDefault, "sustained: comma-separated rates in msg/s, offered in turn until one is not bounded")
 	fs.DurationVar(&cfg.SustainedStep, "sustained-step", SustainedStepDefault, "sustained: how long each rate is offered")

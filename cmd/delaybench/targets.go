@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// Issue 13's targets (README "Benchmarks"): bounds on ratios and
+// Issue 13's targets (docs/benchmarks.md#targets): bounds on ratios and
 // differences between rows of one run.
 const (
 	// BurstCoreTarget is the least burst-to-core msgs/s over ref-drain's.

@@ -39,7 +39,8 @@ func targetRows() []result {
 }
 
 // TestEvaluateTargets: each of issue 13's targets is met, not met or not
-// run from the rows of one run, by the bounds README "Benchmarks" gives.
+// run from the rows of one run, by the bounds
+// docs/benchmarks.md#targets gives.
 func TestEvaluateTargets(t *testing.T) {
 	ids := []string{"burst-core", "burst-stream", "ingest", "burst-1m-core", "burst-1m-stream", "steady-10k", "steady-30k", "sustained", "cross-level", "lost-early"}
 	allMet := map[string]string{}

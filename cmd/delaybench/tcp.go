@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -163,9 +164,14 @@ func (e *env) startDelaydProcess(ctx context.Context, table string) (*service, e
 	e.services++
 	logPath := filepath.Join(e.dir, fmt.Sprintf("delayd-%d.log", e.services))
 	e.mu.Unlock()
-	p, err := startProc(bins.delayd, logPath, []string{
-		"DELAYD_NATS_URL=" + e.url, "DELAYD_HTTP_ADDR=" + addr, "DELAYD_LEVELS=" + table, "DELAYD_PREFIX=" + prefix,
-	})
+	env := []string{"DELAYD_NATS_URL=" + e.url, "DELAYD_HTTP_ADDR=" + addr, "DELAYD_LEVELS=" + table, "DELAYD_PREFIX=" + prefix}
+	if share := e.bench.cfg.CancelShare; share > 0 {
+		env = append(env, "DELAYD_CANCEL_SHARE="+strconv.FormatFloat(share, 'g', -1, 64))
+	}
+	if keep := e.bench.cfg.AnswerKeep; keep != "" {
+		env = append(env, "DELAYD_ANSWER_KEEP="+keep)
+	}
+	p, err := startProc(bins.delayd, logPath, env)
 	if err != nil {
 		return nil, err
 	}

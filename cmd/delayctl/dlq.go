@@ -195,7 +195,9 @@ or else delayd-replay-<DELAYD_DLQ creation time, Unix ns>-<DLQ sequence>: a repl
 between the publish and the delete is dropped by the ingress duplicate window (2 min) when run again,
 and a deleted letter is simply reported "not found" the second time. A letter with a publisher id
 is replayed only once it is older than the ingress duplicate window: until then the original publish
-holds that id and the ingress stream would drop the replay as its duplicate. --all replays the letters
+holds that id and the ingress stream would drop the replay as its duplicate. If ingress drops it as a
+duplicate all the same (a new message re-used the id within the window, or a replay stopped between
+its publish and its delete), nothing is stored and the letter is kept and counted failed. --all replays the letters
 present when it starts, never the ones it causes.
 
 Exit code 1 if a letter was skipped or failed (it stays in DELAYD_DLQ); "not found" is not an error.`,
@@ -333,7 +335,19 @@ func (r *replayer) replay(ctx context.Context, l letter) {
 		return
 	}
 	note := ""
-	if ack.Duplicate {
+	switch {
+	case ack.Duplicate && id == l.MsgID:
+		// The publisher's own id: the message ingress stored with it may
+		// be this letter, replayed by a run stopped before its delete, or
+		// a new message that re-used the id. Nothing was stored now; the
+		// letter is kept rather than lost.
+		dup := &delayd.DuplicateError{ID: id, Stream: ack.Stream, Sequence: ack.Sequence, Window: r.window}
+		r.failed++
+		r.printf("%d: failed: %v. Letter kept: replay it after %s; if a replay stopped before its delete published it, "+
+			"that delivers it twice (delete it instead: nats stream rmm %s %d)",
+			l.Seq, dup, time.Now().Add(r.window).Format(time.RFC3339), deliver.DLQStream, l.Seq)
+		return
+	case ack.Duplicate:
 		note = "; ingress already had it (an earlier replay published it)"
 	}
 	rctx, cancel = r.a.reqCtx(ctx)

@@ -80,6 +80,33 @@ func (a *app) levelRows(ctx context.Context) ([]levelRow, time.Time, error) {
 	return append(rows, extra...), serverNow, nil
 }
 
+// markerSubjects are the subjects of the routers' epoch markers in every level stream: empty messages a router writes
+// at the start of its term (docs/glossary.md), not messages of a publisher's.
+const markerSubjects = "delayd.level.*.delayd.router.epoch"
+
+// levelMessages returns how many messages r's stream holds, the routers' epoch markers not counted: one stream info
+// request, filtered to the marker subjects, per stream that holds any message.
+func (a *app) levelMessages(ctx context.Context, r levelRow) (uint64, error) {
+	if r.info == nil || r.info.State.Msgs == 0 {
+		return 0, nil
+	}
+	rctx, cancel := a.reqCtx(ctx)
+	defer cancel()
+	s, err := a.js.Stream(rctx, r.Stream)
+	if err != nil {
+		return 0, fmt.Errorf("level stream %s: %w", r.Stream, err)
+	}
+	info, err := s.Info(rctx, jetstream.WithSubjectFilter(markerSubjects))
+	if err != nil {
+		return 0, fmt.Errorf("level stream %s: epoch markers: %w", r.Stream, err)
+	}
+	var markers uint64
+	for _, n := range info.State.Subjects {
+		markers += n
+	}
+	return info.State.Msgs - min(info.State.Msgs, markers), nil
+}
+
 func (r levelRow) indexText() string {
 	if r.Index == nil {
 		return "-"
@@ -100,8 +127,8 @@ func (a *app) levelsCmd() *cobra.Command {
 		Use:   "levels",
 		Short: "The level table: index, delay, stream, whether it exists; and level streams left from an earlier table",
 		Long: `levels prints the level table (DELAYD_LEVELS or --levels; set it as delayd has it): each level's
-index (the Delay-Level header's value; 0 delivers at once), delay, level stream and whether that stream
-exists on the server. Level streams on the server that are not in the table (left from an earlier table,
+index (the Delay-Level header's value; 0 delivers at once), delay, level stream, whether that stream
+exists on the server, and the messages it holds (the routers' epoch markers not counted). Level streams on the server that are not in the table (left from an earlier table,
 drained by delayd) follow, with index "-".`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -112,6 +139,7 @@ drained by delayd) follow, with index "-".`,
 			if err != nil {
 				return err
 			}
+			msgs := func(r levelRow) (uint64, error) { return a.levelMessages(cmd.Context(), r) }
 			if asJSON {
 				type out struct {
 					levelRow
@@ -122,7 +150,9 @@ drained by delayd) follow, with index "-".`,
 				for _, r := range rows {
 					o := out{levelRow: r, Delay: levels.FormatDuration(r.Delay)}
 					if r.info != nil {
-						o.Messages = r.info.State.Msgs
+						if o.Messages, err = msgs(r); err != nil {
+							return err
+						}
 					}
 					outs = append(outs, o)
 				}
@@ -131,9 +161,13 @@ drained by delayd) follow, with index "-".`,
 			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "LEVEL\tDELAY\tSTREAM\tEXISTS\tMESSAGES\tNOTE")
 			for _, r := range rows {
-				exists, msgs, note := "no", "-", ""
+				exists, count, note := "no", "-", ""
 				if r.Exists {
-					exists, msgs = "yes", fmt.Sprint(r.info.State.Msgs)
+					n, err := msgs(r)
+					if err != nil {
+						return err
+					}
+					exists, count = "yes", fmt.Sprint(n)
 				}
 				if r.Precision {
 					note = "precision level: the last stretch of Delay-Duration and Delay-Deliver-At messages"
@@ -142,7 +176,7 @@ drained by delayd) follow, with index "-".`,
 				} else if !r.Exists {
 					note = "missing: delayd creates it at start (is delayd's DELAYD_LEVELS this table?)"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.indexText(), r.delayText(), r.Stream, exists, msgs, note)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.indexText(), r.delayText(), r.Stream, exists, count, note)
 			}
 			return tw.Flush()
 		},

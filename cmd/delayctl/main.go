@@ -4,8 +4,8 @@
 //
 // It connects to delayd's NATS server with the same DELAYD_NATS_URL and
 // authentication and TLS variables as delayd (flags override them), and
-// reads DELAYD_PREFIX and DELAYD_LEVELS as delayd does. See README.md,
-// section delayctl, and `delayctl --help`.
+// reads DELAYD_PREFIX and DELAYD_LEVELS as delayd does. See
+// docs/operations.md#delayctl and `delayctl --help`.
 package main
 
 import (
@@ -29,7 +29,7 @@ import (
 	"github.com/delayd/delayd/levels"
 )
 
-// Exit codes; README and `delayctl --help` list them.
+// Exit codes; docs/operations.md#delayctl and `delayctl --help` list them.
 const (
 	exitOK               = 0
 	exitError            = 1 // a runtime failure
@@ -38,6 +38,8 @@ const (
 	exitNoStreams        = 4 // the server holds no delayd streams
 	exitNotFound         = 5 // cancel: no pending message has the id
 	exitAlreadyDelivered = 6 // cancel: the message was already delivered
+	exitDuplicate        = 7 // pub: ingress dropped the message as a duplicate of its --id; nothing stored
+	exitCancelled        = 8 // status: the message was cancelled
 )
 
 const exitCodesHelp = `Exit codes:
@@ -46,8 +48,10 @@ const exitCodesHelp = `Exit codes:
   2  usage: bad flags, arguments or configuration
   3  cannot connect to the NATS server
   4  no delayd streams on the server (DELAYD_INGRESS or DELAYD_DLQ missing)
-  5  cancel: not found
-  6  cancel: already delivered`
+  5  cancel, status: not found
+  6  cancel, status: already delivered
+  7  pub: nothing stored: the ingress stream dropped the message as a duplicate of its --id
+  8  status: cancelled`
 
 // codeError is an error with its exit code.
 type codeError struct {
@@ -132,14 +136,14 @@ type app struct {
 func (a *app) rootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "delayctl",
-		Short: "Operate a running delayd: levels, stats, publish, cancel, dead letters",
+		Short: "Operate a running delayd: levels, stats, publish, cancel, status, dead letters",
 		Long: `delayctl is the operator CLI of delayd, delayed delivery for NATS JetStream.
 
 It connects to delayd's NATS server as delayd does: DELAYD_NATS_URL (when empty:
 nats://<DELAYD_LISTEN>, delayd's embedded server; with neither, ` + config.ClientURLDefault + `), DELAYD_NATS_USER and
 DELAYD_NATS_PASSWORD, DELAYD_NATS_TOKEN, DELAYD_NATS_NKEY_SEED, DELAYD_NATS_CREDS,
 DELAYD_NATS_TLS_CA, DELAYD_NATS_TLS_CERT and DELAYD_NATS_TLS_KEY. It reads
-DELAYD_PREFIX and DELAYD_LEVELS as delayd does: set them as delayd has them.
+DELAYD_PREFIX, DELAYD_LEVELS and DELAYD_PRECISION as delayd does: set them as delayd has them.
 Flags override the variables.
 
 ` + exitCodesHelp,
@@ -166,7 +170,7 @@ Flags override the variables.
 	f.StringVar(&a.levels, "levels", "", "delayd's level table (env DELAYD_LEVELS; default delayd's 18 levels)")
 	f.DurationVar(&a.timeout, "timeout", 5*time.Second, "timeout of each request to the server or delayd")
 
-	root.AddCommand(a.levelsCmd(), a.statsCmd(), a.watchCmd(), a.pubCmd(), a.cancelCmd(), a.dlqCmd())
+	root.AddCommand(a.levelsCmd(), a.statsCmd(), a.watchCmd(), a.pubCmd(), a.cancelCmd(), a.statusCmd(), a.dlqCmd())
 	return root
 }
 

@@ -39,7 +39,7 @@ func TestCheckID(t *testing.T) {
 func TestBehindText(t *testing.T) {
 	t.Parallel()
 	for d, want := range map[time.Duration]string{
-		1500 * time.Millisecond: "1.5s", -4 * time.Second: "in 4s", 61*time.Second + 400*time.Millisecond: "1m1s", 0: "0s",
+		1500 * time.Millisecond: "1.5s", -4 * time.Second: "-", 61*time.Second + 400*time.Millisecond: "1m1s", 0: "-",
 	} {
 		if got := behindText(d); got != want {
 			t.Errorf("behindText(%s) = %q, want %q", d, got, want)

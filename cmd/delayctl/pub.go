@@ -43,7 +43,11 @@ sequence. A message delayd would dead-letter is refused with exit code 2, before
 a bad target (wildcards, '$' subjects, subjects under the prefix or under delayd.), and, checked against the
 running delayd's configuration (its info API, delayd.api.info), a target its policy refuses, a delay beyond
 its DELAYD_MAX_DELAY, a message too large, or another DELAYD_PREFIX. When no delayd answers, only the checks
-that need no configuration are made (the ingress stream keeps the message for when delayd starts).`,
+that need no configuration are made (the ingress stream keeps the message for when delayd starts).
+
+--id is the message's Nats-Msg-Id. The ingress stream drops a message whose id it stored within its duplicate
+window (2 minutes), even one since cancelled or delivered: then nothing is stored, pub prints no id and exits
+with code 7. Give each new message a new id (to move a message: cancel it, publish with a new id).`,
 		Example: `  delayctl pub orders.close 'close order 42' --level 2
   delayctl pub orders.close --in 47m --id order-42-close -H 'Tenant: acme' < payload.json`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -133,6 +137,9 @@ that need no configuration are made (the ingress stream keeps the message for wh
 			switch {
 			case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
 				return withCode(exitNoStreams, "no delayd streams on this server (%s missing): no stream captures %s.%s; is delayd running with DELAYD_PREFIX=%s and this account? (%v)", deliver.IngressStream, a.cfg.Prefix, subject, a.cfg.Prefix, err)
+			case errors.Is(err, delayd.ErrDuplicate):
+				// Nothing stored: a success on stdout would hide it (docs/guide.md#re-using-an-id).
+				return withCode(exitDuplicate, "%v", err)
 			case errors.Is(err, delayd.ErrInvalidLevel), errors.Is(err, delayd.ErrInvalidDelay), errors.Is(err, contract.ErrInvalidTarget), errors.Is(err, contract.ErrForbiddenTarget),
 				errors.Is(err, contract.ErrDeniedTarget), errors.Is(err, delayd.ErrTooLarge), errors.Is(err, delayd.ErrPrefixMismatch):
 				// Refused before publishing: the running delayd would dead-letter it.
@@ -149,7 +156,7 @@ that need no configuration are made (the ingress stream keeps the message for wh
 	f.IntVar(&level, "level", 0, "delay level: index into delayd's level table (0: at once)")
 	f.DurationVar(&in, "in", 0, "deliver after this Go duration (90s, 47m, 1h30m)")
 	f.StringVar(&at, "at", "", "deliver at this RFC 3339 time")
-	f.StringVar(&msgID, "id", "", "the message's Nats-Msg-Id (dedupes at ingress; the id to cancel with)")
+	f.StringVar(&msgID, "id", "", "the message's Nats-Msg-Id (dedupes at ingress for 2m: a re-used id stores nothing, exit 7; the id to cancel with)")
 	f.StringVar(&mergeKey, "merge-key", "", "Delay-Merge-Key: merge into a pending message with the same key and target")
 	f.StringArrayVarP(&headers, "header", "H", nil, "a user header, 'Key: Value' (repeatable)")
 	return cmd

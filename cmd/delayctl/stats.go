@@ -33,14 +33,27 @@ type levelStats struct {
 	InTable bool   `json:"in_table"`
 	// Precision: a precision level (see delayctl levels).
 	Precision bool `json:"precision,omitempty"`
-	// Pending counts the level stream's sequences past the committed offset.
+	// Pending counts the level stream's sequences past the committed offset, less the cancelled ones the level's
+	// owner reports (Cancelled).
 	Pending uint64 `json:"pending"`
+	// Cancelled counts the level's cancelled messages past the committed offset: still in the level stream
+	// (tombstoned, not yet passed), never delivered, not in Pending. From the stats API of the level's owner;
+	// null when no delayd process answered as its owner (Pending then may count them). The owner lists up to
+	// 64 of their sequences (deliver.StatsCancelledSeqsMax): with more, DueNow and OldestDue may count a
+	// cancelled one.
+	Cancelled *uint64 `json:"cancelled"`
 	// DueNow counts the pending messages whose level wait is over (store time + the level's delay <= now).
 	DueNow uint64 `json:"due_now"`
-	// OldestDue is when the oldest pending message is due at this level; omitted when nothing is pending.
+	// OldestDue is the delivery due (Delay-Due-At) of the level's head, its oldest pending message that is not
+	// cancelled: when it is delivered to its target. For a cascading message (Delay-Duration, Delay-Deliver-At)
+	// that is not the end of its wait at this level, which is HandOffAt. Omitted when nothing is pending.
 	OldestDue *time.Time `json:"oldest_due,omitempty"`
-	// BehindSeconds is now - OldestDue: how long the oldest pending message has waited past its due time;
-	// negative while it is not due yet. Omitted when nothing is pending.
+	// HandOffAt is when the level hands its head on: OldestDue, or for a cascading message the end of its wait
+	// at this level, when it moves on to its next level. Omitted when nothing is pending.
+	HandOffAt *time.Time `json:"hand_off_at,omitempty"`
+	// BehindSeconds is now - HandOffAt when that is positive: how long the head has waited past the time the level
+	// should have handed it on (its lateness at this level); 0 when it is not due yet. Omitted when nothing is
+	// pending.
 	BehindSeconds *float64 `json:"behind_seconds,omitempty"`
 	// LastOffset is the committed offset: the last delivered sequence.
 	LastOffset uint64 `json:"last_offset"`
@@ -83,9 +96,15 @@ func (a *app) statsCmd() *cobra.Command {
 		Short: "Per-level stats: pending, due now, oldest due, offset, delivered, dead-lettered",
 		Long: `stats prints one row per level stream:
 
-  PENDING     level-stream messages past the committed offset
-  DUE NOW     of those, the ones whose wait at this level is over (store time + the level's delay <= now)
-  OLDEST DUE  when the oldest pending message is due here, and how far behind now it is ("in 4s": not yet due)
+  PENDING     level-stream messages past the committed offset, cancelled ones not counted
+  CANCELLED   cancelled messages still in the level stream (tombstoned, not passed yet): never delivered;
+              from the level owner's stats API, "?" when no delayd answers as its owner
+  DUE NOW     of the pending ones, those whose wait at this level is over (store time + the level's delay <= now)
+  OLDEST DUE  the delivery due (Delay-Due-At) of the level's head, its oldest pending message: when it is
+              delivered to its target. A cascading message (Delay-Duration, Delay-Deliver-At) waits at a level
+              only until its next hop; OLDEST DUE is still its delivery due, not the hop
+  BEHIND      the head's lateness at this level: how long past the time the level should have handed it on
+              (delivered it, or moved a cascading message on) it still waits; "-" when nothing is overdue
   OFFSET      the committed offset (DELAYD_OFFSETS): the last delivered sequence; "-" if none was committed yet
   DELIVERED, DEAD-LETTERED
               the counters since it started of the delayd process that owns the level (holds its lease),
@@ -98,8 +117,9 @@ for a quarter of a second, and prints one line per process: its pid, lease holde
 leases it holds with their epochs; with ingress partitions (DELAYD_INGRESS_PARTITIONS) also a line per
 router in it: its lease router.<i>, whether it routes now, its epoch and counters. --json prints them all under "replicas".
 
-It costs O(levels) requests, whatever the backlog: one stream list, one offset read and at most two direct
-gets per level, one request to the stats API. "Now" is the server's time.`,
+It costs O(levels) requests, whatever the backlog: one stream list, one offset read and at most five direct
+gets per level (the head, past up to three epoch markers, and the first message not due), one request to the
+stats API. "Now" is the server's time.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := a.requireIngress(cmd.Context()); err != nil {
@@ -155,7 +175,15 @@ func (a *app) collectStats(ctx context.Context) (*statsReport, error) {
 			s.NoOwner = len(replicas) > 0
 		}
 		if r.Exists {
-			if err := a.fillLevel(ctx, kv, r, now, &s); err != nil {
+			var cancelled []uint64 // the owner's cancelled sequences, when it lists them all
+			if c, ok := byStream[r.Stream]; ok && c.Owner {
+				n := c.Cancelled
+				s.Cancelled = &n
+				if n <= uint64(len(c.CancelledSeqs)) {
+					cancelled = c.CancelledSeqs
+				}
+			}
+			if err := a.fillLevel(ctx, kv, r, now, cancelled, &s); err != nil {
 				return nil, err
 			}
 		}
@@ -167,9 +195,15 @@ func (a *app) collectStats(ctx context.Context) (*statsReport, error) {
 	return rep, nil
 }
 
-// fillLevel reads one level's offset and, if anything is pending, its head's due time and the first message not
-// due yet: one KV get and at most two direct gets.
-func (a *app) fillLevel(ctx context.Context, kv jetstream.KeyValue, r levelRow, now time.Time, s *levelStats) error {
+// statsHeadTries is how many messages fillLevel reads at most to find a level's head: epoch markers (one per
+// router term, never delivered) are passed over.
+const statsHeadTries = 4
+
+// fillLevel reads one level's offset and, if anything is pending, its head's due times and the first message not
+// due yet: one KV get and at most statsHeadTries+1 direct gets. cancelled lists the sequences of the level's
+// cancelled messages past the offset, ascending, as its owner reports them (nil when unknown or too many to list):
+// they are neither the head nor due now; s.Cancelled, when known, is not pending.
+func (a *app) fillLevel(ctx context.Context, kv jetstream.KeyValue, r levelRow, now time.Time, cancelled []uint64, s *levelStats) error {
 	st := r.info.State
 	// The scanner's own reading of a missing or impossible offset: the stream's first sequence - 1.
 	base := st.FirstSeq - min(st.FirstSeq, 1)
@@ -193,17 +227,46 @@ func (a *app) fillLevel(ctx context.Context, kv jetstream.KeyValue, r levelRow, 
 	if st.Msgs == 0 || st.LastSeq <= base {
 		return nil
 	}
-	s.Pending = st.LastSeq - base
-
-	head, err := a.directGet(ctx, r.Stream, fmt.Sprintf(`{"seq":%d,"batch":1}`, base+1))
-	if err != nil {
-		return err
+	all := st.LastSeq - base
+	var nCancelled uint64
+	if s.Cancelled != nil {
+		nCancelled = min(*s.Cancelled, all)
 	}
-	if head != nil {
-		if due, ok := deliver.LevelDue(head.Header); ok {
-			behind := now.Sub(due).Seconds()
-			s.OldestDue, s.BehindSeconds = &due, &behind
+	s.Pending = all - nCancelled
+	if s.Pending == 0 {
+		return nil
+	}
+	isCancelled := func(seq uint64) bool { _, found := slices.BinarySearch(cancelled, seq); return found }
+
+	// The head: the first message past the offset that is neither cancelled nor an epoch marker.
+	for seq, tries := base+1, 0; seq <= st.LastSeq && tries < statsHeadTries; tries++ {
+		for isCancelled(seq) {
+			seq++
 		}
+		head, err := a.directGet(ctx, r.Stream, fmt.Sprintf(`{"seq":%d,"batch":1}`, seq))
+		if err != nil {
+			return err
+		}
+		if head == nil {
+			break
+		}
+		got, _ := strconv.ParseUint(head.Header.Get(jetstream.SequenceHeader), 10, 64)
+		if isCancelled(got) {
+			seq = got + 1
+			continue
+		}
+		handOff, ok := deliver.LevelDue(head.Header)
+		if !ok {
+			seq = max(got, seq) + 1 // an epoch marker, or a message without due times
+			continue
+		}
+		due, ok := deliver.DeliveryDue(head.Header)
+		if !ok {
+			due = handOff
+		}
+		behind := max(now.Sub(handOff).Seconds(), 0)
+		s.OldestDue, s.HandOffAt, s.BehindSeconds = &due, &handOff, &behind
+		break
 	}
 	// The first message stored after now - delay is the first whose wait is not over.
 	since, _ := json.Marshal(now.Add(-r.Delay))
@@ -211,13 +274,30 @@ func (a *app) fillLevel(ctx context.Context, kv jetstream.KeyValue, r levelRow, 
 	if err != nil {
 		return err
 	}
-	s.DueNow = s.Pending
+	due := all // every sequence past the offset, cancelled ones included
 	if first != nil {
 		if seq, err := strconv.ParseUint(first.Header.Get(jetstream.SequenceHeader), 10, 64); err == nil {
-			s.DueNow = min(s.Pending, max(seq, base+1)-(base+1))
+			due = min(all, max(seq, base+1)-(base+1))
 		}
 	}
+	// Less the cancelled ones among them: each listed one below the boundary, or, unlisted, as many as fit.
+	boundary := base + due // the last sequence whose wait is over
+	var dueCancelled uint64
+	if cancelled != nil {
+		i, _ := slices.BinarySearch(cancelled, boundary+1)
+		dueCancelled = uint64(i)
+	} else {
+		dueCancelled = sat(nCancelled, all-due) // unlisted: those that cannot all be among the not-due ones
+	}
+	s.DueNow = min(s.Pending, due-min(due, dueCancelled))
 	return nil
+}
+
+func sat(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
 }
 
 // directGet sends one direct-get request to stream and returns the message, or nil when the stream holds none
@@ -343,7 +423,7 @@ func printStats(w io.Writer, rep *statsReport) error {
 	for _, s := range rep.Levels {
 		many = many || s.NoOwner
 	}
-	head := "LEVEL\tDELAY\tSTREAM\tPENDING\tDUE NOW\tOLDEST DUE\tBEHIND\tOFFSET\tDELIVERED\tDEAD-LETTERED"
+	head := "LEVEL\tDELAY\tSTREAM\tPENDING\tCANCELLED\tDUE NOW\tOLDEST DUE\tBEHIND\tOFFSET\tDELIVERED\tDEAD-LETTERED"
 	if many {
 		head += "\tOWNER"
 	}
@@ -361,7 +441,7 @@ func printStats(w io.Writer, rep *statsReport) error {
 			idx = "p"
 		}
 		if !s.Exists {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t(stream missing)\t\t\t\t\t\t\n", idx, s.Delay, s.Stream)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t(stream missing)\t\t\t\t\t\t\t\n", idx, s.Delay, s.Stream)
 			continue
 		}
 		oldest, behind := "-", "-"
@@ -377,8 +457,8 @@ func printStats(w io.Writer, rep *statsReport) error {
 		if s.Index != nil && *s.Index == 0 {
 			delay += " (at once)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s", idx, delay, s.Stream, s.Pending, s.DueNow,
-			oldest, behind, offset, counter(s.Delivered), counter(s.DeadLettered))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s", idx, delay, s.Stream, s.Pending, counter(s.Cancelled),
+			s.DueNow, oldest, behind, offset, counter(s.Delivered), counter(s.DeadLettered))
 		if many {
 			owner := "-"
 			if s.NoOwner {
@@ -437,16 +517,15 @@ func heldLeases(c deliver.StatsReply) string {
 	return strings.Join(held, ", ")
 }
 
-// behindText formats how far behind now a due time is: "1.5s", or "in 4m0s" when it is not due yet.
+// behindText formats a head's lateness: "1.5s", "2m58s", or "-" when it is not overdue (d <= 0).
 func behindText(d time.Duration) string {
-	prefix := ""
-	if d < 0 {
-		prefix, d = "in ", -d
+	switch {
+	case d <= 0:
+		return "-"
+	case d >= time.Minute:
+		return d.Round(time.Second).String()
 	}
-	if d >= time.Minute {
-		return prefix + d.Round(time.Second).String()
-	}
-	return prefix + d.Round(time.Millisecond).String()
+	return d.Round(time.Millisecond).String()
 }
 
 func counter(p *uint64) string {

@@ -2,7 +2,8 @@
 //
 // With no configuration it starts an embedded nats-server with JetStream on
 // nats://127.0.0.1:4222, storing data in ./delayd-data. With DELAYD_NATS_URL
-// it connects to that server or cluster instead. See README.md and SPEC.md.
+// it connects to that server or cluster instead. See README.md and
+// docs/operations.md.
 package main
 
 import (
@@ -41,6 +42,18 @@ const (
 	exitConfig = 2 // a bad configuration
 )
 
+// shutdownTimeout bounds a graceful shutdown, from the first signal to the exit: past it, delayd logs
+// msgShutdownBound with the step under way and exits with exitError (docs/operations.md#configuration,
+// the paragraph on signals).
+const shutdownTimeout = 25 * time.Second
+
+// Log messages of a shutdown that could not finish its work: delayd exits with exitError after either.
+const (
+	msgShutdownBound       = "graceful shutdown did not end in time; exiting"                // past shutdownTimeout
+	msgShutdownUnconfirmed = "offset commits unconfirmed at shutdown; exiting with an error" // a level's last offset write unacknowledged
+	msgShutdownConnLost    = "NATS connection lost during shutdown; exiting with an error"   // leases, purges and the drain unconfirmed
+)
+
 func run() int {
 	cfg, err := config.Load()
 	if err != nil {
@@ -51,14 +64,26 @@ func run() int {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// The step of the shutdown under way, for the log line of a shutdown that does not end in time.
+	var step atomic.Pointer[string]
+	setStep := func(s string) { step.Store(&s) }
+	setStep("stopping the delivery service: confirming deliveries, committing offsets, releasing leases")
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	go func() {
 		sig := <-sigs
-		logger.Info("shutting down; a second signal exits at once", slog.String("signal", sig.String()))
+		logger.Info("shutting down; a second signal exits at once", slog.String("signal", sig.String()), slog.Duration("bound", shutdownTimeout))
 		cancel()
-		sig = <-sigs
-		logger.Warn("second signal: exiting at once", slog.String("signal", sig.String()))
+		// Each step of the shutdown is bounded on its own; a server that answers nothing (an embedded one whose
+		// store was deleted) can still make them add up, so the whole is bounded too.
+		bound := time.NewTimer(shutdownTimeout)
+		select {
+		case sig = <-sigs:
+			logger.Warn("second signal: exiting at once", slog.String("signal", sig.String()))
+		case <-bound.C:
+			logger.Error(msgShutdownBound, slog.Duration("bound", shutdownTimeout), slog.String("step", *step.Load()),
+				slog.String("consequence", "offsets not committed: deliveries past the last committed offset are delivered again at the next start; leases not released expire after DELAYD_LEASE_TTL"))
+		}
 		os.Exit(exitError)
 	}()
 
@@ -80,7 +105,10 @@ func run() int {
 			return exitError
 		}
 		defer lock.Release() // after the server's shutdown below (defers run last first)
-		defer shutdownEmbedded(srv, logger)
+		defer func() {
+			setStep("shutting down the embedded nats-server")
+			shutdownEmbedded(srv, logger)
+		}()
 		url = srv.ClientURL()
 		opts = append(opts, nats.InProcessServer(srv))
 		logger.Info("embedded nats-server ready", slog.String("url", url), slog.String("store_dir", cfg.StoreDir))
@@ -117,6 +145,18 @@ func run() int {
 			svc.HandleReconnect()
 		}
 	}))
+	// A disconnect after the signal (a server found stale, a connection cut) leaves the shutdown's writes
+	// unconfirmed: lease releases, purges, the drain; the offsets may be committed all the same.
+	var lostInShutdown atomic.Bool
+	opts = append(opts, nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		if err == nil {
+			return // closed by delayd itself (the drain)
+		}
+		logger.Warn("disconnected from NATS", slog.Any("error", err))
+		if ctx.Err() != nil {
+			lostInShutdown.Store(true)
+		}
+	}))
 	nc, err := connect(url, cfg, logger, opts...)
 	if err != nil {
 		logger.Error("connect to NATS failed", slog.Any("error", err))
@@ -126,6 +166,7 @@ func run() int {
 		// Send what is buffered (the router's last ingress acks, the last
 		// offset writes) and wait for the drain before the embedded server
 		// and the process go away.
+		setStep("draining the NATS connection")
 		_ = nc.FlushTimeout(5 * time.Second)
 		if err := nc.Drain(); err == nil {
 			select {
@@ -135,6 +176,10 @@ func run() int {
 			}
 		}
 	}()
+	// Every return from here on is delayd's own stop, whatever its cause (a DELAYD_HTTP_ADDR in use, a bad service
+	// configuration, Run's error): ctx is cancelled before the drain above, so the connections' ClosedHandlers do not
+	// log a second, false cause ("NATS connection closed; stopping"). Defers run last first.
+	defer cancel()
 	// A second connection for the cancel API's id-index lookups: nats-server walks the index inline on the read loop
 	// of the connection that asks, so on nc every delivery behind a lookup would wait for it (deliver.Config.LookupConn).
 	var lookupClosing atomic.Bool
@@ -186,6 +231,8 @@ func run() int {
 		CancelLookupShare: cfg.CancelShare,
 		LookupConn:        lnc,
 		LeaseTTL:          cfg.LeaseTTL,
+		AnswerKeep:        answerKeep(cfg.AnswerKeep),
+		AnswerMaxBytes:    int64(cfg.AnswerMaxBytes),
 		Targets:           cfg.TargetPolicy(),
 		Logger:            logger,
 		OnDelivery:        func(stream string, lateness time.Duration) { m.ObserveDelivery(stream, lateness) },
@@ -196,7 +243,8 @@ func run() int {
 	}
 	m = metrics.New(svc, nc)
 	svcRef.Store(svc)
-	logger.Info("level table", slog.String("levels", cfg.Levels.String()), slog.String("publish_to", cfg.Prefix+".<subject>"), slog.String("header", contract.HeaderLevel+": 0.."+fmt.Sprint(cfg.Levels.Len())))
+	logger.Info("level table", slog.String("levels", cfg.Levels.String()), slog.String("publish_to", cfg.Prefix+".<subject>"), slog.String("header", contract.HeaderLevel+": 0.."+fmt.Sprint(cfg.Levels.Len())),
+		slog.Int("precision_levels", len(cfg.Levels.PrecisionLevels())))
 
 	if stopStats, err := svc.StartStatsAPI(); err != nil {
 		logger.Warn("stats API not served", slog.Any("error", err))
@@ -221,7 +269,6 @@ func run() int {
 		if errors.Is(err, deliver.ErrReplicasUnsupported) {
 			logger.Error("delayd cannot start: the server cannot hold replicated streams", slog.Any("error", err))
 			fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
-			cancel()
 			return exitConfig
 		}
 		if errors.Is(err, deliver.ErrReplicaMismatch) {
@@ -229,18 +276,15 @@ func run() int {
 			// replica count: this one changed nothing and must not run.
 			logger.Error("delayd cannot start: a live replica's configuration differs", slog.Any("error", err))
 			fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
-			cancel()
 			return exitConfig
 		}
 		if errors.Is(err, deliver.ErrIngressPartitionsChanged) {
 			logger.Error("delayd cannot start: DELAYD_INGRESS_PARTITIONS changed while DELAYD_INGRESS holds messages", slog.Any("error", err))
 			fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
-			cancel()
 			return exitConfig
 		}
 		if errors.Is(err, deliver.ErrHopKey) {
 			logger.Error("delayd cannot start: its hop secret in NATS is damaged", slog.Any("error", err))
-			cancel() // the connection's drain below is delayd's own, not a lost connection
 			return exitError
 		}
 		logger.Error("delayd stopped with an error", slog.Any("error", err))
@@ -249,8 +293,36 @@ func run() int {
 	if connLost.Load() {
 		return exitError
 	}
+	if lostInShutdown.Load() {
+		// Nothing is lost: what was not committed is delivered again at the next start, and leases not
+		// released are taken by others after their TTL.
+		logger.Error(msgShutdownConnLost, slog.String("consequence",
+			"leases not released are taken after their TTL; deliveries past the last acknowledged offset are delivered again"))
+		return exitError
+	}
+	if lag := unconfirmedOffsets(svc); len(lag) > 0 {
+		// Each scanner waited opTimeout for its last offset write; a server that answers nothing (an embedded one
+		// whose store was deleted) leaves them unacknowledged. Nothing is lost: the next start delivers again
+		// from the last acknowledged offset.
+		logger.Error(msgShutdownUnconfirmed, slog.String("streams", strings.Join(lag, " ")),
+			slog.String("consequence", "deliveries past the last acknowledged offset are delivered again at the next start"))
+		return exitError
+	}
 	logger.Info("delayd stopped cleanly")
 	return exitOK
+}
+
+// unconfirmedOffsets names the level streams whose last offset write was not acknowledged, with the
+// deliveries it covers ("DELAYD_1S:12"): after Run returned, the offsets its shutdown could not commit.
+func unconfirmedOffsets(svc *deliver.Service) []string {
+	_, scanners := svc.Stats()
+	var out []string
+	for _, sc := range scanners {
+		if sc.CommitLag > 0 {
+			out = append(out, fmt.Sprintf("%s:%d", sc.Stream, sc.CommitLag))
+		}
+	}
+	return out
 }
 
 // errAttr is the "error" attribute for err, or no attribute when err is
@@ -279,6 +351,13 @@ func newLogger(cfg config.Config) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
+// delayd's connections ping the server every pingInterval and take the connection for stale (and reconnect) when
+// maxPingsOut pings in a row go unanswered.
+const (
+	pingInterval = 2 * time.Second
+	maxPingsOut  = 2
+)
+
 // connect dials NATS and reconnects for ever, with jittered backoff.
 func connect(url string, cfg config.Config, logger *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
 	opts := append([]nats.Option{
@@ -289,9 +368,20 @@ func connect(url string, cfg config.Config, logger *slog.Logger, extra ...nats.O
 		nats.ReconnectJitter(250*time.Millisecond, time.Second),
 		// No reconnect buffer: a publish while disconnected fails at once
 		// (nats.ErrReconnectBufExceeded) instead of being sent after the
-		// reconnect, when this process may no longer own the work (README
-		// "Several replicas"). Every publish path retries or redelivers.
+		// reconnect, when this process may no longer own the work
+		// (docs/operations.md#several-replicas). Every publish path retries or redelivers.
 		nats.ReconnectBufSize(-1),
+		// A server that hangs (SIGSTOP, a stalled disk, a half-open network) keeps its socket open: without
+		// pings answered, nats.go takes the connection for stale only after MaxPingsOut intervals (2 minutes by
+		// default), and every request through it waits. With these, the connection is dropped within 4-6 s and
+		// nats.go reconnects to the next server of its list (the hung one goes to the list's end),
+		// docs/operations.md#what-each-failure-costs.
+		nats.PingInterval(pingInterval),
+		nats.MaxPingsOutstanding(maxPingsOut),
+		// A hung server stops reading: once the socket's buffer is full, a write blocks, holding the connection's
+		// lock, and with it every publish and the pings (nats.go waits a minute by default). A write blocked this
+		// long is a connection error: nats.go reconnects.
+		nats.FlusherTimeout(pingInterval * maxPingsOut),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				logger.Warn("disconnected from NATS", slog.Any("error", err))
@@ -343,4 +433,13 @@ func newMux(svc *deliver.Service, m *metrics.Metrics) *http.ServeMux {
 	})
 	mux.Handle("GET /metrics", m.Handler())
 	return mux
+}
+
+// answerKeep is DELAYD_ANSWER_KEEP as [deliver.Config].AnswerKeep: 0
+// ("off") is [deliver.AnswerKeepOff].
+func answerKeep(keep config.OffDuration) time.Duration {
+	if keep == 0 {
+		return deliver.AnswerKeepOff
+	}
+	return time.Duration(keep)
 }

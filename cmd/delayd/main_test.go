@@ -352,7 +352,7 @@ func TestReadyzWithoutLeases(t *testing.T) {
 // disconnected: a publish made while the server is gone fails at once
 // with nats.ErrReconnectBufExceeded, so nothing a replica published while
 // cut off (and possibly no longer owning its work) is sent after the
-// reconnect (README "Several replicas").
+// reconnect (docs/operations.md#several-replicas).
 func TestConnectNoReconnectBuffer(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t, nil)

@@ -1,4 +1,4 @@
-//go:build unix
+//go:build long && unix
 
 package cluster
 
@@ -20,7 +20,7 @@ import (
 
 // TestClusterRouterPaused stops (SIGSTOP) the replica holding the router
 // lease while the load publishes, waits until the other replica routes,
-// and continues the stopped one (README "Guarantees": the router's
+// and continues the stopped one (docs/guarantees.md#epoch-markers: the router's
 // epoch markers), three times, so each replica is the stale one at least
 // once. The stopped router may have had writes in flight, or in nats.go's
 // buffer, when it stopped; once continued it must neither lose nor double a

@@ -1,4 +1,4 @@
-//go:build unix
+//go:build long && unix
 
 package cluster
 
@@ -34,7 +34,12 @@ func TestClusterCancelTwoReplicas(t *testing.T) {
 		t.Skip("long fault test on a 3-node cluster: skipped when testing.Short()")
 	}
 	c := natstest.StartCluster(t, 3)
-	env := []string{"DELAYD_LEVELS=3s 10s", itest.KillLeaseTTLEnv}
+	// A 5 s lease TTL, not the kill tests' 500 ms: the first half's
+	// cancels must each be decided on the first try, which a lease of
+	// r0's expired by a renewal stall under -race would refuse. The kill
+	// phase retries each cancel for a minute, and its messages fall due
+	// 10 s after their publish: a 5 s wait for r0's leases fits in both.
+	env := []string{"DELAYD_LEVELS=3s 10s", "DELAYD_LEASE_TTL=5s"}
 	b := &itest.Bundle{T: t}
 	b.NC, b.JS = c.Connect(0)
 	r0 := startReplica(t, "r0", c.URLs(), env...)

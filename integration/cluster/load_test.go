@@ -40,6 +40,10 @@ type loadConfig struct {
 	// IngressPartitions is delayd's DELAYD_INGRESS_PARTITIONS: above 1, each level is that many partition
 	// streams, each checked on its own. 0 is 1.
 	IngressPartitions int
+
+	// TargetDuplicates is the stream-bound target's duplicate window. 0 is JetStream's default (2 minutes). A
+	// fault longer than it (a node hung with writes in its sockets) shows that no late write doubles a delivery.
+	TargetDuplicates time.Duration
 }
 
 // levelStreams returns the streams of level lvl: one, or one per ingress partition.
@@ -75,7 +79,7 @@ type load struct {
 	// nodeKills are the times of SIGKILLs of NATS nodes (nodeKilled): a
 	// core delivery the killed node had taken (its flush answered) but not
 	// yet forwarded over its route to the subscriber's node is gone with
-	// it (README "Non-guarantees"). Core-target messages due within
+	// it (docs/guarantees.md#a-core-delivery-between-nodes-at-a-node-kill). Core-target messages due within
 	// coreKillWindow before a kill may be missing, and are counted apart.
 	nodeKills []time.Time
 
@@ -84,7 +88,7 @@ type load struct {
 	done    chan struct{}
 	began   time.Time
 
-	// The routers' epoch markers (README "Guarantees": epoch markers) also take
+	// The routers' epoch markers (docs/guarantees.md#epoch-markers) also take
 	// level-stream sequences: base is each level stream's last sequence
 	// when the load began (markers only, since the load wrote nothing
 	// yet), baseEpoch the epoch of its newest marker then, and markers
@@ -102,7 +106,7 @@ func newLoad(t *testing.T, nc *nats.Conn, js jetstream.JetStream, cfg loadConfig
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: loadStream, Subjects: []string{loadStreamSubject + ".>"},
-		Storage: jetstream.FileStorage, Replicas: 3})
+		Storage: jetstream.FileStorage, Replicas: 3, Duplicates: cfg.TargetDuplicates})
 	if err != nil {
 		t.Fatalf("create target stream %s: %v", loadStream, err)
 	}
@@ -467,7 +471,7 @@ type loadReport struct {
 }
 
 // levelWrites compares what the load sent to a level with what its level
-// stream holds in all: README "Exactly once into the level streams" says
+// stream holds in all: docs/guarantees.md#exactly-once-into-the-level-streams says
 // the router writes each ingress message to its level stream once, so the
 // sequences the stream took since the load began, less the routers' epoch
 // markers, are the number of messages the load sent there (only the load
@@ -566,8 +570,8 @@ func (l *load) streamMsgs(stream string) uint64 {
 }
 
 // checkLevels fails the test for a level stream that holds fewer or more
-// messages than the load sent to its level (README "Exactly once into the
-// level streams"): fewer means the router lost a message before any
+// messages than the load sent to its level
+// (docs/guarantees.md#exactly-once-into-the-level-streams): fewer means the router lost a message before any
 // scanner saw it.
 func (r loadReport) checkLevels(t *testing.T) {
 	t.Helper()
@@ -643,7 +647,7 @@ func (l *load) targetReport(got []itest.Delivery, parity int, sent []time.Time) 
 }
 
 // checkStream fails the test for any message lost, early, duplicated or
-// unexpected at the stream-bound target (README "Guarantees").
+// unexpected at the stream-bound target (docs/guarantees.md#guarantees).
 func (r loadReport) checkStream(t *testing.T) {
 	t.Helper()
 	s := r.Stream
@@ -667,12 +671,12 @@ func (r loadReport) checkStream(t *testing.T) {
 
 // checkCore fails the test for any message lost, early or unexpected at
 // the core target, or for more duplicates than faults re-deliveries of one
-// scanner window per level each (README "At-least-once": a core subscriber
+// scanner window per level each (docs/guarantees.md#at-least-once: a core subscriber
 // sees at most the deliveries past the last committed offset again). The
 // one loss it allows is of messages due at a node's SIGKILL
 // ([load.nodeKilled]), up to the same bound: core NATS forwards a message
-// between nodes after it answered the publisher's flush (README
-// "Non-guarantees").
+// between nodes after it answered the publisher's flush
+// (docs/guarantees.md#a-core-delivery-between-nodes-at-a-node-kill).
 func (r loadReport) checkCore(t *testing.T, faults, window int, table levels.Table) {
 	t.Helper()
 	c := r.Core

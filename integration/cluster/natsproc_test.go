@@ -27,16 +27,7 @@ import (
 // (the version in go.mod) once per test binary, without the race detector:
 // the tests kill its processes, they do not test it.
 var natsServerBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "nats-server-bin-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "nats-server")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build nats-server: %v\n%s", err, out)
-	}
-	return bin, nil
+	return itest.BuildBinary("github.com/nats-io/nats-server/v2", "nats-server", false)
 })
 
 // procCluster is a JetStream cluster of nats-server processes on loopback,
@@ -119,6 +110,7 @@ func (c *procCluster) start(i int) {
 	cmd := exec.Command(c.bin, "-c", c.confs[i])
 	cmd.SysProcAttr = childProcAttr()
 	lg := newReplicaLog(c.t, fmt.Sprintf("N%d", i))
+	lg.hush = true
 	cmd.Stdout, cmd.Stderr = lg, lg
 	if err := cmd.Start(); err != nil {
 		c.t.Fatalf("start nats-server N%d: %v", i, err)
@@ -241,12 +233,14 @@ func (c *procCluster) Connect(i int) (*nats.Conn, jetstream.JetStream) {
 // WaitCurrent waits up to timeout until, as js sees it, every stream
 // (level streams, buckets, the test's) has a leader and every follower is
 // current, so that the next node killed does not take a stream's last
-// current copy or its quorum. It returns how long that took.
+// current copy or its quorum. It returns how long that took. It fails the
+// test with the last reason seen after timeout (three times under the
+// race detector: [itest.Liveness]).
 func (c *procCluster) WaitCurrent(js jetstream.JetStream, timeout time.Duration) time.Duration {
 	c.t.Helper()
 	start := time.Now()
 	last := "no answer"
-	itest.WaitFor(c.t, timeout, "every stream led and current", func() bool {
+	current := func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		l := js.ListStreams(ctx)
@@ -273,7 +267,14 @@ func (c *procCluster) WaitCurrent(js jetstream.JetStream, timeout time.Duration)
 			return false
 		}
 		return true
-	})
+	}
+	timeout = itest.Liveness(timeout)
+	for !current() {
+		if time.Since(start) > timeout {
+			c.t.Fatalf("timed out after %s waiting for every stream led and current (last seen: %s)", timeout, last)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if d := time.Since(start); d > time.Second {
 		c.t.Logf("every stream led and current after %s (last seen: %s)", d.Round(time.Millisecond), last)
 	}

@@ -20,7 +20,7 @@ import (
 
 // This file runs delayd replicas as separate OS processes, as a user runs
 // them: the delayd binary (built once per test binary by itest.DelaydBinary, with
-// the race detector), configured only through DELAYD_* variables, against a
+// the race detector if the test binary has it), configured only through DELAYD_* variables, against a
 // NATS cluster's client URLs. A test signals a replica by PID: kill -9,
 // SIGSTOP, SIGCONT, SIGTERM. Each replica's log goes to the test log, one
 // line per log record, prefixed with the replica's name and generation
@@ -384,6 +384,10 @@ type replicaLog struct {
 	buf    []byte
 	evs    []logEvent
 	nraces int
+	// hush: lines after the test's body has ended are not logged (kept
+	// for events and race counts): a nats-server's lines while the
+	// cleanup kills the cluster would bury the failure above them.
+	hush bool
 }
 
 func newReplicaLog(t *testing.T, prefix string) *replicaLog {
@@ -417,7 +421,9 @@ func (l *replicaLog) flush() {
 
 // line handles one line; l.mu is held.
 func (l *replicaLog) line(b []byte) {
-	l.t.Logf("%s | %s", l.prefix, b)
+	if !l.hush || l.t.Context().Err() == nil {
+		l.t.Logf("%s | %s", l.prefix, b)
+	}
 	if bytes.Contains(b, []byte("WARNING: DATA RACE")) {
 		l.nraces++
 	}
@@ -443,8 +449,8 @@ func (l *replicaLog) events() []logEvent {
 	return append([]logEvent(nil), l.evs...)
 }
 
-// races returns how many data race reports the process wrote (the binary
-// is built with -race).
+// races returns how many data race reports the process wrote (none unless
+// the binary is built with -race: itest.Race).
 func (l *replicaLog) races() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()

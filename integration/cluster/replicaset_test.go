@@ -43,7 +43,7 @@ func startReplicas(t *testing.T, natsURL string, n int, env ...string) []*replic
 }
 
 // levelKey returns the lease key of a level stream, "level.DELAYD_1S"
-// (deliver/internal/leadership.LevelKey).
+// (deliver/internal/ownership.LevelKey).
 func levelKey(stream string) string { return "level." + stream }
 
 // routerKey is the router's lease key.

@@ -3,10 +3,14 @@ package lease
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
+	"net"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/internal/natstest"
@@ -162,6 +166,46 @@ func TestPausedHolderTakeover(t *testing.T) {
 	}
 	if next.Epoch != old.Epoch+1 {
 		t.Fatalf("epochs %d then %d, want +1", old.Epoch, next.Epoch)
+	}
+}
+
+// TestHeldExactPastDeadline: Held reads the clock, so it is false from the
+// fence on even when the expiry timer has not ended the term (a timer that
+// fires late, as in a busy or paused process): with renewals paused and
+// the timer held back, the term is still running past Deadline, and Held
+// must say it is not valid. Once the timer is let go, the term ends with
+// ErrExpired.
+func TestHeldExactPastDeadline(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = time.Second
+	a := newLease(t, b.bucket, "router", "A", ttl, 0)
+	acquire(t, a, 5*time.Second)
+	a.PauseRenewals(true)
+	a.HoldExpiry(true)
+	epoch, valid := a.Held()
+	fence, ok := a.Deadline()
+	if !valid || !ok {
+		t.Fatalf("just acquired: Held() = %d, %v; Deadline() = %v, %v; want valid", epoch, valid, fence, ok)
+	}
+	for !time.Now().After(fence) {
+		time.Sleep(time.Until(fence) + time.Millisecond)
+	}
+	gotEpoch, valid := a.Held()
+	after, ok := a.Deadline()
+	switch {
+	case !ok || !after.Equal(fence):
+		t.Fatalf("the term ended or moved its fence with renewals paused and the timer held: Deadline() = %v, %v, want %v", after, ok, fence)
+	case a.Context().Err() != nil:
+		t.Fatalf("the term's context ended with the expiry timer held: %v", context.Cause(a.Context()))
+	case valid:
+		t.Fatalf("Held() = %d, true %s past Deadline(), with the expiry timer held back: want false from the fence on", gotEpoch, time.Since(fence))
+	case gotEpoch != epoch:
+		t.Fatalf("Held() epoch %d past the fence, want the term's %d", gotEpoch, epoch)
+	}
+	a.HoldExpiry(false)
+	if info := waitEnded(t, a, 5*time.Second); !errors.Is(info.Cause, ErrExpired) {
+		t.Fatalf("term ended with %v once the timer was let go, want ErrExpired", info.Cause)
 	}
 }
 
@@ -469,5 +513,260 @@ func TestDeletedByHandWaits(t *testing.T) {
 	}
 	if !ta.ValidUntil.Before(tc.Acquired) || tc.Epoch <= ta.Epoch {
 		t.Fatalf("A %+v and B %+v overlap or do not increase the epoch", ta, tc)
+	}
+}
+
+// replyProxy is a TCP proxy to a server whose bytes to the client it can
+// hold (the client's to the server always pass): a reply the server sent
+// and the client has not read yet.
+type replyProxy struct {
+	ln   net.Listener
+	mu   sync.Mutex
+	gate chan struct{} // closed while passing
+}
+
+func startReplyProxy(t *testing.T, target string) *replyProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &replyProxy{ln: ln, gate: make(chan struct{})}
+	close(p.gate)
+	t.Cleanup(func() { _ = ln.Close(); p.pass() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			t.Cleanup(func() { _ = c.Close(); _ = up.Close() })
+			go func() { _, _ = io.Copy(up, c) }()
+			go func() {
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := up.Read(buf)
+					if n > 0 {
+						p.mu.Lock()
+						gate := p.gate
+						p.mu.Unlock()
+						<-gate
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+// hold holds the server's bytes from now on, until pass.
+func (p *replyProxy) hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.gate:
+		p.gate = make(chan struct{})
+	default:
+	}
+}
+
+func (p *replyProxy) pass() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.gate:
+	default:
+		close(p.gate)
+	}
+}
+
+// holdGate holds the server's replies at the claim before an acquiring
+// write: the write is stored, its reply not read.
+type holdGate struct{ p *replyProxy }
+
+func (g holdGate) Claim(string, time.Duration) (func(), bool) {
+	g.p.hold()
+	return func() {}, true
+}
+
+// TestCancelledAcquireReleased: a replica stopped while it takes a lease
+// (its context cancelled while the acquiring write is in flight) must not
+// leave the write stored with no term of its: every other replica would
+// wait one TTL for the lease. Here the server stores A's write and holds
+// its reply until A's context is cancelled; then B must take the lease at
+// once.
+func TestCancelledAcquireReleased(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	bucketAt := func(url string) *Bucket {
+		nc, err := nats.Connect(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := OpenBucket(testCtx(t, 10*time.Second), js, BucketConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	direct := bucketAt(srv.ClientURL())
+	p := startReplyProxy(t, srv.Addr().String())
+	const key, ttl = "level.DELAYD_1M", time.Minute
+	a, err := New(bucketAt("nats://"+p.ln.Addr().String()), Config{Key: key, Holder: "A", TTL: ttl, Gate: holdGate{p}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newLease(t, direct, key, "B", ttl, 0)
+	ctx, cancel := context.WithCancel(testCtx(t, 30*time.Second))
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.TryAcquire(ctx)
+		done <- err
+	}()
+	for stored := false; !stored; {
+		if e, err := direct.kv.Get(testCtx(t, 5*time.Second), key); err == nil {
+			v, _ := DecodeValue(e.Value())
+			stored = v.Holder == "A"
+		}
+		if ctx.Err() != nil {
+			t.Fatal("A's write not stored")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	var aerr error
+	returned := false
+	select {
+	case aerr = <-done: // returned at the cancel, its reply unread
+		returned = true
+	case <-time.After(time.Second): // waits for its write's reply
+	}
+	p.pass()
+	if !returned {
+		aerr = <-done
+	}
+	if !errors.Is(aerr, context.Canceled) {
+		t.Fatalf("A's TryAcquire: %v, want context.Canceled", aerr)
+	}
+	if _, valid := a.Held(); valid {
+		t.Fatal("A holds a term after its cancelled TryAcquire")
+	}
+	held, err := c.TryAcquire(testCtx(t, 5*time.Second))
+	if err != nil || !held {
+		t.Fatalf("B's TryAcquire: %v, %v; want held at once (A's stored write left for its TTL)", held, err)
+	}
+	if tb := c.LastTerm(); tb.Epoch != 2 {
+		t.Fatalf("B holds epoch %d, want 2", tb.Epoch)
+	}
+}
+
+// countHandler counts the records whose message is msg, by level.
+type countHandler struct {
+	msg  string
+	mu   sync.Mutex
+	byLv map[slog.Level]int
+}
+
+func (h *countHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.mu.Lock()
+		h.byLv[r.Level]++
+		h.mu.Unlock()
+	}
+	return nil
+}
+func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countHandler) WithGroup(string) slog.Handler      { return h }
+
+func (h *countHandler) counts() (all, warn int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for lv, n := range h.byLv {
+		all += n
+		if lv >= slog.LevelWarn {
+			warn += n
+		}
+	}
+	return all, warn
+}
+
+// TestAcquireFailuresBackOff: a waiting Acquire whose tries fail at once
+// (its connection closed here; a reconnecting connection whose buffer is
+// full fails every request at once the same way) tries again at most
+// every acquireRetryMin, and logs the first failure at warn, not each one.
+// Past the holder's expiry as last seen, nothing else spaces the tries: on
+// the code before, B tried (and logged a warning) about once a
+// millisecond, as r0 did in CI while cut off (TestReplicasCutOff).
+func TestAcquireFailuresBackOff(t *testing.T) {
+	t.Parallel()
+	nc, js := natstest.Connect(t)
+	bucket, err := OpenBucket(testCtx(t, 10*time.Second), js, BucketConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = 600 * time.Millisecond
+	a := newLease(t, bucket, "level.DELAYD_5S", "A", ttl, 0)
+	acquire(t, a, 5*time.Second)
+
+	// B on a connection of its own, which the test closes.
+	nc2, err := nats.Connect(nc.ConnectedUrl())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc2.Close()
+	js2, err := jetstream.New(nc2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket2, err := BindBucket(testCtx(t, 10*time.Second), js2, BucketConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &countHandler{msg: "lease acquire failed; retrying", byLv: map[slog.Level]int{}}
+	bl, err := New(bucket2, Config{Key: "level.DELAYD_5S", Holder: "B", TTL: ttl, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- bl.Acquire(ctx) }()
+	time.Sleep(ttl / 2) // B has read the key: A holds it
+	if holder, ok := bl.Observed(); !ok || holder != "A" {
+		t.Fatalf("B observed %q (%v), want A", holder, ok)
+	}
+	nc2.Close()
+	const watch = 2 * time.Second // past the expiry B last saw: ttl after its last read
+	time.Sleep(watch)
+	all, warn := logs.counts()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("B's Acquire: %v, want context.Canceled", err)
+	}
+	t.Logf("%d failed tries in %s after the close (%d at warn)", all, watch, warn)
+	if most := int(watch/acquireRetryMin) + 10; all > most {
+		t.Errorf("%d failed tries in %s, want at most %d: tries %s apart at least", all, watch, most, acquireRetryMin)
+	}
+	if all == 0 {
+		t.Error("no failed try logged: the close did not fail B's tries")
+	}
+	if warn > 1 {
+		t.Errorf("%d failed tries logged at warn, want only the first", warn)
 	}
 }

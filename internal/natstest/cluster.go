@@ -226,7 +226,9 @@ func ConnectNode(t testing.TB, urls []string, i int) (*nats.Conn, jetstream.JetS
 			ordered = append(ordered, u)
 		}
 	}
-	nc, err := nats.Connect(strings.Join(ordered, ","), nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(strings.Join(ordered, ","), nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+		// As delayd's own connections (cmd/delayd): a hung node is left within 4-6 s.
+		nats.PingInterval(2*time.Second), nats.MaxPingsOutstanding(2), nats.FlusherTimeout(4*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

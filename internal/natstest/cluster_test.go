@@ -87,14 +87,24 @@ func TestClusterR3BucketSurvivesNode(t *testing.T) {
 	}
 	// Read the restarted node's own copy (direct get is served by any
 	// replica; a connection to that node only asks it).
+	// A bound of its own: the catch-up above may have spent most of the
+	// first one on a loaded machine (CI under -race: 45 s ran out here).
+	ctx, cancel = context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
 	_, js3 := c.Connect(leader)
-	st, err := js3.Stream(ctx, "KV_R3TEST")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := st.GetLastMsgForSubject(ctx, "$KV.R3TEST.k2")
-	if err != nil || string(m.Data) != "after" || m.Sequence != rev {
-		t.Fatalf("restarted node's bucket: k2 = %v, %v; want %q at revision %d", m, err, "after", rev)
+	// Stream info is answered by the stream's leader, which may be moving
+	// as the node rejoins: each attempt gets its own short timeout.
+	var m *jetstream.RawStreamMsg
+	retry(ctx, t, "read k2 from the restarted node", func(ctx context.Context) error {
+		st, err := js3.Stream(ctx, "KV_R3TEST")
+		if err != nil {
+			return err
+		}
+		m, err = st.GetLastMsgForSubject(ctx, "$KV.R3TEST.k2")
+		return err
+	})
+	if string(m.Data) != "after" || m.Sequence != rev {
+		t.Fatalf("restarted node's bucket: k2 = %q at revision %d; want %q at revision %d", m.Data, m.Sequence, "after", rev)
 	}
 }
 

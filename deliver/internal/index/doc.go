@@ -4,8 +4,8 @@
 // formats (the [Record] and [Tombstone] codecs), the keys, the slot
 // subjects, the batching of index writes ([Group]), lookups ([Lookup]),
 // stream creation ([EnsureStreams]) and trims ([Trim]). Which component
-// writes, looks up and trims when is deliver's business (README "Cancel",
-// "State in NATS").
+// writes, looks up and trims when is deliver's business (docs/guide.md#cancel,
+// docs/operations.md#state-in-nats-missing-garbled-from-another-table).
 //
 // Cancel and merge need "where is the message with this id (or merge key)
 // now" without per-message memory in delayd or in the server. The router

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/internal/hedge"
 )
 
 // EnsureStreams creates or updates [Stream] and [CancelStream] with
@@ -59,7 +60,59 @@ func Lookup(ctx context.Context, reader *jswire.BatchReader, key string, perRead
 // [jswire.BatchReader.EachOnSubjectPaced]); pace's error is returned
 // wrapped like the reads'.
 func LookupPaced(ctx context.Context, reader *jswire.BatchReader, key string, perRead time.Duration, pace func(context.Context) (func(), error)) (rec Record, ok bool, err error) {
+	rec, ok, _, err = lookup(ctx, reader, key, perRead, pace)
+	return rec, ok, err
+}
+
+// LookupLatest is [LookupPaced] reading at least every record the
+// stream's leader had stored on key's slot when it was called: it reads
+// the slot's last sequence from the leader first ([jswire.LastOnSubject]),
+// then walks the slot, and walks it again (after a pause of 10 ms, doubling
+// up to 200 ms) while the walk ended below that sequence, as it does when a
+// replica behind the leader answered the direct gets (or until the leader
+// holds nothing on the slot: a trim purged it). So a record whose write was
+// acknowledged before the call is seen. nc is for the leader's reads.
+// Errors are the reads' and ctx's, wrapped as "index lookup: ...".
+func LookupLatest(ctx context.Context, nc *nats.Conn, reader *jswire.BatchReader, key string, perRead time.Duration, pace func(context.Context) (func(), error)) (rec Record, ok bool, err error) {
+	last, found, err := lastOnSlot(ctx, nc, key, perRead)
+	pause := 10 * time.Millisecond
+	for {
+		if err != nil {
+			return Record{}, false, err
+		}
+		rec, ok, seen, err := lookup(ctx, reader, key, perRead, pace)
+		if err != nil || !found || seen >= last {
+			return rec, ok, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Record{}, false, fmt.Errorf("index lookup: %w", ctx.Err())
+		case <-t.C:
+		}
+		pause = min(2*pause, 200*time.Millisecond)
+		_, found, err = lastOnSlot(ctx, nc, key, perRead) // still the walk's bound: last
+	}
+}
+
+// lastOnSlot reads the sequence of the last message on key's slot from
+// [Stream]'s leader; found is false if the slot holds none.
+func lastOnSlot(ctx context.Context, nc *nats.Conn, key string, perRead time.Duration) (last uint64, found bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, perRead)
+	defer cancel()
+	_, last, found, err = jswire.LastOnSubject(ctx, nc, Stream, Subject(key))
+	if err != nil {
+		return 0, false, fmt.Errorf("index lookup: %w", err)
+	}
+	return last, found, nil
+}
+
+// lookup is [LookupPaced], also returning the highest sequence of the
+// slot's messages it read (0 if none).
+func lookup(ctx context.Context, reader *jswire.BatchReader, key string, perRead time.Duration, pace func(context.Context) (func(), error)) (rec Record, ok bool, seen uint64, err error) {
 	err = reader.EachOnSubjectPaced(ctx, Stream, Subject(key), Batch, perRead, pace, func(m *nats.Msg, at uint64) {
+		seen = max(seen, at)
 		DecodeRecords(m.Data, func(r Record) {
 			if r.Key == key && at >= rec.At {
 				r.At = at // later records in one message are later placements
@@ -68,9 +121,9 @@ func LookupPaced(ctx context.Context, reader *jswire.BatchReader, key string, pe
 		})
 	})
 	if err != nil {
-		return Record{}, false, fmt.Errorf("index lookup: %w", err)
+		return Record{}, false, 0, fmt.Errorf("index lookup: %w", err)
 	}
-	return rec, ok, nil
+	return rec, ok, seen, nil
 }
 
 // ServerNow is the server's clock, from [Stream]'s info (its reply's
@@ -87,9 +140,13 @@ func ServerNow(ctx context.Context, js jetstream.JetStream) time.Time {
 // a server time; a zero cutoff is the server's time now (from the stream
 // info's reply; nothing is purged if it has none). It purges by sequence:
 // every record below the first one stored at or after cutoff - keep, or
-// every record if none is that new. Errors are the server requests'
-// (stream info, the time lookup by direct get, the purge).
-func Trim(ctx context.Context, js jetstream.JetStream, cutoff time.Time, keep time.Duration) error {
+// every record if none is that new. If before is not nil, it is called
+// first with the sequences to purge, [first, end), and returns the
+// sequence up to which they may go (end, or less to purge a part now and
+// the rest at the next trim): the caller keeps what it needs of them
+// (the answers). Errors are the server requests' (stream info, the time
+// lookup by direct get, the purge) and before's.
+func Trim(ctx context.Context, js jetstream.JetStream, cutoff time.Time, keep time.Duration, before func(ctx context.Context, first, end uint64) (uint64, error)) error {
 	stream, err := js.Stream(ctx, Stream)
 	if err != nil {
 		return err
@@ -113,17 +170,40 @@ func Trim(ctx context.Context, js jetstream.JetStream, cutoff time.Time, keep ti
 	} else if err != nil {
 		return err
 	}
+	// An index that never held a record has FirstSeq 0; sequences start at 1.
+	if from := max(stream.CachedInfo().State.FirstSeq, 1); before != nil && first > from {
+		if first, err = before(ctx, from, first); err != nil {
+			return err
+		}
+	}
 	if first <= 1 {
 		return nil
 	}
 	return stream.Purge(ctx, jetstream.WithPurgeSequence(first))
 }
 
+// SeqAt returns the sequence of the index's first message stored at or
+// after t, a server time, or the stream's last sequence + 1 if none is
+// that new: the messages below it were stored before t.
+func SeqAt(ctx context.Context, js jetstream.JetStream, t time.Time) (uint64, error) {
+	seq, err := firstAtOrAfter(ctx, js, t)
+	if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return seq, err
+	}
+	stream, err := js.Stream(ctx, Stream)
+	if err != nil {
+		return 0, err
+	}
+	return stream.CachedInfo().State.LastSeq + 1, nil
+}
+
 // firstAtOrAfter returns the sequence of the index's first record stored at
 // or after t; [jetstream.ErrMsgNotFound] if there is none.
 func firstAtOrAfter(ctx context.Context, js jetstream.JetStream, t time.Time) (uint64, error) {
 	req := fmt.Sprintf(`{"start_time":%q}`, t.UTC().Format(time.RFC3339Nano))
-	resp, err := js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET."+Stream, []byte(req))
+	resp, err := hedge.Do(ctx, hedge.After, func(ctx context.Context) (*nats.Msg, error) { // any replica may answer
+		return js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET."+Stream, []byte(req))
+	})
 	if err != nil {
 		return 0, err
 	}

@@ -3,11 +3,14 @@ package jswire
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/internal/hedge"
 )
 
 // HeaderSequence is the header JetStream adds to every message a direct
@@ -34,7 +37,14 @@ type BatchReader struct {
 	sub   *nats.Subscription
 	ch    chan *nats.Msg
 	reqID atomic.Uint64
+
+	maxBatch int
+	resend   bool // see ResendUnanswered; set before the first read
 }
+
+// ResendUnanswered makes each read not answered within hedge.After be sent
+// again (see [BatchReader.ReadSubject]). Call it before the first read.
+func (r *BatchReader) ResendUnanswered() { r.resend = true }
 
 // NewBatchReader subscribes an inbox for reads of up to maxBatch messages
 // each (larger reads work, but replies beyond the buffer are dropped by the
@@ -42,12 +52,13 @@ type BatchReader struct {
 func NewBatchReader(nc *nats.Conn, maxBatch int) (*BatchReader, error) {
 	inbox := nc.NewInbox()
 	// One request is in flight at a time; room for it and a late one.
+	// (A read's resends have their own inboxes: [BatchReader.ReadSubject].)
 	ch := make(chan *nats.Msg, 2*maxBatch+16)
 	sub, err := nc.ChanSubscribe(inbox+".*", ch)
 	if err != nil {
 		return nil, fmt.Errorf("subscribe direct-get inbox: %w", err)
 	}
-	return &BatchReader{nc: nc, inbox: inbox, sub: sub, ch: ch}, nil
+	return &BatchReader{nc: nc, inbox: inbox, sub: sub, ch: ch, maxBatch: maxBatch}, nil
 }
 
 // Close unsubscribes the inbox.
@@ -130,8 +141,6 @@ const headerNumPending = "Nats-Num-Pending"
 // ReadSubject is [BatchReader.Read] restricted to messages on subject (a
 // literal subject, or "" for all), with JetStream's next_by_subj.
 func (r *BatchReader) ReadSubject(ctx context.Context, stream, subject string, dst []*nats.Msg, from uint64, n, maxBytes int) ([]*nats.Msg, error) {
-	id := r.reqID.Add(1)
-	reply := r.inbox + "." + strconv.FormatUint(id, 10)
 	var req [160]byte
 	b := append(req[:0], `{"seq":`...)
 	b = strconv.AppendUint(b, from, 10)
@@ -144,18 +153,66 @@ func (r *BatchReader) ReadSubject(ctx context.Context, stream, subject string, d
 	b = append(b, `,"max_bytes":`...)
 	b = strconv.AppendInt(b, int64(maxBytes), 10)
 	b = append(b, '}')
-	if err := r.nc.PublishMsg(&nats.Msg{Subject: "$JS.API.DIRECT.GET." + stream, Reply: reply, Data: b}); err != nil {
-		return dst, fmt.Errorf("direct get: %w", err)
+	// Any replica of the stream may answer, and one that hangs never does:
+	// with ResendUnanswered, a read not answered within hedge.After is sent again, every
+	// hedge.After up to readTries in all, and the first try to answer is
+	// the one read. The first try replies to the shared inbox; each resend
+	// to an inbox of its own, unsubscribed when the read ends, so that a
+	// hung server's answers when it resumes reach no one (the shared
+	// inbox's buffer has room for one late answer, not for many).
+	replies := make([]string, 0, 2)
+	var (
+		resent chan *nats.Msg // the resends' answers; nil until the first resend
+		subs   []*nats.Subscription
+	)
+	defer func() {
+		for _, sub := range subs {
+			_ = sub.Unsubscribe()
+		}
+	}()
+	send := func(reply string) error {
+		replies = append(replies, reply)
+		if err := r.nc.PublishMsg(&nats.Msg{Subject: "$JS.API.DIRECT.GET." + stream, Reply: reply, Data: b}); err != nil {
+			return fmt.Errorf("direct get: %w", err)
+		}
+		return nil
 	}
+	if err := send(r.inbox + "." + strconv.FormatUint(r.reqID.Add(1), 10)); err != nil {
+		return dst, err
+	}
+	resend := time.NewTimer(hedge.After)
+	defer resend.Stop()
+	reply := "" // the try being read, once one answered
 	for {
 		var m *nats.Msg
 		select {
 		case <-ctx.Done():
 			return dst, fmt.Errorf("direct get: %w", ctx.Err())
+		case <-resend.C:
+			if r.resend && reply == "" && len(replies) < readTries {
+				if resent == nil {
+					resent = make(chan *nats.Msg, 2*r.maxBatch+16)
+				}
+				inbox := r.nc.NewInbox()
+				sub, err := r.nc.ChanSubscribe(inbox, resent)
+				if err != nil {
+					return dst, fmt.Errorf("direct get: subscribe: %w", err)
+				}
+				subs = append(subs, sub)
+				if err := send(inbox); err != nil {
+					return dst, err
+				}
+				resend.Reset(hedge.After)
+			}
+			continue
 		case m = <-r.ch:
+		case m = <-resent:
+		}
+		if reply == "" && slices.Contains(replies, m.Subject) {
+			reply = m.Subject
 		}
 		if m.Subject != reply {
-			continue // a late reply to an earlier, abandoned request
+			continue // a reply to another try, or to an earlier, abandoned read
 		}
 		if m.Header.Get(HeaderSequence) == "" {
 			// A status, not a message: every stored message comes back with
@@ -172,3 +229,7 @@ func (r *BatchReader) ReadSubject(ctx context.Context, stream, subject string, d
 		dst = append(dst, m)
 	}
 }
+
+// readTries bounds the tries of one read: the first and its resends (at
+// hedge.After, 8 s of them).
+const readTries = 16

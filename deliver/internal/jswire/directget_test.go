@@ -262,3 +262,61 @@ func TestEachOnSubjectPaced(t *testing.T) {
 		t.Errorf("pace refusing the second read: %v, seen %d, reads %d; want %v, 8, 1", err, seen, requests()-before, stop)
 	}
 }
+
+// TestBatchReaderResendsUnanswered: a read that no server answers within
+// hedge.After is sent again, and the try that answers is read. A
+// responder on the direct-get subject stands in for a stream's replicas:
+// it swallows the first request (a replica that hangs) and answers the
+// second with one stored message and the end of the batch, then answers
+// the first late: the next read does not take that late answer for its
+// own.
+func TestBatchReaderResendsUnanswered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	reqs := make(chan *nats.Msg, 8)
+	sub, err := b.nc.ChanSubscribe("$JS.API.DIRECT.GET.HUNG", reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	answer := func(reply, data string) {
+		ans := nats.NewMsg(reply)
+		ans.Header.Set(HeaderSequence, "7")
+		ans.Data = []byte(data)
+		_ = b.nc.PublishMsg(ans)
+		eob := nats.NewMsg(reply)
+		eob.Header.Set("Status", "204")
+		_ = b.nc.PublishMsg(eob)
+	}
+	r, err := NewBatchReader(b.nc, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ResendUnanswered()
+	defer r.Close()
+	read := func() ([]*nats.Msg, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return r.Read(ctx, "HUNG", nil, 1, 4, 1<<20)
+	}
+	firsts := make(chan *nats.Msg, 1)
+	go func() {
+		firsts <- <-reqs // the hung replica: no answer yet
+		second := <-reqs
+		answer(second.Reply, "from the live replica")
+	}()
+	msgs, err := read()
+	if err != nil {
+		t.Fatalf("read with its first try unanswered: %v", err)
+	}
+	if len(msgs) != 1 || string(msgs[0].Data) != "from the live replica" {
+		t.Fatalf("read %d messages, want the live replica's one", len(msgs))
+	}
+	late := <-firsts
+	answer(late.Reply, "late, from the hung replica")
+	go func() { answer((<-reqs).Reply, "the next read's") }()
+	msgs, err = read()
+	if err != nil || len(msgs) != 1 || string(msgs[0].Data) != "the next read's" {
+		t.Fatalf("next read: %d messages (%v), want its own one", len(msgs), err)
+	}
+}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/hedge"
 )
 
 // LastOnSubject reads the headers and sequence of stream's last message on
@@ -21,7 +23,11 @@ func LastOnSubject(ctx context.Context, nc *nats.Conn, stream, subject string) (
 	req, _ := json.Marshal(struct {
 		LastBySubject string `json:"last_by_subj"`
 	}{subject})
-	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	// Only the leader answers: sent again every hedge.AfterLeader, to
+	// reach a new leader once one is elected if this one hangs.
+	m, err := hedge.Do(ctx, hedge.AfterLeader, func(ctx context.Context) (*nats.Msg, error) {
+		return nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	})
 	if err != nil {
 		return nil, 0, false, fmt.Errorf("message get from %s: %w", stream, err)
 	}

@@ -5,29 +5,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
 	"time"
 )
 
-// DelaydBinary builds cmd/delayd once per test binary.
-var DelaydBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "delayd-bin-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "delayd")
-	out, err := exec.Command("go", "build", "-race", "-o", bin, "github.com/delayd/delayd/cmd/delayd").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
-
 // killLeaseTTL is the lease TTL of the kill -9 tests' delayd processes: a
 // process started after a SIGKILL routes and delivers only once its dead
-// predecessor's leases have been unchanged that long (README "A restart
-// after a crash waits the lease TTL"), so each kill comes that much later
+// predecessor's leases have been unchanged that long
+// (docs/guarantees.md#a-restart-after-a-crash), so each kill comes that much later
 // than before leases, and the TTL is shorter than the default to keep the
 // tests' length.
 const (
@@ -41,7 +26,8 @@ type Process struct {
 	Out *SyncWriter // its stdout and stderr
 }
 
-// StartProcess runs the delayd binary against the test's server. Call it
+// StartProcess runs the delayd binary against the test's server, with the
+// lease TTL [LeaseTTL] unless env sets DELAYD_LEASE_TTL. Call it
 // from the test's goroutine only; other goroutines use tryStartProcess.
 func (b *Bundle) StartProcess(env ...string) *Process {
 	b.T.Helper()
@@ -67,8 +53,9 @@ func (b *Bundle) TryStartProcess(env ...string) (*Process, error) {
 		"DELAYD_LOG_LEVEL=warn",
 		// Cancel tests check answers, not pacing: lookups may take a
 		// whole core (the default paces them to a tenth:
-		// TestCancelStormAnswered, and deliver's TestLookupGate).
+		// TestCancelStormAnswered, and deliver/internal/cancelapi's TestLookupPacer).
 		"DELAYD_CANCEL_SHARE=1",
+		"DELAYD_LEASE_TTL="+LeaseTTL.String(), // env may set another (KillLeaseTTLEnv): the last value counts
 	)
 	cmd.Env = append(cmd.Env, env...)
 	out := &SyncWriter{W: &bytes.Buffer{}}

@@ -3,29 +3,12 @@ package itest
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
-
-// delayctlBinary builds cmd/delayctl once per test binary.
-var delayctlBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "delayctl-bin-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "delayctl")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/delayd/delayd/cmd/delayctl").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
 
 // CtlResult is one delayctl run.
 type CtlResult struct {

@@ -30,6 +30,7 @@ type Bundle struct {
 	JS       jetstream.JetStream
 	Svc      *deliver.Service
 	stopSvc  func()
+	running  int // services StartDelayd started and that have not been stopped
 }
 
 // StartServer starts a JetStream nats-server on a free loopback port with
@@ -66,10 +67,25 @@ func (b *Bundle) Connect() {
 	b.NC, b.JS = nc, js
 }
 
+// LeaseTTL is the lease TTL of the delayd services and processes the
+// harness starts ([Bundle.StartDelayd], [Bundle.StartProcess]) unless a
+// test sets its own. These tests have one delayd and no takeover to wait
+// for, so a TTL ten times the default 1.5 s costs nothing, and CPU
+// starvation cannot expire it: under -race on a busy 2-core machine
+// renewals stalled 1.35 s at once, the leases expired, and the levels'
+// re-deliveries after taking them back (at-least-once) broke exact
+// counts. Tests about failover set a short TTL explicitly
+// ([KillLeaseTTL]); a service that loses its connection still takes its
+// own lease back at once when it reconnects.
+const LeaseTTL = 15 * time.Second
+
 // StartDelayd runs a delayd service with the level table and waits until it
-// is ready. It is stopped at cleanup, or by b.stopDelayd.
+// is ready. Its lease TTL is [LeaseTTL] unless mod sets another. It is stopped at cleanup, or by b.stopDelayd.
 func (b *Bundle) StartDelayd(table string, mod ...func(*deliver.Config)) {
 	b.T.Helper()
+	// A service already running in this bundle makes this one a replica:
+	// it owns only its share of the leases.
+	replica := b.running > 0
 	var svcRef atomic.Pointer[deliver.Service]
 	nc, err := nats.Connect(b.Srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
 		nats.ReconnectBufSize(-1), // as cmd/delayd: nothing sent after a reconnect that was made before it
@@ -88,7 +104,7 @@ func (b *Bundle) StartDelayd(table string, mod ...func(*deliver.Config)) {
 	}
 	// Cancel tests check answers, not pacing: lookups may take a whole
 	// core (TestCancelStormAnswered runs with the default).
-	cfg := deliver.Config{Prefix: "delay", Levels: levels.MustParse(table), Logger: Logger(b.T), CancelLookupShare: 1}
+	cfg := deliver.Config{Prefix: "delay", Levels: levels.MustParse(table), Logger: Logger(b.T), CancelLookupShare: 1, LeaseTTL: LeaseTTL}
 	for _, m := range mod {
 		m(&cfg)
 	}
@@ -104,6 +120,7 @@ func (b *Bundle) StartDelayd(table string, mod ...func(*deliver.Config)) {
 	b.Svc = svc
 	b.stopSvc = func() {
 		once.Do(func() {
+			b.running--
 			cancel()
 			select {
 			case err := <-done:
@@ -116,8 +133,25 @@ func (b *Bundle) StartDelayd(table string, mod ...func(*deliver.Config)) {
 			nc.Close()
 		})
 	}
+	b.running++
 	b.T.Cleanup(b.stopSvc)
 	WaitFor(b.T, 20*time.Second, "delayd ready", svc.Ready)
+	// Ready does not wait for leases (holding none is ready). The only
+	// bidder here, the service takes every level's lease; wait until each
+	// level's scanner has started, so the level decides cancels and merge
+	// checks from the first message on. Until then a merge check counts
+	// the first message as not pending (docs/guide.md#merge-delay-merge-key),
+	// which missed merges under -race on a loaded CI machine (TestMerge).
+	// A replica waits only for the scanners it owns.
+	WaitFor(b.T, 20*time.Second, "every level's scanner started", func() bool {
+		_, ss := svc.Stats()
+		for _, s := range ss {
+			if (s.Owner || !replica) && (!s.Owner || s.Steps == 0) {
+				return false
+			}
+		}
+		return len(ss) > 0
+	})
 }
 
 // StopDelayd stops the delayd service started by StartDelayd and waits up to
@@ -205,9 +239,11 @@ func (c *Collector) Snapshot() []Received {
 	return slices.Clone(c.msgs)
 }
 
-// Wait waits until n deliveries arrived, or fails the test after timeout.
+// Wait waits until n deliveries arrived, or fails the test after timeout
+// (three times timeout under the race detector: [Liveness]).
 func (c *Collector) Wait(t *testing.T, n int, timeout time.Duration) []Received {
 	t.Helper()
+	timeout = Liveness(timeout)
 	deadline := time.After(timeout)
 	for {
 		if got := c.Snapshot(); len(got) >= n {
@@ -221,9 +257,24 @@ func (c *Collector) Wait(t *testing.T, n int, timeout time.Duration) []Received 
 	}
 }
 
-// WaitFor polls cond until it holds, or fails the test.
+// Liveness returns how long to wait for something that must happen, given
+// timeout for a plain build: three times timeout under the race detector
+// ([Race]), which slows delayd and JetStream several times over. Only a
+// wait whose expiry fails the test is a liveness bound; a bound that is
+// the property under test (late by less than, before the fence) must not
+// go through it.
+func Liveness(timeout time.Duration) time.Duration {
+	if Race {
+		return 3 * timeout
+	}
+	return timeout
+}
+
+// WaitFor polls cond until it holds, or fails the test after timeout
+// (three times timeout under the race detector: [Liveness]).
 func WaitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	timeout = Liveness(timeout)
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {

@@ -32,7 +32,7 @@ type Delivery struct {
 func (d Delivery) Early() bool { return d.Due.IsZero() || d.At.Before(d.Due) }
 
 // Recorder records the deliveries a test sees and checks the invariants of
-// README "Guarantees" on them, one check per method:
+// docs/guarantees.md#guarantees on them, one check per method:
 //
 //   - never early: every delivery is stored (stream-bound target) or received
 //     (core subscriber) at or after its Delay-Due-At;

@@ -7,8 +7,8 @@ import (
 )
 
 // MarkerSubjects are the subjects of the routers' epoch markers in the
-// level streams, "delayd.level.<level name>.delayd.router.epoch" (README
-// "Guarantees": epoch markers).
+// level streams, "delayd.level.<level name>.delayd.router.epoch"
+// (docs/guarantees.md#epoch-markers).
 const MarkerSubjects = "delayd.level.*.delayd.router.epoch"
 
 // LevelCount returns how many messages level stream name holds, not

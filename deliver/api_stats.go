@@ -1,0 +1,36 @@
+package deliver
+
+import "github.com/delayd/delayd/deliver/internal/cancelapi"
+
+// CancelStats counts the cancel API's answers.
+type CancelStats struct {
+	Cancelled, NotFound, AlreadyDelivered uint64
+	// Busy counts requests answered [ErrCancelBusy] without a look: they
+	// arrived while [CancelQueueMax] waited.
+	Busy uint64
+}
+
+// StatusStats counts the status API's answers
+// (docs/guide.md#status-ask-without-cancelling), as [CancelStats] counts
+// the cancel API's.
+type StatusStats struct {
+	Pending, Cancelled, NotFound, AlreadyDelivered uint64
+	// Busy counts requests answered [ErrCancelBusy] without a look: they
+	// arrived while [CancelQueueMax] waited.
+	Busy uint64
+}
+
+// CancelStats returns the cancel API's answers since start.
+func (s *Service) CancelStats() CancelStats {
+	return CancelStats{Cancelled: s.cancels.Cancelled.Load(), NotFound: s.cancels.NotFound.Load(), AlreadyDelivered: s.cancels.Delivered.Load(), Busy: s.cancels.Busy.Load()}
+}
+
+// StatusStats returns the status API's answers since start.
+func (s *Service) StatusStats() StatusStats {
+	return StatusStats{Pending: s.statuses.Pending.Load(), Cancelled: s.statuses.Cancelled.Load(), NotFound: s.statuses.NotFound.Load(),
+		AlreadyDelivered: s.statuses.Delivered.Load(), Busy: s.statuses.Busy.Load()}
+}
+
+// answerCounts counts one request API's answers by kind
+// (deliver/internal/cancelapi, which counts them).
+type answerCounts = cancelapi.Counts

@@ -1,0 +1,294 @@
+package cancelapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/hop"
+	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/level"
+)
+
+// Config configures an [API]: the Service's settings and the values it
+// runs on.
+type Config struct {
+	// Conn is the service's connection: the subscriptions and their
+	// replies, and the reads when LookupConn is nil. Required.
+	Conn *nats.Conn
+	// LookupConn, if set, is the connection for the workers' reads of the
+	// id index, the kept answers and the level messages (deliver's
+	// Config.LookupConn: the server walks the index inline on the
+	// reading connection). Optional.
+	LookupConn *nats.Conn
+	// JS reads DELAYD_INGRESS's info (the routed wait, the ingress life).
+	// Required.
+	JS jetstream.JetStream
+	// LookupShare is the share of one core's time the index lookups may
+	// take, in (0, 1] (deliver's Config.CancelLookupShare). Required.
+	LookupShare float64
+	// HopKey checks the delivered ids ("delayd-<life>-<seq>-<MAC>") a
+	// request may name. Required.
+	HopKey hop.Key
+	// KeepAnswers looks an id the index no longer knows up in
+	// DELAYD_ANSWERS; false: kept answers are off.
+	KeepAnswers bool
+	// Decider asks the owner of a record's level. Required.
+	Decider Decider
+	// RouterWaiting returns the router's invalid messages waiting for
+	// DELAYD_DLQ (they stay in ingress). Required.
+	RouterWaiting func() int
+	// Cancels and Statuses count the cancel and the status APIs' answers
+	// (the Service's, read by its CancelStats and StatusStats). Required.
+	Cancels, Statuses *Counts
+	// Logger is required (the Service's).
+	Logger *slog.Logger
+	// Hooks are tests' hooks; zero in production.
+	Hooks Hooks
+}
+
+// Hooks are an API's test hooks: each, if set, runs at one point of its
+// work, on the goroutine doing it.
+type Hooks struct {
+	// Looked runs in DecideID between the index lookup of a cancel's or
+	// status request's id and the owner's decision, with the record found.
+	Looked func(index.Record)
+}
+
+// Decider has the owner of a record's level decide: the one place where
+// a cancel meets the level owners (deliver's cancelDecider, over
+// level.Owners from step L3;
+// docs/reshape.md#22-the-one-interface-for-other-goroutines).
+type Decider interface {
+	// Decide has the owner of rec's level decide the cancel (or, with
+	// status, tell the status) of the message rec places; reader is the
+	// asking worker's, for the reads the decision costs. A level stream
+	// this replica does not know answers [level.AnswerGone].
+	Decide(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (level.CancelAnswer, error)
+}
+
+// Counts counts one request API's answers by kind (the cancel API leaves
+// Pending at zero). Safe for concurrent use.
+type Counts struct {
+	Pending, Cancelled, NotFound, Delivered, Busy atomic.Uint64
+}
+
+// API is the cancel and status APIs (docs/guide.md#cancel): the
+// subscriptions, the bounded queue, the workers, the routed wait and the
+// lookup pacer. New builds it; Subscribe, then Run, serve it.
+type API struct {
+	cfg     Config       // immutable after New
+	logger  *slog.Logger // immutable
+	routed  *routedWait  // shared by the workers (and their own goroutine, Run's)
+	lookups *lookupPacer // paces the workers' index lookups; its own mutex
+
+	subs []*nats.Subscription // set by Subscribe, unsubscribed by Run
+	ch   chan queued          // the queue: the subscriptions send, the workers receive
+}
+
+// New returns the API of cfg. Nothing touches the server until Subscribe.
+func New(cfg Config) *API {
+	return &API{cfg: cfg, logger: cfg.Logger, routed: newRoutedWait(cfg.JS, cfg.RouterWaiting), lookups: newLookupPacer(cfg.LookupShare)}
+}
+
+// How long a cancel waits for the router to place the messages published
+// before it (or a cascading message between two levels) before it gives up
+// with [ErrRouterBehind].
+const cancelWaitRouted = 25 * time.Second
+
+// Run answers cancel requests on [contract.CancelSubject] until ctx is done,
+// cancelWorkers at a time (one request waiting for the router does not hold
+// up the others; each decision is still made by the owning scanner). Each
+// costs an ingress stream info, an index lookup (one slot's records), a
+// direct get and a tombstone write; an "already delivered" answer costs a
+// second lookup and a message get from the index stream's leader instead
+// (see [API.DecideID]). It also runs the routed wait, on a goroutine of
+// its own, and unsubscribes what Subscribe subscribed before it returns.
+func (a *API) Run(ctx context.Context) error {
+	ch := a.ch
+	defer a.Unsubscribe()
+	// The routed wait's goroutine, stopped and waited for before Run
+	// returns.
+	rctx, stop := context.WithCancel(ctx)
+	var routed sync.WaitGroup
+	routed.Go(func() { a.routed.run(rctx) })
+	defer routed.Wait()
+	defer stop()
+	// The workers read on the lookup connection when there is one
+	// ([Config].LookupConn: the server walks the index inline on the
+	// reading connection).
+	rnc := a.readConn()
+	var readers []*jswire.BatchReader
+	for range cancelWorkers {
+		reader, err := jswire.NewBatchReader(rnc, index.Batch)
+		if err != nil {
+			for _, r := range readers {
+				r.Close()
+			}
+			return err
+		}
+		readers = append(readers, reader)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, reader := range readers {
+		wg.Go(func() {
+			defer reader.Close()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case q := <-ch:
+					m := q.m
+					if isStatusSubject(m.Subject) {
+						a.serveStatus(ctx, reader, q)
+						continue
+					}
+					// The scoped form's target; "" for the unscoped form.
+					scope, scoped := strings.CutPrefix(m.Subject, contract.CancelSubject+".")
+					if !scoped {
+						scope = ""
+					}
+					var (
+						reply string
+						err   error
+					)
+					if scoped && scope == "" {
+						a.cfg.Cancels.NotFound.Add(1)
+						reply = contract.CancelReplyNotFound
+					} else {
+						reply, err = a.Cancel(ctx, reader, string(m.Data), scope, q.at.Add(QueueWait))
+					}
+					if errors.Is(err, level.ErrCancelBusy) {
+						a.cfg.Cancels.Busy.Add(1)
+						err = level.ErrCancelBusy // the answer's text, not the path to it
+						reply = contract.CancelReplyErrorPrefix + err.Error()
+					} else if err != nil {
+						if ctx.Err() != nil {
+							return
+						}
+						a.logger.Warn("cancel failed", slog.String("id", string(m.Data)), slog.Any("error", err))
+						reply = contract.CancelReplyErrorPrefix + err.Error()
+					}
+					_ = m.RespondMsg(replyMsg(reply, err))
+				}
+			}
+		})
+	}
+	<-ctx.Done()
+	return nil
+}
+
+const cancelWorkers = 4
+
+// QueueMax is how many cancel requests wait for a cancel worker at
+// most (deliver.CancelQueueMax). One that arrives while the queue is full is answered at once with
+// [level.ErrCancelBusy] (code 429), without being looked at: under a storm every
+// request gets a prompt answer, none is dropped unanswered, and the work
+// (and its share of the CPU the deliveries need) stays bounded.
+const QueueMax = 256
+
+// QueueWait is how long a cancel request waits for its turn at the
+// id index at most (deliver.CancelQueueWait; the lookups are paced: [Config].LookupShare).
+// One that would wait longer is answered [level.ErrCancelBusy] (code 429) without
+// being looked at, rather than late, after its requester gave up.
+const QueueWait = 2 * time.Second
+
+// Unsubscribe unsubscribes what Subscribe subscribed. Run does it
+// before it returns; call it only when Run will not run.
+func (a *API) Unsubscribe() {
+	for _, sub := range a.subs {
+		_ = sub.Unsubscribe()
+	}
+}
+
+// queued is a cancel or status request and when it arrived.
+type queued struct {
+	m  *nats.Msg
+	at time.Time
+}
+
+// Subscribe subscribes to [contract.CancelSubject] and the scoped
+// "delayd.api.cancel.>" ([contract.CancelSubjectFor]), and to the status
+// API's [contract.StatusSubject] and "delayd.api.status.>", queue group "delayd", and
+// waits until the server has the subscriptions, so a request sent once the
+// service is ready finds a responder. Requests go to the API's queue,
+// at most [QueueMax], which Run serves; the subscriptions' goroutines
+// answer the rest busy. Call it once, before Run.
+func (a *API) Subscribe(ctx context.Context) error {
+	ch := make(chan queued, QueueMax)
+	enqueue := func(m *nats.Msg) {
+		select {
+		case ch <- queued{m: m, at: time.Now()}:
+		default:
+			if isStatusSubject(m.Subject) {
+				a.cfg.Statuses.Busy.Add(1)
+			} else {
+				a.cfg.Cancels.Busy.Add(1)
+			}
+			_ = m.RespondMsg(replyMsg(contract.CancelReplyErrorPrefix+level.ErrCancelBusy.Error(), level.ErrCancelBusy))
+		}
+	}
+	var subs []*nats.Subscription
+	for _, subject := range []string{contract.CancelSubject, contract.CancelSubject + ".>", contract.StatusSubject, contract.StatusSubject + ".>"} {
+		sub, err := a.cfg.Conn.QueueSubscribe(subject, "delayd", enqueue)
+		if err != nil {
+			for _, sub := range subs {
+				_ = sub.Unsubscribe()
+			}
+			return fmt.Errorf("subscribe %s: %w", subject, err)
+		}
+		subs = append(subs, sub)
+	}
+	fctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
+	defer cancel()
+	if err := a.cfg.Conn.FlushWithContext(fctx); err != nil {
+		// Disconnected: the client subscribes again when it reconnects.
+		a.logger.Warn("cancel API subscription not confirmed yet", slog.Any("error", err))
+	}
+	a.subs, a.ch = subs, ch
+	return nil
+}
+
+// Cancel decides one cancel request and returns its reply's text. The id
+// is a publisher's Nats-Msg-Id or an ingress sequence: a decimal id is
+// whichever of the two delayd knows. "seq:N" names ingress sequence N,
+// "id:X" the publisher's id X — unless a publisher's id is that text
+// itself. The id a message without a publisher id was delivered with
+// ("delayd-<ingress created>-<seq>-<MAC>", checked) names it too. An id
+// with two readings that both name a message is refused with
+// [ErrAmbiguousID].
+//
+// scope is the target of a scoped request (delayd.api.cancel.<target>), ""
+// for the unscoped one: a message with another target is treated exactly
+// as an unknown id (it is not found, and it does not make an id ambiguous),
+// so a scoped request tells nothing about other targets' messages.
+//
+// notAfter bounds the wait for the paced index lookups: past it the
+// answer is [level.ErrCancelBusy] (zero: no bound).
+func (a *API) Cancel(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time) (string, error) {
+	answer, _, err := a.DecideID(ctx, reader, id, scope, notAfter, false)
+	if err != nil {
+		return "", err
+	}
+	switch answer {
+	case level.AnswerCancelled:
+		a.cfg.Cancels.Cancelled.Add(1)
+		return contract.CancelReplyCancelled, nil
+	case level.AnswerDelivered:
+		a.cfg.Cancels.Delivered.Add(1)
+		return contract.CancelReplyDelivered, nil
+	}
+	a.cfg.Cancels.NotFound.Add(1)
+	return contract.CancelReplyNotFound, nil
+}

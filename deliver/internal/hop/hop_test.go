@@ -1,0 +1,139 @@
+package hop
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/delayd/delayd/internal/natstest"
+	"github.com/delayd/delayd/offsets"
+)
+
+// TestLoadHopKey stores hop-key values in a real offsets bucket and loads
+// them: a secret delayd wrote (today's format, or the 32 raw bytes delayd
+// wrote before it) is accepted as that exact key and left as it is;
+// anything else is refused with an error wrapping ErrKey that names the
+// bucket and key and says how to recover.
+func TestLoadHopKey(t *testing.T) {
+	t.Parallel()
+	_, js := natstest.Connect(t)
+	ctx := context.Background()
+	discard := slog.New(slog.DiscardHandler)
+	if _, err := offsets.New(ctx, js, offsets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, offsets.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(v []byte) {
+		t.Helper()
+		if _, err := kv.Put(ctx, KeyName, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := func() []byte {
+		t.Helper()
+		e, err := kv.Get(ctx, KeyName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e.Value()
+	}
+
+	// First start: a new secret in today's format, read back as the same key.
+	created, err := Load(ctx, js, discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := stored()
+	if len(created) != KeySize || !bytes.HasPrefix(current, []byte(keyPrefix)) {
+		t.Fatalf("created a %d-byte key stored as %q, want %d bytes stored as %s…", len(created), current, KeySize, keyPrefix)
+	}
+	if again, err := Load(ctx, js, discard); err != nil || !bytes.Equal(again, created) {
+		t.Fatalf("reload: %x, %v; want %x", again, err, created)
+	}
+
+	// A legacy key (what delayd stored before: 32 raw random bytes) is the key itself, and is not rewritten.
+	legacy := make([]byte, KeySize)
+	_, _ = rand.Read(legacy)
+	legacy[0] = 0xff // not printable, as random bytes almost surely are not
+	put(legacy)
+	if got, err := Load(ctx, js, discard); err != nil || !bytes.Equal(got, legacy) {
+		t.Fatalf("legacy key: %x, %v; want %x", got, err, legacy)
+	}
+	if !bytes.Equal(stored(), legacy) {
+		t.Fatalf("legacy key rewritten as %q", stored())
+	}
+
+	flip := func(v []byte, i int) []byte {
+		v = bytes.Clone(v)
+		if v[i] == 'A' {
+			v[i] = 'B'
+		} else {
+			v[i] = 'A'
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		name  string
+		value []byte
+	}{
+		{"garbage", []byte("garbage")},
+		{"legacy cut short", legacy[:31]},
+		{"legacy too long", append(bytes.Clone(legacy), 0)},
+		{"32 bytes of text", []byte("0123456789abcdef0123456789abcdef")},
+		{"check changed", flip(current, len(current)-1)},
+		{"key changed", flip(current, len(keyPrefix)+3)},
+		{"no check", current[:len(keyPrefix)+43]},
+		{"empty", []byte{}},
+	} {
+		put(tc.value)
+		got, err := Load(ctx, js, discard)
+		if !errors.Is(err, ErrKey) {
+			t.Errorf("%s (%q): got key %x, err %v; want ErrKey", tc.name, tc.value, got, err)
+			continue
+		}
+		for _, want := range []string{offsets.Bucket, `"` + KeyName + `"`, "nats kv del " + offsets.Bucket + " " + KeyName} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: error %q does not say %q", tc.name, err, want)
+			}
+		}
+		if !bytes.Equal(stored(), tc.value) {
+			t.Errorf("%s: the refused value was overwritten with %q", tc.name, stored())
+		}
+	}
+
+	// Deleted (the recovery the error names): a new secret, logged as a rotation.
+	if err := kv.Delete(ctx, KeyName); err != nil {
+		t.Fatal(err)
+	}
+	var logged bytes.Buffer
+	rotated, err := Load(ctx, js, slog.New(slog.NewTextHandler(&logged, nil)))
+	if err != nil || len(rotated) != KeySize || bytes.Equal(rotated, created) {
+		t.Fatalf("after delete: %x, %v; want a new %d-byte key", rotated, err, KeySize)
+	}
+	if !strings.Contains(logged.String(), "level=WARN") || !strings.Contains(logged.String(), "hop secret was deleted") {
+		t.Errorf("rotation not logged as a warning: %q", logged.String())
+	}
+}
+
+func TestDeliveryIDStable(t *testing.T) {
+	t.Parallel()
+	k := Key("0123456789abcdef0123456789abcdef")
+	m := k.NewIDMAC()
+	a, b := m.DeliveryID("delayd-1-2"), m.DeliveryID("delayd-1-3")
+	if a != k.DeliveryID("delayd-1-2") || a == b || !strings.HasPrefix(a, "delayd-1-2-") || len(a) != len("delayd-1-2-")+12 {
+		t.Errorf("delivery ids %q, %q", a, b)
+	}
+	if other := Key("another key").DeliveryID("delayd-1-2"); other == a {
+		t.Errorf("the id does not depend on the key: %q", other)
+	}
+	if got := Key(nil).DeliveryID("delayd-1-2"); got != "delayd-1-2" {
+		t.Errorf("without a key: %q", got)
+	}
+}

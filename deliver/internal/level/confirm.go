@@ -1,0 +1,239 @@
+package level
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/offsets"
+)
+
+// confirm.go: the confirmation of hand-offs (the window), retries of failed
+// ones, the offset commit and the purge of the delivered prefix.
+
+// settle confirms every in-flight delivery in order and commits the offset
+// up to the first failure. After a failure the scanner rewinds to the failed
+// delivery and probes: it sends one delivery at a time, with capped backoff,
+// until the target takes it. Deliveries after the failed one that were
+// confirmed anyway are remembered and not sent again, so a failing target
+// costs no flood of re-deliveries.
+func (s *Level) settle(ctx context.Context) { s.settleFirst(ctx, len(s.win.inflight)) }
+
+// settleFirst confirms the oldest n in-flight deliveries and commits the
+// offset past them, leaving the rest in flight so the pipeline to the
+// target never drains while the window is full. A failure among them
+// settles everything, as settle does.
+func (s *Level) settleFirst(ctx context.Context, n int) {
+	if len(s.win.inflight) == 0 {
+		s.commit(ctx)
+		return
+	}
+	if n < len(s.win.inflight) && s.win.firstFailure(n) {
+		n = len(s.win.inflight)
+	}
+	// Deliveries already sent are confirmed even when ctx ends (a stop):
+	// on a fresh context bounded by opTimeout, keeping ctx's values.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	defer cancel()
+	// One flush confirms every core publish sent before it; it is done the
+	// first time a core delivery needs confirming.
+	var (
+		flushed  bool
+		flushErr error
+	)
+	flush := func() error {
+		if !flushed {
+			flushed = true
+			before := s.nc.LastError()
+			sent := s.nc.Stats().Reconnects
+			flushErr = s.nc.FlushWithContext(cctx)
+			// A flush confirms what the server received on the connection
+			// its PING went out on. Core publishes sent on an earlier
+			// connection (since the last flush) may have been lost with
+			// it, and a flush sent while reconnecting completes on the new
+			// one: neither confirms them, so they are delivered again
+			// (docs/guarantees.md#at-least-once: a core subscriber may see a window
+			// again after a reconnect).
+			done := s.nc.Stats().Reconnects
+			if flushErr == nil && s.coreUnflushed && (s.coreReconnects != sent || done != sent) {
+				flushErr = errReconnected
+			}
+			s.coreUnflushed = false
+			// The server answers a refused publish with -ERR before the
+			// flush's PONG, and the client records it as LastError.
+			if e := s.nc.LastError(); e != before {
+				s.cfg.Targets.NoteError(e)
+			}
+		}
+		return flushErr
+	}
+	var (
+		failed    delivery
+		failedErr error
+	)
+	for i := 0; i < n; i++ {
+		d := s.win.inflight[i]
+		var err error
+		switch {
+		case d.confirmed:
+		case d.fut == nil:
+			err = flush()
+			if err == nil && s.cfg.Targets.Refused(d.target) {
+				err = fmt.Errorf("%w: publish to %q", errPermissionDenied, d.target)
+			}
+		default:
+			<-d.fut.Done() // a PubAck, an error, or the tracker's timeout
+			_, err = d.fut.Result()
+			if err != nil && s.cfg.Targets.Refused(d.target) {
+				err = fmt.Errorf("%w: publish to %q: %v", errPermissionDenied, d.target, err)
+			}
+			if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+				// Nobody answered: the target's stream may be gone, or be
+				// electing a leader. Only if the refreshed index says no
+				// stream captures the subject is it a core subject without
+				// interest, delivered to no one; otherwise it is retried.
+				s.cfg.Targets.Forget(d.target)
+				if rerr := s.cfg.Targets.Refresh(cctx); rerr == nil && !s.cfg.Targets.Bound(d.target) {
+					err = nil
+				}
+			}
+		}
+		switch s.win.record(d, err, failedErr != nil) {
+		case outFailed:
+			failed, failedErr = d, err
+			// Everything behind it is settled too, so that the rewind
+			// leaves nothing in flight and successes are remembered.
+			n = len(s.win.inflight)
+		case outPassed:
+			s.offset = d.seq
+			s.headDue.Store(0)
+			s.progress()
+			if !d.confirmed && !d.hop {
+				s.delivered.Add(1)
+			}
+		case outRemembered:
+			if !d.hop {
+				s.delivered.Add(1)
+			}
+		}
+	}
+	s.win.drop(n)
+	s.commit(ctx)
+	if failedErr == nil {
+		s.win.probing = false
+		return
+	}
+	s.failed(ctx, failed, failedErr)
+}
+
+// failed handles the first delivery of a window that was not confirmed: it
+// is dead-lettered when its target refused it permanently and often enough,
+// otherwise retried after a capped backoff.
+func (s *Level) failed(ctx context.Context, d delivery, err error) {
+	s.next, s.head, s.resetFeed = d.seq, nil, true
+	n := s.win.failedAgain(d.seq)
+	s.retries.Add(1)
+	if permanent(err) && n >= s.cfg.MaxAttempts {
+		// Its dead letter is written even when ctx ends (see deadLetter),
+		// so it is read on a fresh context bounded by opTimeout.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		buf, rerr := s.reader.Read(rctx, s.cfg.Stream, nil, d.seq, 1, 1)
+		cancel()
+		if rerr == nil && len(buf) == 1 {
+			if seq, _ := strconv.ParseUint(buf[0].Header.Get(hdrJSSequence), 10, 64); seq == d.seq {
+				s.win.forgetAttempts(d.seq)
+				s.deadLetter(ctx, buf[0], d.seq, fmt.Errorf("target %q refused it %d times: %w", d.target, n, err))
+				return
+			}
+		}
+	}
+	// The first attempt and every 10th at warn, the others at debug: a target
+	// that refuses for minutes logs a line a minute, not one per retry.
+	logLevel := slog.LevelWarn
+	if n > 1 && n%10 != 0 {
+		logLevel = slog.LevelDebug
+	}
+	s.logger.Log(ctx, logLevel, "delivery failed; retrying", slog.String("target", d.target), slog.Uint64("seq", d.seq), slog.Int("attempt", n), slog.Any("error", err))
+	s.backoff.SetCur(min(time.Duration(n)*100*time.Millisecond, 5*time.Second))
+	s.backoff.Sleep(ctx)
+}
+
+// permanent reports whether a target's refusal will not change on retry:
+// too large for it, or not permitted.
+func permanent(err error) bool { return tooLarge(err) || errors.Is(err, errPermissionDenied) }
+
+// commit hands the offset to the committer if it moved, without waiting:
+// the write is pipelined behind the deliveries it confirms (one in flight,
+// the latest offset next; see [offsets.Committer]).
+func (s *Level) commit(ctx context.Context) {
+	s.noteAcked()
+	// Once a write failed its compare-and-set, every Commit returns the
+	// fence (the next one after the failure at the latest).
+	err := s.commits.Commit(ctx, s.offset)
+	switch {
+	case errors.Is(err, offsets.ErrFenced):
+		s.fenced()
+	case err != nil:
+		s.logger.Warn("offset commit failed", slog.Uint64("offset", s.offset), slog.Any("error", err))
+	}
+}
+
+// fenced stops the level: an offset commit failed its compare-and-set, so
+// another owner wrote the offset. Logged and counted once per term.
+func (s *Level) fenced() {
+	if s.fencedStop {
+		return
+	}
+	s.fencedStop = true
+	s.fencedWrites.Add(1)
+	s.logger.Warn("level stopped: its offset was written by another owner (fenced)", slog.Uint64("epoch", s.term.Epoch), slog.Uint64("offset", s.offset))
+}
+
+// settleCommit waits, at most opTimeout, until the committed offset is
+// acknowledged (or its write failed; the committer logged it). The scanner
+// calls it when idle, before a purge: the commit lag reads 0 while idle.
+func (s *Level) settleCommit(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, opTimeout)
+	_ = s.commits.Settle(cctx)
+	cancel()
+	s.noteAcked()
+}
+
+// noteAcked drops the tombstones of cancelled messages the acknowledged
+// offset passed: they are no longer needed.
+func (s *Level) noteAcked() {
+	if a := s.commits.Acked(); a != s.tombsAcked {
+		s.tombsAcked = a
+		s.dropTombstones(a)
+	}
+}
+
+// purge removes the delivered prefix up to the acknowledged offset,
+// keeping the message at it: a purge never passes an offset the KV bucket
+// has not stored.
+func (s *Level) purge(ctx context.Context, idle bool) {
+	mono := s.cfg.Clock.Mono()
+	acked := s.commits.Acked()
+	if ctx.Err() != nil || acked <= s.purgedTo || (!idle && mono-s.lastPurge < s.cfg.PurgeEvery) {
+		return
+	}
+	s.lastPurge = mono // a failing purge is not retried in a tight loop either
+	// The offset belongs to one life of the stream: purging by it a stream
+	// that was deleted and recreated would destroy undelivered messages.
+	if !s.sameStream(ctx) {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if err := s.stream.Purge(pctx, jetstream.WithPurgeSequence(acked)); err != nil {
+		s.logger.Warn("purge failed", slog.Uint64("below", acked), slog.Any("error", err))
+		return
+	}
+	s.purgedTo = acked
+}

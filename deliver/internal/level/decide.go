@@ -1,0 +1,372 @@
+package level
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/offsets"
+)
+
+// Decisions that need a level's owner (docs/guide.md#cancel,
+// docs/guide.md#merge-delay-merge-key and docs/operations.md#jetstream-resources): a cancel of one of the level's messages and the
+// router's merge check are decided by the replica that holds the level's
+// lease.
+// The owner serves the level's decide subject ([contract.DecideSubject])
+// for as long as its term runs: it subscribes when the term starts and
+// unsubscribes before the term's work returns, so before the lease is
+// released. A replica that does not own the level sends the decision
+// there. The subject is internal: its request and reply formats are no
+// user contract.
+
+// Decide operations.
+const (
+	DecideOpCancel  = "cancel"  // cancel the message the record places (Level.RequestCancel)
+	decideOpPending = "pending" // is the message the record places pending (Level.PendingAt)?
+	decideOpPassed  = "passed"  // the highest sequence the owner handed off (decimal reply); no record
+	DecideOpStatus  = "status"  // the status of the message the record places (Level.RequestStatus)
+)
+
+// decideRequest is a request on a level stream's decide subject, as JSON:
+// the operation and the index record that places the message in the
+// level.
+type decideRequest struct {
+	Op     string    `json:"op"`
+	Key    string    `json:"key"`
+	Seq    uint64    `json:"seq"`
+	Hop    bool      `json:"hop,omitempty"`
+	Due    time.Time `json:"due,omitzero"`
+	Target string    `json:"target,omitempty"`
+}
+
+func newDecideRequest(op string, rec index.Record) decideRequest {
+	return decideRequest{Op: op, Key: rec.Key, Seq: rec.Seq, Hop: rec.Hop, Due: rec.Due, Target: rec.Target}
+}
+
+func (r decideRequest) record(stream string) index.Record {
+	return index.Record{Key: r.Key, Stream: stream, Seq: r.Seq, Hop: r.Hop, Due: r.Due, Target: r.Target}
+}
+
+// Replies on a decide subject: the body is exactly one of these (for
+// "passed", a decimal sequence), or [contract.CancelReplyErrorPrefix] and
+// a one-line reason.
+const (
+	decideCancelled  = "cancelled"   // answerCancelled
+	decideDelivered  = "delivered"   // answerDelivered
+	decideForwarded  = "forwarded"   // answerForwarded
+	decideGone       = "gone"        // answerGone
+	decideRetry      = "retry"       // answerRetry
+	decidePending    = "pending"     // PendingAt: true
+	decideNotPending = "not pending" // PendingAt: false
+	decideNotOwner   = "not owner"   // this replica's term ended: ask again (the next owner)
+	decideBusyReply  = contract.CancelReplyErrorPrefix + "busy"
+)
+
+// Decide limits.
+const (
+	decideQueueMax    = 64                     // cancel decisions waiting for a worker, per level
+	decideWorkers     = 2                      // cancel decisions in flight, per level
+	DecidePendingWait = 500 * time.Millisecond // the router's wait for a merge check's answer
+	// decideSilence is how long the router asks no merge question of a
+	// level whose owner did not answer one in DecidePendingWait (a paused
+	// owner): each would hold the router that long, for "not pending".
+	decideSilence = time.Second
+	// decideCancelWait bounds one cancel decision sent to the owner: its
+	// tombstone write (opTimeout) and the scanner's grace.
+	decideCancelWait = opTimeout + cancelGrace + 2*time.Second
+)
+
+var answerText = map[cancelAnswer]string{
+	answerCancelled: decideCancelled, answerDelivered: decideDelivered, answerForwarded: decideForwarded,
+	answerGone: decideGone, answerRetry: decideRetry, answerPending: decidePending,
+}
+
+// errOwnerSilent, which wraps errNoOwner (level.ErrNoOwner: no replica
+// answered for the level as its owner), is the case of a request no one
+// answered in time.
+var errOwnerSilent = fmt.Errorf("%w in time", errNoOwner)
+
+// serveDecide subscribes to the level's decide subject for the term t and
+// serves it until the returned stop is called (or ctx is done). stop
+// unsubscribes, ends the decisions in flight (their requesters are
+// answered "not owner" or an error) and waits for its workers: the term's
+// work calls it before it returns, so before the lease is released. A
+// subscription that fails is logged: requesters then find no owner, as
+// during a failover.
+func (s *Level) serveDecide(ctx context.Context, t ownership.Term) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	queue := make(chan *nats.Msg, decideQueueMax)
+	respond := func(m *nats.Msg, body string) {
+		if err := m.Respond([]byte(body)); err != nil && ctx.Err() == nil {
+			s.logger.Debug("decide reply failed", slog.Any("error", err))
+		}
+	}
+	sub, err := s.nc.Subscribe(contract.DecideSubject(s.cfg.Stream), func(m *nats.Msg) {
+		if m.Reply == "" {
+			return
+		}
+		var req decideRequest
+		if err := json.Unmarshal(m.Data, &req); err != nil || (req.Key == "" && req.Op != decideOpPassed) {
+			respond(m, contract.CancelReplyErrorPrefix+"bad decide request: want JSON with op, key and seq")
+			return
+		}
+		if !t.Held() || ctx.Err() != nil {
+			respond(m, decideNotOwner)
+			return
+		}
+		switch req.Op {
+		case decideOpPassed:
+			if s.decides.Load() {
+				respond(m, strconv.FormatUint(s.passed.Load(), 10))
+			} else {
+				respond(m, "0")
+			}
+		case decideOpPending:
+			// No I/O: answered on the subscription's goroutine.
+			if s.decides.Load() && s.PendingAt(req.record(s.cfg.Stream)) {
+				respond(m, decidePending)
+			} else {
+				respond(m, decideNotPending)
+			}
+		case DecideOpCancel, DecideOpStatus:
+			select {
+			case queue <- m:
+			default:
+				respond(m, decideBusyReply)
+			}
+		default:
+			respond(m, contract.CancelReplyErrorPrefix+fmt.Sprintf("bad decide request: unknown op %q", req.Op))
+		}
+	})
+	if err != nil {
+		s.logger.Warn("decide subject not served this term", slog.String("subject", contract.DecideSubject(s.cfg.Stream)), slog.Any("error", err))
+		cancel()
+		return func() {}
+	}
+	var wg sync.WaitGroup
+	for range decideWorkers {
+		reader, err := jswire.NewBatchReader(s.nc, 1)
+		if err != nil {
+			s.logger.Warn("decide worker not started", slog.Any("error", err))
+			continue
+		}
+		wg.Go(func() {
+			defer reader.Close()
+			for {
+				var m *nats.Msg
+				select {
+				case <-ctx.Done():
+					return
+				case m = <-queue:
+				}
+				var req decideRequest
+				_ = json.Unmarshal(m.Data, &req) // checked by the subscription
+				if !t.Held() {
+					respond(m, decideNotOwner)
+					continue
+				}
+				var (
+					answer cancelAnswer
+					err    error
+				)
+				if req.Op == DecideOpStatus {
+					answer, err = s.RequestStatus(ctx, req.record(s.cfg.Stream))
+				} else {
+					answer, err = s.RequestCancel(ctx, reader, req.record(s.cfg.Stream))
+				}
+				switch {
+				case err == nil:
+					respond(m, answerText[answer])
+				case errors.Is(err, errNotOwner) || ctx.Err() != nil:
+					respond(m, decideNotOwner)
+				default:
+					respond(m, contract.CancelReplyErrorPrefix+err.Error())
+				}
+			}
+		})
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			_ = sub.Unsubscribe()
+			cancel()
+			wg.Wait()
+			for { // answer what the workers did not take
+				select {
+				case m := <-queue:
+					respond(m, decideNotOwner)
+				default:
+					return
+				}
+			}
+		})
+	}
+}
+
+// askOwner sends req to the owner of stream and returns its reply's body,
+// waiting at most wait (and not past ctx). No responder, no answer in
+// time, or a "not owner" reply return [errNoOwner], wrapped.
+func askOwner(ctx context.Context, nc *nats.Conn, stream string, req decideRequest, wait time.Duration) (string, error) {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return "", err // cannot happen: strings, numbers and a time
+	}
+	rctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	m, err := nc.RequestWithContext(rctx, contract.DecideSubject(stream), data)
+	switch {
+	case err == nil:
+	case errors.Is(err, nats.ErrNoResponders):
+		return "", fmt.Errorf("level stream %s: %w (no replica holds its lease now)", stream, errNoOwner)
+	case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+		return "", fmt.Errorf("level stream %s: %w (waited %s)", stream, errOwnerSilent, wait)
+	default:
+		return "", fmt.Errorf("level stream %s: decide request: %w", stream, err)
+	}
+	body := string(m.Data)
+	if body == decideNotOwner {
+		return "", fmt.Errorf("level stream %s: %w (its owner's term ended)", stream, errNoOwner)
+	}
+	return body, nil
+}
+
+// AskDecision sends op (DecideOpCancel or DecideOpStatus) of the message
+// rec places to its level's owner and returns the owner's decision.
+// Errors: [errNoOwner] (ask again), the owner's error ([ErrCancelBusy]
+// when its queue is full), ctx's.
+func AskDecision(ctx context.Context, nc *nats.Conn, op string, rec index.Record) (cancelAnswer, error) {
+	body, err := askOwner(ctx, nc, rec.Stream, newDecideRequest(op, rec), decideCancelWait)
+	if err != nil {
+		return 0, err
+	}
+	for a, text := range answerText {
+		if body == text {
+			return a, nil
+		}
+	}
+	if body == decideBusyReply {
+		return 0, ErrCancelBusy
+	}
+	if reason, ok := strings.CutPrefix(body, contract.CancelReplyErrorPrefix); ok {
+		return 0, fmt.Errorf("owner of level stream %s: %s", rec.Stream, reason)
+	}
+	return 0, fmt.Errorf("owner of level stream %s: unexpected decide reply %s", rec.Stream, clip([]byte(body), 64))
+}
+
+// PendingAsker asks a level's owner the router's merge question. It
+// remembers the levels whose owner did not answer in time, and asks them
+// nothing for [decideSilence]: the router waits for each answer.
+type PendingAsker struct {
+	nc *nats.Conn
+
+	mu     sync.Mutex
+	silent map[string]time.Time // level stream -> ask again after
+}
+
+func NewPendingAsker(nc *nats.Conn) *PendingAsker {
+	return &PendingAsker{nc: nc, silent: make(map[string]time.Time)}
+}
+
+// Pending reports the owner's answer to "is the message rec places
+// pending?"; no answer (no owner, a failover, a timeout) is "not pending",
+// which costs a merge and never loses a message.
+func (p *PendingAsker) Pending(ctx context.Context, rec index.Record) bool {
+	p.mu.Lock()
+	until, quiet := p.silent[rec.Stream]
+	p.mu.Unlock()
+	if quiet && time.Now().Before(until) {
+		return false
+	}
+	body, err := askOwner(ctx, p.nc, rec.Stream, newDecideRequest(decideOpPending, rec), DecidePendingWait)
+	if errors.Is(err, errOwnerSilent) {
+		p.mu.Lock()
+		p.silent[rec.Stream] = time.Now().Add(decideSilence)
+		p.mu.Unlock()
+	}
+	return err == nil && body == decidePending
+}
+
+// Passed returns the highest sequence the owner of stream handed off (for
+// the router's check that a hop's purged level message was placed); 0,
+// which places nothing, when no owner answers.
+func (p *PendingAsker) Passed(ctx context.Context, stream string) uint64 {
+	p.mu.Lock()
+	until, quiet := p.silent[stream]
+	p.mu.Unlock()
+	if quiet && time.Now().Before(until) {
+		return 0
+	}
+	body, err := askOwner(ctx, p.nc, stream, decideRequest{Op: decideOpPassed}, DecidePendingWait)
+	if errors.Is(err, errOwnerSilent) {
+		p.mu.Lock()
+		p.silent[stream] = time.Now().Add(decideSilence)
+		p.mu.Unlock()
+	}
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseUint(body, 10, 64)
+	return n
+}
+
+// confirmOwner is the fenced check a cancel makes after its tombstone is
+// stored and before it answers "cancelled": the term t that reserved the
+// sequence is still valid, and no other replica wrote the level's offset
+// key since this term bumped it (read from the key's stream leader, not a
+// follower that may lag). A new owner bumps that key before it loads the
+// level's tombstones, so a check that passes after the tombstone was
+// stored means every later owner loads it. It returns an error wrapping
+// [errNotOwner] otherwise.
+func (s *Level) confirmOwner(ctx context.Context, t ownership.Term) error {
+	notOwner := fmt.Errorf("level stream %s: %w (the term ended while the cancel tombstone was stored)", s.cfg.Stream, errNotOwner)
+	if !t.Held() || s.commits.Fenced() {
+		return notOwner
+	}
+	if !s.cfg.Fenced {
+		return nil // a scanner on its own: no other owner
+	}
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	_, rev, found, err := jswire.LastOnSubject(ctx, s.nc, "KV_"+offsets.Bucket, "$KV."+offsets.Bucket+"."+s.cfg.Stream)
+	if err != nil {
+		return fmt.Errorf("level stream %s: offset key check: %w", s.cfg.Stream, err)
+	}
+	if !found {
+		// Never written: only the lease orders this term before the next.
+		if !t.Held() {
+			return notOwner
+		}
+		return nil
+	}
+	// A revision above the committer's is this term's own write in
+	// flight (the committer learns it once the write is answered), or
+	// another writer's. With no write of this term outstanding (every
+	// offset given to the committer acknowledged), read before the
+	// committer's revision, it is another's.
+	for {
+		committed, acked := s.commits.Committed(), s.commits.Acked()
+		switch {
+		case !t.Held() || s.commits.Fenced():
+			return notOwner
+		case s.commits.Revision() >= rev:
+			return nil
+		case committed == acked:
+			return fmt.Errorf("level stream %s: %w (its offset key was written at revision %d by another owner)", s.cfg.Stream, errNotOwner, rev)
+		}
+		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
+			return fmt.Errorf("level stream %s: offset key check: %w", s.cfg.Stream, err)
+		}
+	}
+}

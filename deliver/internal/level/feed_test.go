@@ -1,0 +1,73 @@
+package level
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/internal/natstest"
+)
+
+// TestFeed reads a real level-like stream through the scanner's feed: from
+// the position reset gives, in sequence order, with each message's store
+// time; again from an earlier position after another reset; and it ends
+// with jswire.ErrConsumerDeleted when the consumer goes.
+func TestFeed(t *testing.T) {
+	t.Parallel()
+	nc, js := natstest.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const stream = "DELAYD_FEEDTEST"
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"feedtest.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	for i := 1; i <= n; i++ {
+		if _, err := js.Publish(ctx, "feedtest.x", fmt.Appendf(nil, "m%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := newFeed(nc, js, stream, 4, 0)
+	defer f.close()
+	readFrom := func(from uint64) {
+		t.Helper()
+		if err := f.reset(ctx, from); err != nil {
+			t.Fatal(err)
+		}
+		for want := max(from, 1); want <= n; want++ {
+			m, meta, err := f.next(ctx, nil, true, 0)
+			if err != nil || m == nil {
+				t.Fatalf("from %d: message %d: %v, %v", from, want, m, err)
+			}
+			if meta.StreamSeq != want || meta.Stored.IsZero() || string(m.Data) != fmt.Sprintf("m%d", want) {
+				t.Fatalf("from %d: got %q %+v, want sequence %d", from, m.Data, meta, want)
+			}
+		}
+	}
+	readFrom(4)
+	// Caught up: nothing at once without blocking, nothing within a timeout.
+	if m, _, err := f.next(ctx, nil, false, 0); m != nil || err != nil {
+		t.Fatalf("caught up, not blocking: %v, %v", m, err)
+	}
+	if m, _, err := f.next(ctx, nil, true, 50*time.Millisecond); m != nil || err != nil {
+		t.Fatalf("caught up, timeout: %v, %v", m, err)
+	}
+	wake := make(chan struct{}, 1)
+	wake <- struct{}{}
+	if _, _, err := f.next(ctx, wake, true, 0); !errors.Is(err, jswire.ErrWoken) {
+		t.Fatalf("woken: %v", err)
+	}
+	// The position is the caller's: back to the start.
+	readFrom(0)
+	if err := js.DeleteConsumer(ctx, stream, f.name); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.next(ctx, nil, true, 0); !errors.Is(err, jswire.ErrConsumerDeleted) {
+		t.Fatalf("consumer deleted: %v", err)
+	}
+}

@@ -1,0 +1,222 @@
+package level
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/index"
+)
+
+// handoff.go: the hand-off of a due message to its target (publish, a hop
+// forward) and its dead letter.
+
+// forward moves a cascading message on: it is published to the ingress
+// stream again with Delay-Deliver-At set to its due time, so the router
+// places it at the level for what remains. The write is confirmed by its
+// PubAck like a delivery to a stream; its Nats-Msg-Id (hopKey.hopID: first
+// id and hop number, keyed by delayd's secret) makes the ingress stream drop
+// a repeat after a crash. The message keeps its first id, enqueue time and
+// publisher id.
+func (s *Level) forward(ctx context.Context, m *nats.Msg, seq uint64, target string, due time.Time) error {
+	h := m.Header
+	origin := h.Get(hdrOrigin)
+	if origin == "" {
+		origin = h.Get(hdrIngress)
+	}
+	hops, _ := strconv.Atoi(h.Get(hdrHops))
+	hops++
+	userID, enqueued, merge, partKey := h.Get(hdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(hdrMerge), h.Get(hdrPartKey)
+	stripInternal(h)
+	delete(h, contract.HeaderDueAt)
+	h[contract.HeaderDeliverAt] = []string{contract.FormatTime(due)}
+	h[contract.HeaderEnqueuedAt] = []string{enqueued}
+	h[hdrOrigin] = []string{origin}
+	h[hdrHops] = []string{strconv.Itoa(hops)}
+	if userID != "" {
+		h[hdrMsgID] = []string{userID}
+	}
+	if merge != "" {
+		h[hdrMerge] = []string{merge}
+	}
+	if partKey != "" {
+		h[contract.HeaderPartitionKey] = []string{partKey}
+	}
+	h[contract.HeaderNatsMsgID] = []string{s.cfg.HopKey.HopID(origin, hops)}
+	m.Subject, m.Reply, m.Sub = s.cfg.Prefix+"."+target, "", nil
+	s.cfg.HopKey.Sign(m.Subject, h)
+	fut, err := s.acks.Publish(m)
+	if err != nil {
+		if errors.Is(err, nats.ErrMaxPayload) {
+			// Refused before sending: confirm what precedes it, then dead-letter.
+			s.settle(ctx)
+			if s.next == seq+1 {
+				s.deadLetter(ctx, m, seq, fmt.Errorf("%w: the cascading message exceeds the server's max payload", errTooLarge))
+			}
+			return nil
+		}
+		s.next, s.head, s.resetFeed, s.win.probing = seq, nil, true, true
+		return fmt.Errorf("forward to %q: %w", m.Subject, err)
+	}
+	s.forwarded.Add(1)
+	s.win.add(delivery{seq: seq, target: m.Subject, fut: fut, hop: true})
+	return nil
+}
+
+// publish hands one message to its target: a JetStream publish if bound to
+// a stream, else a core publish.
+func (s *Level) publish(ctx context.Context, m *nats.Msg, seq uint64, target string, bound bool) error {
+	s.deliveryHeaders(m.Header)
+	m.Subject, m.Reply, m.Sub = target, "", nil
+	d := delivery{seq: seq, target: target}
+	var err error
+	if bound {
+		d.fut, err = s.acks.Publish(m)
+	} else {
+		if !s.coreUnflushed {
+			// The first core publish since the last flush: the connection
+			// it goes out on, by its reconnect count.
+			s.coreUnflushed, s.coreReconnects = true, s.nc.Stats().Reconnects
+		}
+		err = s.nc.PublishMsg(m)
+	}
+	if err != nil {
+		if errors.Is(err, nats.ErrMaxPayload) {
+			// Refused before sending: confirm what precedes it, then dead-letter.
+			s.settle(ctx)
+			if s.next != seq+1 {
+				return nil // an earlier delivery failed; this one is read again
+			}
+			s.deadLetter(ctx, m, seq, fmt.Errorf("%w: the delivery exceeds the server's max payload", errTooLarge))
+			return nil
+		}
+		// Not sent: rewind so it is read and tried again. It stays the
+		// due head (probing) until it is handed off.
+		s.next, s.head, s.resetFeed, s.win.probing = seq, nil, true, true
+		return fmt.Errorf("publish to %q: %w", target, err)
+	}
+	s.win.add(d)
+	return nil
+}
+
+// deliveryHeaders turns a level message's headers into those its target
+// receives (docs/guide.md#what-the-target-receives): the internal headers
+// removed, Nats-Msg-Id set to the publisher's id or, without one, to the
+// delivery id derived from the first ingress reference, and Delay-Hops set
+// to the hops a cascading message made.
+//
+// It allocates nothing for a message with a publisher id, and only the
+// derived id's string otherwise: each value set is the slice of the
+// internal header it comes from (the client decodes every header into a
+// slice of its own), moved to its new key before that header is removed.
+func (s *Level) deliveryHeaders(h nats.Header) {
+	id := h[hdrMsgID]
+	if len(id) == 0 || id[0] == "" {
+		// No publisher id: derived from the first ingress reference, made
+		// unguessable.
+		id = h[hdrOrigin]
+		if len(id) == 0 || id[0] == "" {
+			id = h[hdrIngress]
+		}
+		if len(id) > 0 && id[0] != "" {
+			if s.idMAC == nil {
+				s.idMAC = s.cfg.HopKey.NewIDMAC()
+			}
+			id[0] = s.idMAC.DeliveryID(id[0])
+		}
+	}
+	hops := h[hdrHops]
+	stripInternal(h)
+	if len(id) > 0 && id[0] != "" {
+		h[contract.HeaderNatsMsgID] = id[:1]
+	}
+	if len(hops) > 0 && hops[0] != "" {
+		h[contract.HeaderHops] = hops[:1]
+	}
+}
+
+// deadLetter writes a level message that cannot be delivered to DELAYD_DLQ,
+// retrying until it is stored, and then counts it as confirmed so the offset
+// moves past it in order. m is either as read from the level stream or
+// already prepared for delivery.
+func (s *Level) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reason error) {
+	id := m.Header.Get(hdrIngress)
+	if id == "" {
+		id = m.Header.Get(contract.HeaderNatsMsgID) // already prepared for delivery
+	}
+	subject := strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)
+	if subject == "" {
+		subject = m.Subject
+	}
+	_, hopping := m.Header[hdrHopDue]
+	hopping = hopping || m.Header.Get(contract.HeaderDeliverAt) != "" // prepared to move on (forward)
+	key, merge := levelKey(m.Header), m.Header.Get(hdrMerge)
+	dl := deadLetterMsg(subject, m.Header, m.Data, reason, id)
+	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	for {
+		// Each attempt finishes even when ctx ends (a stop), bounded by
+		// opTimeout in publishDeadLetter; ctx ends the retries below.
+		err := publishDeadLetter(context.WithoutCancel(ctx), s.js, dl)
+		if err == nil {
+			s.cfg.Refused.Stored(s.cfg.Stream)
+			break
+		}
+		// Nothing passes it until its dead letter is stored: the level
+		// waits (and reports itself stalled), the other levels go on.
+		logLevel := slog.LevelError // the first refusal; its retries at debug
+		if !s.cfg.Refused.Refused(s.cfg.Stream, err) {
+			logLevel = slog.LevelDebug
+		}
+		s.logger.Log(ctx, logLevel, "dead-letter write failed; retrying", slog.Uint64("seq", seq), slog.Any("error", err))
+		if !backoff.Sleep(ctx) {
+			s.cfg.Refused.Stored(s.cfg.Stream) // not waiting any more: read again at the next start
+			// Stopping: the message stays past the offset and is read,
+			// and dead-lettered, again on the next start.
+			s.next, s.head, s.resetFeed = min(s.next, seq), nil, true
+			return
+		}
+	}
+	if hopping {
+		// Its index record still says it moves on: say it left delayd, so a
+		// cancel answers "not found" and its merge key is free.
+		s.leftDelayd(ctx, key, merge, strings.TrimPrefix(subject, s.cfg.Prefix+"."))
+	}
+	s.logger.Warn("dead-lettered undeliverable message", slog.String("target", subject), slog.Uint64("seq", seq), slog.String("error", reason.Error()))
+	s.deadLettered.Add(1)
+	s.cfg.Reasons.Add(reasonOf(reason))
+	s.next = max(s.next, seq+1)
+	s.passed.Store(max(s.passed.Load(), seq))
+	s.win.passOver(seq)
+	s.settle(ctx)
+}
+
+// leftDelayd writes "left delayd" index records (no placement) for a
+// message's id key and merge key, and frees the merge key in the router.
+func (s *Level) leftDelayd(ctx context.Context, key, merge, target string) {
+	recs := []index.Record{{Key: key, Target: target}}
+	if merge != "" {
+		recs = append(recs, index.Record{Key: index.MergeKey(target, merge), Target: target})
+	}
+	for _, rec := range recs {
+		if rec.Key == "" {
+			continue
+		}
+		// Written even when ctx ends: the message did leave delayd.
+		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		_, err := s.js.PublishMsg(ictx, rec.Msg())
+		cancel()
+		if err != nil {
+			s.logger.Warn("id index write failed", slog.Any("error", err))
+		}
+		if index.IsMergeKey(rec.Key) && s.cfg.MergeGone != nil {
+			s.cfg.MergeGone(rec)
+		}
+	}
+}

@@ -1,0 +1,167 @@
+package level
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver/internal/jswire"
+)
+
+// owner.go: the level's loop for a lease term (Run), its ownership check and its shutdown.
+
+// owns reports whether the scanner may hand off (publish, forward,
+// dead-letter) now: its lease term is valid (an exact check on the
+// monotonic clock: a mutex and a clock read per hand-off) and no offset
+// commit was fenced. A hand-off after the fence can only come from a pause
+// between this check and the publish, one per level;
+// docs/guarantees.md#a-restart-after-a-crash states that bounded
+// duplicate window. The offset cannot go wrong even then: every commit is
+// a compare-and-set.
+func (s *Level) owns() bool { return !s.fencedStop && s.term.Held() }
+
+// Run delivers until ctx is done. On the way out it confirms what is in
+// flight, commits the offset and returns nil. It survives server restarts,
+// retrying with capped, jittered backoff.
+func (s *Level) Run(ctx context.Context) error {
+	reader, err := jswire.NewBatchReader(s.nc, s.cfg.Batch)
+	if err != nil {
+		return err
+	}
+	s.reader = reader
+	defer reader.Close()
+	acks, err := jswire.NewPubAcks(s.nc, s.ackTimeout)
+	if err != nil {
+		return err
+	}
+	acks.FailOnDisconnect()
+	if s.loseAcks != nil {
+		acks.LoseReplies(s.loseAcks)
+	}
+	s.acks = acks
+	defer acks.Close() // after shutdown has confirmed what is in flight
+	s.feed = newFeed(s.nc, s.js, s.cfg.Stream, s.cfg.Batch, s.cfg.BatchBytes)
+	defer s.feed.close()
+	jctx, stopJanitor := context.WithCancel(ctx)
+	janitorDone := make(chan struct{})
+	go func() { defer close(janitorDone); s.runJanitor(jctx) }()
+	defer func() { stopJanitor(); <-janitorDone }()
+	defer s.shutdown()
+
+	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	s.restart = true
+	for {
+		if s.restart {
+			// At start, and whenever the level stream is not the one the
+			// offset belongs to (deleted, or deleted and recreated).
+			if err := s.start(ctx); err != nil {
+				if ctx.Err() != nil || errors.Is(err, errNotOwner) {
+					return nil
+				}
+				s.term.Recovering(true)
+				s.logger.Warn("scanner start failed; retrying", slog.Any("error", err))
+				if !backoff.Sleep(ctx) {
+					return nil
+				}
+				continue
+			}
+			s.restart = false
+			s.term.Recovering(false) // started (a step may wait long for a due head)
+			backoff.Reset()
+		}
+		s.steps.Add(1)
+		err := s.step(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, errNotOwner) || s.fencedStop {
+			return nil // logged where it was found
+		}
+		if err != nil {
+			s.logger.Warn("scanner step failed; retrying", slog.Any("error", err))
+			if !backoff.Sleep(ctx) {
+				return nil
+			}
+			continue
+		}
+		backoff.Reset()
+	}
+}
+
+// sleep waits d, or until ctx is done or a cancel request wakes the scanner.
+func (s *Level) sleep(ctx context.Context, d time.Duration) error { return sleepWake(ctx, s.wake, d) }
+
+// sameStream reports whether the level stream is still the one the scanner
+// started on. If it was deleted, or deleted and recreated, the scanner
+// starts over (offset checked against the new stream) and it returns false.
+func (s *Level) sameStream(ctx context.Context) bool {
+	ictx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	info, err := s.stream.Info(ictx)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		s.logger.Warn("level stream gone; starting over")
+	case err != nil || leaderless(info):
+		return true // unknown: the caller's own request will fail or succeed
+	case !info.Created.Equal(s.created) || s.commits.Committed() > info.State.LastSeq:
+		s.logger.Warn("level stream recreated; starting over")
+	default:
+		return true
+	}
+	s.restart, s.resetFeed, s.replaced = true, true, true
+	return false
+}
+
+// shutdown confirms and commits what is in flight when Run ends. Run's
+// context is done by then, so it works on fresh contexts, each bounded by
+// opTimeout: one to confirm the deliveries and purge, one to wait for the
+// offset write.
+func (s *Level) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	s.settle(ctx)
+	cctx, ccancel := context.WithTimeout(context.Background(), opTimeout)
+	if err := s.commits.Settle(cctx); err != nil && cctx.Err() != nil {
+		s.logger.Warn("offset commit unconfirmed at shutdown", slog.Uint64("offset", s.commits.Committed()))
+	}
+	ccancel()
+	if s.commits.Fenced() {
+		s.fenced() // a commit refused after the term ended, or before a Commit saw it
+	}
+	s.noteAcked()
+	s.purge(ctx, true) // the delivered prefix goes with a clean stop
+	s.logger.Debug("scanner stopped", slog.Uint64("offset", s.commits.Committed()))
+}
+
+// leaderless reports whether a stream info was answered by a member of a
+// replicated stream's group while the group had no leader. nats-server lets
+// such a follower answer with its own state, which may lag the stream's:
+// a lower last sequence (an offset past it would look like a recreated
+// stream) or an older first sequence. A scanner decides nothing from it.
+// (A clustered leader's info names it in Cluster.Leader; a standalone
+// server names itself.)
+func leaderless(info *jetstream.StreamInfo) bool {
+	return info != nil && info.Cluster != nil && info.Cluster.Leader == ""
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error { return sleepWake(ctx, nil, d) }
+
+// sleepWake waits d, or until ctx is done (its error) or wake receives
+// (nil; a nil wake never does).
+func sleepWake(ctx context.Context, wake <-chan struct{}, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	case <-wake:
+	}
+	return nil
+}

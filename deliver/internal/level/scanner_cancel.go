@@ -1,0 +1,496 @@
+package level
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/ownership"
+)
+
+type cancelReq struct {
+	rec    index.Record
+	status bool // a status request: decide, reserve nothing
+	reply  chan cancelDecision
+}
+
+// cancelDecision is the scanner goroutine's answer to a cancelReq. With
+// answerReserved, res is the sequence's reservation, and startTail and
+// startedAt are the scanner's, to tell a message perhaps delivered before
+// a crash (see [Level.completeCancel]). With answerRetry and a non-nil
+// wait, another cancel of the sequence is in flight: ask again once wait
+// is closed.
+type cancelDecision struct {
+	answer    cancelAnswer
+	res       *reservation
+	wait      <-chan struct{}
+	startTail uint64
+	startedAt time.Time
+	term      ownership.Term // the term that reserved it, for the fenced check (Level.confirmOwner)
+}
+
+// answerReserved is a decision only the scanner gives to RequestCancel:
+// the sequence is not passed and is reserved for the requester's I/O.
+const answerReserved cancelAnswer = -1
+
+// ownerPoll is how often a cancel waiting for a scanner's decision checks
+// that the scanner still runs (owns its level).
+const ownerPoll = 100 * time.Millisecond
+
+// cancelGrace is how long past a reservation's deadline the scanner waits
+// for its outcome before it takes the sequence back and delivers it.
+const cancelGrace = time.Second
+
+// clip quotes at most n bytes of b for a log line.
+func clip(b []byte, n int) string {
+	if len(b) > n {
+		return strconv.Quote(string(b[:n])) + "…"
+	}
+	return strconv.Quote(string(b))
+}
+
+// RequestCancel cancels the message rec places in this level, on the
+// caller's goroutine (a cancel worker), reading with reader. The scanner's
+// goroutine only decides, between two deliveries, whether the sequence is
+// passed (handed off: the answer) or not; if not, it reserves the
+// sequence, and the I/O (the read that checks the message, the tombstone
+// write and its PubAck) happens here, so a slow write holds no delivery
+// but this message's own. A message is either handed to its target or
+// cancelled, never both (docs/guarantees.md#delivered-xor-cancelled).
+func (s *Level) RequestCancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record) (cancelAnswer, error) {
+	return s.request(ctx, reader, rec, false)
+}
+
+// RequestStatus is [Level.RequestCancel] for a status request: the
+// scanner's goroutine decides as for a cancel, but reserves nothing, so a
+// message not handed off and not cancelled answers answerPending and is
+// delivered as usual. A cancel in flight is waited for; "cancelled" holds
+// only after the same fenced check as a cancel's.
+func (s *Level) RequestStatus(ctx context.Context, rec index.Record) (cancelAnswer, error) {
+	return s.request(ctx, nil, rec, true)
+}
+
+func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (cancelAnswer, error) {
+	// A scanner whose lease term ends stops deciding: the requester looks
+	// every ownerPoll, and gives up with an error to send again.
+	tick := time.NewTicker(ownerPoll)
+	defer tick.Stop()
+	stopped := fmt.Errorf("level stream %s: %w; send the cancel again", s.cfg.Stream, errNotOwner)
+	for {
+		req := cancelReq{rec: rec, status: status, reply: make(chan cancelDecision, 1)}
+	send:
+		for {
+			select {
+			case s.cancels <- req:
+				break send
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-tick.C:
+				if !s.owned.Load() {
+					return 0, stopped
+				}
+			}
+		}
+		s.nudge()
+		var d cancelDecision
+	wait:
+		for {
+			select {
+			case d = <-req.reply:
+				break wait
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-tick.C:
+				if !s.owned.Load() {
+					// The next term decides it if it is still queued (a
+					// reservation nobody completes is taken back after
+					// its deadline, like any other).
+					return 0, stopped
+				}
+			}
+		}
+		switch {
+		case d.answer == answerReserved:
+			return s.completeCancel(ctx, reader, rec, d)
+		case d.answer == answerRetry && d.wait != nil:
+			// Another cancel of this sequence is writing: its outcome
+			// decides this one.
+			select {
+			case <-d.wait:
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		case d.answer == answerCancelled:
+			// A tombstone this process holds: "cancelled" holds only
+			// while this term owns the level (the next owner may not
+			// have loaded it), as for a tombstone just written.
+			if err := s.confirmOwner(ctx, d.term); err != nil {
+				return 0, err
+			}
+			return d.answer, nil
+		default:
+			return d.answer, nil
+		}
+	}
+}
+
+// nudge wakes the scanner from a wait.
+func (s *Level) nudge() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// serveCancels decides the queued cancel requests. It runs on the
+// scanner's goroutine and does no I/O.
+func (s *Level) serveCancels() {
+	for {
+		select {
+		case req := <-s.cancels:
+			req.reply <- s.decideCancel(req.rec, req.status)
+		default:
+			return
+		}
+	}
+}
+
+// decideCancel runs on the scanner's goroutine, between two deliveries. A
+// sequence below next has been handed off (delivered, or forwarded to its
+// next level); so may have one retried after an ambiguous failure: those
+// answer as handed off and are delivered (again) as usual. A cancelled or
+// reserved one answers from [cancelBook]. Any other is reserved: the
+// scanner does not pass it until the requester's tombstone write has an
+// outcome ([Level.awaitCancel]); for a status request it answers
+// answerPending instead.
+func (s *Level) decideCancel(rec index.Record, status bool) cancelDecision {
+	seq := rec.Seq
+	_, tombstoned, r := s.book.lookup(seq)
+	switch {
+	case tombstoned:
+		return cancelDecision{answer: answerCancelled, term: s.term}
+	case r != nil:
+		return cancelDecision{answer: answerRetry, wait: r.done}
+	}
+	if seq < s.next || s.win.tried(seq) {
+		return cancelDecision{answer: handedOff(rec)}
+	}
+	if status {
+		return cancelDecision{answer: answerPending}
+	}
+	return cancelDecision{
+		answer:    answerReserved,
+		res:       s.book.reserve(seq, time.Now().Add(opTimeout)),
+		startTail: s.startTail,
+		startedAt: s.startedAt,
+		term:      s.term,
+	}
+}
+
+// handedOff is the answer for a message rec places that left this level.
+func handedOff(rec index.Record) cancelAnswer {
+	if rec.Hop {
+		return answerForwarded
+	}
+	return answerDelivered
+}
+
+// completeCancel does a reserved cancel's I/O on the requester's
+// goroutine, by the reservation's deadline. The record names a sequence
+// the router predicted: the message there is checked to be the one asked
+// for. One that was due before the scanner (re)started may have been
+// delivered before a crash, its offset not committed: it answers as handed
+// off and is delivered (again) as usual. Otherwise a durable tombstone is
+// written (waiting for its PubAck), and only then does the reservation
+// become the tombstone; the answer is "cancelled" only once a fenced
+// check ([Level.confirmOwner]) shows that the term that reserved it
+// still owns the level, so that every later owner loads the tombstone.
+// A failed check returns an error wrapping errNotOwner: the cancel is
+// asked again of the level's next owner, which answers from the
+// tombstone if it loaded it, and decides afresh if not. If anything else
+// fails, the reservation is released and the message is delivered as
+// usual.
+func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record, d cancelDecision) (answer cancelAnswer, err error) {
+	r := d.res
+	kept := false
+	defer func() {
+		if !kept {
+			s.book.release(r)
+		}
+	}()
+	rctx, cancel := context.WithDeadline(ctx, r.deadline)
+	defer cancel()
+	buf, err := reader.Read(rctx, s.cfg.Stream, nil, rec.Seq, 1, 1)
+	switch {
+	case err != nil:
+		return 0, err
+	case len(buf) == 0:
+		return answerRetry, nil // the level write is not stored yet
+	case buf[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.Seq, 10) || levelKey(buf[0].Header) != rec.Key:
+		return answerGone, nil
+	}
+	m := buf[0]
+	if due, _ := levelDue(m.Header); rec.Seq <= d.startTail && !due.After(d.startedAt.Add(time.Second)) {
+		return handedOff(rec), nil // perhaps delivered before a crash
+	}
+	t := index.Tombstone{Seq: rec.Seq, Key: rec.Key, Target: strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)}
+	if mk := m.Header.Get(hdrMerge); mk != "" {
+		t.MergeKey = index.MergeKey(t.Target, mk)
+	}
+	ack, err := s.js.PublishMsg(rctx, &nats.Msg{Subject: index.TombstoneSubject(s.cfg.Stream), Data: t.Encode()})
+	if err != nil {
+		return 0, fmt.Errorf("cancel tombstone: %w", err)
+	}
+	t.At = ack.Sequence
+	if kept = s.book.resolve(r, t); !kept {
+		// The scanner waited past the deadline and took the sequence
+		// back: it is delivered. The late tombstone must not cancel a
+		// delivery again after a restart.
+		s.logger.Warn("cancel tombstone stored after its deadline; the message is delivered", slog.Uint64("seq", rec.Seq))
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		defer cancel()
+		if st, err := s.js.Stream(dctx, cancelStream); err == nil {
+			_ = st.DeleteMsg(dctx, t.At)
+		}
+		return handedOff(rec), nil
+	}
+	if err := s.confirmOwner(ctx, d.term); err != nil {
+		// The tombstone stays (a later owner that loads it skips the
+		// message), but nothing is answered or indexed as cancelled.
+		s.logger.Warn("cancel tombstone stored, but the level's term ended meanwhile; the cancel is asked of the next owner", slog.Uint64("seq", rec.Seq), slog.Any("error", err))
+		return 0, err
+	}
+	s.cancelledN.Add(1)
+	// Later cancels of this id answer from the index, also once the
+	// tombstone is gone, and its merge key is free. (If this fails, the
+	// janitor writes them before it deletes the tombstone.)
+	ictx, icancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	defer icancel()
+	if s.writeGone(ictx, t) == nil {
+		s.book.markIndexed(t.Seq)
+	}
+	s.logger.Debug("message cancelled", slog.Uint64("seq", rec.Seq), slog.String("key", rec.Key[1:]))
+	return answerCancelled, nil
+}
+
+// awaitCancel waits, on the scanner's goroutine, for the outcome of the
+// cancel that reserved the due head r.seq: until it is resolved or
+// released, a cancel request arrives (to be decided), ctx is done, or r's
+// deadline plus cancelGrace passes; then the scanner takes the sequence
+// back and delivers it (the late tombstone is not taken). It never does
+// the cancel's I/O itself.
+func (s *Level) awaitCancel(ctx context.Context, r *reservation) {
+	t := time.NewTimer(time.Until(r.deadline) + cancelGrace)
+	defer t.Stop()
+	select {
+	case <-r.done:
+	case <-s.wake:
+	case <-ctx.Done():
+	case <-t.C:
+		if s.book.expire(r) {
+			s.logger.Warn("cancel tombstone write not answered in time; delivering", slog.Uint64("seq", r.seq))
+		}
+	}
+}
+
+// writeGone writes the "cancelled" index records of t, and tells the router
+// its merge key is free.
+func (s *Level) writeGone(ctx context.Context, t index.Tombstone) error {
+	for _, key := range []string{t.Key, t.MergeKey} {
+		if key == "" {
+			continue
+		}
+		if _, err := s.js.PublishMsg(ctx, index.Record{Key: key, Gone: true, Target: t.Target}.Msg()); err != nil {
+			s.logger.Warn("id index write failed", slog.Any("error", err))
+			return err
+		}
+	}
+	if t.MergeKey != "" && s.cfg.MergeGone != nil {
+		s.cfg.MergeGone(index.Record{Key: t.MergeKey, Gone: true, Target: t.Target})
+	}
+	return nil
+}
+
+// skipCancelled reports whether the head at seq is cancelled, and if so
+// passes it without delivering it.
+func (s *Level) skipCancelled(m *nats.Msg, seq uint64) bool {
+	t, ok, _ := s.book.lookup(seq)
+	if !ok {
+		return false
+	}
+	if t.Key != levelKey(m.Header) {
+		// Not the message the tombstone was written for (a stream deleted
+		// and recreated under it): it is delivered.
+		s.logger.Warn("cancel tombstone does not match the message at its sequence; delivering", slog.Uint64("seq", seq))
+		return false
+	}
+	s.head = nil
+	s.next = seq + 1
+	s.passed.Store(seq)
+	s.win.passOver(seq)
+	return true
+}
+
+// cancelHolds is the last look at the due head seq before it is handed
+// off (delivered or forwarded): it reports true if the head must be looked
+// at again instead. A cancel may have reserved it, or turned its
+// reservation into a tombstone, since skipCancelled looked: a reserved
+// head is held until the cancel's outcome is known (awaitCancel), a
+// tombstoned one is skipped at the next look.
+func (s *Level) cancelHolds(ctx context.Context, seq uint64) bool {
+	_, tombstoned, r := s.book.lookup(seq)
+	if r != nil {
+		s.awaitCancel(ctx, r)
+	}
+	return tombstoned || r != nil
+}
+
+// loadTombstones reads the level's tombstones at start (in a term: after
+// the offset key's bump). Those the offset has passed go to the janitor;
+// the rest are skipped when reached. The reads are direct gets, which a
+// follower of an R3 stream may answer before it applied the latest
+// writes: the walk is checked against the last tombstone the stream's
+// leader has, and read again until it reached it, so a tombstone stored
+// before the bump (a cancel answered "cancelled" by the previous owner)
+// is never missed.
+func (s *Level) loadTombstones(ctx context.Context, offset uint64) error {
+	s.book.reset()
+	subject := index.TombstoneSubject(s.cfg.Stream)
+	backoff := newBackoff(10*time.Millisecond, 200*time.Millisecond)
+	for {
+		var seen uint64
+		err := s.reader.EachOnSubject(ctx, cancelStream, subject, s.cfg.Batch, opTimeout, func(m *nats.Msg, at uint64) {
+			seen = max(seen, at)
+			t, ok := index.DecodeTombstone(m.Data, at)
+			if !ok {
+				// Not one delayd wrote: it cancels nothing and stays until an
+				// operator removes it (docs/operations.md#state-in-nats-missing-garbled-from-another-table).
+				s.logger.Warn("cancel tombstone not readable; ignored", slog.String("tombstones", cancelStream),
+					slog.Uint64("tombstone_seq", at), slog.String("value", clip(m.Data, 64)))
+				return
+			}
+			s.book.load(t) // indexed unknown: the janitor checks
+		})
+		if err != nil {
+			return fmt.Errorf("cancel tombstones: %w", err)
+		}
+		lctx, cancel := context.WithTimeout(ctx, opTimeout)
+		_, last, found, err := jswire.LastOnSubject(lctx, s.nc, cancelStream, subject)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("cancel tombstones: %w", err)
+		}
+		if !found || last <= seen {
+			break
+		}
+		s.logger.Debug("cancel tombstones read from a replica behind the leader; reading again", slog.Uint64("seen", seen), slog.Uint64("leader_last", last))
+		if !backoff.Sleep(ctx) {
+			return fmt.Errorf("cancel tombstones: %w", ctx.Err())
+		}
+	}
+	s.dropTombstones(offset)
+	return nil
+}
+
+// dropTombstones hands the tombstones the acknowledged offset has passed
+// to the janitor, which deletes them: from then on they cost nothing.
+func (s *Level) dropTombstones(acked uint64) {
+	s.book.drop(acked, func(r retiree) bool {
+		select {
+		case s.janitor <- r:
+			return true
+		default: // the janitor is behind: next time
+			return false
+		}
+	})
+}
+
+// runJanitor deletes the tombstones dropTombstones hands it, off the
+// scanner's goroutine. Before a tombstone goes, its message's "cancelled"
+// index records must be written (unless a later placement of the same id
+// is the latest record by now), so a later cancel still answers cancelled.
+func (s *Level) runJanitor(ctx context.Context) {
+	reader, err := jswire.NewBatchReader(s.nc, index.Batch)
+	if err != nil {
+		s.logger.Error("cancel tombstone janitor", slog.Any("error", err))
+		return
+	}
+	defer reader.Close()
+	for {
+		var r retiree
+		select {
+		case <-ctx.Done():
+			return
+		case r = <-s.janitor:
+		}
+		jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		err := s.retire(jctx, reader, r)
+		cancel()
+		s.book.retired(r.t.Seq, err == nil)
+		if err != nil {
+			s.logger.Warn("cancel tombstone not deleted; retrying later", slog.Uint64("seq", r.t.Seq), slog.Any("error", err))
+		}
+	}
+}
+
+// retire writes r's missing index records and deletes the tombstone.
+func (s *Level) retire(ctx context.Context, reader *jswire.BatchReader, r retiree) error {
+	t := r.t
+	if !r.indexed {
+		for _, key := range []string{t.Key, t.MergeKey} {
+			if key == "" {
+				continue
+			}
+			latest, ok, err := index.Lookup(ctx, reader, key, opTimeout)
+			if err != nil {
+				return err
+			}
+			if ok && !latest.Gone && (latest.Stream != s.cfg.Stream || latest.Seq != t.Seq) {
+				continue // the id or key was placed again since: that placement is not cancelled
+			}
+			if !ok || !latest.Gone {
+				target := t.Target // known if cancelled by this process, else the placement's
+				if target == "" {
+					target = latest.Target
+				}
+				if _, err := s.js.PublishMsg(ctx, index.Record{Key: key, Gone: true, Target: target}.Msg()); err != nil {
+					return err
+				}
+			}
+		}
+		s.book.markIndexed(t.Seq)
+	}
+	if err := s.tombstones.DeleteMsg(ctx, t.At); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return err
+	}
+	return nil
+}
+
+// PendingAt reports whether the message rec places in this level has not
+// been handed to its target and is not cancelled (a cancel in flight
+// counts as pending); a cascading message forwarded to its next level
+// counts as pending until its due time (a cancel of it on its next level
+// writes a newer "cancelled" record). The router calls it to merge; the
+// answer may be overtaken by the scanner at once, which is the merge's
+// semantics: the later message arrived while the first was pending.
+func (s *Level) PendingAt(rec index.Record) bool {
+	switch {
+	case s.book.cancelled(rec.Seq):
+		return false
+	case rec.Seq > s.passed.Load():
+		return true
+	default:
+		// By the server's clock; erring towards "not pending", which costs
+		// a merge, never a message merged into one already delivered.
+		return rec.Hop && rec.Due.After(s.srv.upper())
+	}
+}

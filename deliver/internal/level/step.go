@@ -1,0 +1,234 @@
+package level
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/jswire"
+)
+
+// step.go: one step of the loop: read the head, decide, hand off what is due.
+
+// step delivers the head if it is due, or waits for it.
+func (s *Level) step(ctx context.Context) error {
+	s.serveCancels()
+	if s.resetFeed {
+		if !s.sameStream(ctx) {
+			return nil
+		}
+		if err := s.feed.reset(ctx, s.next); err != nil {
+			return err
+		}
+		s.resetFeed, s.head, s.feedFresh = false, nil, true
+	}
+	if s.head == nil {
+		m, meta, err := s.feed.next(ctx, nil, false, 0)
+		if err == nil && m == nil {
+			// Nothing buffered: confirm and commit before blocking. A
+			// failed delivery that was rewound is still the due head.
+			if !s.quiesce(ctx, !s.win.probing) {
+				return nil // a delivery failed and was rewound
+			}
+			if s.commits.Committed() > s.purgedTo {
+				// A purge is due once the level has been quiet a moment.
+				if m, meta, err = s.feed.next(ctx, s.wake, true, s.cfg.PurgeEvery); err == nil && m == nil {
+					s.settleCommit(ctx) // acknowledged by now, normally: the purge goes up to it
+					s.purge(ctx, true)
+				}
+			}
+			if err == nil && m == nil {
+				m, meta, err = s.feed.next(ctx, s.wake, true, 0)
+			}
+		}
+		if errors.Is(err, jswire.ErrWoken) {
+			return nil // a cancel request: decided at the top of the next step
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.settle(ctx)
+			s.resetFeed = true
+			return err
+		}
+		if meta.StreamSeq < s.next {
+			return nil // read again after a reset
+		}
+		fresh := s.feedFresh
+		s.feedFresh = false
+		if meta.StreamSeq > s.next && !fresh {
+			// A level stream has no gaps above its purged prefix, so a
+			// sequence skipped mid-stream was lost on the way (a full
+			// client buffer): read again from next.
+			s.logger.Warn("level stream read skipped a sequence; reading again", slog.Uint64("want", s.next), slog.Uint64("got", meta.StreamSeq))
+			s.resetFeed = true
+			return nil
+		}
+		s.head, s.headMeta = m, meta
+		s.observeClock(ctx, meta.StreamSeq, meta.Stored)
+	}
+	m, seq := s.head, s.headMeta.StreamSeq
+	if s.win.skipDone(seq) {
+		// Confirmed before an earlier delivery failed: not sent again.
+		s.head = nil
+		s.next = seq + 1
+		return nil
+	}
+	if isMarker(m.Subject) {
+		// A router's epoch marker (deliver/internal/routing/marker.go): never delivered nor
+		// counted; the offset passes it in order, like a cancelled one.
+		s.head = nil
+		s.next = seq + 1
+		s.passed.Store(seq)
+		s.win.passOver(seq)
+		s.afterPublish(ctx)
+		return nil
+	}
+	if s.skipCancelled(m, seq) {
+		s.afterPublish(ctx)
+		return nil
+	}
+	// The view of the head, asking only what decide reads (see headView).
+	target, due := s.parse(m, s.headMeta.Stored)
+	v := headView{due: due}
+	if s.srv.stale() {
+		s.refreshClock(ctx)
+	}
+	v.now = s.srv.now()
+	v.hopDue, v.hop = s.hopDue(m)
+	if when := v.waitsFor(); when.After(v.now) && s.srv.uncertain(when) {
+		// Due but for the drift allowed since an older observation.
+		s.refreshClock(ctx)
+		v.now = s.srv.now()
+	}
+	if !v.hop {
+		v.bound = s.cfg.Targets.Bound(target)
+	}
+	if v.coreDue() {
+		if v.disconnected = !s.nc.IsConnected(); v.disconnected {
+			s.grace.disconnected() // the next look starts the grace
+		} else {
+			// A reconnect this scanner saw happen, or one that happened
+			// while it slept (the reconnect count, looked at no more than
+			// every 50 ms), starts the grace for what fell due meanwhile.
+			s.grace.look(func() uint64 { return s.nc.Stats().Reconnects })
+		}
+	}
+	if !v.hop && !v.bound && !v.disconnected {
+		v.grace = s.grace.hold(v.due, v.now)
+	}
+	a := v.decide()
+	if !a.handOff() {
+		if !a.idle() {
+			s.headFellDue(a.fellDue) // held: a due head, and no progress
+		}
+		if !s.quiesce(ctx, a.idle()) {
+			return nil // a delivery failed and was rewound: read it again
+		}
+		return s.sleep(ctx, a.wait)
+	}
+	// A due head: a hand-off (moving on, for a hop) that keeps failing
+	// stalls the level.
+	s.headFellDue(a.fellDue)
+	if s.cancelHolds(ctx, seq) {
+		return nil // looked at again: skipped if cancelled
+	}
+	if held, err := s.cfg.Gate.holds(ctx, seq); held != "" {
+		// Routed under the level's current partition count while an older
+		// message of the level waits in another stream: it goes first.
+		if err != nil && ctx.Err() == nil {
+			s.logger.Warn("partition order check failed; holding the head", slog.Any("error", err))
+		}
+		if held != s.gateHeld {
+			s.gateHeld = held
+			s.logger.Info("holding the level's new messages until an older partition's are delivered", slog.String("older", held), slog.Uint64("seq", seq))
+		}
+		if !s.quiesce(ctx, false) {
+			return nil
+		}
+		return s.sleep(ctx, orderGatePoll)
+	}
+	if !s.owns() {
+		// Checked once per hand-off, after any wait: the head stays
+		// unpassed for the next owner.
+		s.logger.Info("level stopped: this replica's lease term ended", slog.Uint64("epoch", s.term.Epoch), slog.Uint64("seq", seq))
+		return errNotOwner
+	}
+	s.head = nil
+	s.next = seq + 1
+	s.passed.Store(seq)
+	if a.kind == headForward {
+		if err := s.forward(ctx, m, seq, target, v.due); err != nil {
+			return err
+		}
+	} else {
+		s.lastLateness.Store(int64(a.lateness))
+		if s.cfg.OnDelivery != nil {
+			s.cfg.OnDelivery(a.lateness)
+		}
+		if err := s.publish(ctx, m, seq, target, v.bound); err != nil {
+			return err
+		}
+	}
+	s.afterPublish(ctx)
+	return nil
+}
+
+// afterPublish confirms deliveries as the window requires.
+func (s *Level) afterPublish(ctx context.Context) {
+	switch {
+	case s.win.probing:
+		s.settle(ctx)
+	case s.win.full():
+		s.settleFirst(ctx, s.cfg.Window/2)
+		s.purge(ctx, false)
+	}
+}
+
+// hopDue returns when a cascading message's wait at this level ends, if it
+// has more to wait after it.
+func (s *Level) hopDue(m *nats.Msg) (time.Time, bool) {
+	v := m.Header.Get(hdrHopDue)
+	if v == "" {
+		return time.Time{}, false
+	}
+	t, err := parseTime(v)
+	return t, err == nil
+}
+
+// quiesce readies the scanner to wait: it confirms and commits what is in
+// flight and purges the delivered prefix. With idle set (the head is not due,
+// or there is none) it marks the level as holding no due head. It returns
+// false if a delivery failed and was rewound, in which case the caller must
+// read again instead of waiting.
+func (s *Level) quiesce(ctx context.Context, idle bool) bool {
+	next := s.next
+	s.settle(ctx)
+	if s.next != next {
+		return false
+	}
+	s.purge(ctx, false)
+	if idle {
+		s.noDueHead()
+	}
+	return true
+}
+
+// parse returns a level message's target and due time. A message without a
+// readable Delay-Due-At (written by hand) is due at its level-stream store
+// time plus the stream's delay, never earlier than the contract's due.
+func (s *Level) parse(m *nats.Msg, stored time.Time) (string, time.Time) {
+	target := strings.TrimPrefix(m.Subject, s.subject)
+	due, err := parseTime(m.Header.Get(contract.HeaderDueAt))
+	if err != nil {
+		due = stored.Add(s.delay)
+		s.logger.Warn("level message without a valid due time; using its store time plus the level's delay", slog.String("value", m.Header.Get(contract.HeaderDueAt)))
+	}
+	return target, due
+}

@@ -1,0 +1,145 @@
+package routing
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/ownership"
+)
+
+// Epoch markers (docs/guarantees.md#epoch-markers).
+//
+// A router that takes the router lease writes, before its first level
+// write of the term, one marker to every level stream it writes: a
+// message with no payload on the level's marker subject, carrying its
+// lease epoch, written with Nats-Expected-Last-Sequence at the tail it
+// synced. A stale router's write still in flight, or sent after a pause,
+// expects an older last sequence, so the server refuses it; and the
+// stale router's resync finds the newer epoch and stops the router
+// (errRouterFenced) instead of taking its refused message for one a
+// newer router stored. Every reader of level streams skips markers: the
+// scanners pass them without delivering them, the tail sync walks back
+// over them (a marker carries the ingress reference of the level's last
+// router write before it, since the scanners may purge everything else),
+// the re-index and the cancel paths never find one under an index key.
+
+// markerTarget is the target part of the marker subject
+// "delayd.level.<level name>.delayd.router.epoch". It lies under delayd's
+// internal subjects, which no target may ([contract.ValidateTarget]), so
+// no level message of a publisher's can have the marker subject.
+const markerTarget = contract.InternalPrefix + ".router.epoch"
+
+// markerSubject returns the marker subject of the level named name.
+func markerSubject(name string) string { return levelSubjects + name + "." + markerTarget }
+
+// isMarkerMsg reports whether m, as read by direct get (its subject in the
+// Nats-Subject header) or from a consumer (its own subject), is a marker.
+func isMarkerMsg(m *nats.Msg) bool {
+	if s := m.Header.Get(hdrJSSubject); s != "" {
+		return isMarker(s)
+	}
+	return isMarker(m.Subject)
+}
+
+// markerEpoch returns the epoch a marker carries; false if it carries none
+// that parses.
+func markerEpoch(h nats.Header) (uint64, bool) {
+	e, err := strconv.ParseUint(h.Get(hdrRouterEpoch), 10, 64)
+	return e, err == nil
+}
+
+// markerLease returns the key of the lease whose epoch a marker carries:
+// [ownership.RouterKey] unless it names another (the router of an
+// ingress partition, "router.<i>").
+func markerLease(h nats.Header) string { return cmp.Or(h.Get(hdrRouterLease), ownership.RouterKey) }
+
+// errRouterFenced ends a router's term: a router of a newer term wrote a
+// level stream (its epoch marker, or messages past this router's last
+// write). This router acks nothing more and stops until it takes the lease
+// again.
+var errRouterFenced = errors.New("a router of a newer term writes the level streams (fenced)")
+
+// wrongLastSeq reports whether err is the server's refusal of a write
+// whose Nats-Expected-Last-Sequence was not the stream's last sequence
+// (code 10071, or 10164 on a replicated stream).
+func wrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// checkMarker is [Router.readMarker] on the router's goroutine: this
+// term's own marker marks the level as done for the term.
+func (r *Router) checkMarker(ctx context.Context, w *levelWriter) error {
+	own, err := r.readMarker(ctx, w)
+	if own {
+		w.marked = r.term.Epoch
+	}
+	r.countFence(w, err)
+	return err
+}
+
+// countFence counts err in w's fenced writes if it is a fence. Only the
+// router's goroutine counts, when the fence ends its session: level syncs
+// that meet the same fence at once count it once.
+func (r *Router) countFence(w *levelWriter, err error) {
+	if errors.Is(err, errRouterFenced) {
+		w.fenced.Add(1)
+	}
+}
+
+// readMarker reads the newest marker of w's level stream: a newer epoch
+// than this router's term fences the router; own reports this term's own
+// (a marker whose PubAck was lost is not written twice). A router on its
+// own (epoch 0) writes and checks no markers. Epochs are per lease: a
+// marker of another router lease (written under another ingress partition
+// count, whose routers all stopped before this count started: a shared
+// setting) fences nothing, and this term writes its own after it. Any
+// goroutine: it changes nothing of w's (the caller counts a fence).
+func (r *Router) readMarker(ctx context.Context, w *levelWriter) (own bool, err error) {
+	if r.term.Epoch == 0 {
+		return false, nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, opTimeout)
+	h, seq, _, err := jswire.LastOnSubject(rctx, r.js.Conn(), w.stream, w.marker)
+	cancel()
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("level stream %s: epoch marker: %w", w.stream, err)
+	case h == nil:
+		return false, nil
+	}
+	epoch, ok := markerEpoch(h)
+	switch {
+	case !ok || markerLease(h) != r.LeaseKey():
+	case epoch > r.term.Epoch:
+		return false, fmt.Errorf("%w: level stream %s holds the epoch marker of term %d at sequence %d, this router's term is %d",
+			errRouterFenced, w.stream, epoch, seq, r.term.Epoch)
+	case epoch == r.term.Epoch:
+		return true, nil
+	}
+	return false, nil
+}
+
+// markerMsg returns this term's epoch marker for w's level stream, to be
+// written at the tail the level's sync found (applySync): a marker refused
+// because the stream moved since makes the level sync again, and find a
+// newer router's marker if that is what moved it.
+func (r *Router) markerMsg(w *levelWriter) *nats.Msg {
+	h := nats.Header{hdrRouterEpoch: {strconv.FormatUint(r.term.Epoch, 10)}, jetstream.ExpectedLastSeqHeader: {strconv.FormatUint(w.expected, 10)}}
+	if key := r.LeaseKey(); key != ownership.RouterKey {
+		h[hdrRouterLease] = []string{key}
+	}
+	if w.tailRef != "" {
+		h[hdrRouterTail] = []string{w.tailRef}
+	}
+	return &nats.Msg{Subject: w.marker, Header: h}
+}

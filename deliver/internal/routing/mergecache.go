@@ -1,0 +1,111 @@
+package routing
+
+import (
+	"sync"
+
+	"github.com/delayd/delayd/deliver/internal/index"
+)
+
+// mergeCacheMax bounds the router's cache of the latest placement of each
+// merge key it placed (about 100 bytes an entry).
+const mergeCacheMax = 1 << 16
+
+// mergeCache holds the placements of merge keys this process placed, so the
+// next message with a key and target is merged without an index lookup.
+// The router is the only writer of placements, so a key it placed is
+// current here until evicted (oldest first, beyond mergeCacheMax keys).
+//
+// It is safe for concurrent use, guarded by its own mutex: the router's
+// session goroutine adds and looks up keys, the write pipeline's acker
+// confirms them, and the scanners free the keys of cancelled messages.
+type mergeCache struct {
+	mu     sync.Mutex
+	flight map[string]index.Record // placements whose level write is not confirmed yet
+	recent map[string]index.Record // the latest confirmed placement of each key
+	order  []string                // recent's keys, oldest first, for eviction
+}
+
+func newMergeCache() *mergeCache {
+	return &mergeCache{flight: make(map[string]index.Record), recent: make(map[string]index.Record)}
+}
+
+// lookup returns the placement of merge-index key k: in flight first, then
+// confirmed. ok is false when the cache does not know k (the index may).
+func (c *mergeCache) lookup(k string) (rec index.Record, ok bool) {
+	rec, _, ok = c.lookupFlight(k)
+	return rec, ok
+}
+
+// lookupFlight is lookup, also reporting whether the placement is in
+// flight (its index records are not stored yet).
+func (c *mergeCache) lookupFlight(k string) (rec index.Record, inFlight, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rec, inFlight = c.flight[k]; inFlight {
+		return rec, true, true
+	}
+	rec, ok = c.recent[k]
+	return rec, false, ok
+}
+
+// submitted records a placement whose level write was sent.
+func (c *mergeCache) submitted(rec index.Record) {
+	c.mu.Lock()
+	c.flight[rec.Key] = rec
+	c.mu.Unlock()
+}
+
+// settled moves a placement from in flight to confirmed once its level
+// write is confirmed (ok), or forgets it when the write failed: it is routed
+// again, and must not merge into its own failed placement. A placement in
+// flight that a later one replaced is left alone.
+func (c *mergeCache) settled(rec index.Record, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cur, inFlight := c.flight[rec.Key]
+	if !inFlight || cur.Stream != rec.Stream || cur.Seq != rec.Seq {
+		return
+	}
+	delete(c.flight, rec.Key)
+	if ok {
+		c.rememberLocked(rec)
+	}
+}
+
+// forget records that a merge key's message was cancelled: the key is free
+// (rec is its "cancelled" record).
+func (c *mergeCache) forget(rec index.Record) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.flight, rec.Key)
+	c.rememberLocked(rec)
+}
+
+// reset forgets every placement: a router starting a new term of its
+// lease knows nothing of what another replica's router placed or what
+// other replicas' scanners freed meanwhile.
+func (c *mergeCache) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.flight)
+	clear(c.recent)
+	c.order = nil
+}
+
+// remember caches a confirmed placement (from the re-index at start).
+func (c *mergeCache) remember(rec index.Record) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.rememberLocked(rec)
+}
+
+func (c *mergeCache) rememberLocked(rec index.Record) {
+	if _, ok := c.recent[rec.Key]; !ok {
+		if len(c.order) >= mergeCacheMax {
+			delete(c.recent, c.order[0])
+			c.order = c.order[1:]
+		}
+		c.order = append(c.order, rec.Key)
+	}
+	c.recent[rec.Key] = rec
+}

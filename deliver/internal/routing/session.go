@@ -1,0 +1,246 @@
+package routing
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/ownership"
+)
+
+// RunTerm routes for one term of the router lease: until ctx is done (a
+// stop, or the term's end) or the router finds its term no longer valid.
+// In-flight writes settle on the way out, as in [Router.Run]; the elector
+// releases the lease after it returns. The merge cache starts empty: what
+// it knew may have changed under another replica's router.
+func (r *Router) RunTerm(ctx context.Context, t ownership.Term) error {
+	r.term = t
+	r.term.Recovering(true) // until a session has started: not handed over meanwhile
+	r.termEpoch.Store(t.Epoch)
+	r.owned.Store(true)
+	r.merges.reset()
+	for _, w := range r.writers {
+		w.marked = 0 // each term writes its own marker
+	}
+	// Writes an earlier term left failed are not retried: their ingress
+	// messages are unacked, and this term's consumer delivers them again.
+	r.pipe.takeFailed()
+	defer func() {
+		r.owned.Store(false)
+		r.progress() // not routing is not failing: no failure clock runs
+	}()
+	return r.Run(ctx)
+}
+
+// Run routes until ctx is done, then lets in-flight writes finish (or
+// abandons them: their ingress messages stay unacked and are routed again,
+// without duplicates, on the next start) and returns nil. It survives server
+// restarts and reconnects; it returns an error only for a bad setup.
+func (r *Router) Run(ctx context.Context) error {
+	tails, err := jswire.NewBatchReader(r.js.Conn(), tailBatch)
+	if err != nil {
+		return err
+	}
+	defer tails.Close()
+	// The tail sync's reads, which any replica answers, are sent again
+	// while unanswered: one lost to a hung replica would restart the
+	// router's whole start.
+	tails.ResendUnanswered()
+	r.sync.tails = tails
+	lookups, err := jswire.NewBatchReader(cmp.Or(r.wiring.LookupConn, r.js.Conn()), index.Batch)
+	if err != nil {
+		return err
+	}
+	defer lookups.Close()
+	r.index = lookups
+	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	for {
+		began := time.Now()
+		err := r.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, errRouterFenced) {
+			// Once per term: the session acked nothing after the
+			// refused write, and the term ends here.
+			r.logger.Warn("router stopped: a router of a newer term writes the level streams (fenced)", slog.Uint64("epoch", r.term.Epoch), slog.Any("error", err))
+			return nil
+		}
+		if !r.term.Held() {
+			r.logger.Info("router stopped: this replica's lease term ended", slog.Uint64("epoch", r.term.Epoch), slog.Any("error", err))
+			return nil
+		}
+		r.failing.fail(r.epoch)
+		r.term.Recovering(true)
+		if time.Since(began) > time.Minute {
+			backoff.Reset() // a long healthy session: start the backoff afresh
+		}
+		r.logger.Warn("router restarting", slog.Any("error", err))
+		if !backoff.Sleep(ctx) {
+			return nil
+		}
+	}
+}
+
+// session runs one ingress consumer from a fresh resync until an error.
+func (r *Router) session(ctx context.Context) error {
+	if !r.term.Held() {
+		return errNotOwner // a stale router recreates no stream and writes no index record
+	}
+	info, err := streamInfo(ctx, r.js, ingressStream)
+	if err != nil {
+		return fmt.Errorf("ingress stream: %w", err)
+	}
+	r.ingressID = strconv.FormatInt(info.CachedInfo().Created.UnixNano(), 10)
+	// The acker runs for the session; stopping it lets every write sent
+	// settle (flushing the open index group first), before the PubAck
+	// tracker closes.
+	acks, err := jswire.NewPubAcks(r.js.Conn(), r.ackTimeout)
+	if err != nil {
+		return err
+	}
+	if r.loseAcks != nil {
+		acks.LoseReplies(r.loseAcks)
+	}
+	r.acks = acks
+	defer acks.Close()
+	r.pipe.start()
+	defer r.pipe.stop()
+	// Phase 1 of the router's ownership: one router at a time, by lease;
+	// it stops at its term's end and checks its term before every level
+	// write. A stale router paused between that check and its write (or
+	// with writes in flight) could still write: so before its first
+	// write to a level stream, a new term's router writes its epoch
+	// marker there at the synced tail, and a stale router's write
+	// expecting an older last sequence fails; its resync then finds the
+	// newer marker and stops it (syncTail). Each level stream is synced
+	// and marked on its own (sync.go): one that cannot be read yet holds
+	// its own messages only. The ingress consumer is per term too, so a
+	// stale router can neither delete the new router's consumer nor ack
+	// into it.
+	if !r.term.Held() {
+		return errNotOwner
+	}
+	defer r.startSyncs(ctx, info.CachedInfo().State)()
+	if err := r.awaitSyncs(ctx); err != nil {
+		return err
+	}
+	consumer, err := r.resetConsumers(ctx, info)
+	if err != nil {
+		return err
+	}
+	var filter string
+	if r.parts > 1 {
+		filter = ingressPartitionSubject(r.part) + ">"
+	}
+	_, err = r.js.CreateOrUpdateConsumer(ctx, ingressStream, jetstream.ConsumerConfig{
+		Durable:       consumer,
+		FilterSubject: filter,
+		Description:   "delayd router: ingress to level streams",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ingressAckWait,
+		MaxAckPending: r.cfg.MaxInFlight + 2*r.cfg.Batch + heldMax,
+		MaxDeliver:    -1,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("create ingress consumer: %w", err)
+	}
+	pull, err := jswire.NewPull(r.js.Conn(), ingressStream, consumer, r.cfg.Batch, 0)
+	if err != nil {
+		return err
+	}
+	// The fresh consumer redelivers every unacked message: dead letters
+	// still refused are recorded again when they are.
+	r.wiring.Refused.Forget(r.refusal)
+	stop := context.AfterFunc(ctx, pull.Stop)
+	defer stop()
+	defer pull.Stop()
+
+	// The consumer is fresh: its deliveries are numbered from 1, one more
+	// for each (a redelivery too). A number skipped is a delivery lost on
+	// the way (a connection cut while a pull's messages were in flight):
+	// the consumer takes that message as delivered and would redeliver it
+	// only after the ack wait, behind later messages of its level, and by
+	// then the tail check would take it for one already written. So the
+	// session ends at the first gap, before anything behind it is
+	// routed; the next session's fresh consumer redelivers it at once, in
+	// order.
+	nextDelivery := uint64(1)
+	r.term.Recovering(false) // started; Run marks it recovering again if the session ends
+	for {
+		if r.pipe.broken.Load() {
+			if err := r.retryFailed(ctx); err != nil {
+				return err
+			}
+		}
+		if err := r.settleSyncs(ctx); err != nil {
+			return err
+		}
+		if r.sync.heldBytes > heldMaxBytes {
+			// Held messages of levels not synced yet fill their bound:
+			// nothing more is pulled until one is synced.
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-r.pipe.kick:
+			}
+			continue
+		}
+		m, err := pull.Next(ctx, r.pipe.kick, false, 0)
+		if m == nil && err == nil {
+			// Nothing waiting. Nothing in flight, failed or held:
+			// caught up, which is progress.
+			if r.pipe.idle() && r.sync.unsynced == 0 {
+				r.progress()
+			}
+			m, err = pull.Next(ctx, r.pipe.kick, true, 0)
+		}
+		if errors.Is(err, jswire.ErrWoken) {
+			continue // a write failed: retry before the next message
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("ingress: %w", err)
+		}
+		meta, ok := jswire.ParseAck(m.Reply)
+		if !ok {
+			r.logger.Error("ingress message with an unreadable ack subject", slog.String("reply", m.Reply))
+			_ = m.Respond(jswire.AckTerm)
+			continue
+		}
+		if meta.ConsumerSeq > nextDelivery {
+			return fmt.Errorf("%w: ingress deliveries %d to %d did not arrive (a connection cut?); a fresh consumer redelivers them in order",
+				errDeliveryLost, nextDelivery, meta.ConsumerSeq-1)
+		}
+		nextDelivery = max(nextDelivery, meta.ConsumerSeq+1)
+		if !r.term.Held() {
+			// Checked before each message's level write (a mutex and a
+			// monotonic clock read): m stays unacked, for the next owner.
+			return errNotOwner
+		}
+		if r.parts > 1 {
+			// Stored as "delayd.in.<i>.<target>": routed, indexed and
+			// dead-lettered under the subject it was published to.
+			if rest, ok := strings.CutPrefix(m.Subject, ingressPartitionSubject(r.part)); ok {
+				m.Subject = r.cfg.Prefix + "." + rest
+			}
+		}
+		r.route(ctx, m, meta)
+	}
+}
+
+// errDeliveryLost ends a router session whose ingress consumer skipped a
+// delivery number.
+var errDeliveryLost = errors.New("ingress delivery lost")

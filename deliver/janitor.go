@@ -1,0 +1,182 @@
+package deliver
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/internal/lease"
+	"github.com/delayd/delayd/offsets"
+)
+
+// runJanitor runs the singleton jobs while this replica holds the janitor
+// lease: the id index trim, and the sweep of membership keys left by
+// replicas that stopped without leaving (a crash).
+func (s *Service) runJanitor(ctx context.Context, store *offsets.Store, members *lease.Membership) error {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(memberSweepEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			sctx, cancel := context.WithTimeout(ctx, opTimeout)
+			n, err := members.Sweep(sctx, memberSweepAfter)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				s.logger.Warn("membership sweep failed", slog.Any("error", err))
+			}
+			if n > 0 {
+				s.logger.Info("membership keys of stopped replicas deleted", slog.Int("keys", n))
+			}
+		}
+	})
+	err := s.trimIndex(ctx, store)
+	wg.Wait()
+	return err
+}
+
+// A membership key seen unchanged for memberSweepAfter (its replica
+// stopped without leaving) is deleted by the janitor.
+const (
+	memberSweepEvery = time.Minute
+	memberSweepAfter = 10 * time.Minute
+)
+
+// trimIndex purges the id index every indexTrimEvery until ctx is done.
+// It keeps every record stored since the oldest head any level had
+// IndexKeep ago: a message that left its level (delivered or cancelled)
+// within the last IndexKeep was at or behind a head then, so its records
+// are kept, and a cancel still gets its true answer.
+func (s *Service) trimIndex(ctx context.Context, store *offsets.Store) error {
+	js := mustJS(s.nc, 0)
+	answerJS := mustJS(s.nc, answerInFlight)
+	reader, err := jswire.NewBatchReader(s.nc, index.Batch)
+	if err != nil {
+		return err
+	}
+	defer reader.Close()
+	keep := cmp.Or(s.cfg.IndexKeep, IndexKeep)
+	t := time.NewTicker(min(indexTrimEvery, keep/4))
+	defer t.Stop()
+	type sample struct {
+		at     time.Time // when it was taken (delayd's clock)
+		oldest time.Time // the oldest pending message then, or the server's time then (server clock)
+	}
+	var history []sample
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		s.trimPasses.Add(1)
+		cutoff, err := s.oldestPending(ctx, js, reader, store)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.logger.Warn("id index trim skipped", slog.Any("error", err))
+			}
+			continue
+		}
+		now := time.Now()
+		history = append(history, sample{at: now, oldest: cutoff})
+		// The newest sample at least IndexKeep old decides; older ones go.
+		i := -1
+		for j, h := range history {
+			if now.Sub(h.at) >= keep {
+				i = j
+			}
+		}
+		if i < 0 {
+			continue
+		}
+		cutoff, history = history[i].oldest, history[i:]
+		if cutoff.IsZero() {
+			continue
+		}
+		// Before its records go, each message's final answer is kept
+		// (answerBeforeTrim), unless kept answers are off: the pass may
+		// take a while behind a backlog, and never holds the trim beyond
+		// the answers' bounds.
+		var before func(ctx context.Context, first, end uint64) (uint64, error)
+		if s.cfg.AnswerKeep != AnswerKeepOff {
+			before = func(ctx context.Context, first, end uint64) (uint64, error) {
+				return s.answerBeforeTrim(ctx, answerJS, reader, cutoff, first, end)
+			}
+		}
+		tctx, cancel := context.WithTimeout(ctx, s.answers.bounds.passMax+2*opTimeout)
+		err = index.Trim(tctx, js, cutoff, indexStoreSkew, before)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			s.logger.Warn("id index trim failed", slog.Any("error", err))
+		}
+	}
+}
+
+const indexTrimEvery = 10 * time.Second
+
+// indexStoreSkew is how much earlier than its level message an index
+// record may be stored: the router publishes the level write first, but the
+// server stores writes to different streams on their own goroutines
+// (seen even on an idle server). Trims keep this much more.
+const indexStoreSkew = 5 * time.Second
+
+// oldestPending returns the store time of the oldest message any level
+// still holds past its committed offset, or the server's time if none: no
+// index record of a message not yet handed off is older. The server's time
+// is read first, so a message stored during the reads is newer than it.
+// It costs a stream info, an offset read and a direct get per level.
+func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, store *offsets.Store) (time.Time, error) {
+	nctx, cancel := context.WithTimeout(ctx, opTimeout)
+	oldest := index.ServerNow(nctx, js)
+	cancel()
+	if oldest.IsZero() {
+		return oldest, errors.New("no server time")
+	}
+	s.mu.Lock()
+	streams := make([]string, 0, len(s.scanners))
+	for name := range s.scanners {
+		streams = append(streams, name)
+	}
+	s.mu.Unlock()
+	var buf []*nats.Msg
+	for _, stream := range streams {
+		// The committed offset as stored: the janitor's replica scans
+		// only its share of the levels, and its own view of the others'
+		// offsets is stale. A level it owns counts its latest commit.
+		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		committed, err := store.Load(rctx, stream)
+		if errors.Is(err, offsets.ErrNotFound) {
+			committed, err = 0, nil // never committed: from the first message
+		}
+		if err != nil {
+			cancel()
+			return time.Time{}, err
+		}
+		if latest, owned := s.levelCommitted(stream); owned {
+			committed = max(committed, latest)
+		}
+		buf, err = reader.Read(rctx, stream, buf[:0], committed+1, 1, 1)
+		cancel()
+		if err != nil {
+			return time.Time{}, err
+		}
+		if len(buf) == 1 {
+			if at, err := time.Parse(time.RFC3339Nano, buf[0].Header.Get(hdrJSTimeStamp)); err == nil && at.Before(oldest) {
+				oldest = at
+			}
+		}
+	}
+	return oldest, nil
+}

@@ -1,0 +1,7 @@
+package offsets
+
+// LoseAnswers makes c drop the answer to copy n of its fenced writes (n
+// counting every copy from 1) when lose(n) is true, as if the answer were
+// held in a hung node's socket: the copy was sent, and applied if the
+// server applied it. lose runs on c's write goroutine.
+func LoseAnswers(c *Committer, lose func(n uint64) bool) { c.lose = lose }
