@@ -80,8 +80,8 @@ type load struct {
 	// core delivery the killed node had taken (its flush answered) but not
 	// yet forwarded over its route to the subscriber's node is gone with
 	// it (docs/guarantees.md#a-core-delivery-between-nodes-at-a-node-kill). Core-target messages due within
-	// coreKillWindow before a kill may be missing, and are counted apart.
-	nodeKills []time.Time
+	// a kill's window before it may be missing, and are counted apart.
+	nodeKills []nodeKill
 
 	nAcked  atomic.Int64
 	retries atomic.Int64
@@ -300,27 +300,49 @@ func (l *load) waitCaughtUp(timeout time.Duration) {
 	}
 }
 
-// coreKillWindow is how long before a node's SIGKILL a core delivery
-// may be due and still be lost with the node: the killed node answered
-// the flush that confirmed it, but its route to the subscriber's node had
-// not sent it yet (delivered at due + lateness, so due up to the lateness
-// before the kill; 2 s covers the lateness of a loaded machine).
+// coreKillWindow is the least of how long before a node's SIGKILL a
+// core delivery may be due and still be lost with the node: the killed
+// node answered the flush that confirmed it, but its route to the
+// subscriber's node had not sent it yet (delivered at due + lateness, so
+// due up to the lateness before the kill). A kill's window is the larger
+// of this and the lateness measured just before it (nodeKilled): on a
+// loaded machine under -race the lateness can pass 2 s.
 const coreKillWindow = 2 * time.Second
 
-// nodeKilled records a SIGKILL of a NATS node at at (see nodeKills).
-func (l *load) nodeKilled(at time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.nodeKills = append(l.nodeKills, at)
+// nodeKill is a SIGKILL of a NATS node: when, and its window (atKill).
+type nodeKill struct {
+	at     time.Time
+	window time.Duration
 }
 
-// atKill reports whether message i was due within coreKillWindow before
-// a node kill, or up to 100 ms after it (clocks of one machine). l.mu held.
+// nodeKilled records a SIGKILL of a NATS node at at (see nodeKills). Its
+// window is coreKillWindow, or more if the core deliveries received in the
+// 5 s before at were later than that: the largest of their lateness, plus
+// 500 ms.
+func (l *load) nodeKilled(at time.Time) {
+	window := coreKillWindow
+	for _, d := range l.core.Snapshot() {
+		if d.At.Before(at) && d.At.After(at.Add(-5*time.Second)) && !d.Due.IsZero() {
+			window = max(window, d.At.Sub(d.Due)+500*time.Millisecond)
+		}
+	}
+	if window > coreKillWindow {
+		l.t.Logf("node kill at %s: core lateness just before it was up to %s; a delivery due %s before it may be lost with the node",
+			at.Format("15:04:05.000"), window-500*time.Millisecond, window)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.nodeKills = append(l.nodeKills, nodeKill{at: at, window: window})
+}
+
+// atKill reports whether message i was due within its kill's window
+// before a node kill, or up to 100 ms after it (clocks of one machine).
+// l.mu held.
 func (l *load) atKill(i int) bool {
 	lvl, _ := l.cfg.Levels.Level(i%l.cfg.Levels.Len() + 1)
 	due := l.sent[i].Add(lvl.Delay)
 	for _, k := range l.nodeKills {
-		if due.After(k.Add(-coreKillWindow)) && due.Before(k.Add(100*time.Millisecond)) {
+		if due.After(k.at.Add(-k.window)) && due.Before(k.at.Add(100*time.Millisecond)) {
 			return true
 		}
 	}
