@@ -33,7 +33,7 @@ func benchRouter(b *testing.B) *Router {
 	if err != nil {
 		b.Fatal(err)
 	}
-	r.ingressID = "1795990280677514429"
+	r.run.ingressID = "1795990280677514429"
 	return r
 }
 
@@ -49,7 +49,7 @@ func BenchmarkClassify(b *testing.B) {
 		if _, ok := jswire.ParseAck(m.Reply); !ok {
 			b.Fatal("bad ack subject")
 		}
-		hop := checkHop(r.wiring.HopKey, m.Subject, m.Header)
+		hop := checkHop(r.deps.HopKey, m.Subject, m.Header)
 		if _, err := r.classifier.classify(m.Subject, m.Header, time.Time{}, hop); err != nil {
 			b.Fatal(err)
 		}
@@ -63,7 +63,7 @@ func BenchmarkClassify(b *testing.B) {
 func BenchmarkLevelMsg(b *testing.B) {
 	r := benchRouter(b)
 	stored := time.Now()
-	w := r.writers[3]
+	w := r.writers.all[3]
 	p := placement{Level: w.level, Target: "orders.close"}
 	b.ReportAllocs()
 	for b.Loop() {

@@ -29,7 +29,7 @@ func TestCheckTailsCountsFence(t *testing.T) {
 	level, _ := table.Level(1)
 	stream := level.Stream()
 	i := -1
-	for j, w := range r.writers {
+	for j, w := range r.writers.all {
 		if w.stream == stream {
 			i = j
 		}
@@ -37,23 +37,23 @@ func TestCheckTailsCountsFence(t *testing.T) {
 	if i < 0 {
 		t.Fatalf("no writer of %s", stream)
 	}
-	submitted := make([]uint64, len(r.writers))
+	submitted := make([]uint64, len(r.writers.all))
 	submitted[i] = 7
-	r.writers[i].lastRouted.Store(7)
+	r.writers.all[i].lastRouted.Store(7)
 
-	r.term = ownership.Term{Epoch: 5}
+	r.run.term = ownership.Term{Epoch: 5}
 	if err := r.checkTails(submitted); err != nil {
 		t.Fatalf("tail at this term's last write: %v, want no fence", err)
 	}
-	r.writers[i].lastRouted.Store(8)
-	r.term = ownership.Term{}
+	r.writers.all[i].lastRouted.Store(8)
+	r.run.term = ownership.Term{}
 	if err := r.checkTails(submitted); err != nil {
 		t.Fatalf("router on its own (epoch 0), tail past its write: %v, want no check", err)
 	}
 	if st := r.Stats(); len(st.FencedWrites) != 0 {
 		t.Fatalf("fenced writes %v before any fence, want none", st.FencedWrites)
 	}
-	r.term = ownership.Term{Epoch: 5}
+	r.run.term = ownership.Term{Epoch: 5}
 	if err := r.checkTails(submitted); !errors.Is(err, errRouterFenced) {
 		t.Fatalf("tail 8 past this term's last write 7: %v, want errRouterFenced", err)
 	}

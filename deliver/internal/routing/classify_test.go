@@ -344,14 +344,14 @@ func TestDeadLetterKeepsIngressHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.ingressID = "17"
+	r.run.ingressID = "17"
 	m := &nats.Msg{Subject: "delay.orders.close", Header: nats.Header{"Delay-Level": {"2"}, "Tag": {"a"}, "Nats-Msg-Id": {"order-42"}}, Data: []byte("x")}
 	before := cloneHeader(m.Header)
 	p, err := r.classifier.classify(m.Subject, m.Header, time.Now(), hopNone)
 	if err != nil {
 		t.Fatal(err)
 	}
-	level, _ := levelMessage(m.Header, m.Data, p, r.writers[2].subject, time.Now(), r.ingressRef(9))
+	level, _ := levelMessage(m.Header, m.Data, p, r.writers.all[2].subject, time.Now(), r.ingressRef(9))
 	level.Header["Nats-Expected-Last-Sequence"] = []string{"3"}
 	dl := deadLetterMsg(m.Subject, maps.Clone(m.Header), m.Data, fmt.Errorf("%w: test", message.ErrTooLarge), r.ingressRef(9))
 	want := nats.Header{"Delay-Level": {"2"}, "Tag": {"a"}, contract.HeaderMsgID: {"order-42"}, contract.HeaderError: {"message too large: test"},

@@ -40,8 +40,8 @@ func routerConsumerEpoch(name string) (uint64, bool) {
 // LeaseKey returns the key of the router's lease: "router", or
 // "router.<ingress partition>" when ingress is partitioned.
 func (r *Router) LeaseKey() string {
-	if r.parts > 1 {
-		return ownership.RouterPartitionKey(r.part)
+	if r.share.parts > 1 {
+		return ownership.RouterPartitionKey(r.share.part)
 	}
 	return ownership.RouterKey
 }
@@ -50,8 +50,8 @@ func (r *Router) LeaseKey() string {
 // in a term of epoch: [RouterConsumerName] when ingress is not
 // partitioned, else "delayd-router-p<ingress partition>-<epoch>".
 func (r *Router) consumerName(epoch uint64) string {
-	if r.parts > 1 {
-		return RouterConsumer + "-p" + strconv.Itoa(r.part) + "-" + strconv.FormatUint(epoch, 10)
+	if r.share.parts > 1 {
+		return RouterConsumer + "-p" + strconv.Itoa(r.share.part) + "-" + strconv.FormatUint(epoch, 10)
 	}
 	return RouterConsumerName(epoch)
 }
@@ -59,10 +59,10 @@ func (r *Router) consumerName(epoch uint64) string {
 // consumerEpoch returns the epoch in the name of one of this router's
 // ingress consumers (of its ingress partition); false for any other name.
 func (r *Router) consumerEpoch(name string) (uint64, bool) {
-	if r.parts < 2 {
+	if r.share.parts < 2 {
 		return routerConsumerEpoch(name)
 	}
-	rest, ok := strings.CutPrefix(name, RouterConsumer+"-p"+strconv.Itoa(r.part)+"-")
+	rest, ok := strings.CutPrefix(name, RouterConsumer+"-p"+strconv.Itoa(r.share.part)+"-")
 	if !ok {
 		return 0, false
 	}
@@ -79,7 +79,7 @@ func (r *Router) consumerEpoch(name string) (uint64, bool) {
 // router runs: this one is fenced. (So a stale router can never delete the
 // consumer of a newer term, nor create its own beside it.)
 func (r *Router) resetConsumers(ctx context.Context, ingress jetstream.Stream) (string, error) {
-	mine := r.consumerName(r.term.Epoch)
+	mine := r.consumerName(r.run.term.Epoch)
 	lctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	names := ingress.ConsumerNames(lctx)
@@ -88,10 +88,10 @@ func (r *Router) resetConsumers(ctx context.Context, ingress jetstream.Stream) (
 		e, ok := r.consumerEpoch(name)
 		switch {
 		case !ok:
-		case e > r.term.Epoch && r.term.Epoch > 0:
-			r.fencedIngress.Add(1)
-			return "", fmt.Errorf("%w: the ingress consumer %s of term %d exists, this router's term is %d", errRouterFenced, name, e, r.term.Epoch)
-		case name == mine || (e < r.term.Epoch && r.term.Epoch > 0):
+		case e > r.run.term.Epoch && r.run.term.Epoch > 0:
+			r.stats.fencedIngress.Add(1)
+			return "", fmt.Errorf("%w: the ingress consumer %s of term %d exists, this router's term is %d", errRouterFenced, name, e, r.run.term.Epoch)
+		case name == mine || (e < r.run.term.Epoch && r.run.term.Epoch > 0):
 			old = append(old, name)
 		}
 	}
@@ -99,7 +99,7 @@ func (r *Router) resetConsumers(ctx context.Context, ingress jetstream.Stream) (
 		return "", fmt.Errorf("list ingress consumers: %w", err)
 	}
 	for _, name := range old {
-		if err := r.js.DeleteConsumer(ctx, ingressStream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if err := r.deps.js.DeleteConsumer(ctx, ingressStream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return "", fmt.Errorf("reset ingress consumer %s: %w", name, err)
 		}
 		if name != mine {

@@ -81,7 +81,7 @@ func wrongLastSeq(err error) bool {
 func (r *Router) checkMarker(ctx context.Context, w *levelWriter) error {
 	own, err := r.readMarker(ctx, w)
 	if own {
-		w.marked = r.term.Epoch
+		w.marked = r.run.term.Epoch
 	}
 	r.countFence(w, err)
 	return err
@@ -105,11 +105,11 @@ func (r *Router) countFence(w *levelWriter, err error) {
 // setting) fences nothing, and this term writes its own after it. Any
 // goroutine: it changes nothing of w's (the caller counts a fence).
 func (r *Router) readMarker(ctx context.Context, w *levelWriter) (own bool, err error) {
-	if r.term.Epoch == 0 {
+	if r.run.term.Epoch == 0 {
 		return false, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, opTimeout)
-	h, seq, _, err := jswire.LastOnSubject(rctx, r.js.Conn(), w.stream, w.marker)
+	h, seq, _, err := jswire.LastOnSubject(rctx, r.deps.js.Conn(), w.stream, w.marker)
 	cancel()
 	switch {
 	case err != nil:
@@ -120,10 +120,10 @@ func (r *Router) readMarker(ctx context.Context, w *levelWriter) (own bool, err 
 	epoch, ok := markerEpoch(h)
 	switch {
 	case !ok || markerLease(h) != r.LeaseKey():
-	case epoch > r.term.Epoch:
+	case epoch > r.run.term.Epoch:
 		return false, fmt.Errorf("%w: level stream %s holds the epoch marker of term %d at sequence %d, this router's term is %d",
-			errRouterFenced, w.stream, epoch, seq, r.term.Epoch)
-	case epoch == r.term.Epoch:
+			errRouterFenced, w.stream, epoch, seq, r.run.term.Epoch)
+	case epoch == r.run.term.Epoch:
 		return true, nil
 	}
 	return false, nil
@@ -134,7 +134,7 @@ func (r *Router) readMarker(ctx context.Context, w *levelWriter) (own bool, err 
 // because the stream moved since makes the level sync again, and find a
 // newer router's marker if that is what moved it.
 func (r *Router) markerMsg(w *levelWriter) *nats.Msg {
-	h := nats.Header{hdrRouterEpoch: {strconv.FormatUint(r.term.Epoch, 10)}, jetstream.ExpectedLastSeqHeader: {strconv.FormatUint(w.expected, 10)}}
+	h := nats.Header{hdrRouterEpoch: {strconv.FormatUint(r.run.term.Epoch, 10)}, jetstream.ExpectedLastSeqHeader: {strconv.FormatUint(w.expected, 10)}}
 	if key := r.LeaseKey(); key != ownership.RouterKey {
 		h[hdrRouterLease] = []string{key}
 	}

@@ -189,7 +189,7 @@ func staleRouterFenced(t *testing.T, purged bool) {
 		waitFor("router B to route m2", func() bool { return b.Stats().Routed == 1 })
 		publish(3)
 		waitFor("router B to route m3", func() bool { return b.Stats().Routed == 2 })
-		for _, w := range b.writers {
+		for _, w := range b.writers.all {
 			h, seq, _, err := jswire.LastOnSubject(ctx, nc, w.stream, w.marker)
 			if e, ok := markerEpoch(h); err != nil || !ok || e != 6 {
 				t.Fatalf("%s: newest marker of epoch %d (%v), error %v; want router B's, 6", w.stream, e, ok, err)

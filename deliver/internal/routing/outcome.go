@@ -22,15 +22,15 @@ func (r *Router) writeConfirmed(rt *routing, ack *jetstream.PubAck) {
 	// Counted before the ack: once the ingress stream no longer holds the
 	// message, its count is in [Router.Stats].
 	if rt.w == nil {
-		r.deadLettered.Add(1)
-		r.wiring.Reasons.Add(reasonOf(rt.reason))
+		r.stats.deadLettered.Add(1)
+		r.deps.Reasons.Add(reasonOf(rt.reason))
 	} else {
-		r.routed.Add(1)
+		r.stats.routed.Add(1)
 	}
 	rt.ack()
-	r.failing.progress() // the session works
+	r.health.failing.progress() // the session works
 	if rt.w == nil {
-		r.wiring.Refused.Stored(r.refusal + r.ingressRef(rt.seq))
+		r.deps.Refused.Stored(r.share.refusal + r.ingressRef(rt.seq))
 		return
 	}
 	rt.w.failing.progress()
@@ -62,7 +62,7 @@ func (r *Router) deadLetter(rt *routing, reason error) {
 	r.logger.Log(context.Background(), logLevel, "dead-lettering invalid message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
 	rt.w, rt.reason = nil, reason
 	rt.out = deadLetterMsg(m.Subject, maps.Clone(m.Header), m.Data, reason, r.ingressRef(rt.seq))
-	fut, err := r.acks.Publish(rt.out)
+	fut, err := r.run.acks.Publish(rt.out)
 	if err != nil {
 		rt.err = err
 		if rt.invalid {
@@ -84,7 +84,7 @@ func (r *Router) deadLetter(rt *routing, reason error) {
 // stream, so routing the messages behind it keeps every level stream in
 // ingress order. Nothing is acked before its dead letter is stored.
 func (r *Router) deferDeadLetter(rt *routing) {
-	first := r.wiring.Refused.Refused(r.refusal+r.ingressRef(rt.seq), rt.err)
+	first := r.deps.Refused.Refused(r.share.refusal+r.ingressRef(rt.seq), rt.err)
 	delay := 5 * time.Second
 	if meta, ok := jswire.ParseAck(rt.msg.Reply); ok && meta.Delivered < 6 {
 		delay = min(delay, 100*time.Millisecond<<meta.Delivered)
@@ -102,9 +102,9 @@ func (r *Router) deferDeadLetter(rt *routing) {
 // retried by retryFailed.
 func (r *Router) fail(rt *routing) {
 	if rt.w != nil {
-		rt.w.failing.fail(r.epoch)
+		rt.w.failing.fail(r.health.epoch)
 	} else {
-		r.failing.fail(r.epoch)
+		r.health.failing.fail(r.health.epoch)
 	}
 	r.pipe.fail(rt)
 }
@@ -121,7 +121,7 @@ func (r *Router) retryFailed(ctx context.Context) error {
 	// progress (they may fail again in the acker).
 	for round := 0; ; round++ {
 		r.pipe.drain()
-		if !r.term.Held() {
+		if !r.run.term.Held() {
 			r.noteFenced(ctx)
 			return errNotOwner // the failed writes stay unacked, for the next owner
 		}
@@ -138,8 +138,8 @@ func (r *Router) retryFailed(ctx context.Context) error {
 			r.pipe.requeue(failed)
 			return ctx.Err()
 		}
-		submitted := make([]uint64, len(r.writers))
-		for i, w := range r.writers {
+		submitted := make([]uint64, len(r.writers.all))
+		for i, w := range r.writers.all {
 			submitted[i] = w.lastSubmitted // a level not synced yet is not resynced (syncTails)
 		}
 		if err := r.syncTails(ctx); err != nil {
@@ -150,7 +150,7 @@ func (r *Router) retryFailed(ctx context.Context) error {
 			r.pipe.requeue(failed)
 			return err
 		}
-		if !r.term.Held() {
+		if !r.run.term.Held() {
 			// Checked again after the resync's reads: a router paused
 			// before them may have read a newer router's tail, and must
 			// not write at it. Held now, the tails it read were read
@@ -174,22 +174,22 @@ func (r *Router) retryFailed(ctx context.Context) error {
 				w := rt.w
 				if err := r.deadLetterSync(ctx, rt); err != nil {
 					logLevel := slog.LevelWarn // the first refusal; its retries at debug
-					if !r.wiring.Refused.Refused(r.refusal+r.ingressRef(rt.seq), err) {
+					if !r.deps.Refused.Refused(r.share.refusal+r.ingressRef(rt.seq), err) {
 						logLevel = slog.LevelDebug
 					}
 					r.logger.Log(ctx, logLevel, "dead-letter write failed; retrying", slog.Uint64("ingress_seq", rt.seq), slog.Any("error", err))
 					r.pipe.requeue(failed[i:])
 					break
 				}
-				r.wiring.Refused.Stored(r.refusal + r.ingressRef(rt.seq))
-				r.failing.progress()
+				r.deps.Refused.Stored(r.share.refusal + r.ingressRef(rt.seq))
+				r.health.failing.progress()
 				if w != nil {
 					w.failing.progress()
 				}
 				continue
 			}
 			if rt.seq <= rt.w.lastRouted.Load() {
-				r.skipped.Add(1)
+				r.stats.skipped.Add(1)
 				rt.ack()
 				rt.w.failing.progress() // it was stored: its PubAck was lost
 				continue
@@ -229,10 +229,10 @@ func (r *Router) noteFenced(ctx context.Context) {
 // must not be taken for stored. A router on its own (epoch 0) does not
 // check.
 func (r *Router) checkTails(submitted []uint64) error {
-	if r.term.Epoch == 0 {
+	if r.run.term.Epoch == 0 {
 		return nil
 	}
-	for i, w := range r.writers {
+	for i, w := range r.writers.all {
 		if got := w.lastRouted.Load(); got > submitted[i] {
 			w.fenced.Add(1)
 			return fmt.Errorf("%w: level stream %s holds ingress message %d, past this router's last write %d",
@@ -258,7 +258,7 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 		rt.out = deadLetterMsg(m.Subject, maps.Clone(m.Header), m.Data, reason, r.ingressRef(rt.seq))
 		r.logger.Warn("dead-lettering message too large for its level stream", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
 	}
-	if err := publishDeadLetter(ctx, r.js, rt.out); err != nil {
+	if err := publishDeadLetter(ctx, r.deps.js, rt.out); err != nil {
 		return err
 	}
 	if rt.nIndex > 0 {
@@ -271,8 +271,8 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 		r.pipe.storeIndex(rt)
 		r.settleMerges(rt, true)
 	}
-	r.deadLettered.Add(1)
-	r.wiring.Reasons.Add(reasonOf(reason))
+	r.stats.deadLettered.Add(1)
+	r.deps.Reasons.Add(reasonOf(reason))
 	rt.w = nil
 	rt.ack()
 	return nil
@@ -281,7 +281,7 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 // ingressRef is the derived id of an ingress message: unique across the
 // ingress stream's lives because it includes the stream's creation time.
 func (r *Router) ingressRef(seq uint64) string {
-	return "delayd-" + r.ingressID + "-" + strconv.FormatUint(seq, 10)
+	return "delayd-" + r.run.ingressID + "-" + strconv.FormatUint(seq, 10)
 }
 
 func compareUint(a, b uint64) int {

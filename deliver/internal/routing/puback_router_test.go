@@ -42,8 +42,8 @@ func TestRouterLostPubAckRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	var lost atomic.Int64
-	r.ackTimeout = 300 * time.Millisecond
-	r.loseAcks = func(n uint64) bool {
+	r.hooks.ackTimeout = 300 * time.Millisecond
+	r.hooks.loseAcks = func(n uint64) bool {
 		if n == 3 || n == 7 || n == 12 {
 			lost.Add(1)
 			return true

@@ -46,10 +46,10 @@ func (rt *routing) inProgress() { _ = rt.msg.Respond(jswire.AckProgress) }
 // starts its write.
 func (r *Router) route(ctx context.Context, m *nats.Msg, meta jswire.AckMeta) {
 	rt := &routing{msg: m, seq: meta.StreamSeq}
-	hop := checkHop(r.wiring.HopKey, m.Subject, m.Header)
+	hop := checkHop(r.deps.HopKey, m.Subject, m.Header)
 	p, err := r.classifier.classify(m.Subject, m.Header, meta.Stored, hop)
 	if p.Clamped {
-		r.clamped.Add(1)
+		r.stats.clamped.Add(1)
 		r.logger.Warn("delay level above the table, clamped to the highest level",
 			slog.String("value", strings.TrimSpace(headerFold(m.Header, contract.HeaderLevel))), slog.String("delay_level", p.Level.Name()), slog.String("subject", m.Subject))
 	}
@@ -72,7 +72,7 @@ func (r *Router) route(ctx context.Context, m *nats.Msg, meta jswire.AckMeta) {
 func (r *Router) place(ctx context.Context, rt *routing, w *levelWriter, h heldMsg) {
 	m, meta, p, hop, partKey := h.m, h.meta, h.p, h.hop, h.partKey
 	if rt.seq <= w.lastRouted.Load() {
-		r.skipped.Add(1)
+		r.stats.skipped.Add(1)
 		rt.ack()
 		return
 	}
@@ -93,7 +93,7 @@ func (r *Router) place(ctx context.Context, rt *routing, w *levelWriter, h heldM
 			// Merged into the pending first message with this key and
 			// target: its payload is dropped, the first is delivered at
 			// its due time.
-			r.merged.Add(1)
+			r.stats.merged.Add(1)
 			rt.ack()
 			return
 		}
@@ -118,7 +118,7 @@ func (r *Router) place(ctx context.Context, rt *routing, w *levelWriter, h heldM
 // always goes to one partition stream, which has one writer and is
 // delivered in order: the key's order holds.
 func (r *Router) writerFor(p placement, key string) *levelWriter {
-	parts := r.byLevel[p.Level.Index]
+	parts := r.writers.byLevel[p.Level.Index]
 	if len(parts) == 1 {
 		return parts[0]
 	}
@@ -156,7 +156,7 @@ func (rt *routing) setIndex(stream string, p placement, due time.Time) {
 func (r *Router) submit(rt *routing) {
 	w := rt.w
 	rt.out.Header[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(w.expected, 10)}
-	fut, err := r.acks.Publish(rt.out)
+	fut, err := r.run.acks.Publish(rt.out)
 	if err != nil {
 		rt.err = err
 		if errors.Is(err, nats.ErrMaxPayload) {

@@ -238,44 +238,84 @@ type Stats struct {
 // remembers merge keys' placements under its own lock. The rest runs on
 // the goroutine that calls [Router.Run].
 type Router struct {
-	js     jetstream.JetStream
 	cfg    Config
-	wiring Wiring
+	deps   routerDeps
 	logger *slog.Logger
 
 	classifier classifier
-	pipe       *writePipeline
-	acks       *jswire.PubAcks     // the session's level and dead-letter writes' PubAcks
-	ackTimeout time.Duration       // a write without its PubAck this long fails (and is retried)
-	loseAcks   func(n uint64) bool // tests: the session's n-th write's PubAck is dropped (jswire.PubAcks.LoseReplies)
+	writers    levelWriters // every level stream written (built by New, never changed)
 	merges     *mergeCache
+	pipe       *writePipeline
 
-	ingressID string           // unique to the ingress stream's life: its creation time
-	writers   []*levelWriter   // every level stream written: each level's partitions in order
-	byLevel   [][]*levelWriter // by level index (0 = immediate): the level's partitions, one if unpartitioned
+	stats  routerCounters
+	health routerHealth
+	share  ingressShare
+	run    runState
+	hooks  testHooks
+}
 
-	failing failClock // sessions or dead letters of placed messages failing; see Healthy
-	epoch   time.Time // the failure clocks' origin (monotonic reading)
+// routerDeps groups what a router shares with the rest of delayd: its
+// JetStream context and its [Wiring]. Set by New, never written after.
+type routerDeps struct {
+	js jetstream.JetStream
+	Wiring
+}
 
-	sync  levelSync           // the level streams' tail syncs and held messages (sync.go)
-	index *jswire.BatchReader // index lookups (Run's goroutine)
-
+// routerCounters groups the router's counters, read by [Router.Stats]
+// from any goroutine. Writers: the acker's reports (routed, deadLettered)
+// and the goroutine that runs the router (the rest, and deadLettered for
+// the dead letters it writes itself; owner and epoch in [Router.RunTerm]).
+type routerCounters struct {
 	routed, deadLettered, clamped, skipped, merged atomic.Uint64
 	// fencedIngress counts the terms that found a newer term's ingress
 	// consumer (resetConsumers), in FencedWrites under DELAYD_INGRESS.
 	fencedIngress atomic.Uint64
 
+	// owner and epoch mirror runState.term for Stats: whether a term
+	// runs now, and the epoch of the last one.
+	owner atomic.Bool
+	epoch atomic.Uint64
+}
+
+// routerHealth groups the router's own failure clock and the origin of
+// every failure clock it has (its level writers' too); see Healthy. epoch
+// is set by New; failing is written by Run's goroutine and the acker
+// (failClock is atomic), read by Healthy from any goroutine.
+type routerHealth struct {
+	failing failClock // sessions or dead letters of placed messages failing; see Healthy
+	epoch   time.Time // the failure clocks' origin (monotonic reading)
+}
+
+// ingressShare groups which share of the ingress the router routes. Set
+// by New, never written after.
+type ingressShare struct {
 	// part is the ingress partition routed, parts the ingress partition
 	// count; refusal prefixes this router's keys in dlqRefusals.
 	part, parts int
 	refusal     string
+}
 
+// runState groups what the goroutine that runs the router ([Router.Run],
+// [Router.RunTerm]) sets up per term and per session, and only it writes.
+type runState struct {
 	// term is the router lease's term the router runs in
 	// ([Router.RunTerm]); the zero Term, always held, for a router on its
-	// own. Run's goroutine only. owned and epoch mirror it for Stats.
-	term      ownership.Term
-	owned     atomic.Bool
-	termEpoch atomic.Uint64
+	// own. Run's goroutine only. stats.owner and stats.epoch mirror it for
+	// Stats.
+	term  ownership.Term
+	sync  levelSync           // the level streams' tail syncs and held messages (sync.go)
+	index *jswire.BatchReader // index lookups (Run's goroutine)
+
+	// Per session.
+	acks      *jswire.PubAcks // the session's level and dead-letter writes' PubAcks
+	ingressID string          // unique to the ingress stream's life: its creation time
+}
+
+// testHooks groups the router's settings for tests, set before
+// [Router.Run] (New sets ackTimeout's default).
+type testHooks struct {
+	ackTimeout time.Duration       // a write without its PubAck this long fails (and is retried)
+	loseAcks   func(n uint64) bool // tests: the session's n-th write's PubAck is dropped (jswire.PubAcks.LoseReplies)
 }
 
 // levelWriter is the router's view of one level stream.
@@ -305,6 +345,13 @@ type levelWriter struct {
 	// messages waiting for that, in ingress order (Run's goroutine).
 	ready bool
 	held  []heldMsg
+}
+
+// levelWriters are the router's level writers, built by New and never
+// changed after (each levelWriter's own fields say who writes them).
+type levelWriters struct {
+	all     []*levelWriter   // every level stream written: each level's partitions in order
+	byLevel [][]*levelWriter // by level index (0 = immediate): the level's partitions, one if unpartitioned
 }
 
 // failClock holds when failures began without progress since, on the
@@ -348,15 +395,15 @@ func New(js jetstream.JetStream, cfg Config, wiring Wiring) (*Router, error) {
 		return nil, err
 	}
 	r := &Router{
-		js: js, cfg: cfg, wiring: wiring, logger: cfg.Logger,
+		cfg: cfg, deps: routerDeps{js: js, Wiring: wiring}, logger: cfg.Logger,
 		classifier: classifier{prefix: cfg.Prefix, levels: cfg.Levels, targets: cfg.Targets, maxDelay: cfg.MaxDelay},
 		merges:     newMergeCache(),
-		ackTimeout: writeAttempt,
-		epoch:      time.Now(),
-		part:       cfg.IngressPartition, parts: cfg.Partitions.Ingress(), refusal: routerRefusal,
+		hooks:      testHooks{ackTimeout: writeAttempt},
+		health:     routerHealth{epoch: time.Now()},
+		share:      ingressShare{part: cfg.IngressPartition, parts: cfg.Partitions.Ingress(), refusal: routerRefusal},
 	}
-	if r.parts > 1 {
-		r.refusal = routerRefusal + strconv.Itoa(r.part) + ":"
+	if r.share.parts > 1 {
+		r.share.refusal = routerRefusal + strconv.Itoa(r.share.part) + ":"
 	}
 	r.pipe = newWritePipeline(js, cfg.Logger, r, cfg.MaxInFlight)
 	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
@@ -367,15 +414,15 @@ func New(js jetstream.JetStream, cfg Config, wiring Wiring) (*Router, error) {
 	for _, l := range all {
 		var parts []*levelWriter
 		for j, stream := range cfg.Partitions.Streams(l.Delay) {
-			if cfg.Partitions.Router(j) != r.part {
+			if cfg.Partitions.Router(j) != r.share.part {
 				continue // another ingress partition's router writes it
 			}
 			name := strings.TrimPrefix(stream, levels.StreamPrefix)
 			w := &levelWriter{level: l, stream: stream, subject: levelSubjects + name + ".", marker: markerSubject(name)}
-			r.writers = append(r.writers, w)
+			r.writers.all = append(r.writers.all, w)
 			parts = append(parts, w)
 		}
-		r.byLevel = append(r.byLevel, parts)
+		r.writers.byLevel = append(r.writers.byLevel, parts)
 	}
 	return r, nil
 }
@@ -383,7 +430,7 @@ func New(js jetstream.JetStream, cfg Config, wiring Wiring) (*Router, error) {
 // SetTailHook sets a test hook, called before each tail read of a level
 // stream with its name; its error fails the read (a Service's tests, as
 // deliver's tailHook). Call it before [Router.Run].
-func (r *Router) SetTailHook(hook func(stream string) error) { r.sync.hook = hook }
+func (r *Router) SetTailHook(hook func(stream string) error) { r.run.sync.hook = hook }
 
 // Healthy reports whether the router has made progress within
 // [StallAfterDefault] of its first failure: a level write confirmed,
@@ -394,11 +441,11 @@ func (r *Router) Healthy() bool { return r.Unhealthy() == "" }
 // Unhealthy returns why the router is not healthy, naming the level stream
 // whose writes keep failing; "" if it is healthy.
 func (r *Router) Unhealthy() string {
-	if d := r.failing.failingFor(r.epoch); d > StallAfterDefault {
+	if d := r.health.failing.failingFor(r.health.epoch); d > StallAfterDefault {
 		return fmt.Sprintf("router failing for %s", d.Round(time.Second))
 	}
-	for _, w := range r.writers {
-		if d := w.failing.failingFor(r.epoch); d > StallAfterDefault {
+	for _, w := range r.writers.all {
+		if d := w.failing.failingFor(r.health.epoch); d > StallAfterDefault {
 			return fmt.Sprintf("router: writes to level stream %s failing for %s", w.stream, d.Round(time.Second))
 		}
 	}
@@ -408,8 +455,8 @@ func (r *Router) Unhealthy() string {
 // progress records that the router is caught up or confirmed writes of
 // every kind: no failure clock runs.
 func (r *Router) progress() {
-	r.failing.progress()
-	for _, w := range r.writers {
+	r.health.failing.progress()
+	for _, w := range r.writers.all {
 		w.failing.progress()
 	}
 }
@@ -417,10 +464,10 @@ func (r *Router) progress() {
 // Stats returns the router's counters.
 func (r *Router) Stats() Stats {
 	st := Stats{
-		Routed: r.routed.Load(), DeadLettered: r.deadLettered.Load(), Clamped: r.clamped.Load(), Skipped: r.skipped.Load(),
-		Merged: r.merged.Load(), IndexErrors: r.pipe.indexErrors.Load(),
-		Owner: r.owned.Load(), Epoch: r.termEpoch.Load(),
-		IngressPartition: r.part, Lease: r.LeaseKey(),
+		Routed: r.stats.routed.Load(), DeadLettered: r.stats.deadLettered.Load(), Clamped: r.stats.clamped.Load(), Skipped: r.stats.skipped.Load(),
+		Merged: r.stats.merged.Load(), IndexErrors: r.pipe.indexErrors.Load(),
+		Owner: r.stats.owner.Load(), Epoch: r.stats.epoch.Load(),
+		IngressPartition: r.share.part, Lease: r.LeaseKey(),
 	}
 	count := func(stream string, n uint64) {
 		if n > 0 {
@@ -430,9 +477,9 @@ func (r *Router) Stats() Stats {
 			st.FencedWrites[stream] = n
 		}
 	}
-	for _, w := range r.writers {
+	for _, w := range r.writers.all {
 		count(w.stream, w.fenced.Load())
 	}
-	count(ingressStream, r.fencedIngress.Load())
+	count(ingressStream, r.stats.fencedIngress.Load())
 	return st
 }

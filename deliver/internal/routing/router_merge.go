@@ -16,7 +16,7 @@ import (
 // handed it to its target yet. A lookup that fails merges nothing and
 // returns its error: the message is then delivered on its own, never lost.
 func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error) {
-	if r.wiring.Scanners == nil {
+	if r.deps.Scanners == nil {
 		return false, nil
 	}
 	k := index.MergeKey(target, key)
@@ -25,7 +25,7 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 		ctx, cancel := context.WithTimeout(ctx, opTimeout)
 		defer cancel()
 		var err error
-		rec, ok, err = index.Lookup(ctx, r.index, k, opTimeout)
+		rec, ok, err = index.Lookup(ctx, r.run.index, k, opTimeout)
 		if err == nil && ok && rec.Stream != "" && !rec.Gone {
 			ok, err = r.placed(ctx, rec, target, key)
 		}
@@ -36,7 +36,7 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 	if !ok || rec.Stream == "" || rec.Gone {
 		return false, nil
 	}
-	pending := r.wiring.Scanners.PendingAt(ctx, rec)
+	pending := r.deps.Scanners.PendingAt(ctx, rec)
 	if err := ctx.Err(); err != nil {
 		// Stopped while asking: no answer is not "not pending" here; the
 		// message stays unacked for the next session (as a lookup stopped by
@@ -53,7 +53,7 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 		// leader's last record, tells (docs/guarantees.md#delivered-xor-cancelled).
 		// (A placement in flight has no record yet: the index's latest
 		// is an older message's.)
-		latest, found, err := index.LookupLatest(ctx, cmp.Or(r.wiring.LookupConn, r.js.Conn()), r.index, k, opTimeout, nil)
+		latest, found, err := index.LookupLatest(ctx, cmp.Or(r.deps.LookupConn, r.deps.js.Conn()), r.run.index, k, opTimeout, nil)
 		if err != nil {
 			return false, err
 		}
@@ -73,15 +73,15 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 // (purged from the level) counts as placed: its record is the latest, so it
 // has not been placed again yet.
 func (r *Router) placed(ctx context.Context, rec index.Record, target, key string) (bool, error) {
-	msgs, err := r.index.Read(ctx, rec.Stream, nil, rec.Seq, 1, 1)
+	msgs, err := r.run.index.Read(ctx, rec.Stream, nil, rec.Seq, 1, 1)
 	if err != nil {
 		return false, err
 	}
 	if len(msgs) == 0 || msgs[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.Seq, 10) {
-		if !rec.Hop || r.wiring.Scanners == nil {
+		if !rec.Hop || r.deps.Scanners == nil {
 			return false, nil
 		}
-		passed := r.wiring.Scanners.Passed(ctx, rec.Stream)
+		passed := r.deps.Scanners.Passed(ctx, rec.Stream)
 		if err := ctx.Err(); err != nil {
 			return false, err // stopped while asking (see mergeInto)
 		}

@@ -39,7 +39,7 @@ func TestRouterWiringRequired(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.wiring.HopKey) != hopKeySize || r.wiring.Scanners != nil {
-		t.Errorf("NewStandalone: hop key of %d bytes, Scanners %v; want %d bytes and none", len(r.wiring.HopKey), r.wiring.Scanners, hopKeySize)
+	if len(r.deps.HopKey) != hopKeySize || r.deps.Scanners != nil {
+		t.Errorf("NewStandalone: hop key of %d bytes, Scanners %v; want %d bytes and none", len(r.deps.HopKey), r.deps.Scanners, hopKeySize)
 	}
 }

@@ -23,19 +23,19 @@ import (
 // releases the lease after it returns. The merge cache starts empty: what
 // it knew may have changed under another replica's router.
 func (r *Router) RunTerm(ctx context.Context, t ownership.Term) error {
-	r.term = t
-	r.term.Recovering(true) // until a session has started: not handed over meanwhile
-	r.termEpoch.Store(t.Epoch)
-	r.owned.Store(true)
+	r.run.term = t
+	r.run.term.Recovering(true) // until a session has started: not handed over meanwhile
+	r.stats.epoch.Store(t.Epoch)
+	r.stats.owner.Store(true)
 	r.merges.reset()
-	for _, w := range r.writers {
+	for _, w := range r.writers.all {
 		w.marked = 0 // each term writes its own marker
 	}
 	// Writes an earlier term left failed are not retried: their ingress
 	// messages are unacked, and this term's consumer delivers them again.
 	r.pipe.takeFailed()
 	defer func() {
-		r.owned.Store(false)
+		r.stats.owner.Store(false)
 		r.progress() // not routing is not failing: no failure clock runs
 	}()
 	return r.Run(ctx)
@@ -46,7 +46,7 @@ func (r *Router) RunTerm(ctx context.Context, t ownership.Term) error {
 // without duplicates, on the next start) and returns nil. It survives server
 // restarts and reconnects; it returns an error only for a bad setup.
 func (r *Router) Run(ctx context.Context) error {
-	tails, err := jswire.NewBatchReader(r.js.Conn(), tailBatch)
+	tails, err := jswire.NewBatchReader(r.deps.js.Conn(), tailBatch)
 	if err != nil {
 		return err
 	}
@@ -55,13 +55,13 @@ func (r *Router) Run(ctx context.Context) error {
 	// while unanswered: one lost to a hung replica would restart the
 	// router's whole start.
 	tails.ResendUnanswered()
-	r.sync.tails = tails
-	lookups, err := jswire.NewBatchReader(cmp.Or(r.wiring.LookupConn, r.js.Conn()), index.Batch)
+	r.run.sync.tails = tails
+	lookups, err := jswire.NewBatchReader(cmp.Or(r.deps.LookupConn, r.deps.js.Conn()), index.Batch)
 	if err != nil {
 		return err
 	}
 	defer lookups.Close()
-	r.index = lookups
+	r.run.index = lookups
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
 		began := time.Now()
@@ -72,15 +72,15 @@ func (r *Router) Run(ctx context.Context) error {
 		if errors.Is(err, errRouterFenced) {
 			// Once per term: the session acked nothing after the
 			// refused write, and the term ends here.
-			r.logger.Warn("router stopped: a router of a newer term writes the level streams (fenced)", slog.Uint64("epoch", r.term.Epoch), slog.Any("error", err))
+			r.logger.Warn("router stopped: a router of a newer term writes the level streams (fenced)", slog.Uint64("epoch", r.run.term.Epoch), slog.Any("error", err))
 			return nil
 		}
-		if !r.term.Held() {
-			r.logger.Info("router stopped: this replica's lease term ended", slog.Uint64("epoch", r.term.Epoch), slog.Any("error", err))
+		if !r.run.term.Held() {
+			r.logger.Info("router stopped: this replica's lease term ended", slog.Uint64("epoch", r.run.term.Epoch), slog.Any("error", err))
 			return nil
 		}
-		r.failing.fail(r.epoch)
-		r.term.Recovering(true)
+		r.health.failing.fail(r.health.epoch)
+		r.run.term.Recovering(true)
 		if time.Since(began) > time.Minute {
 			backoff.Reset() // a long healthy session: start the backoff afresh
 		}
@@ -93,25 +93,25 @@ func (r *Router) Run(ctx context.Context) error {
 
 // session runs one ingress consumer from a fresh resync until an error.
 func (r *Router) session(ctx context.Context) error {
-	if !r.term.Held() {
+	if !r.run.term.Held() {
 		return errNotOwner // a stale router recreates no stream and writes no index record
 	}
-	info, err := streamInfo(ctx, r.js, ingressStream)
+	info, err := streamInfo(ctx, r.deps.js, ingressStream)
 	if err != nil {
 		return fmt.Errorf("ingress stream: %w", err)
 	}
-	r.ingressID = strconv.FormatInt(info.CachedInfo().Created.UnixNano(), 10)
+	r.run.ingressID = strconv.FormatInt(info.CachedInfo().Created.UnixNano(), 10)
 	// The acker runs for the session; stopping it lets every write sent
 	// settle (flushing the open index group first), before the PubAck
 	// tracker closes.
-	acks, err := jswire.NewPubAcks(r.js.Conn(), r.ackTimeout)
+	acks, err := jswire.NewPubAcks(r.deps.js.Conn(), r.hooks.ackTimeout)
 	if err != nil {
 		return err
 	}
-	if r.loseAcks != nil {
-		acks.LoseReplies(r.loseAcks)
+	if r.hooks.loseAcks != nil {
+		acks.LoseReplies(r.hooks.loseAcks)
 	}
-	r.acks = acks
+	r.run.acks = acks
 	defer acks.Close()
 	r.pipe.start()
 	defer r.pipe.stop()
@@ -127,7 +127,7 @@ func (r *Router) session(ctx context.Context) error {
 	// its own messages only. The ingress consumer is per term too, so a
 	// stale router can neither delete the new router's consumer nor ack
 	// into it.
-	if !r.term.Held() {
+	if !r.run.term.Held() {
 		return errNotOwner
 	}
 	defer r.startSyncs(ctx, info.CachedInfo().State)()
@@ -139,10 +139,10 @@ func (r *Router) session(ctx context.Context) error {
 		return err
 	}
 	var filter string
-	if r.parts > 1 {
-		filter = ingressPartitionSubject(r.part) + ">"
+	if r.share.parts > 1 {
+		filter = ingressPartitionSubject(r.share.part) + ">"
 	}
-	_, err = r.js.CreateOrUpdateConsumer(ctx, ingressStream, jetstream.ConsumerConfig{
+	_, err = r.deps.js.CreateOrUpdateConsumer(ctx, ingressStream, jetstream.ConsumerConfig{
 		Durable:       consumer,
 		FilterSubject: filter,
 		Description:   "delayd router: ingress to level streams",
@@ -155,13 +155,13 @@ func (r *Router) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create ingress consumer: %w", err)
 	}
-	pull, err := jswire.NewPull(r.js.Conn(), ingressStream, consumer, r.cfg.Batch, 0)
+	pull, err := jswire.NewPull(r.deps.js.Conn(), ingressStream, consumer, r.cfg.Batch, 0)
 	if err != nil {
 		return err
 	}
 	// The fresh consumer redelivers every unacked message: dead letters
 	// still refused are recorded again when they are.
-	r.wiring.Refused.Forget(r.refusal)
+	r.deps.Refused.Forget(r.share.refusal)
 	stop := context.AfterFunc(ctx, pull.Stop)
 	defer stop()
 	defer pull.Stop()
@@ -176,7 +176,7 @@ func (r *Router) session(ctx context.Context) error {
 	// routed; the next session's fresh consumer redelivers it at once, in
 	// order.
 	nextDelivery := uint64(1)
-	r.term.Recovering(false) // started; Run marks it recovering again if the session ends
+	r.run.term.Recovering(false) // started; Run marks it recovering again if the session ends
 	for {
 		if r.pipe.broken.Load() {
 			if err := r.retryFailed(ctx); err != nil {
@@ -186,7 +186,7 @@ func (r *Router) session(ctx context.Context) error {
 		if err := r.settleSyncs(ctx); err != nil {
 			return err
 		}
-		if r.sync.heldBytes > heldMaxBytes {
+		if r.run.sync.heldBytes > heldMaxBytes {
 			// Held messages of levels not synced yet fill their bound:
 			// nothing more is pulled until one is synced.
 			select {
@@ -200,7 +200,7 @@ func (r *Router) session(ctx context.Context) error {
 		if m == nil && err == nil {
 			// Nothing waiting. Nothing in flight, failed or held:
 			// caught up, which is progress.
-			if r.pipe.idle() && r.sync.unsynced == 0 {
+			if r.pipe.idle() && r.run.sync.unsynced == 0 {
 				r.progress()
 			}
 			m, err = pull.Next(ctx, r.pipe.kick, true, 0)
@@ -225,15 +225,15 @@ func (r *Router) session(ctx context.Context) error {
 				errDeliveryLost, nextDelivery, meta.ConsumerSeq-1)
 		}
 		nextDelivery = max(nextDelivery, meta.ConsumerSeq+1)
-		if !r.term.Held() {
+		if !r.run.term.Held() {
 			// Checked before each message's level write (a mutex and a
 			// monotonic clock read): m stays unacked, for the next owner.
 			return errNotOwner
 		}
-		if r.parts > 1 {
+		if r.share.parts > 1 {
 			// Stored as "delayd.in.<i>.<target>": routed, indexed and
 			// dead-lettered under the subject it was published to.
-			if rest, ok := strings.CutPrefix(m.Subject, ingressPartitionSubject(r.part)); ok {
+			if rest, ok := strings.CutPrefix(m.Subject, ingressPartitionSubject(r.share.part)); ok {
 				m.Subject = r.cfg.Prefix + "." + rest
 			}
 		}

@@ -62,7 +62,7 @@ func TestStaleRouterPipelinedWrites(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.ackTimeout = time.Minute // neither router resyncs while its bytes are held
+		r.hooks.ackTimeout = time.Minute // neither router resyncs while its bytes are held
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); _ = r.RunTerm(rctx, ownership.Term{Epoch: epoch}) }()

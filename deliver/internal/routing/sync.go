@@ -90,12 +90,12 @@ type syncResult struct {
 // stream had state ingress at its start, and returns the func that stops
 // them and waits for their goroutines.
 func (r *Router) startSyncs(ctx context.Context, ingress jetstream.StreamState) func() {
-	s := &r.sync
+	s := &r.run.sync
 	ctx, cancel := context.WithCancel(ctx)
 	s.ctx, s.ingress = ctx, ingress
-	s.results = make(chan syncResult, len(r.writers))
-	s.unsynced, s.heldN, s.heldBytes = len(r.writers), 0, 0
-	for _, w := range r.writers {
+	s.results = make(chan syncResult, len(r.writers.all))
+	s.unsynced, s.heldN, s.heldBytes = len(r.writers.all), 0, 0
+	for _, w := range r.writers.all {
 		w.ready, w.held = false, nil
 		r.syncLevel(w)
 	}
@@ -123,7 +123,7 @@ func (r *Router) startSyncs(ctx context.Context, ingress jetstream.StreamState) 
 // syncLevel reads w's tail on a helper goroutine, retrying until it can
 // or the session ends, and reports it to the router's goroutine.
 func (r *Router) syncLevel(w *levelWriter) {
-	s := &r.sync
+	s := &r.run.sync
 	ctx := s.ctx
 	s.wg.Add(1)
 	go func() {
@@ -141,13 +141,13 @@ func (r *Router) syncLevel(w *levelWriter) {
 // readLevel reads w's tail and re-indexes it, on readers of its own,
 // retrying until it can, the router is fenced, or ctx is done.
 func (r *Router) readLevel(ctx context.Context, w *levelWriter) (tailState, error) {
-	tails, err := jswire.NewBatchReader(r.js.Conn(), tailBatch)
+	tails, err := jswire.NewBatchReader(r.deps.js.Conn(), tailBatch)
 	if err != nil {
 		return tailState{}, err
 	}
 	defer tails.Close()
 	tails.ResendUnanswered() // see Run
-	lookups, err := jswire.NewBatchReader(cmp.Or(r.wiring.LookupConn, r.js.Conn()), index.Batch)
+	lookups, err := jswire.NewBatchReader(cmp.Or(r.deps.LookupConn, r.deps.js.Conn()), index.Batch)
 	if err != nil {
 		return tailState{}, err
 	}
@@ -162,7 +162,7 @@ func (r *Router) readLevel(ctx context.Context, w *levelWriter) (tailState, erro
 		if err == nil || errors.Is(err, errRouterFenced) || ctx.Err() != nil {
 			return st, err
 		}
-		w.failing.fail(r.epoch)
+		w.failing.fail(r.health.epoch)
 		r.logger.Warn("level stream not synced yet; its messages are held, the other levels route",
 			slog.String("stream", w.stream), slog.Any("error", err))
 		if !backoff.Sleep(ctx) {
@@ -182,7 +182,7 @@ const syncStartWait = 2 * hedge.AfterLeader
 // awaitSyncs applies the syncs' reports until every level stream is ready
 // or syncStartWait has passed.
 func (r *Router) awaitSyncs(ctx context.Context) error {
-	s := &r.sync
+	s := &r.run.sync
 	t := time.NewTimer(syncStartWait)
 	defer t.Stop()
 	for s.unsynced > 0 {
@@ -204,7 +204,7 @@ func (r *Router) awaitSyncs(ctx context.Context) error {
 // in-progress acks when due, and places the held messages of ready level
 // streams (unless a write failed: they wait for its retry).
 func (r *Router) settleSyncs(ctx context.Context) error {
-	s := &r.sync
+	s := &r.run.sync
 	for done := false; !done; {
 		select {
 		case res := <-s.results:
@@ -218,20 +218,20 @@ func (r *Router) settleSyncs(ctx context.Context) error {
 	// A level not synced yet is a recovery: the lease is not handed over
 	// meanwhile (the next holder's start would hold it too, and add its
 	// start to every other level's).
-	r.term.Recovering(s.unsynced > 0)
+	r.run.term.Recovering(s.unsynced > 0)
 	if s.progressDue.Swap(false) {
-		for _, w := range r.writers {
+		for _, w := range r.writers.all {
 			for _, h := range w.held {
 				_ = h.m.Respond(jswire.AckProgress)
 			}
 		}
 	}
-	for _, w := range r.writers {
+	for _, w := range r.writers.all {
 		for w.ready && len(w.held) > 0 {
 			if r.pipe.broken.Load() {
 				return nil // retried first; the held stay first in line
 			}
-			if !r.term.Held() {
+			if !r.run.term.Held() {
 				return errNotOwner
 			}
 			h := w.held[0]
@@ -251,8 +251,8 @@ func (r *Router) settleSyncs(ctx context.Context) error {
 // hold keeps m, for w not ready yet, behind w's other held messages.
 func (r *Router) hold(w *levelWriter, h heldMsg) {
 	w.held = append(w.held, h)
-	r.sync.heldN++
-	r.sync.heldBytes += len(h.m.Data)
+	r.run.sync.heldN++
+	r.run.sync.heldBytes += len(h.m.Data)
 }
 
 // applySync applies a sync's report on the router's goroutine: a tail
@@ -266,7 +266,7 @@ func (r *Router) applySync(res syncResult) error {
 			r.syncLevel(w)
 			return nil
 		}
-		w.expected, w.marked = res.ack.Sequence, r.term.Epoch
+		w.expected, w.marked = res.ack.Sequence, r.run.term.Epoch
 		r.pipe.reportTail(w.stream, w.expected)
 		r.levelReady(w)
 		return nil
@@ -279,20 +279,20 @@ func (r *Router) applySync(res syncResult) error {
 	if w.expected > 0 {
 		r.pipe.reportTail(w.stream, w.expected)
 	}
-	if r.term.Epoch == 0 || w.marked == r.term.Epoch {
+	if r.run.term.Epoch == 0 || w.marked == r.run.term.Epoch {
 		r.levelReady(w)
 		return nil
 	}
-	if !r.term.Held() {
+	if !r.run.term.Held() {
 		return errNotOwner
 	}
-	fut, err := r.js.PublishMsgAsync(r.markerMsg(w))
+	fut, err := r.deps.js.PublishMsgAsync(r.markerMsg(w))
 	if err != nil {
 		r.logger.Warn("epoch marker not sent; syncing the level stream again", slog.String("stream", w.stream), slog.Any("error", err))
 		r.syncLevel(w)
 		return nil
 	}
-	s := &r.sync
+	s := &r.run.sync
 	ctx := s.ctx
 	s.wg.Add(1)
 	go func() {
@@ -323,9 +323,9 @@ func (r *Router) applySync(res syncResult) error {
 // levelReady marks w ready: its held messages are placed next.
 func (r *Router) levelReady(w *levelWriter) {
 	w.ready = true
-	r.sync.unsynced--
-	if r.sync.unsynced == 0 {
-		r.logger.Debug("every level stream synced", slog.Uint64("epoch", r.term.Epoch))
+	r.run.sync.unsynced--
+	if r.run.sync.unsynced == 0 {
+		r.logger.Debug("every level stream synced", slog.Uint64("epoch", r.run.term.Epoch))
 	}
 }
 
@@ -333,7 +333,7 @@ func (r *Router) levelReady(w *levelWriter) {
 // sequence (OnRouted): a write whose PubAck was lost is found here, not
 // acked. A level not ready yet is being synced by its helper.
 func (r *Router) syncTails(ctx context.Context) error {
-	for _, w := range r.writers {
+	for _, w := range r.writers.all {
 		if !w.ready {
 			continue
 		}
@@ -350,7 +350,7 @@ func (r *Router) syncTails(ctx context.Context) error {
 // syncTail reads a level stream's last sequence and the ingress sequence of
 // its last message, on the router's goroutine.
 func (r *Router) syncTail(ctx context.Context, w *levelWriter) error {
-	st, err := r.readTail(ctx, w, r.sync.tails)
+	st, err := r.readTail(ctx, w, r.run.sync.tails)
 	if err != nil {
 		r.countFence(w, err)
 		return err
@@ -365,7 +365,7 @@ func (r *Router) applyTail(w *levelWriter, st tailState) {
 	w.lastRouted.Store(st.lastRouted)
 	w.tailRef = st.tailRef
 	if st.own {
-		w.marked = r.term.Epoch
+		w.marked = r.run.term.Epoch
 	}
 	w.lastSubmitted = st.lastRouted
 }
@@ -375,17 +375,17 @@ func (r *Router) applyTail(w *levelWriter, st tailState) {
 // counts a fence).
 func (r *Router) readTail(ctx context.Context, w *levelWriter, tails *jswire.BatchReader) (tailState, error) {
 	var out tailState
-	if r.sync.hook != nil {
-		if err := r.sync.hook(w.stream); err != nil {
+	if r.run.sync.hook != nil {
+		if err := r.run.sync.hook(w.stream); err != nil {
 			return out, fmt.Errorf("level stream %s tail: %w", w.stream, err)
 		}
 	}
-	s, err := streamInfo(ctx, r.js, w.stream)
+	s, err := streamInfo(ctx, r.deps.js, w.stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		// Deleted while delayd ran: without it no level could be routed.
 		r.logger.Warn("level stream missing; recreating it", slog.String("stream", w.stream))
-		if err = ensureLevelStream(ctx, r.js, w.stream, w.level.Delay, max(r.cfg.Replicas, 1)); err == nil {
-			s, err = r.js.Stream(ctx, w.stream)
+		if err = ensureLevelStream(ctx, r.deps.js, w.stream, w.level.Delay, max(r.cfg.Replicas, 1)); err == nil {
+			s, err = r.deps.js.Stream(ctx, w.stream)
 		}
 	}
 	if err != nil {
@@ -463,7 +463,7 @@ func (r *Router) lastIngressRef(ctx context.Context, tails *jswire.BatchReader, 
 				if !ok {
 					return "", 0, nil // a marker: no router write before it
 				}
-				if id != r.ingressID {
+				if id != r.run.ingressID {
 					return ref, 0, nil // written for an earlier ingress stream
 				}
 				return ref, ingressSeq, nil
@@ -492,7 +492,7 @@ func (r *Router) lastIngressRef(ctx context.Context, tails *jswire.BatchReader, 
 // level's committed offset has passed are left alone (a cancelled one's
 // "cancelled" record must stay the latest).
 func (r *Router) reindex(ctx context.Context, w *levelWriter, st tailState, lookups *jswire.BatchReader) error {
-	ingress := r.sync.ingress
+	ingress := r.run.sync.ingress
 	if ingress.Msgs == 0 || st.expected == 0 || st.lastRouted < ingress.FirstSeq {
 		return nil // the level's last message was acked at ingress
 	}
@@ -504,8 +504,8 @@ func (r *Router) reindex(ctx context.Context, w *levelWriter, st tailState, look
 	if st.expected > window {
 		from = st.expected - window + 1
 	}
-	if r.wiring.Scanners != nil {
-		from = max(from, r.wiring.Scanners.Committed(ctx, w.stream)+1)
+	if r.deps.Scanners != nil {
+		from = max(from, r.deps.Scanners.Committed(ctx, w.stream)+1)
 	}
 	for from <= st.expected {
 		rctx, cancel := context.WithTimeout(ctx, opTimeout)
@@ -542,7 +542,7 @@ func (r *Router) reindex(ctx context.Context, w *levelWriter, st tailState, look
 	if n == 0 {
 		return nil
 	}
-	g.Flush(r.js)
+	g.Flush(r.deps.js)
 	if err := g.Stored(); err != nil {
 		return fmt.Errorf("re-index %s: %w", w.stream, err)
 	}

@@ -16,7 +16,7 @@ func TestParseIngressRef(t *testing.T) {
 		{"1", 1<<64 - 1},
 		{"0", 0},
 	} {
-		r := &Router{ingressID: tt.id}
+		r := &Router{run: runState{ingressID: tt.id}}
 		ref := r.ingressRef(tt.seq)
 		if want := "delayd-" + tt.id + "-" + strconv.FormatUint(tt.seq, 10); ref != want {
 			t.Errorf("ingressRef(%d) = %q, want %q", tt.seq, ref, want)
