@@ -71,7 +71,7 @@ func BenchmarkLevelMsg(b *testing.B) {
 		rt := &routing{msg: m, seq: 4242, w: w}
 		var due time.Time
 		rt.out, due = levelMessage(m.Header, m.Data, p, w.subject, stored, r.ingressRef(rt.seq))
-		rt.setIndex(w.stream, p, due)
+		rt.setRecords(w.stream, p, due)
 		rt.out.Header[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(w.expected, 10)}
 	}
 }

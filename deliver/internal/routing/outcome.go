@@ -261,14 +261,14 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 	if err := publishDeadLetter(ctx, r.deps.js, rt.out); err != nil {
 		return err
 	}
-	if rt.nIndex > 0 {
+	if rt.nRecords > 0 {
 		// Its write was never stored (a level write refused for its size,
 		// or a dead letter whose own write failed: rt.w is nil then), so
 		// none of its records was written; a hop's earlier placement is
 		// still its latest record, and its merge key is in flight: record
 		// that it left delayd, and settle the merge key.
-		r.writeIndex(rt, "", 0)
-		r.pipe.storeIndex(rt)
+		r.writeRecords(rt, "", 0)
+		r.pipe.storeRecords(rt)
 		r.settleMerges(rt, true)
 	}
 	r.stats.deadLettered.Add(1)

@@ -108,24 +108,24 @@ func (p *writePipeline) stop() {
 	<-p.done
 }
 
-// addIndex places the index records of rt's write at (stream, seq); stream
+// addRecords places the index records of rt's write at (stream, seq); stream
 // "" records that the message left delayd. The acker writes them once the
 // write is stored, before its ingress message is acked.
-func (p *writePipeline) addIndex(rt *routing, stream string, seq uint64) {
-	for i := range rt.nIndex {
-		rt.index[i].Stream, rt.index[i].Seq = stream, seq
+func (p *writePipeline) addRecords(rt *routing, stream string, seq uint64) {
+	for i := range rt.nRecords {
+		rt.records[i].Stream, rt.records[i].Seq = stream, seq
 	}
 }
 
-// storeIndex writes rt's index records now and waits until they are
+// storeRecords writes rt's index records now and waits until they are
 // stored: for a write confirmed outside the pipeline (a dead letter
 // written synchronously). A failure is counted and logged.
-func (p *writePipeline) storeIndex(rt *routing) {
-	if rt.nIndex == 0 {
+func (p *writePipeline) storeRecords(rt *routing) {
+	if rt.nRecords == 0 {
 		return
 	}
 	g := index.NewGroup()
-	for _, rec := range rt.index[:rt.nIndex] {
+	for _, rec := range rt.records[:rt.nRecords] {
 		g.Add(rec)
 	}
 	g.Flush(p.js)
@@ -191,11 +191,11 @@ func (p *writePipeline) acker(in <-chan ackItem, done chan<- struct{}) {
 	add := func() {
 		it := *cur
 		cur = nil
-		if it.ack != nil && it.rt.nIndex > 0 {
+		if it.ack != nil && it.rt.nRecords > 0 {
 			if b.group == nil {
 				b.group = index.NewGroup()
 			}
-			for _, rec := range it.rt.index[:it.rt.nIndex] {
+			for _, rec := range it.rt.records[:it.rt.nRecords] {
 				b.group.Add(rec)
 			}
 		}
@@ -284,7 +284,7 @@ func (p *writePipeline) confirm(batches <-chan ackBatch) {
 			case it.ack == nil:
 				p.sink.writeRefused(rt)
 			default:
-				if err != nil && rt.nIndex > 0 {
+				if err != nil && rt.nRecords > 0 {
 					failed++
 				}
 				p.sink.writeConfirmed(rt, it.ack)

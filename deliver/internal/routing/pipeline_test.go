@@ -76,9 +76,9 @@ func TestWritePipelineNeverWaitsOnAnOpenGroup(t *testing.T) {
 			if err != nil {
 				panic(err)
 			}
-			rt := &routing{seq: i, fut: fut, nIndex: 1}
-			rt.index[0] = index.Record{Key: index.SeqKey(i), Target: "x"}
-			p.addIndex(rt, "T", i)
+			rt := &routing{seq: i, fut: fut, nRecords: 1}
+			rt.records[0] = index.Record{Key: index.SeqKey(i), Target: "x"}
+			p.addRecords(rt, "T", i)
 			p.sent(rt)
 			want = append(want, "ok "+strconv.FormatUint(i, 10))
 		}
@@ -119,7 +119,7 @@ func (s *lookupSink) writeConfirmed(rt *routing, ack *jetstream.PubAck) {
 	s.recordingSink.writeConfirmed(rt, ack)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rec, ok, err := index.Lookup(ctx, s.reader, rt.index[0].Key, 5*time.Second)
+	rec, ok, err := index.Lookup(ctx, s.reader, rt.records[0].Key, 5*time.Second)
 	if err != nil || !ok || rec.Stream != "T" || rec.Seq != ack.Sequence {
 		s.add("record missing " + strconv.FormatUint(rt.seq, 10))
 	}
@@ -171,9 +171,9 @@ func TestWritePipelineRecordsOnlyStoredWrites(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rt := &routing{seq: i, fut: fut, nIndex: 1}
-		rt.index[0] = index.Record{Key: index.SeqKey(i), Target: "x"}
-		p.addIndex(rt, "T", last+1) // the sequence the write is sent for
+		rt := &routing{seq: i, fut: fut, nRecords: 1}
+		rt.records[0] = index.Record{Key: index.SeqKey(i), Target: "x"}
+		p.addRecords(rt, "T", last+1) // the sequence the write is sent for
 		p.sent(rt)
 		if refused {
 			want = append(want, "err "+strconv.FormatUint(i, 10))

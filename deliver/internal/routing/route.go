@@ -34,8 +34,8 @@ type routing struct {
 	// may pass it while its dead letter is refused (see deferDeadLetter).
 	invalid bool
 
-	index  [2]index.Record // the placement's records: by id, and by merge key if any
-	nIndex int
+	records  [2]index.Record // the placement's records: by id, and by merge key if any
+	nRecords int
 }
 
 func (rt *routing) ack() { _ = rt.msg.Respond(jswire.AckAck) }
@@ -108,7 +108,7 @@ func (r *Router) place(ctx context.Context, rt *routing, w *levelWriter, h heldM
 	if partKey != "" {
 		rt.out.Header[hdrPartKey] = []string{partKey} // a hop keeps it (forward)
 	}
-	rt.setIndex(w.stream, p, due)
+	rt.setRecords(w.stream, p, due)
 	r.submit(rt)
 }
 
@@ -139,16 +139,16 @@ func headerFold(h nats.Header, name string) string {
 	return ""
 }
 
-// setIndex sets the index records of rt's placement in stream (its sequence
+// setRecords sets the index records of rt's placement in stream (its sequence
 // is set when the write is sent): by id (the publisher's, else the first
 // ingress sequence) and by merge key.
-func (rt *routing) setIndex(stream string, p placement, due time.Time) {
+func (rt *routing) setRecords(stream string, p placement, due time.Time) {
 	_, hops := rt.out.Header[hdrHopDue]
-	rt.index[0] = index.Record{Key: levelKey(rt.out.Header), Stream: stream, Hop: hops, Due: due, Target: p.Target}
-	rt.nIndex = 1
+	rt.records[0] = index.Record{Key: levelKey(rt.out.Header), Stream: stream, Hop: hops, Due: due, Target: p.Target}
+	rt.nRecords = 1
 	if p.Merge != "" {
-		rt.index[1] = index.Record{Key: index.MergeKey(p.Target, p.Merge), Stream: stream, Hop: hops, Due: due, Target: p.Target}
-		rt.nIndex = 2
+		rt.records[1] = index.Record{Key: index.MergeKey(p.Target, p.Merge), Stream: stream, Hop: hops, Due: due, Target: p.Target}
+		rt.nRecords = 2
 	}
 }
 
@@ -163,7 +163,7 @@ func (r *Router) submit(rt *routing) {
 			// Refused before it was sent: nothing to resync, order is kept.
 			// A hop's earlier placement is still its latest index
 			// record: record that it left delayd.
-			r.writeIndex(rt, "", 0)
+			r.writeRecords(rt, "", 0)
 			r.deadLetter(rt, fmt.Errorf("%w: %d payload bytes plus delayd's headers exceed the server's max payload", message.ErrTooLarge, len(rt.out.Data)))
 			return
 		}
@@ -173,16 +173,16 @@ func (r *Router) submit(rt *routing) {
 	w.expected++
 	w.lastSubmitted = rt.seq
 	rt.fut = fut
-	r.writeIndex(rt, w.stream, w.expected)
+	r.writeRecords(rt, w.stream, w.expected)
 	r.pipe.sent(rt)
 }
 
-// writeIndex places the index records of rt's write at (stream, seq) (the
+// writeRecords places the index records of rt's write at (stream, seq) (the
 // pipeline writes them once the write is stored), and adds its merge key's
 // placement to the merge cache as in flight.
-func (r *Router) writeIndex(rt *routing, stream string, seq uint64) {
-	r.pipe.addIndex(rt, stream, seq)
-	for _, rec := range rt.index[:rt.nIndex] {
+func (r *Router) writeRecords(rt *routing, stream string, seq uint64) {
+	r.pipe.addRecords(rt, stream, seq)
+	for _, rec := range rt.records[:rt.nRecords] {
 		if index.IsMergeKey(rec.Key) {
 			r.merges.submitted(rec)
 		}
@@ -192,7 +192,7 @@ func (r *Router) writeIndex(rt *routing, stream string, seq uint64) {
 // settleMerges moves rt's merge placement from in flight to the cache once
 // its level write is confirmed (ok), or forgets it when the write failed.
 func (r *Router) settleMerges(rt *routing, ok bool) {
-	for _, rec := range rt.index[:rt.nIndex] {
+	for _, rec := range rt.records[:rt.nRecords] {
 		if index.IsMergeKey(rec.Key) {
 			r.merges.settled(rec, ok)
 		}

@@ -302,9 +302,9 @@ type runState struct {
 	// ([Router.RunTerm]); the zero Term, always held, for a router on its
 	// own. Run's goroutine only. stats.owner and stats.epoch mirror it for
 	// Stats.
-	term  ownership.Term
-	sync  levelSync           // the level streams' tail syncs and held messages (sync.go)
-	index *jswire.BatchReader // index lookups (Run's goroutine)
+	term ownership.Term
+	sync levelSync           // the level streams' tail syncs and held messages (sync.go)
+	ids  *jswire.BatchReader // the id reader: id index lookups (Run's goroutine)
 
 	// Per session.
 	acks      *jswire.PubAcks // the session's level and dead-letter writes' PubAcks

@@ -25,7 +25,7 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 		ctx, cancel := context.WithTimeout(ctx, opTimeout)
 		defer cancel()
 		var err error
-		rec, ok, err = index.Lookup(ctx, r.run.index, k, opTimeout)
+		rec, ok, err = index.Lookup(ctx, r.run.ids, k, opTimeout)
 		if err == nil && ok && rec.Stream != "" && !rec.Gone {
 			ok, err = r.placed(ctx, rec, target, key)
 		}
@@ -53,7 +53,7 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 		// leader's last record, tells (docs/guarantees.md#delivered-xor-cancelled).
 		// (A placement in flight has no record yet: the index's latest
 		// is an older message's.)
-		latest, found, err := index.LookupLatest(ctx, cmp.Or(r.deps.LookupConn, r.deps.js.Conn()), r.run.index, k, opTimeout, nil)
+		latest, found, err := index.LookupLatest(ctx, cmp.Or(r.deps.LookupConn, r.deps.js.Conn()), r.run.ids, k, opTimeout, nil)
 		if err != nil {
 			return false, err
 		}
@@ -73,7 +73,7 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 // (purged from the level) counts as placed: its record is the latest, so it
 // has not been placed again yet.
 func (r *Router) placed(ctx context.Context, rec index.Record, target, key string) (bool, error) {
-	msgs, err := r.run.index.Read(ctx, rec.Stream, nil, rec.Seq, 1, 1)
+	msgs, err := r.run.ids.Read(ctx, rec.Stream, nil, rec.Seq, 1, 1)
 	if err != nil {
 		return false, err
 	}

@@ -61,7 +61,7 @@ func (r *Router) Run(ctx context.Context) error {
 		return err
 	}
 	defer lookups.Close()
-	r.run.index = lookups
+	r.run.ids = lookups
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
 		began := time.Now()
