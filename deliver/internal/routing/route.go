@@ -118,7 +118,7 @@ func (r *Router) place(ctx context.Context, rt *routing, w *levelWriter, h heldM
 // always goes to one partition stream, which has one writer and is
 // delivered in order: the key's order holds.
 func (r *Router) writerFor(p placement, key string) *levelWriter {
-	parts := r.writers.byLevel[p.Level.Index]
+	parts := r.writers.byNumber[p.Level.Index]
 	if len(parts) == 1 {
 		return parts[0]
 	}

@@ -350,8 +350,8 @@ type levelWriter struct {
 // levelWriters are the router's level writers, built by New and never
 // changed after (each levelWriter's own fields say who writes them).
 type levelWriters struct {
-	all     []*levelWriter   // every level stream written: each level's partitions in order
-	byLevel [][]*levelWriter // by level index (0 = immediate): the level's partitions, one if unpartitioned
+	all      []*levelWriter   // every level stream written: each level's partitions in order
+	byNumber [][]*levelWriter // by level number (0 = immediate): the level's partitions, one if unpartitioned
 }
 
 // failClock holds when failures began without progress since, on the
@@ -422,7 +422,7 @@ func New(js jetstream.JetStream, cfg Config, wiring Wiring) (*Router, error) {
 			r.writers.all = append(r.writers.all, w)
 			parts = append(parts, w)
 		}
-		r.writers.byLevel = append(r.writers.byLevel, parts)
+		r.writers.byNumber = append(r.writers.byNumber, parts)
 	}
 	return r, nil
 }
