@@ -55,11 +55,11 @@ func (c *mergeCache) submitted(rec index.Record) {
 	c.mu.Unlock()
 }
 
-// settled moves a placement from in flight to confirmed once its level
+// confirmed moves a placement from in flight to confirmed once its level
 // write is confirmed (ok), or forgets it when the write failed: it is routed
 // again, and must not merge into its own failed placement. A placement in
 // flight that a later one replaced is left alone.
-func (c *mergeCache) settled(rec index.Record, ok bool) {
+func (c *mergeCache) confirmed(rec index.Record, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	cur, inFlight := c.flight[rec.Key]

@@ -18,7 +18,7 @@ import (
 
 // writeConfirmed is the acker's report of a stored write ([ackSink]).
 func (r *Router) writeConfirmed(rt *routing, ack *jetstream.PubAck) {
-	r.settleMerges(rt, true)
+	r.confirmMerges(rt, true)
 	// Counted before the ack: once the ingress stream no longer holds the
 	// message, its count is in [Router.Stats].
 	if rt.w == nil {
@@ -40,7 +40,7 @@ func (r *Router) writeConfirmed(rt *routing, ack *jetstream.PubAck) {
 
 // writeRefused is the acker's report of a failed write ([ackSink]).
 func (r *Router) writeRefused(rt *routing) {
-	r.settleMerges(rt, false)
+	r.confirmMerges(rt, false)
 	if rt.invalid {
 		r.deferDeadLetter(rt)
 		return
@@ -266,10 +266,10 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 		// or a dead letter whose own write failed: rt.w is nil then), so
 		// none of its records was written; a hop's earlier placement is
 		// still its latest record, and its merge key is in flight: record
-		// that it left delayd, and settle the merge key.
+		// that it left delayd, and confirm the merge key.
 		r.writeRecords(rt, "", 0)
 		r.pipe.storeRecords(rt)
-		r.settleMerges(rt, true)
+		r.confirmMerges(rt, true)
 	}
 	r.stats.deadLettered.Add(1)
 	r.deps.Reasons.Add(reasonOf(reason))

@@ -189,12 +189,12 @@ func (r *Router) writeRecords(rt *routing, stream string, seq uint64) {
 	}
 }
 
-// settleMerges moves rt's merge placement from in flight to the cache once
+// confirmMerges moves rt's merge placement from in flight to the cache once
 // its level write is confirmed (ok), or forgets it when the write failed.
-func (r *Router) settleMerges(rt *routing, ok bool) {
+func (r *Router) confirmMerges(rt *routing, ok bool) {
 	for _, rec := range rt.records[:rt.nRecords] {
 		if index.IsMergeKey(rec.Key) {
-			r.merges.settled(rec, ok)
+			r.merges.confirmed(rec, ok)
 		}
 	}
 }
