@@ -51,8 +51,10 @@ func (r *Router) writeRefused(rt *routing) {
 // tailSynced is the acker's report of a tail sync ([ackSink]).
 func (r *Router) tailSynced(stream string, seq uint64) { r.cfg.OnRouted(stream, seq) }
 
-// deadLetter sends the write of an ingress message to DELAYD_DLQ.
-func (r *Router) deadLetter(rt *routing, reason error) {
+// deadLetterInvalid sends the write of an ingress message that cannot be
+// placed (invalid, or too large for a level stream) to DELAYD_DLQ; the
+// level owner's dead letters are undeliverable ones.
+func (r *Router) deadLetterInvalid(rt *routing, reason error) {
 	m := rt.msg
 	// Once per message: a redelivery (its dead letter was refused) logs at debug.
 	logLevel := slog.LevelWarn

@@ -55,7 +55,7 @@ func (r *Router) route(ctx context.Context, m *nats.Msg, meta jswire.AckMeta) {
 	}
 	if err != nil {
 		rt.invalid = true
-		r.deadLetter(rt, err)
+		r.deadLetterInvalid(rt, err)
 		return
 	}
 	partKey := headerFold(m.Header, contract.HeaderPartitionKey)
@@ -164,7 +164,7 @@ func (r *Router) submit(rt *routing) {
 			// A hop's earlier placement is still its latest index
 			// record: record that it left delayd.
 			r.writeRecords(rt, "", 0)
-			r.deadLetter(rt, fmt.Errorf("%w: %d payload bytes plus delayd's headers exceed the server's max payload", message.ErrTooLarge, len(rt.out.Data)))
+			r.deadLetterInvalid(rt, fmt.Errorf("%w: %d payload bytes plus delayd's headers exceed the server's max payload", message.ErrTooLarge, len(rt.out.Data)))
 			return
 		}
 		r.fail(rt)
