@@ -54,7 +54,7 @@ func TestCancelAfterStaleRouterWrite(t *testing.T) {
 		t.Cleanup(nc.Close)
 		return nc
 	}
-	newRouterT := func(gate *gateScanners) *Router {
+	newRouterT := func(gate *heldOwners) *Router {
 		r, err := newRouter(mustJS(connect(), 0), RouterConfig{Prefix: "delay", Levels: table},
 			routing.Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: svc.hopKey, Scanners: gate})
 		if err != nil {
@@ -73,7 +73,7 @@ func TestCancelAfterStaleRouterWrite(t *testing.T) {
 	// run runs r for a term of epoch (a Term without a lease: held for
 	// ever, as a router paused past its fence believes); stop ends it and
 	// waits for it.
-	run := func(r *Router, epoch uint64, gate *gateScanners) (done chan struct{}, stop func()) {
+	run := func(r *Router, epoch uint64, gate *heldOwners) (done chan struct{}, stop func()) {
 		rctx, cancel := context.WithCancel(ctx)
 		done = make(chan struct{})
 		go func() {
@@ -102,7 +102,7 @@ func TestCancelAfterStaleRouterWrite(t *testing.T) {
 		b.publishTo("tgt.close", payload, h)
 	}
 
-	gateA, gateB := newGate(), newGate()
+	gateA, gateB := newHeldOwners(), newHeldOwners()
 	a, rb := newRouterT(gateA), newRouterT(gateB)
 	doneA, _ := run(a, 5, gateA)
 	publish("m1", "m1")
@@ -178,28 +178,28 @@ func TestCancelAfterStaleRouterWrite(t *testing.T) {
 	}
 }
 
-// gateScanners is a router's view of the scanners
+// heldOwners is a router's view of the scanners
 // ([routing.LevelScanners]) that holds the router inside its merge check:
 // PendingAt reports each call on entered and returns false (not merged)
 // once release is closed. A router held there has classified a message and
 // checked its term, and is about to write it: the moment a stale router
-// can be paused. (routing's marker_test.go has the same gate; this test
+// can be paused. (routing's marker_test.go has the same heldOwners; this test
 // runs a Service, so it stays in deliver.)
-type gateScanners struct {
+type heldOwners struct {
 	entered chan index.Record
 	release chan struct{}
 }
 
-func newGate() *gateScanners {
-	return &gateScanners{entered: make(chan index.Record, 4), release: make(chan struct{})}
+func newHeldOwners() *heldOwners {
+	return &heldOwners{entered: make(chan index.Record, 4), release: make(chan struct{})}
 }
 
-func (g *gateScanners) PendingAt(_ context.Context, rec index.Record) bool {
+func (g *heldOwners) PendingAt(_ context.Context, rec index.Record) bool {
 	g.entered <- rec
 	<-g.release
 	return false
 }
 
-func (g *gateScanners) Passed(context.Context, string) uint64 { return 0 }
+func (g *heldOwners) Passed(context.Context, string) uint64 { return 0 }
 
-func (g *gateScanners) Committed(context.Context, string) uint64 { return 0 }
+func (g *heldOwners) Committed(context.Context, string) uint64 { return 0 }

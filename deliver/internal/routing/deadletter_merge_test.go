@@ -42,7 +42,7 @@ func TestTooLargeLevelWriteSettlesMerge(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	gate := newGate()
+	gate := newHeldOwners()
 	close(gate.release) // merge checks pass at once
 	r, err := New(mustJS(nc, 0), Config{Prefix: "delay", Levels: table},
 		Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopSecret, Scanners: gate})

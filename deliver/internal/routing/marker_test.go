@@ -43,29 +43,29 @@ func TestIsMarker(t *testing.T) {
 	}
 }
 
-// gateScanners is a router's view of the scanners ([LevelScanners]) that
+// heldOwners is a router's view of the scanners ([LevelScanners]) that
 // holds the router inside its merge check: PendingAt reports each call on
 // entered and returns false (not merged) once release is closed. A router
 // held there has classified a message and checked its term, and is about
 // to write it: the moment a stale router can be paused.
-type gateScanners struct {
+type heldOwners struct {
 	entered chan index.Record
 	release chan struct{}
 }
 
-func newGate() *gateScanners {
-	return &gateScanners{entered: make(chan index.Record, 4), release: make(chan struct{})}
+func newHeldOwners() *heldOwners {
+	return &heldOwners{entered: make(chan index.Record, 4), release: make(chan struct{})}
 }
 
-func (g *gateScanners) PendingAt(_ context.Context, rec index.Record) bool {
+func (g *heldOwners) PendingAt(_ context.Context, rec index.Record) bool {
 	g.entered <- rec
 	<-g.release
 	return false
 }
 
-func (g *gateScanners) Passed(context.Context, string) uint64 { return 0 }
+func (g *heldOwners) Passed(context.Context, string) uint64 { return 0 }
 
-func (g *gateScanners) Committed(context.Context, string) uint64 { return 0 }
+func (g *heldOwners) Committed(context.Context, string) uint64 { return 0 }
 
 // TestStaleRouterFenced drives the race of docs/guarantees.md#epoch-markers
 // deterministically, with two routers on one server: router A (term 5)
@@ -122,7 +122,7 @@ func staleRouterFenced(t *testing.T, purged bool) {
 	hopSecret := setupStreams(t, ctx, nc, table)
 	level, _ := table.Level(1)
 	stream := level.Stream()
-	newRouterT := func(gate *gateScanners) *Router {
+	newRouterT := func(gate *heldOwners) *Router {
 		r, err := New(mustJS(connect(), 0), Config{Prefix: "delay", Levels: table},
 			Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopSecret, Scanners: gate})
 		if err != nil {
@@ -154,7 +154,7 @@ func staleRouterFenced(t *testing.T, purged bool) {
 	}
 	// run runs r for a term of epoch; done is closed when it returned,
 	// with its error in *err.
-	run := func(r *Router, epoch uint64, gate *gateScanners) (done chan struct{}, err *error) {
+	run := func(r *Router, epoch uint64, gate *heldOwners) (done chan struct{}, err *error) {
 		rctx, stop := context.WithCancel(ctx)
 		done, err = make(chan struct{}), new(error)
 		// A Term without a lease is held for ever: as a router paused
@@ -172,7 +172,7 @@ func staleRouterFenced(t *testing.T, purged bool) {
 		return done, err
 	}
 
-	gateA, gateB := newGate(), newGate()
+	gateA, gateB := newHeldOwners(), newHeldOwners()
 	a, b := newRouterT(gateA), newRouterT(gateB)
 	doneA, errA := run(a, 5, gateA)
 	publish(1)
