@@ -87,8 +87,8 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
 		}
 		idle -= l.ttl
 	}
-	if l.gate != nil {
-		done, ok := l.gate.Claim(l.key, idle)
+	if l.claimer != nil {
+		done, ok := l.claimer.Claim(l.key, idle)
 		if !ok {
 			return false, nil
 		}
@@ -239,7 +239,7 @@ func (l *Lease) Acquire(ctx context.Context) error {
 }
 
 // Wake makes a waiting [Lease.Acquire] try again at once, for example when
-// its [Gate]'s answer may have changed (a replica left). It never blocks.
+// its [Claimer]'s answer may have changed (a replica left). It never blocks.
 func (l *Lease) Wake() {
 	select {
 	case l.wake <- struct{}{}:

@@ -39,7 +39,7 @@
 // replica counts it live while it sees the key's revision change within T.
 // The keys carry the settings every live replica must share (the level
 // table), checked at start, and let replicas balance their leases
-// ([Gate]). (Not a per-key TTL: nats.go's Update and Put clear a key's TTL,
+// ([Claimer]). (Not a per-key TTL: nats.go's Update and Put clear a key's TTL,
 // and enabling TTLs on the bucket cannot be undone, so an older delayd's
 // idempotent bucket update would then fail.)
 //

@@ -30,20 +30,20 @@ type Config struct {
 	// Must be less than TTL/3, so a holder renewing on time never stops.
 	Margin time.Duration
 
-	// Gate, if set, is asked before every write that would take the
-	// lease (see [Gate]): a replica that balances its leases with others
+	// Claimer, if set, is asked before every write that would take the
+	// lease (see [Claimer]): a replica that balances its leases with others
 	// bids only while it is below its share. Optional. Default: always bid.
-	Gate Gate
+	Claimer Claimer
 
 	// Logger receives failed renewals and losses. Optional. Default
 	// discards.
 	Logger *slog.Logger
 }
 
-// Gate decides whether this replica bids for a lease that is free to
+// Claimer decides whether this replica bids for a lease that is free to
 // take now: released, never written, or (held by another) unchanged for
 // the TTL.
-type Gate interface {
+type Claimer interface {
 	// Claim is asked before the write that would take the lease key,
 	// which has been free to take for idle (measured on this process's
 	// monotonic clock from the first read that showed its current
@@ -64,8 +64,8 @@ type Lease struct {
 	margin time.Duration
 	logger *slog.Logger
 
-	gate Gate
-	wake chan struct{} // Wake: Acquire tries again at once
+	claimer Claimer
+	wake    chan struct{} // Wake: Acquire tries again at once
 
 	hooks testHooks // tests only; zero in production
 
@@ -135,7 +135,7 @@ func New(b *Bucket, cfg Config) (*Lease, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Lease{kv: b.kv, key: cfg.Key, holder: cfg.Holder, ttl: cfg.TTL, margin: cfg.Margin, gate: cfg.Gate,
+	return &Lease{kv: b.kv, key: cfg.Key, holder: cfg.Holder, ttl: cfg.TTL, margin: cfg.Margin, claimer: cfg.Claimer,
 		wake: make(chan struct{}, 1), logger: cfg.Logger.With(slog.String("lease", cfg.Key))}, nil
 }
 

@@ -591,11 +591,11 @@ func (p *replyProxy) pass() {
 	}
 }
 
-// holdGate holds the server's replies at the claim before an acquiring
+// holdClaimer holds the server's replies at the claim before an acquiring
 // write: the write is stored, its reply not read.
-type holdGate struct{ p *replyProxy }
+type holdClaimer struct{ p *replyProxy }
 
-func (g holdGate) Claim(string, time.Duration) (func(), bool) {
+func (g holdClaimer) Claim(string, time.Duration) (func(), bool) {
 	g.p.hold()
 	return func() {}, true
 }
@@ -628,7 +628,7 @@ func TestCancelledAcquireReleased(t *testing.T) {
 	direct := bucketAt(srv.ClientURL())
 	p := startReplyProxy(t, srv.Addr().String())
 	const key, ttl = "level.DELAYD_1M", time.Minute
-	a, err := New(bucketAt("nats://"+p.ln.Addr().String()), Config{Key: key, Holder: "A", TTL: ttl, Gate: holdGate{p}})
+	a, err := New(bucketAt("nats://"+p.ln.Addr().String()), Config{Key: key, Holder: "A", TTL: ttl, Claimer: holdClaimer{p}})
 	if err != nil {
 		t.Fatal(err)
 	}

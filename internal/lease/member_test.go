@@ -119,28 +119,28 @@ func TestMembershipMismatch(t *testing.T) {
 	}
 }
 
-// idleGate declines every bid until the lease has been free for min, and
+// idleClaimer declines every bid until the lease has been free for min, and
 // records the idle times it was asked with.
-type idleGate struct {
+type idleClaimer struct {
 	min time.Duration
 	mu  sync.Mutex
 	ask []time.Duration
 }
 
-func (g *idleGate) Claim(_ string, idle time.Duration) (func(), bool) {
+func (g *idleClaimer) Claim(_ string, idle time.Duration) (func(), bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.ask = append(g.ask, idle)
 	return func() {}, idle >= g.min
 }
 
-// TestGateIdle: a Gate is asked before every taking write with how long
+// TestClaimerIdle: a Claimer is asked before every taking write with how long
 // the lease has been free: for a released key, since the first read that
 // showed the release; for a key a holder stopped renewing, since it was
 // free to take (first seen + TTL). A declined bid takes nothing; the bid
-// goes ahead once the Gate allows it (the balancer's grace), and never
+// goes ahead once the Claimer allows it (the balancer's grace), and never
 // before the stopped holder's term ended.
-func TestGateIdle(t *testing.T) {
+func TestClaimerIdle(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const ttl = 500 * time.Millisecond
@@ -149,8 +149,8 @@ func TestGateIdle(t *testing.T) {
 	if err := a.Release(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	g := &idleGate{min: 300 * time.Millisecond}
-	l, err := New(b.bucket, Config{Key: "level.DELAYD_1S", Holder: "B", TTL: ttl, Gate: g})
+	g := &idleClaimer{min: 300 * time.Millisecond}
+	l, err := New(b.bucket, Config{Key: "level.DELAYD_1S", Holder: "B", TTL: ttl, Claimer: g})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,11 +166,11 @@ func TestGateIdle(t *testing.T) {
 	if !slices.IsSorted(asks) || asks[len(asks)-1] < g.min || waited < g.min {
 		t.Fatalf("idle times asked %v, taken after %s: want increasing up to %s", asks, waited, g.min)
 	}
-	// B holds it now and stops renewing: C's gate is asked once B's
+	// B holds it now and stops renewing: C's claimer is asked once B's
 	// revision was unchanged for the TTL, with the time since then.
 	l.PauseRenewals(true)
-	g2 := &idleGate{min: 200 * time.Millisecond}
-	c, err := New(b.bucket, Config{Key: "level.DELAYD_1S", Holder: "C", TTL: ttl, Gate: g2})
+	g2 := &idleClaimer{min: 200 * time.Millisecond}
+	c, err := New(b.bucket, Config{Key: "level.DELAYD_1S", Holder: "C", TTL: ttl, Claimer: g2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestGateIdle(t *testing.T) {
 	g2.mu.Lock()
 	defer g2.mu.Unlock()
 	if len(g2.ask) == 0 || !slices.IsSorted(g2.ask) || g2.ask[len(g2.ask)-1] < g2.min {
-		t.Fatalf("idle times asked of C's gate: %v; want increasing up to %s", g2.ask, g2.min)
+		t.Fatalf("idle times asked of C's claimer: %v; want increasing up to %s", g2.ask, g2.min)
 	}
 	if tb, tc := l.LastTerm(), c.LastTerm(); !tb.ValidUntil.Before(tc.Acquired) {
 		t.Fatalf("C's term began before B's ended: %+v, %+v", tb, tc)

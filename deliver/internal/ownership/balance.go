@@ -56,7 +56,7 @@ type BalancerConfig struct {
 //     holds the last (or after Grace).
 //   - A replica at its share keeps what it holds.
 //
-// It implements [lease.Gate].
+// It implements [lease.Claimer].
 type Balancer struct {
 	members *lease.Membership
 	ttl     time.Duration
@@ -151,7 +151,7 @@ func (b *Balancer) fewestLocked() (fewest int, settled bool) {
 	return fewest, settled
 }
 
-// Claim implements [lease.Gate]: a bid goes ahead while this replica holds
+// Claim implements [lease.Claimer]: a bid goes ahead while this replica holds
 // (with bids in flight) fewer than its share, or for a lease free for
 // Grace.
 func (b *Balancer) Claim(key string, idle time.Duration) (done func(), ok bool) {

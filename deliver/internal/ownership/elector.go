@@ -223,7 +223,7 @@ func New(cfg Config) (*Elector, error) {
 	logger := cfg.Logger.With(slog.String("lease", cfg.Key))
 	lc := lease.Config{Key: cfg.Key, Holder: cfg.Holder, TTL: cfg.TTL, Logger: logger}
 	if cfg.Balancer != nil {
-		lc.Gate = cfg.Balancer
+		lc.Claimer = cfg.Balancer
 	}
 	l, err := lease.New(cfg.Bucket, lc)
 	if err != nil {
