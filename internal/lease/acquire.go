@@ -156,10 +156,10 @@ func (l *Lease) lastMarker(ctx context.Context) (uint64, error) {
 // begin starts a term whose acquiring write, sent at sent, stored rev.
 func (l *Lease) begin(epoch, rev uint64, sent time.Time) {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	t := &term{epoch: epoch, acquired: time.Now(), ctx: ctx, cancel: cancel,
+	t := &holding{epoch: epoch, acquired: time.Now(), ctx: ctx, cancel: cancel,
 		stop: make(chan struct{}), renewing: make(chan struct{}), rev: rev, fence: sent.Add(l.ttl - l.margin)}
 	l.mu.Lock()
-	l.term = t
+	l.holding = t
 	l.seen, l.seenWait, l.seenRev, l.seenAt, l.seenHolder = false, false, 0, time.Time{}, l.holder
 	t.timer = time.AfterFunc(time.Until(t.fence), func() { l.expire(t) })
 	l.mu.Unlock()
@@ -253,10 +253,10 @@ func (l *Lease) Wake() {
 func (l *Lease) Observed() (holder string, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.term != nil && !l.term.ended {
+	if l.holding != nil && !l.holding.ended {
 		return l.holder, true
 	}
-	return l.seenHolder, l.seen || l.term != nil
+	return l.seenHolder, l.seen || l.holding != nil
 }
 
 // watch signals changed (without blocking) at every update of the key

@@ -78,8 +78,8 @@ type Lease struct {
 	seenWait   bool // the key seen is held by another (or unreadable): taken only T after seenAt
 	seenRev    uint64
 	seenAt     time.Time
-	seenHolder string // the holder the last Get showed; "" if released or unreadable
-	term       *term  // nil while not held; ended terms are replaced, not reused
+	seenHolder string   // the holder the last Get showed; "" if released or unreadable
+	holding    *holding // the current term, or the last (ended); nil until the first. Ended ones are replaced, not reused
 }
 
 // testHooks are a [Lease]'s test hooks (export_test.go sets them); all
@@ -90,8 +90,9 @@ type testHooks struct {
 	watchReady    chan struct{} // if set, a watch waits for it before it is created
 }
 
-// term is one holding of the lease, from acquisition to its end.
-type term struct {
+// holding is one term of the lease (one holding of its key by this Lease),
+// from acquisition to its end.
+type holding struct {
 	epoch    uint64
 	acquired time.Time // the acquiring write's response
 	ctx      context.Context
@@ -163,7 +164,7 @@ func (l *Lease) Key() string { return l.key }
 func (l *Lease) Held() (epoch uint64, valid bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t := l.term
+	t := l.holding
 	if t == nil {
 		return 0, false
 	}
@@ -178,7 +179,7 @@ func (l *Lease) Held() (epoch uint64, valid bool) {
 func (l *Lease) Deadline() (fence time.Time, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if t := l.term; t != nil && !t.ended {
+	if t := l.holding; t != nil && !t.ended {
 		return t.fence, true
 	}
 	return time.Time{}, false
@@ -192,7 +193,7 @@ func (l *Lease) Deadline() (fence time.Time, ok bool) {
 func (l *Lease) Context() context.Context {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if t := l.term; t != nil && !t.ended {
+	if t := l.holding; t != nil && !t.ended {
 		return t.ctx
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
@@ -223,7 +224,7 @@ type TermInfo struct {
 func (l *Lease) LastTerm() TermInfo {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t := l.term
+	t := l.holding
 	if t == nil {
 		return TermInfo{}
 	}

@@ -15,7 +15,7 @@ import (
 const expiryHeldRetry = 10 * time.Millisecond
 
 // expire ends t if its fence has passed (a renewal may have moved it).
-func (l *Lease) expire(t *term) {
+func (l *Lease) expire(t *holding) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if t.ended {
@@ -34,7 +34,7 @@ func (l *Lease) expire(t *term) {
 }
 
 // endLocked ends t with cause. l.mu is held.
-func (l *Lease) endLocked(t *term, cause error) {
+func (l *Lease) endLocked(t *holding, cause error) {
 	if t.ended {
 		return
 	}
@@ -45,7 +45,7 @@ func (l *Lease) endLocked(t *term, cause error) {
 }
 
 // renew renews t every TTL/3 until it ends.
-func (l *Lease) renew(t *term) {
+func (l *Lease) renew(t *holding) {
 	defer close(t.renewing)
 	val := Value{Holder: l.holder, Epoch: t.epoch}.encode()
 	tick := time.NewTicker(l.ttl / 3)
@@ -105,7 +105,7 @@ func (l *Lease) renew(t *term) {
 // then take the lease after TTL).
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
-	t := l.term
+	t := l.holding
 	if t == nil {
 		l.mu.Unlock()
 		return nil
