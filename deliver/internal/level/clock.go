@@ -138,7 +138,7 @@ func (c *serverClock) upper() time.Time {
 // uncertain reports whether the server's clock may already have reached t
 // although the estimate has not, only because of the drift allowed for since
 // an observation more than clockSharpen old: a fresh observation would
-// settle it (see [Level] step).
+// resolve it (see [Level] step).
 func (c *serverClock) uncertain(t time.Time) bool {
 	m := c.clock.Mono()
 	c.mu.Lock()

@@ -17,19 +17,19 @@ import (
 // confirm.go: the confirmation of hand-offs (the window), retries of failed
 // ones, the offset commit and the purge of the delivered prefix.
 
-// settle confirms every in-flight delivery in order and commits the offset
+// confirmAll confirms every in-flight delivery in order and commits the offset
 // up to the first failure. After a failure the scanner rewinds to the failed
 // delivery and probes: it sends one delivery at a time, with capped backoff,
 // until the target takes it. Deliveries after the failed one that were
 // confirmed anyway are remembered and not sent again, so a failing target
 // costs no flood of re-deliveries.
-func (s *Level) settle(ctx context.Context) { s.settleFirst(ctx, len(s.conf.win.inflight)) }
+func (s *Level) confirmAll(ctx context.Context) { s.confirmOldest(ctx, len(s.conf.win.inflight)) }
 
-// settleFirst confirms the oldest n in-flight deliveries and commits the
+// confirmOldest confirms the oldest n in-flight deliveries and commits the
 // offset past them, leaving the rest in flight so the pipeline to the
 // target never drains while the window is full. A failure among them
-// settles everything, as settle does.
-func (s *Level) settleFirst(ctx context.Context, n int) {
+// confirms everything, as confirmAll does.
+func (s *Level) confirmOldest(ctx context.Context, n int) {
 	if len(s.conf.win.inflight) == 0 {
 		s.commit(ctx)
 		return
@@ -107,7 +107,7 @@ func (s *Level) settleFirst(ctx context.Context, n int) {
 		switch s.conf.win.record(d, err, failedErr != nil) {
 		case outFailed:
 			failed, failedErr = d, err
-			// Everything behind it is settled too, so that the rewind
+			// Everything behind it is confirmed too, so that the rewind
 			// leaves nothing in flight and successes are remembered.
 			n = len(s.conf.win.inflight)
 		case outPassed:
@@ -195,10 +195,10 @@ func (s *Level) fenced() {
 	s.logger.Warn("level stopped: its offset was written by another owner (fenced)", slog.Uint64("epoch", s.run.term.Epoch), slog.Uint64("offset", s.pos.offset))
 }
 
-// settleCommit waits, at most opTimeout, until the committed offset is
+// awaitCommit waits, at most opTimeout, until the committed offset is
 // acknowledged (or its write failed; the committer logged it). The scanner
 // calls it when idle, before a purge: the commit lag reads 0 while idle.
-func (s *Level) settleCommit(ctx context.Context) {
+func (s *Level) awaitCommit(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, opTimeout)
 	_ = s.commits.Settle(cctx)
 	cancel()

@@ -56,7 +56,7 @@ func (s *Level) forward(ctx context.Context, m *nats.Msg, seq uint64, target str
 	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
 			// Refused before sending: confirm what precedes it, then dead-letter.
-			s.settle(ctx)
+			s.confirmAll(ctx)
 			if s.pos.next == seq+1 {
 				s.deadLetter(ctx, m, seq, fmt.Errorf("%w: the cascading message exceeds the server's max payload", errTooLarge))
 			}
@@ -90,7 +90,7 @@ func (s *Level) publish(ctx context.Context, m *nats.Msg, seq uint64, target str
 	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
 			// Refused before sending: confirm what precedes it, then dead-letter.
-			s.settle(ctx)
+			s.confirmAll(ctx)
 			if s.pos.next != seq+1 {
 				return nil // an earlier delivery failed; this one is read again
 			}
@@ -194,7 +194,7 @@ func (s *Level) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reason 
 	s.pos.next = max(s.pos.next, seq+1)
 	s.run.passed.Store(max(s.run.passed.Load(), seq))
 	s.conf.win.passOver(seq)
-	s.settle(ctx)
+	s.confirmAll(ctx)
 }
 
 // leftDelayd writes "left delayd" index records (no placement) for a

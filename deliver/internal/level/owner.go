@@ -124,7 +124,7 @@ func (s *Level) sameStream(ctx context.Context) bool {
 func (s *Level) shutdown() {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	s.settle(ctx)
+	s.confirmAll(ctx)
 	cctx, ccancel := context.WithTimeout(context.Background(), opTimeout)
 	if err := s.commits.Settle(cctx); err != nil && cctx.Err() != nil {
 		s.logger.Warn("offset commit unconfirmed at shutdown", slog.Uint64("offset", s.commits.Committed()))

@@ -38,7 +38,7 @@ func (s *Level) step(ctx context.Context) error {
 			if s.commits.Committed() > s.pos.purgedTo {
 				// A purge is due once the level has been quiet a moment.
 				if m, meta, err = s.io.feed.next(ctx, s.cancel.wake, true, s.cfg.PurgeEvery); err == nil && m == nil {
-					s.settleCommit(ctx) // acknowledged by now, normally: the purge goes up to it
+					s.awaitCommit(ctx) // acknowledged by now, normally: the purge goes up to it
 					s.purge(ctx, true)
 				}
 			}
@@ -53,7 +53,7 @@ func (s *Level) step(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			s.settle(ctx)
+			s.confirmAll(ctx)
 			s.head.resetFeed = true
 			return err
 		}
@@ -184,9 +184,9 @@ func (s *Level) step(ctx context.Context) error {
 func (s *Level) afterPublish(ctx context.Context) {
 	switch {
 	case s.conf.win.probing:
-		s.settle(ctx)
+		s.confirmAll(ctx)
 	case s.conf.win.full():
-		s.settleFirst(ctx, s.cfg.Window/2)
+		s.confirmOldest(ctx, s.cfg.Window/2)
 		s.purge(ctx, false)
 	}
 }
@@ -209,7 +209,7 @@ func (s *Level) hopDue(m *nats.Msg) (time.Time, bool) {
 // read again instead of waiting.
 func (s *Level) quiesce(ctx context.Context, idle bool) bool {
 	next := s.pos.next
-	s.settle(ctx)
+	s.confirmAll(ctx)
 	if s.pos.next != next {
 		return false
 	}

@@ -13,15 +13,15 @@ type delivery struct {
 }
 
 // window is a scanner's confirmation window: the hand-offs in flight, in
-// sequence order, and what became of those settled out of order after a
+// sequence order, and what became of those confirmed out of order after a
 // failure. It is pure state: the scanner does the waiting (PubAck futures,
 // the flush) and tells the window each outcome ([window.record]).
 //
 // Ownership: the scanner's goroutine alone; no locking. Cancel decisions
 // read it there too ([Level.decideCancel]).
 type window struct {
-	size     int        // how many may be in flight before the scanner settles the oldest half
-	inflight []delivery // sent, not yet settled, in sequence order
+	size     int        // how many may be in flight before the scanner confirms the oldest half
+	inflight []delivery // sent, not yet confirmed, in sequence order
 
 	// After a failure the scanner rewinds to the failed delivery and
 	// probes: one delivery at a time until the target takes it.
@@ -109,7 +109,7 @@ func (w *window) firstFailure(n int) bool {
 	return false
 }
 
-// outcome is what became of one settled delivery ([window.record]).
+// outcome is what became of one confirmed delivery ([window.record]).
 type outcome int
 
 const (
@@ -154,7 +154,7 @@ func (w *window) record(d delivery, err error, behindFailure bool) outcome {
 	return outConfirmedBehind
 }
 
-// drop removes the oldest n deliveries, settled, keeping the rest in order.
+// drop removes the oldest n deliveries, confirmed, keeping the rest in order.
 func (w *window) drop(n int) {
 	rest := copy(w.inflight, w.inflight[n:])
 	clear(w.inflight[rest:])

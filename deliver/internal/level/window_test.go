@@ -9,7 +9,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/jswire"
 )
 
-// TestWindowRecord: each outcome of a settled delivery changes the window's
+// TestWindowRecord: each outcome of a confirmed delivery changes the window's
 // state as the confirmation rules say: a pass before any failure moves on
 // and forgets the delivery's attempts and ambiguity; the first failure
 // changes nothing (the scanner rewinds); behind it, a failure is unsure and
@@ -118,11 +118,11 @@ func TestWindowLifecycle(t *testing.T) {
 
 // TestWindowFirstFailure: among the oldest n, a PubAck refused at once (a
 // full stream, real server) is found without waiting, and again when asked
-// again (settle reads the same future); one beyond n, and core deliveries,
+// again (confirmOldest reads the same future); one beyond n, and core deliveries,
 // are not looked at.
 func TestWindowFirstFailure(t *testing.T) {
 	t.Parallel()
-	_, o := settleScanner(t)
+	_, o := confirmScanner(t)
 	w := newWindow(8)
 	w.add(delivery{seq: 1, target: "ok.x", fut: o.future("ok")})
 	w.add(delivery{seq: 2, target: "core"})
@@ -139,7 +139,7 @@ func TestWindowFirstFailure(t *testing.T) {
 		t.Fatal("firstFailure(3) = false, want true: the full stream refused 3")
 	}
 	if !w.firstFailure(3) {
-		t.Error("firstFailure(3) = false the second time: the failure must stay visible to settle")
+		t.Error("firstFailure(3) = false the second time: the failure must stay visible to confirmOldest")
 	}
 	if _, err := w.inflight[2].fut.Result(); err == nil {
 		t.Error("the full stream's refusal reads as stored")

@@ -22,7 +22,7 @@ const pubAckTimeout = 3 * time.Second
 
 // outcomes produces real PubAck futures from an embedded nats-server,
 // through a PubAck tracker as the scanner's (jswire.PubAcks), one kind per
-// outcome the settle state machine must handle:
+// outcome the confirmation state machine must handle:
 //
 //   - ok: a publish stored by a stream;
 //   - full: a publish refused by a stream at its limits (MaxMsgs 1,
@@ -90,7 +90,7 @@ func (o *outcomes) future(kind string) *jswire.PubAckFuture {
 	return f
 }
 
-func settleScanner(t *testing.T) (*Level, *outcomes) {
+func confirmScanner(t *testing.T) (*Level, *outcomes) {
 	t.Helper()
 	nc, js := natstest.Connect(t)
 	store, err := offsets.New(context.Background(), js, offsets.Config{})
@@ -106,14 +106,14 @@ func settleScanner(t *testing.T) (*Level, *outcomes) {
 	return s, newOutcomes(t, nc)
 }
 
-// TestSettleFirstLateFailure: a PubAck among the oldest half fails only
+// TestConfirmOldestLateFailure: a PubAck among the oldest half fails only
 // while it is awaited (a PubAck timeout), and a later one is refused by a
-// full stream. Everything in flight must be settled with it, the
+// full stream. Everything in flight must be confirmed with it, the
 // scanner rewound to it, and later successes remembered, so that no
 // sequence is skipped and the offset never passes an undelivered message.
-func TestSettleFirstLateFailure(t *testing.T) {
+func TestConfirmOldestLateFailure(t *testing.T) {
 	t.Parallel()
-	s, o := settleScanner(t)
+	s, o := confirmScanner(t)
 	s.conf.win.inflight = []delivery{
 		{seq: 10, target: "ok.x", fut: o.future("ok")},
 		{seq: 11, target: "late.x", fut: o.future("late")},
@@ -121,7 +121,7 @@ func TestSettleFirstLateFailure(t *testing.T) {
 		{seq: 13, target: "full.x", fut: o.future("full")},
 		{seq: 14, target: "ok.x", fut: o.future("ok")},
 	}
-	s.settleFirst(context.Background(), 2)
+	s.confirmOldest(context.Background(), 2)
 	if s.pos.offset != 10 || s.commits.Committed() != 10 {
 		t.Errorf("offset %d committed %d, want 10 and 10: it must stop before the failed 11", s.pos.offset, s.commits.Committed())
 	}
@@ -144,18 +144,18 @@ func TestSettleFirstLateFailure(t *testing.T) {
 	}
 }
 
-// TestSettleFirstKeepsRestInFlight: with no failure, only the oldest n are
+// TestConfirmOldestKeepsRestInFlight: with no failure, only the oldest n are
 // confirmed and the rest stay in flight, in order.
-func TestSettleFirstKeepsRestInFlight(t *testing.T) {
+func TestConfirmOldestKeepsRestInFlight(t *testing.T) {
 	t.Parallel()
-	s, o := settleScanner(t)
+	s, o := confirmScanner(t)
 	s.conf.win.inflight = []delivery{
 		{seq: 10, target: "ok.x", fut: o.future("ok")},
 		{seq: 11, target: "ok.x", fut: o.future("ok")},
 		{seq: 12, target: "ok.x", fut: o.future("ok")},
 		{seq: 13, target: "ok.x", fut: o.future("ok")},
 	}
-	s.settleFirst(context.Background(), 2)
+	s.confirmOldest(context.Background(), 2)
 	if s.pos.offset != 11 {
 		t.Errorf("offset = %d, want 11", s.pos.offset)
 	}
@@ -166,32 +166,32 @@ func TestSettleFirstKeepsRestInFlight(t *testing.T) {
 	if !slices.Equal(left, []uint64{12, 13}) {
 		t.Errorf("left in flight %v, want [12 13]", left)
 	}
-	s.settle(context.Background())
+	s.confirmAll(context.Background())
 	if s.pos.offset != 13 || len(s.conf.win.inflight) != 0 {
-		t.Errorf("after settle: offset %d, in flight %d; want 13 and 0", s.pos.offset, len(s.conf.win.inflight))
+		t.Errorf("after confirmAll: offset %d, in flight %d; want 13 and 0", s.pos.offset, len(s.conf.win.inflight))
 	}
 }
 
-// TestSettleDeletedTargetStream: a PubAck that fails at once with no
+// TestConfirmDeletedTargetStream: a PubAck that fails at once with no
 // responders because the target stream was deleted, and no stream captures
-// the subject any more, is settled as a core subject without interest:
+// the subject any more, is confirmed as a core subject without interest:
 // delivered to no one, not retried, and the offset passes it. (A stream that
 // exists but does not answer, electing a leader, is retried instead: that
 // needs a cluster to produce; see outcomes.)
-func TestSettleDeletedTargetStream(t *testing.T) {
+func TestConfirmDeletedTargetStream(t *testing.T) {
 	t.Parallel()
-	s, o := settleScanner(t)
+	s, o := confirmScanner(t)
 	s.conf.win.inflight = []delivery{
 		{seq: 10, target: "ok.x", fut: o.future("ok")},
 		{seq: 11, target: "gone.x", fut: o.future("gone")},
 		{seq: 12, target: "ok.x", fut: o.future("ok")},
 	}
-	s.settle(context.Background())
+	s.confirmAll(context.Background())
 	if s.pos.offset != 12 || len(s.conf.win.inflight) != 0 || len(s.conf.win.done) != 0 {
 		t.Errorf("offset %d, in flight %d, remembered %v; want 12, 0 and none: a target without a stream is a core subject", s.pos.offset, len(s.conf.win.inflight), s.conf.win.done)
 	}
 	if s.conf.win.probing {
-		t.Error("probing after a settle without failure")
+		t.Error("probing after a confirmAll without failure")
 	}
 }
 
@@ -200,7 +200,7 @@ func TestSettleDeletedTargetStream(t *testing.T) {
 // deliver/internal/backoff's TestBackoffCapped).
 func TestScannerBackoffCap(t *testing.T) {
 	t.Parallel()
-	if s, _ := settleScanner(t); s.conf.backoff.Max() != 5*time.Second {
+	if s, _ := confirmScanner(t); s.conf.backoff.Max() != 5*time.Second {
 		t.Errorf("scanner retry backoff capped at %s, want 5s", s.conf.backoff.Max())
 	}
 }
