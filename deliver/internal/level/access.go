@@ -12,7 +12,7 @@ func (s *Level) Stream() string { return s.cfg.Stream }
 // term of its lease is running).
 func (s *Level) Owned() bool { return s.run.owned.Load() }
 
-// Loaded reports whether the current start loaded the offset and the
+// Loaded reports whether the current load loaded the offset and the
 // tombstones (in a term: after its bump): from then on [Level.PendingAt]
 // answers for this replica's view of the level.
 func (s *Level) Loaded() bool { return s.run.decides.Load() }

@@ -63,7 +63,7 @@ type counters struct {
 }
 
 // ioSet is what Run opens for a run of the scanner and closes before it
-// returns, and the tombstones stream and delivery-id key its start loads.
+// returns, and the tombstones stream and delivery-id key its load opens.
 // Scanner goroutine only.
 type ioSet struct {
 	reader *jswire.BatchReader
@@ -78,12 +78,12 @@ type ioSet struct {
 }
 
 // streamLife is the life of the level stream the position belongs to, as
-// the scanner's start found it. Scanner goroutine only.
+// the scanner's load found it. Scanner goroutine only.
 type streamLife struct {
-	stream    jetstream.Stream
-	created   time.Time // the level stream's creation time
-	startTail uint64    // the level stream's last sequence at start
-	startedAt time.Time // when the scanner (re)started, by the server's clock
+	stream   jetstream.Stream
+	created  time.Time // the level stream's creation time
+	loadTail uint64    // the level stream's last sequence at the load
+	loadedAt time.Time // when the scanner (re)loaded, by the server's clock
 }
 
 // position is where the scanner is in the level stream: what is confirmed,
@@ -94,7 +94,7 @@ type position struct {
 	purgedTo   uint64
 	lastPurge  time.Duration // monotonic reading of the last purge
 	tombsAcked uint64        // the acknowledged offset tombstones were last dropped to
-	restart    bool          // start over: the stream is not the one the offset belongs to
+	reload     bool          // load again: the stream is not the one the offset belongs to
 }
 
 // headState is the message the scanner waits for or delivers, and the
@@ -144,10 +144,10 @@ type termRun struct {
 	// owned mirrors term for Stats and the cancel API (with
 	// counters.epoch). Written by RunTerm.
 	owned atomic.Bool
-	// decides is set once the scanner's start loaded its offset and
+	// decides is set once the scanner's load loaded its offset and
 	// tombstones (in a term: after its bump): from then on PendingAt
 	// answers for this replica's view of the level. Cleared at each
-	// (re)start and at the term's end.
+	// (re)load and at the term's end.
 	decides atomic.Bool
 	passed  atomic.Uint64 // highest sequence handed off (delivered, forwarded, skipped)
 }

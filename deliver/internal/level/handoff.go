@@ -176,9 +176,9 @@ func (s *Level) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reason 
 		}
 		s.logger.Log(ctx, logLevel, "dead-letter write failed; retrying", slog.Uint64("seq", seq), slog.Any("error", err))
 		if !backoff.Sleep(ctx) {
-			s.cfg.Refused.Stored(s.cfg.Stream) // not waiting any more: read again at the next start
+			s.cfg.Refused.Stored(s.cfg.Stream) // not waiting any more: read again at the next load
 			// Stopping: the message stays past the offset and is read,
-			// and dead-lettered, again on the next start.
+			// and dead-lettered, again on the next load.
 			s.pos.next, s.head.msg, s.head.resetFeed = min(s.pos.next, seq), nil, true
 			return
 		}

@@ -126,7 +126,7 @@ func TestLeaderlessStreamInfo(t *testing.T) {
 	// recreated stream, though its creation time is not the one the
 	// scanner started on (a leader's info would read as recreated).
 	for sctx.Err() == nil {
-		err := scanner.start(sctx)
+		err := scanner.load(sctx)
 		if errors.Is(err, errLeaderless) {
 			break
 		}
@@ -140,8 +140,8 @@ func TestLeaderlessStreamInfo(t *testing.T) {
 	}
 	scanner.life.stream, scanner.life.created = lone, info.Created.Add(-time.Hour)
 	for range 3 {
-		if !scanner.sameStream(sctx) || scanner.pos.restart {
-			t.Fatalf("sameStream on the lone member's info: the scanner starts over (restart %v), want no decision", scanner.pos.restart)
+		if !scanner.sameStream(sctx) || scanner.pos.reload {
+			t.Fatalf("sameStream on the lone member's info: the scanner reloads (reload %v), want no decision", scanner.pos.reload)
 		}
 	}
 

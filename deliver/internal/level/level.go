@@ -45,9 +45,9 @@ const (
 	// itself stalled, however often it was tried meanwhile.
 	StallAfterDefault = 30 * time.Second
 
-	// startTimeout bounds one try of a scanner's start (stream info,
+	// loadTimeout bounds one try of a scanner's load (stream info,
 	// offset load and bump): tried again after it, with backoff.
-	startTimeout = 4 * time.Second
+	loadTimeout = 4 * time.Second
 )
 
 // Config configures a [Level].
@@ -165,7 +165,7 @@ type Wiring struct {
 
 	// Fenced runs the scanner as its level's owner under a lease: every
 	// offset write is a compare-and-set (offsets.CommitterConfig.Fenced),
-	// each start bumps the offset key (offsets.Store.Bump) before it loads
+	// each load bumps the offset key (offsets.Store.Bump) before it loads
 	// the tombstones, and the scanner stops at a failed compare-and-set.
 	// Optional: false for a scanner on its own (plain offset writes).
 	Fenced bool
@@ -249,8 +249,8 @@ type Level struct {
 	clock    levelClock   // the server-clock estimate: scanner goroutine (Stats reads srv)
 	stats    counters     // atomics: the scanner's goroutine (and Written, RunTerm) writes, any reads
 	io       ioSet        // reader, PubAcks, feed (opened by Run), tombstones, idMAC: scanner goroutine
-	life     streamLife   // the stream the position belongs to, as start found it: scanner goroutine
-	pos      position     // offset, next, purges, restart: scanner goroutine
+	life     streamLife   // the stream the position belongs to, as load found it: scanner goroutine
+	pos      position     // offset, next, purges, reload: scanner goroutine
 	head     headState    // the head message and the feed's state: scanner goroutine
 	conf     confirmation // window, core flushes, backoff: scanner goroutine
 	cancel   cancelState  // cancel requests (any goroutine sends), the book (its own lock), the janitor's queue
@@ -396,8 +396,8 @@ func (s *Level) Stats() Stats {
 	}
 }
 
-// errLeaderless is a scanner start's error while the level stream has no
-// leader: its start is retried.
+// errLeaderless is a scanner load's error while the level stream has no
+// leader: its load is retried.
 var errLeaderless = errors.New("level stream has no leader (a follower answered its info; its state may lag): retrying")
 
 // RunTerm runs the scanner for one term of its level's lease: until ctx is

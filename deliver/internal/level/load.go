@@ -9,18 +9,18 @@ import (
 	"github.com/delayd/delayd/offsets"
 )
 
-// load.go: a term's start: the offset loaded (or corrected) and the position set.
+// load.go: a term's load: the offset loaded (or corrected) and the position set.
 
-// start loads the offset and checks it against the stream's state,
+// load loads the offset and checks it against the stream's state,
 // correcting one that makes no sense.
-func (s *Level) start(outer context.Context) error {
+func (s *Level) load(outer context.Context) error {
 	s.run.decides.Store(false)
-	// startTimeout, not opTimeout: a request sent to a leader that hangs
-	// is answered by nobody, and the start tried again within seconds
+	// loadTimeout, not opTimeout: a request sent to a leader that hangs
+	// is answered by nobody, and the load tried again within seconds
 	// reaches the new leader once JetStream has elected one.
-	ctx, cancel := context.WithTimeout(outer, startTimeout)
+	ctx, cancel := context.WithTimeout(outer, loadTimeout)
 	defer cancel()
-	// An offset write of the previous start lands before the offset is
+	// An offset write of the previous load lands before the offset is
 	// loaded (and corrected if it belongs to a deleted stream).
 	if err := s.commits.Settle(ctx); err != nil && ctx.Err() != nil {
 		return err
@@ -120,7 +120,7 @@ func (s *Level) start(outer context.Context) error {
 		}
 	}
 	s.run.passed.Store(off)
-	s.life.startTail, s.life.startedAt = st.LastSeq, s.clock.srv.now()
+	s.life.loadTail, s.life.loadedAt = st.LastSeq, s.clock.srv.now()
 	s.pos.offset, s.pos.purgedTo = off, first
 	s.commits.ResetAt(off, rev)
 	s.pos.tombsAcked = off // loadTombstones drops those up to off
@@ -134,7 +134,7 @@ func (s *Level) start(outer context.Context) error {
 	if s.io.tombstones, err = streamInfo(ctx, s.deps.js, cancelStream); err != nil {
 		return fmt.Errorf("cancel tombstones: %w", err)
 	}
-	// Not within start's timeout: a level may hold many cancelled messages.
+	// Not within load's timeout: a level may hold many cancelled messages.
 	if err := s.loadTombstones(outer, off); err != nil {
 		return err
 	}

@@ -52,12 +52,12 @@ func (s *Level) Run(ctx context.Context) error {
 	defer s.shutdown()
 
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
-	s.pos.restart = true
+	s.pos.reload = true
 	for {
-		if s.pos.restart {
-			// At start, and whenever the level stream is not the one the
+		if s.pos.reload {
+			// At the term's load, and whenever the level stream is not the one the
 			// offset belongs to (deleted, or deleted and recreated).
-			if err := s.start(ctx); err != nil {
+			if err := s.load(ctx); err != nil {
 				if ctx.Err() != nil || errors.Is(err, errNotOwner) {
 					return nil
 				}
@@ -68,8 +68,8 @@ func (s *Level) Run(ctx context.Context) error {
 				}
 				continue
 			}
-			s.pos.restart = false
-			s.run.term.Recovering(false) // started (a step may wait long for a due head)
+			s.pos.reload = false
+			s.run.term.Recovering(false) // loaded (a step may wait long for a due head)
 			backoff.Reset()
 		}
 		s.stats.steps.Add(1)
@@ -97,8 +97,8 @@ func (s *Level) sleep(ctx context.Context, d time.Duration) error {
 }
 
 // sameStream reports whether the level stream is still the one the scanner
-// started on. If it was deleted, or deleted and recreated, the scanner
-// starts over (offset checked against the new stream) and it returns false.
+// loaded. If it was deleted, or deleted and recreated, the scanner
+// reloads (offset checked against the new stream) and it returns false.
 func (s *Level) sameStream(ctx context.Context) bool {
 	ictx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
@@ -113,7 +113,7 @@ func (s *Level) sameStream(ctx context.Context) bool {
 	default:
 		return true
 	}
-	s.pos.restart, s.head.resetFeed, s.replaced = true, true, true
+	s.pos.reload, s.head.resetFeed, s.replaced = true, true, true
 	return false
 }
 

@@ -24,18 +24,18 @@ type cancelReq struct {
 }
 
 // cancelDecision is the scanner goroutine's answer to a cancelReq. With
-// answerReserved, res is the sequence's reservation, and startTail and
-// startedAt are the scanner's, to tell a message perhaps delivered before
+// answerReserved, res is the sequence's reservation, and loadTail and
+// loadedAt are the scanner's, to tell a message perhaps delivered before
 // a crash (see [Level.completeCancel]). With answerRetry and a non-nil
 // wait, another cancel of the sequence is in flight: ask again once wait
 // is closed.
 type cancelDecision struct {
-	answer    cancelAnswer
-	res       *reservation
-	wait      <-chan struct{}
-	startTail uint64
-	startedAt time.Time
-	term      ownership.Term // the term that reserved it, for the fenced check (Level.confirmOwner)
+	answer   cancelAnswer
+	res      *reservation
+	wait     <-chan struct{}
+	loadTail uint64
+	loadedAt time.Time
+	term     ownership.Term // the term that reserved it, for the fenced check (Level.confirmOwner)
 }
 
 // answerReserved is a decision only the scanner gives to RequestCancel:
@@ -188,11 +188,11 @@ func (s *Level) decideCancel(rec index.Record, status bool) cancelDecision {
 		return cancelDecision{answer: answerPending}
 	}
 	return cancelDecision{
-		answer:    answerReserved,
-		res:       s.cancel.book.reserve(seq, time.Now().Add(opTimeout)),
-		startTail: s.life.startTail,
-		startedAt: s.life.startedAt,
-		term:      s.run.term,
+		answer:   answerReserved,
+		res:      s.cancel.book.reserve(seq, time.Now().Add(opTimeout)),
+		loadTail: s.life.loadTail,
+		loadedAt: s.life.loadedAt,
+		term:     s.run.term,
 	}
 }
 
@@ -207,7 +207,7 @@ func handedOff(rec index.Record) cancelAnswer {
 // completeCancel does a reserved cancel's I/O on the requester's
 // goroutine, by the reservation's deadline. The record names a sequence
 // the router predicted: the message there is checked to be the one asked
-// for. One that was due before the scanner (re)started may have been
+// for. One that was due before the scanner (re)loaded may have been
 // delivered before a crash, its offset not committed: it answers as handed
 // off and is delivered (again) as usual. Otherwise a durable tombstone is
 // written (waiting for its PubAck), and only then does the reservation
@@ -239,7 +239,7 @@ func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, 
 		return answerGone, nil
 	}
 	m := buf[0]
-	if due, _ := levelDue(m.Header); rec.Seq <= d.startTail && !due.After(d.startedAt.Add(time.Second)) {
+	if due, _ := levelDue(m.Header); rec.Seq <= d.loadTail && !due.After(d.loadedAt.Add(time.Second)) {
 		return handedOff(rec), nil // perhaps delivered before a crash
 	}
 	t := index.Tombstone{Seq: rec.Seq, Key: rec.Key, Target: strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.cfg.subject)}
@@ -354,7 +354,7 @@ func (s *Level) cancelHolds(ctx context.Context, seq uint64) bool {
 	return tombstoned || r != nil
 }
 
-// loadTombstones reads the level's tombstones at start (in a term: after
+// loadTombstones reads the level's tombstones at the load (in a term: after
 // the offset key's bump). Those the offset has passed go to the janitor;
 // the rest are skipped when reached. The reads are direct gets, which a
 // follower of an R3 stream may answer before it applied the latest
