@@ -140,7 +140,7 @@ func (s *Level) failed(ctx context.Context, d delivery, err error) {
 	n := s.conf.win.failedAgain(d.seq)
 	s.stats.retries.Add(1)
 	if permanent(err) && n >= s.cfg.MaxAttempts {
-		// Its dead letter is written even when ctx ends (see deadLetter),
+		// Its dead letter is written even when ctx ends (see deadLetterUndeliverable),
 		// so it is read on a fresh context bounded by opTimeout.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		buf, rerr := s.io.reader.Read(rctx, s.cfg.Stream, nil, d.seq, 1, 1)
@@ -148,7 +148,7 @@ func (s *Level) failed(ctx context.Context, d delivery, err error) {
 		if rerr == nil && len(buf) == 1 {
 			if seq, _ := strconv.ParseUint(buf[0].Header.Get(hdrJSSequence), 10, 64); seq == d.seq {
 				s.conf.win.forgetAttempts(d.seq)
-				s.deadLetter(ctx, buf[0], d.seq, fmt.Errorf("target %q refused it %d times: %w", d.target, n, err))
+				s.deadLetterUndeliverable(ctx, buf[0], d.seq, fmt.Errorf("target %q refused it %d times: %w", d.target, n, err))
 				return
 			}
 		}

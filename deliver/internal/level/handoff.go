@@ -58,7 +58,7 @@ func (s *Level) forward(ctx context.Context, m *nats.Msg, seq uint64, target str
 			// Refused before sending: confirm what precedes it, then dead-letter.
 			s.confirmAll(ctx)
 			if s.pos.next == seq+1 {
-				s.deadLetter(ctx, m, seq, fmt.Errorf("%w: the cascading message exceeds the server's max payload", errTooLarge))
+				s.deadLetterUndeliverable(ctx, m, seq, fmt.Errorf("%w: the cascading message exceeds the server's max payload", errTooLarge))
 			}
 			return nil
 		}
@@ -94,7 +94,7 @@ func (s *Level) publish(ctx context.Context, m *nats.Msg, seq uint64, target str
 			if s.pos.next != seq+1 {
 				return nil // an earlier delivery failed; this one is read again
 			}
-			s.deadLetter(ctx, m, seq, fmt.Errorf("%w: the delivery exceeds the server's max payload", errTooLarge))
+			s.deadLetterUndeliverable(ctx, m, seq, fmt.Errorf("%w: the delivery exceeds the server's max payload", errTooLarge))
 			return nil
 		}
 		// Not sent: rewind so it is read and tried again. It stays the
@@ -142,11 +142,11 @@ func (s *Level) deliveryHeaders(h nats.Header) {
 	}
 }
 
-// deadLetter writes a level message that cannot be delivered to DELAYD_DLQ,
+// deadLetterUndeliverable writes a level message that cannot be delivered to DELAYD_DLQ,
 // retrying until it is stored, and then counts it as confirmed so the offset
 // moves past it in order. m is either as read from the level stream or
 // already prepared for delivery.
-func (s *Level) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reason error) {
+func (s *Level) deadLetterUndeliverable(ctx context.Context, m *nats.Msg, seq uint64, reason error) {
 	id := m.Header.Get(hdrIngress)
 	if id == "" {
 		id = m.Header.Get(contract.HeaderNatsMsgID) // already prepared for delivery
