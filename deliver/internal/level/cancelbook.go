@@ -41,7 +41,7 @@ type tombEntry struct {
 // tombstone write and its PubAck) by deadline.
 type reservation struct {
 	seq      uint64
-	deadline time.Time     // the I/O's deadline; the scanner waits for it a little longer (cancelGrace)
+	deadline time.Time     // the I/O's deadline; the scanner waits for it a little longer (reservationSlack)
 	done     chan struct{} // closed when resolved, released or expired
 }
 

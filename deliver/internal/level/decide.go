@@ -85,7 +85,7 @@ const (
 	decideSilence = time.Second
 	// decideCancelWait bounds one cancel decision sent to the owner: its
 	// tombstone write (opTimeout) and the scanner's grace.
-	decideCancelWait = opTimeout + cancelGrace + 2*time.Second
+	decideCancelWait = opTimeout + reservationSlack + 2*time.Second
 )
 
 var answerText = map[cancelAnswer]string{

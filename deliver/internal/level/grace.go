@@ -6,10 +6,10 @@ import (
 )
 
 // reconnectLookEvery is the least time between two looks at the
-// connection's reconnect count by [coreGrace.look].
+// connection's reconnect count by [startGrace.look].
 const reconnectLookEvery = 50 * time.Millisecond
 
-// coreGrace is a scanner's start and reconnect grace: deliveries to core
+// startGrace is a scanner's start and reconnect grace: deliveries to core
 // subjects that fell due before the start or the last reconnect (by the
 // server's clock) are held until the grace has passed since (by the
 // monotonic clock), so that core subscribers reconnect first. Messages that
@@ -17,11 +17,11 @@ const reconnectLookEvery = 50 * time.Millisecond
 // targets.
 //
 // Ownership: the scanner's goroutine owns it and calls every method, except
-// [coreGrace.reconnected], which any goroutine may call
+// [startGrace.reconnected], which any goroutine may call
 // (deliver.Service.HandleReconnect through [Level.Reconnected]): it writes only
 // from, an atomic. seenReconnects, lookedAt and sawDisconnect are the
 // scanner goroutine's alone.
-type coreGrace struct {
+type startGrace struct {
 	clock Clock
 	grace time.Duration // StartGrace; 0 or less holds nothing
 
@@ -32,11 +32,11 @@ type coreGrace struct {
 	sawDisconnect  bool          // a core delivery found the connection down
 }
 
-// newCoreGrace returns a grace of length grace counted from startedAt (a
+// newStartGrace returns a grace of length grace counted from startedAt (a
 // local time.Now() reading: only the monotonic time elapsed since it
 // counts). A zero startedAt holds nothing until a reconnect.
-func newCoreGrace(clock Clock, grace time.Duration, startedAt time.Time) *coreGrace {
-	g := &coreGrace{clock: clock, grace: grace}
+func newStartGrace(clock Clock, grace time.Duration, startedAt time.Time) *startGrace {
+	g := &startGrace{clock: clock, grace: grace}
 	if !startedAt.IsZero() {
 		g.from.Store(int64(clock.Mono()-max(time.Since(startedAt), 0)) + 1)
 	}
@@ -45,7 +45,7 @@ func newCoreGrace(clock Clock, grace time.Duration, startedAt time.Time) *coreGr
 
 // reconnected starts the grace again from now, if there is a grace. Safe
 // from any goroutine.
-func (g *coreGrace) reconnected() {
+func (g *startGrace) reconnected() {
 	if g.grace > 0 {
 		g.from.Store(int64(g.clock.Mono()) + 1)
 	}
@@ -53,18 +53,18 @@ func (g *coreGrace) reconnected() {
 
 // started records the connection's reconnect count when the scanner
 // (re)starts, so that only reconnects after it start the grace.
-func (g *coreGrace) started(reconnects uint64) { g.seenReconnects = reconnects }
+func (g *startGrace) started(reconnects uint64) { g.seenReconnects = reconnects }
 
 // disconnected records that a due core delivery found the connection
 // down: the next look starts the grace once it is back.
-func (g *coreGrace) disconnected() { g.sawDisconnect = true }
+func (g *startGrace) disconnected() { g.sawDisconnect = true }
 
 // look starts the grace again for a reconnect the scanner saw happen
 // (disconnected was called), or one that happened while it slept: a
 // change of the reconnect count, read by reconnects, looked at no more
 // than every reconnectLookEvery. It is called while connected, before a
 // due core delivery.
-func (g *coreGrace) look(reconnects func() uint64) {
+func (g *startGrace) look(reconnects func() uint64) {
 	if mono := g.clock.Mono(); g.sawDisconnect || mono-g.lookedAt > reconnectLookEvery {
 		g.lookedAt = mono
 		if r := reconnects(); r != g.seenReconnects || g.sawDisconnect {
@@ -78,7 +78,7 @@ func (g *coreGrace) look(reconnects func() uint64) {
 // waits, now being the server's clock, estimated: it fell due before the
 // start or last reconnect, and the grace has not passed since (by the
 // monotonic clock). 0 if it does not wait.
-func (g *coreGrace) hold(due, now time.Time) time.Duration {
+func (g *startGrace) hold(due, now time.Time) time.Duration {
 	from := g.from.Load()
 	if from == 0 || g.grace <= 0 {
 		return 0

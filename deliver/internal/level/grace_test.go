@@ -6,11 +6,11 @@ import (
 	"time"
 )
 
-// TestCoreGraceHold: a core delivery is held only if it fell due before the
+// TestStartGraceHold: a core delivery is held only if it fell due before the
 // start or last reconnect (by the server's clock) and the grace has not
 // passed since (by the monotonic clock); a reconnect starts it again; no
 // grace, or no start and no reconnect, holds nothing.
-func TestCoreGraceHold(t *testing.T) {
+func TestStartGraceHold(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC) // the server's clock, estimated
 	const grace = 5 * time.Second
@@ -33,7 +33,7 @@ func TestCoreGraceHold(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			lc := &manualClock{wall: now, mono: time.Hour}
-			g := newCoreGrace(lc, tt.grace, time.Time{})
+			g := newStartGrace(lc, tt.grace, time.Time{})
 			if tt.reconnect {
 				g.reconnected()
 			}
@@ -45,31 +45,31 @@ func TestCoreGraceHold(t *testing.T) {
 	}
 }
 
-// TestCoreGraceStart: a grace counted from a start a moment ago holds what
+// TestStartGraceStart: a grace counted from a start a moment ago holds what
 // was overdue at the start, for at most the grace; one counted from a start
 // longer than the grace ago holds nothing.
-func TestCoreGraceStart(t *testing.T) {
+func TestStartGraceStart(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
 	lc := &manualClock{wall: now, mono: time.Hour}
-	g := newCoreGrace(lc, 5*time.Second, time.Now())
+	g := newStartGrace(lc, 5*time.Second, time.Now())
 	if got := g.hold(now.Add(-time.Minute), now); got <= 0 || got > 5*time.Second {
 		t.Errorf("just started: hold = %v, want in (0, 5s]", got)
 	}
 	if got := g.hold(now.Add(time.Minute), now); got != 0 {
 		t.Errorf("just started, not due: hold = %v, want 0", got)
 	}
-	old := newCoreGrace(lc, 5*time.Second, time.Now().Add(-time.Minute))
+	old := newStartGrace(lc, 5*time.Second, time.Now().Add(-time.Minute))
 	if got := old.hold(now.Add(-time.Hour), now); got != 0 {
 		t.Errorf("started a minute ago: hold = %v, want 0", got)
 	}
 }
 
-// TestCoreGraceLook: the reconnect count is looked at no more than every
+// TestStartGraceLook: the reconnect count is looked at no more than every
 // reconnectLookEvery, and a change of it starts the grace again; a
 // disconnect the scanner saw starts it at the next look, at once and even
 // with the count unchanged (the count may lag the reconnect).
-func TestCoreGraceLook(t *testing.T) {
+func TestStartGraceLook(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
 	overdue := now.Add(-time.Hour)
@@ -104,7 +104,7 @@ func TestCoreGraceLook(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			lc := &manualClock{wall: now, mono: time.Hour}
-			g := newCoreGrace(lc, grace, time.Time{})
+			g := newStartGrace(lc, grace, time.Time{})
 			g.started(3)
 			for i, st := range tt.steps {
 				lc.mono += st.advance
@@ -124,11 +124,11 @@ func TestCoreGraceLook(t *testing.T) {
 	}
 }
 
-// TestCoreGraceReconnectedConcurrent: reconnected may be called from other
+// TestStartGraceReconnectedConcurrent: reconnected may be called from other
 // goroutines while the scanner's goroutine asks hold (run with -race).
-func TestCoreGraceReconnectedConcurrent(t *testing.T) {
+func TestStartGraceReconnectedConcurrent(t *testing.T) {
 	t.Parallel()
-	g := newCoreGrace(SystemClock, time.Hour, time.Time{})
+	g := newStartGrace(SystemClock, time.Hour, time.Time{})
 	now := time.Now()
 	var wg sync.WaitGroup
 	for range 4 {

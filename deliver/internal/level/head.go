@@ -19,12 +19,12 @@ const heldDisconnectedWait = 50 * time.Millisecond
 //
 // Ownership: values on the scanner's goroutine; nothing is kept between
 // heads. The state the view is read from belongs to the other parts:
-// [serverClock], [coreGrace], [target.Bindings].
+// [serverClock], [startGrace], [target.Bindings].
 //
 // The scanner asks only what decide reads, in this order: the due time, the
 // server's clock, the hop; for a message delivered from this level whether
 // its target is stream-bound; for a due core delivery whether the
-// connection is down (or else [coreGrace.look]); for a core delivery not
+// connection is down (or else [startGrace.look]); for a core delivery not
 // found disconnected the grace's hold. Facts not asked for a head are left
 // zero, and decide does not read them.
 type headView struct {
@@ -35,7 +35,7 @@ type headView struct {
 
 	bound        bool          // the target is stream-bound: confirmed by PubAck, never held. Not asked for a hop.
 	disconnected bool          // the connection was down. Asked only for a due core delivery.
-	grace        time.Duration // how much longer the start or reconnect grace holds a core delivery ([coreGrace.hold]); 0 for none
+	grace        time.Duration // how much longer the start or reconnect grace holds a core delivery ([startGrace.hold]); 0 for none
 }
 
 // waitsFor returns the time the head waits for: the end of its wait at
@@ -61,10 +61,10 @@ const (
 	// is back, before core subscribers have reconnected: the head stays
 	// due (no progress) and is looked at again after heldDisconnectedWait.
 	headHeldDisconnected
-	// headHeldGrace: a due core delivery within the start or reconnect
+	// headHeldStartGrace: a due core delivery within the start or reconnect
 	// grace. It stays a due head (reconnects are not progress) and waits
 	// out the grace.
-	headHeldGrace
+	headHeldStartGrace
 	// headForward: a cascading message at the end of its wait here moves
 	// on to its next level; moving on is its hand-off.
 	headForward
@@ -134,7 +134,7 @@ func (v headView) decide() headAction {
 	var fellDue time.Time
 	if !v.bound && v.grace > 0 {
 		if !v.due.After(v.now) {
-			kind, fellDue = headHeldGrace, v.due
+			kind, fellDue = headHeldStartGrace, v.due
 		}
 		wait = max(wait, v.grace)
 	}

@@ -50,10 +50,10 @@ func TestHeadDecide(t *testing.T) {
 		// The start or reconnect grace.
 		{"due core delivery within the grace",
 			headView{due: now.Add(-time.Minute), now: now, grace: grace},
-			headAction{kind: headHeldGrace, wait: grace, fellDue: now.Add(-time.Minute)}},
+			headAction{kind: headHeldStartGrace, wait: grace, fellDue: now.Add(-time.Minute)}},
 		{"grace hold capped at clockRefresh",
 			headView{due: now.Add(-time.Minute), now: now, grace: time.Hour},
-			headAction{kind: headHeldGrace, wait: clockRefresh, fellDue: now.Add(-time.Minute)}},
+			headAction{kind: headHeldStartGrace, wait: clockRefresh, fellDue: now.Add(-time.Minute)}},
 		{"due stream-bound delivery, grace ignored",
 			headView{due: now.Add(-time.Minute), now: now, bound: true, grace: grace},
 			headAction{kind: headDeliver, fellDue: now.Add(-time.Minute), lateness: time.Minute}},

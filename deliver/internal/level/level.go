@@ -245,7 +245,7 @@ type Level struct {
 	// commits writes the offset, one write in flight behind the
 	// deliveries it confirms; the scanner's goroutine commits.
 	commits  *offsets.Committer
-	grace    *coreGrace   // the start and reconnect grace of core deliveries
+	grace    *startGrace  // the start and reconnect grace of core deliveries
 	clock    levelClock   // the server-clock estimate: scanner goroutine (Stats reads srv)
 	stats    counters     // atomics: the scanner's goroutine (and Written, RunTerm) writes, any reads
 	io       ioSet        // reader, PubAcks, feed (opened by Run), tombstones, idMAC: scanner goroutine
@@ -297,7 +297,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, cfg Config, wiring Wiring) (*Lev
 		deps:    deps{nc: nc, js: js},
 		logger:  logger,
 		commits: commits,
-		grace:   newCoreGrace(cfg.Clock, cfg.StartGrace, cfg.StartedAt),
+		grace:   newStartGrace(cfg.Clock, cfg.StartGrace, cfg.StartedAt),
 		clock:   levelClock{srv: &serverClock{clock: cfg.Clock}},
 		conf: confirmation{
 			win:     newWindow(cfg.Window),

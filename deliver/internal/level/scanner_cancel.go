@@ -46,9 +46,9 @@ const answerReserved cancelAnswer = -1
 // that the scanner still runs (owns its level).
 const ownerPoll = 100 * time.Millisecond
 
-// cancelGrace is how long past a reservation's deadline the scanner waits
+// reservationSlack is how long past a reservation's deadline the scanner waits
 // for its outcome before it takes the sequence back and delivers it.
-const cancelGrace = time.Second
+const reservationSlack = time.Second
 
 // clip quotes at most n bytes of b for a log line.
 func clip(b []byte, n int) string {
@@ -285,11 +285,11 @@ func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, 
 // awaitCancel waits, on the scanner's goroutine, for the outcome of the
 // cancel that reserved the due head r.seq: until it is resolved or
 // released, a cancel request arrives (to be decided), ctx is done, or r's
-// deadline plus cancelGrace passes; then the scanner takes the sequence
+// deadline plus reservationSlack passes; then the scanner takes the sequence
 // back and delivers it (the late tombstone is not taken). It never does
 // the cancel's I/O itself.
 func (s *Level) awaitCancel(ctx context.Context, r *reservation) {
-	t := time.NewTimer(time.Until(r.deadline) + cancelGrace)
+	t := time.NewTimer(time.Until(r.deadline) + reservationSlack)
 	defer t.Stop()
 	select {
 	case <-r.done:
