@@ -157,14 +157,14 @@ func (s *Level) serveCancels() {
 	for {
 		select {
 		case req := <-s.cancel.asks:
-			req.reply <- s.decideCancel(req.rec, req.status)
+			req.reply <- s.reserve(req.rec, req.status)
 		default:
 			return
 		}
 	}
 }
 
-// decideCancel runs on the scanner's goroutine, between two deliveries. A
+// reserve runs on the scanner's goroutine, between two deliveries. A
 // sequence below next has been handed off (delivered, or forwarded to its
 // next level); so may have one retried after an ambiguous failure: those
 // answer as handed off and are delivered (again) as usual. A cancelled or
@@ -172,7 +172,7 @@ func (s *Level) serveCancels() {
 // scanner does not pass it until the requester's tombstone write has an
 // outcome ([Level.awaitCancel]); for a status request it answers
 // answerPending instead.
-func (s *Level) decideCancel(rec index.Record, status bool) cancelDecision {
+func (s *Level) reserve(rec index.Record, status bool) cancelDecision {
 	seq := rec.Seq
 	_, tombstoned, r := s.cancel.book.lookup(seq)
 	switch {

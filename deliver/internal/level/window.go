@@ -18,7 +18,7 @@ type delivery struct {
 // the flush) and tells the window each outcome ([window.record]).
 //
 // Ownership: the scanner's goroutine alone; no locking. Cancel decisions
-// read it there too ([Level.decideCancel]).
+// read it there too ([Level.reserve]).
 type window struct {
 	size     int        // how many may be in flight before the scanner confirms the oldest half
 	inflight []delivery // sent, not yet confirmed, in sequence order
