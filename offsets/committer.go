@@ -42,7 +42,7 @@ type CommitterConfig struct {
 	// previous one (jetstream KeyValue.Update), starting from the revision
 	// given to [Committer.ResetAt]. Once a write fails its compare-and-set
 	// (another owner bumped the key, [Store.Bump]), the committer is fenced:
-	// it writes nothing more, and Commit and Settle return [ErrFenced].
+	// it writes nothing more, and Commit and Await return [ErrFenced].
 	// A copy of a write not answered within its attempt is sent again
 	// (the same value at the same revision, carrying the same write id); a
 	// copy refused for the revision reads the key back, and an entry with
@@ -64,16 +64,16 @@ type CommitterConfig struct {
 // deliveries it confirms: [Committer.Commit] returns at once, and the write
 // runs on the committer's own goroutine. One write is in flight at a time;
 // offsets committed meanwhile are coalesced, and only the latest is written
-// once the write in flight is answered. An offset counts as acknowledged
-// ([Committer.Acked]) only once the KV bucket's PubAck for it arrived.
+// once the write in flight is answered. An offset counts as stored
+// ([Committer.Stored]) only once the KV bucket's PubAck for it arrived.
 //
 // A failed write is logged and not retried: the next higher offset given
 // to Commit supersedes it. Losing a write (a crash, a failure) only means a
 // few more re-deliveries after a restart, never a loss, since an offset is
 // committed only after its hand-offs were confirmed.
 //
-// Goroutines: Commit, Settle and Reset belong to one goroutine, the level's
-// scanner, which decides the order of offsets. Committed, Acked and
+// Goroutines: Commit, Await and Reset belong to one goroutine, the level's
+// scanner, which decides the order of offsets. Committed, Stored and
 // Revision may be called from any goroutine. The committer's state is
 // guarded by one mutex; its write goroutine exists only while a write is in
 // flight or waiting.
@@ -112,7 +112,7 @@ type Committer struct {
 	fence   error         // non-nil once a fenced write failed its compare-and-set
 
 	committed atomic.Uint64 // == want, for readers on other goroutines
-	acked     atomic.Uint64
+	stored    atomic.Uint64 // the latest offset the KV bucket acknowledged, for readers on other goroutines
 }
 
 // NewCommitter returns a committer for cfg.Stream's offset in store,
@@ -149,7 +149,7 @@ func NewCommitter(store *Store, cfg CommitterConfig) (*Committer, error) {
 //
 // ctx's values reach the write, but not its cancellation: a write started
 // just before the scanner stops still completes, bounded by the
-// committer's Timeout, so a clean stop loses no commit ([Committer.Settle]
+// committer's Timeout, so a clean stop loses no commit ([Committer.Await]
 // waits for it).
 func (c *Committer) Commit(ctx context.Context, seq uint64) error {
 	c.mu.Lock()
@@ -209,7 +209,7 @@ func (c *Committer) write(ctx context.Context, gen uint64, done chan struct{}) {
 			c.err = err
 			if err == nil {
 				c.rev = rev
-				c.acked.Store(seq)
+				c.stored.Store(seq)
 			} else if errors.Is(err, ErrFenced) {
 				c.fence = err
 			}
@@ -280,11 +280,11 @@ func (c *Committer) update(ctx context.Context, seq, prev uint64) (uint64, error
 	}
 }
 
-// Settle waits until every offset given to Commit was written, or ctx is
+// Await waits until every offset given to Commit was written, or ctx is
 // done. It returns nil if the latest offset is acknowledged, the failed
 // write's error if its write failed (wrapping [ErrFenced] once fenced), or
 // ctx's error if ctx ended first.
-func (c *Committer) Settle(ctx context.Context) error {
+func (c *Committer) Await(ctx context.Context) error {
 	c.mu.Lock()
 	done := c.writing
 	c.mu.Unlock()
@@ -307,9 +307,9 @@ func (c *Committer) Settle(ctx context.Context) error {
 }
 
 // Reset starts counting from offset, as loaded or corrected at a
-// (re)start: Committed and Acked both return it, and nothing waits to be
-// written. Call it after [Committer.Settle]; a write still in flight then
-// (Settle ran out of time) no longer moves Acked when it is answered.
+// (re)start: Committed and Stored both return it, and nothing waits to be
+// written. Call it after [Committer.Await]; a write still in flight then
+// (Await ran out of time) no longer moves Stored when it is answered.
 // Revision reads 0 (unknown) until the next acknowledged write. It is
 // ResetAt(offset, 0).
 func (c *Committer) Reset(offset uint64) { c.ResetAt(offset, 0) }
@@ -324,7 +324,7 @@ func (c *Committer) ResetAt(offset, revision uint64) {
 	c.gen++
 	c.want, c.sent, c.writing, c.err, c.rev, c.fence = offset, offset, nil, nil, revision, nil
 	c.committed.Store(offset)
-	c.acked.Store(offset)
+	c.stored.Store(offset)
 }
 
 // Fenced reports whether a fenced write failed its compare-and-set since
@@ -339,10 +339,10 @@ func (c *Committer) Fenced() bool {
 // or not. Safe from any goroutine.
 func (c *Committer) Committed() uint64 { return c.committed.Load() }
 
-// Acked returns the latest offset whose write the KV bucket acknowledged
+// Stored returns the latest offset whose write the KV bucket acknowledged
 // (or the offset given to Reset). It never passes Committed. Safe from any
 // goroutine.
-func (c *Committer) Acked() uint64 { return c.acked.Load() }
+func (c *Committer) Stored() uint64 { return c.stored.Load() }
 
 // Revision returns the KV revision of the last acknowledged write; 0 if
 // none since the last Reset. Safe from any goroutine.

@@ -19,8 +19,8 @@ func newCommitter(t *testing.T, b *testBundle, from uint64) *offsets.Committer {
 		t.Fatal(err)
 	}
 	c.Reset(from)
-	if c.Committed() != from || c.Acked() != from {
-		t.Fatalf("after Reset(%d): committed %d, acked %d", from, c.Committed(), c.Acked())
+	if c.Committed() != from || c.Stored() != from {
+		t.Fatalf("after Reset(%d): committed %d, stored %d", from, c.Committed(), c.Stored())
 	}
 	return c
 }
@@ -35,12 +35,12 @@ func TestCommitterForward(t *testing.T) {
 	if err := c.Commit(ctx(t), 12); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Settle(ctx(t)); err != nil {
-		t.Fatalf("Settle: %v", err)
+	if err := c.Await(ctx(t)); err != nil {
+		t.Fatalf("Await: %v", err)
 	}
 	e := b.raw(t, "DELAYD_5S")
-	if string(e.Value()) != "12" || c.Acked() != 12 || c.Committed() != 12 {
-		t.Fatalf("after Commit(12): bucket %q, acked %d, committed %d; want 12 each", e.Value(), c.Acked(), c.Committed())
+	if string(e.Value()) != "12" || c.Stored() != 12 || c.Committed() != 12 {
+		t.Fatalf("after Commit(12): bucket %q, stored %d, committed %d; want 12 each", e.Value(), c.Stored(), c.Committed())
 	}
 	if c.Revision() != e.Revision() {
 		t.Errorf("Revision() = %d, want the bucket's %d", c.Revision(), e.Revision())
@@ -53,12 +53,12 @@ func TestCommitterForward(t *testing.T) {
 	if err := c.Commit(ctx(t), 12); err != nil {
 		t.Fatalf("Commit of the same offset: %v", err)
 	}
-	if err := c.Settle(ctx(t)); err != nil {
+	if err := c.Await(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	if got := b.raw(t, "DELAYD_5S"); string(got.Value()) != "12" || got.Revision() != e.Revision() || c.Committed() != 12 || c.Acked() != 12 {
-		t.Fatalf("after refused regressions and a repeat: bucket %q at revision %d (was %d), committed %d, acked %d; want 12, unchanged, 12, 12",
-			got.Value(), got.Revision(), e.Revision(), c.Committed(), c.Acked())
+	if got := b.raw(t, "DELAYD_5S"); string(got.Value()) != "12" || got.Revision() != e.Revision() || c.Committed() != 12 || c.Stored() != 12 {
+		t.Fatalf("after refused regressions and a repeat: bucket %q at revision %d (was %d), committed %d, stored %d; want 12, unchanged, 12, 12",
+			got.Value(), got.Revision(), e.Revision(), c.Committed(), c.Stored())
 	}
 }
 
@@ -111,8 +111,8 @@ func TestCommitterOneInFlight(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if c.Acked() != 10 || c.Committed() != 13 {
-		t.Fatalf("with 11 in flight: acked %d, committed %d; want 10 and 13", c.Acked(), c.Committed())
+	if c.Stored() != 10 || c.Committed() != 13 {
+		t.Fatalf("with 11 in flight: stored %d, committed %d; want 10 and 13", c.Stored(), c.Committed())
 	}
 	ack(first, 41)
 	// The next write is the latest offset: 12 was never written, so it
@@ -121,18 +121,18 @@ func TestCommitterOneInFlight(t *testing.T) {
 	if string(second.Data) != "13" {
 		t.Fatalf("write after 11 was answered: %q, want 13 (12 coalesced into it)", second.Data)
 	}
-	if a := c.Acked(); a != 11 {
-		t.Fatalf("with 13 in flight after 11 was acknowledged: acked %d, want 11", a)
+	if a := c.Stored(); a != 11 {
+		t.Fatalf("with 13 in flight after 11 was acknowledged: stored %d, want 11", a)
 	}
 	if c.Revision() != 41 {
 		t.Fatalf("Revision() = %d, want 41 (the PubAck of 11)", c.Revision())
 	}
 	ack(second, 42)
-	if err := c.Settle(ctx(t)); err != nil {
-		t.Fatalf("Settle: %v", err)
+	if err := c.Await(ctx(t)); err != nil {
+		t.Fatalf("Await: %v", err)
 	}
-	if c.Acked() != 13 || c.Revision() != 42 {
-		t.Fatalf("after 13 was acknowledged: acked %d, revision %d; want 13 and 42", c.Acked(), c.Revision())
+	if c.Stored() != 13 || c.Revision() != 42 {
+		t.Fatalf("after 13 was acknowledged: stored %d, revision %d; want 13 and 42", c.Stored(), c.Revision())
 	}
 	if m, err := sub.NextMsg(0); err == nil {
 		t.Fatalf("an extra offset write %q after everything was acknowledged", m.Data)
@@ -140,7 +140,7 @@ func TestCommitterOneInFlight(t *testing.T) {
 }
 
 // TestCommitterFailedWrite: a write the bucket refuses (its stream's
-// message size limit) is reported by Settle and not acknowledged; the next
+// message size limit) is reported by Await and not acknowledged; the next
 // offset supersedes it and is acknowledged once stored.
 func TestCommitterFailedWrite(t *testing.T) {
 	t.Parallel()
@@ -165,12 +165,12 @@ func TestCommitterFailedWrite(t *testing.T) {
 	if err := c.Commit(ctx(t), 11); err != nil {
 		t.Fatal(err)
 	}
-	err := c.Settle(ctx(t))
+	err := c.Await(ctx(t))
 	if err == nil || !strings.Contains(err.Error(), "DELAYD_5S=11") {
-		t.Fatalf("Settle after a refused write = %v; want the write's error naming DELAYD_5S=11", err)
+		t.Fatalf("Await after a refused write = %v; want the write's error naming DELAYD_5S=11", err)
 	}
-	if c.Acked() != 10 || c.Committed() != 11 {
-		t.Fatalf("after a refused write: acked %d, committed %d; want 10 and 11", c.Acked(), c.Committed())
+	if c.Stored() != 10 || c.Committed() != 11 {
+		t.Fatalf("after a refused write: stored %d, committed %d; want 10 and 11", c.Stored(), c.Committed())
 	}
 	if got := b.raw(t, "DELAYD_5S"); string(got.Value()) != "10" {
 		t.Fatalf("bucket holds %q after a refused write, want 10", got.Value())
@@ -180,10 +180,10 @@ func TestCommitterFailedWrite(t *testing.T) {
 	if err := c.Commit(ctx(t), 12); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Settle(ctx(t)); err != nil {
-		t.Fatalf("Settle after the limit was lifted: %v", err)
+	if err := c.Await(ctx(t)); err != nil {
+		t.Fatalf("Await after the limit was lifted: %v", err)
 	}
-	if got := b.raw(t, "DELAYD_5S"); string(got.Value()) != "12" || c.Acked() != 12 {
-		t.Fatalf("after the next commit: bucket %q, acked %d; want 12 and 12", got.Value(), c.Acked())
+	if got := b.raw(t, "DELAYD_5S"); string(got.Value()) != "12" || c.Stored() != 12 {
+		t.Fatalf("after the next commit: bucket %q, stored %d; want 12 and 12", got.Value(), c.Stored())
 	}
 }

@@ -51,7 +51,7 @@ func (r *replica) commit(t *testing.T, seq uint64) error {
 	if err := r.c.Commit(ctx(t), seq); err != nil {
 		return err
 	}
-	return r.c.Settle(ctx(t))
+	return r.c.Await(ctx(t))
 }
 
 // valueLog records every value the offset key takes, in order.
@@ -142,15 +142,15 @@ func TestFencedCommitAfterBump(t *testing.T) {
 	if !errors.Is(err, offsets.ErrFenced) || !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		t.Fatalf("old owner's commit after the bump = %v; want ErrFenced wrapping the revision mismatch", err)
 	}
-	if !old.c.Fenced() || old.c.Acked() != 12 {
-		t.Fatalf("old committer: fenced %v, acked %d; want true and 12", old.c.Fenced(), old.c.Acked())
+	if !old.c.Fenced() || old.c.Stored() != 12 {
+		t.Fatalf("old committer: fenced %v, stored %d; want true and 12", old.c.Fenced(), old.c.Stored())
 	}
 	// Once fenced, the old committer writes nothing, even a higher offset.
 	if err := old.c.Commit(ctx(t), 20); !errors.Is(err, offsets.ErrFenced) {
 		t.Fatalf("old owner's commit once fenced = %v, want ErrFenced", err)
 	}
-	if err := old.c.Settle(ctx(t)); !errors.Is(err, offsets.ErrFenced) {
-		t.Fatalf("old owner's Settle once fenced = %v, want ErrFenced", err)
+	if err := old.c.Await(ctx(t)); !errors.Is(err, offsets.ErrFenced) {
+		t.Fatalf("old owner's Await once fenced = %v, want ErrFenced", err)
 	}
 	if e := b.raw(t, "DELAYD_5S"); string(e.Value()) != "15" || e.Revision() != next.c.Revision() {
 		t.Fatalf("stored %q at revision %d; want the new owner's 15 at %d", e.Value(), e.Revision(), next.c.Revision())

@@ -28,9 +28,9 @@ func TestResentCommitRecognised(t *testing.T) {
 		t.Fatalf("commit whose first copy's answer was lost: %v; want its own write recognised", err)
 	}
 	e := b.raw(t, "DELAYD_5S")
-	if r.c.Fenced() || r.c.Acked() != 12 || string(e.Value()) != "12" || r.c.Revision() != e.Revision() {
+	if r.c.Fenced() || r.c.Stored() != 12 || string(e.Value()) != "12" || r.c.Revision() != e.Revision() {
 		t.Fatalf("after the re-sent commit: fenced %v, acked %d, revision %d; stored %q at %d; want not fenced, 12 at the stored revision",
-			r.c.Fenced(), r.c.Acked(), r.c.Revision(), e.Value(), e.Revision())
+			r.c.Fenced(), r.c.Stored(), r.c.Revision(), e.Value(), e.Revision())
 	}
 	if err := r.commit(t, 14); err != nil {
 		t.Fatalf("the next commit: %v", err)

@@ -77,7 +77,7 @@ func TestCommitLeaderHang(t *testing.T) {
 		}
 		sctx, cancel := context.WithTimeout(ctx, commitTimeout+20*time.Second)
 		defer cancel()
-		err := cm.Settle(sctx)
+		err := cm.Await(sctx)
 		return time.Since(start), err
 	}
 	if _, err := commit(10); err != nil {

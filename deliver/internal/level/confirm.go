@@ -200,7 +200,7 @@ func (s *Level) fenced() {
 // calls it when idle, before a purge: the commit lag reads 0 while idle.
 func (s *Level) awaitCommit(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, opTimeout)
-	_ = s.commits.Settle(cctx)
+	_ = s.commits.Await(cctx)
 	cancel()
 	s.noteAcked()
 }
@@ -208,7 +208,7 @@ func (s *Level) awaitCommit(ctx context.Context) {
 // noteAcked drops the tombstones of cancelled messages the acknowledged
 // offset passed: they are no longer needed.
 func (s *Level) noteAcked() {
-	if a := s.commits.Acked(); a != s.pos.tombsAcked {
+	if a := s.commits.Stored(); a != s.pos.tombsAcked {
 		s.pos.tombsAcked = a
 		s.dropTombstones(a)
 	}
@@ -219,7 +219,7 @@ func (s *Level) noteAcked() {
 // has not stored.
 func (s *Level) purge(ctx context.Context, idle bool) {
 	mono := s.cfg.Clock.Mono()
-	acked := s.commits.Acked()
+	acked := s.commits.Stored()
 	if ctx.Err() != nil || acked <= s.pos.purgedTo || (!idle && mono-s.pos.lastPurge < s.cfg.PurgeEvery) {
 		return
 	}

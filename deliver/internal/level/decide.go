@@ -356,7 +356,7 @@ func (s *Level) confirmOwner(ctx context.Context, t ownership.Term) error {
 	// offset given to the committer acknowledged), read before the
 	// committer's revision, it is another's.
 	for {
-		committed, acked := s.commits.Committed(), s.commits.Acked()
+		committed, acked := s.commits.Committed(), s.commits.Stored()
 		switch {
 		case !t.Held() || s.commits.Fenced():
 			return notOwner

@@ -385,7 +385,7 @@ func (s *Level) Stats() Stats {
 		DeadLettered: s.stats.deadLettered.Load(), Retries: s.stats.retries.Load(), Forwarded: s.stats.forwarded.Load(),
 		Cancelled:    s.stats.cancelledN.Load(),
 		Pending:      sat(s.stats.lastSeq.Load(), s.commits.Committed()),
-		CommitLag:    sat(s.commits.Committed(), s.commits.Acked()),
+		CommitLag:    sat(s.commits.Committed(), s.commits.Stored()),
 		OldestDueAge: s.oldestDueAge(),
 		LastLateness: time.Duration(s.stats.lastLateness.Load()),
 		ClockBound:   s.clock.srv.lead(),

@@ -22,7 +22,7 @@ func (s *Level) load(outer context.Context) error {
 	defer cancel()
 	// An offset write of the previous load lands before the offset is
 	// loaded (and corrected if it belongs to a deleted stream).
-	if err := s.commits.Settle(ctx); err != nil && ctx.Err() != nil {
+	if err := s.commits.Await(ctx); err != nil && ctx.Err() != nil {
 		return err
 	}
 	stream, err := streamInfo(ctx, s.deps.js, s.cfg.Stream)

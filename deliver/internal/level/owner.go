@@ -126,7 +126,7 @@ func (s *Level) shutdown() {
 	defer cancel()
 	s.confirmAll(ctx)
 	cctx, ccancel := context.WithTimeout(context.Background(), opTimeout)
-	if err := s.commits.Settle(cctx); err != nil && cctx.Err() != nil {
+	if err := s.commits.Await(cctx); err != nil && cctx.Err() != nil {
 		s.logger.Warn("offset commit unconfirmed at shutdown", slog.Uint64("offset", s.commits.Committed()))
 	}
 	ccancel()
