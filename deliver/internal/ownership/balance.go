@@ -29,11 +29,11 @@ type BalancerConfig struct {
 	// TTL is the leases' TTL, T. Optional. Default lease.TTLDefault.
 	TTL time.Duration
 
-	// Grace is how long a lease may stay free to take (released, or held
+	// IdleBid is how long a lease may stay free to take (released, or held
 	// by a replica that stopped renewing it for TTL) before a replica
 	// takes it whatever its share: liveness before balance, when two
 	// replicas disagree on how many are live. Optional. Default 2×TTL.
-	Grace time.Duration
+	IdleBid time.Duration
 
 	// Logger is optional. Default discards.
 	Logger *slog.Logger
@@ -46,21 +46,21 @@ type BalancerConfig struct {
 //
 //   - An elector bids for a free lease (released, never written, or
 //     unchanged for TTL) only while this replica holds fewer than its
-//     share, counting bids in flight; a lease free for longer than Grace
+//     share, counting bids in flight; a lease free for longer than IdleBid
 //     is taken by any replica.
 //   - A replica holding more than its share (a replica joined), or
 //     holding its share while another live replica holds two fewer (as
 //     read from the lease keys), hands one lease over at a time: the elector's work returns
-//     (settle, commit), the lease is released, and a replica below its
+//     (confirm, commit), the lease is released, and a replica below its
 //     share takes it at once. The next one goes once another replica
-//     holds the last (or after Grace).
+//     holds the last (or after IdleBid).
 //   - A replica at its share keeps what it holds.
 //
 // It implements [lease.Claimer].
 type Balancer struct {
 	members *lease.Membership
 	ttl     time.Duration
-	grace   time.Duration
+	idleBid time.Duration
 	logger  *slog.Logger
 
 	mu       sync.Mutex
@@ -81,13 +81,13 @@ func NewBalancer(cfg BalancerConfig) (*Balancer, error) {
 	if cfg.TTL == 0 {
 		cfg.TTL = lease.TTLDefault
 	}
-	if cfg.Grace == 0 {
-		cfg.Grace = 2 * cfg.TTL
+	if cfg.IdleBid == 0 {
+		cfg.IdleBid = 2 * cfg.TTL
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Balancer{members: cfg.Members, ttl: cfg.TTL, grace: cfg.Grace, logger: cfg.Logger}, nil
+	return &Balancer{members: cfg.Members, ttl: cfg.TTL, idleBid: cfg.IdleBid, logger: cfg.Logger}, nil
 }
 
 func (b *Balancer) add(e *Elector) {
@@ -153,18 +153,18 @@ func (b *Balancer) fewestLocked() (fewest int, settled bool) {
 
 // Claim implements [lease.Claimer]: a bid goes ahead while this replica holds
 // (with bids in flight) fewer than its share, or for a lease free for
-// Grace.
+// IdleBid.
 func (b *Balancer) Claim(key string, idle time.Duration) (done func(), ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	share := shareOf(len(b.electors), b.members.Live())
-	if idle < b.grace && len(b.heldLocked())+b.claims >= share {
+	if idle < b.idleBid && len(b.heldLocked())+b.claims >= share {
 		return nil, false
 	}
-	if y := b.yielding; y != nil && y.key == key && idle < b.grace {
+	if y := b.yielding; y != nil && y.key == key && idle < b.idleBid {
 		return nil, false // just handed over: for another replica
 	}
-	if idle >= b.grace {
+	if idle >= b.idleBid {
 		b.logger.Debug("lease free for the grace: bidding beyond the share", slog.String("lease", key), slog.Duration("idle", idle))
 	}
 	b.claims++
@@ -210,11 +210,11 @@ func (b *Balancer) tick() {
 	}
 	if y := b.yielding; y != nil {
 		// One hand-over at a time: the next once another replica holds
-		// this one (its work has settled, committed and released it),
-		// or after the grace.
+		// this one (its work has confirmed, committed and released it),
+		// or after idleBid.
 		holder, _ := y.lease.Observed()
 		_, valid := y.lease.Held()
-		if taken := !valid && holder != "" && holder != y.holder; !taken && time.Since(b.yieldAt) < b.grace {
+		if taken := !valid && holder != "" && holder != y.holder; !taken && time.Since(b.yieldAt) < b.idleBid {
 			return
 		}
 		b.yielding = nil

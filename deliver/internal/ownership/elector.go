@@ -141,7 +141,7 @@ type Config struct {
 	// Balancer, if set, shares the leases of every elector it is given
 	// to with the other live replicas: the elector bids only while this
 	// replica holds less than its share (or for a lease left free for
-	// the balancer's grace), and hands its lease over when the balancer
+	// the balancer's IdleBid), and hands its lease over when the balancer
 	// asks. Optional. Default: bid for the lease whenever it is free.
 	Balancer *Balancer
 
