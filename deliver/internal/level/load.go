@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/delayd/delayd/offsets"
 )
 
@@ -39,10 +41,7 @@ func (s *Level) load(outer context.Context) error {
 	s.conf.win.reset()
 	s.freshFrom(stream.CachedInfo())
 	st := stream.CachedInfo().State
-	first := st.FirstSeq // with no messages, FirstSeq is LastSeq+1
-	if first == 0 {
-		first = 1
-	}
+	first := firstSeq(st)
 	off, rev, err := s.loadOffset(ctx)
 	if errors.Is(err, offsets.ErrFenced) {
 		// Another owner wrote the key between the read and the bump.
@@ -65,59 +64,28 @@ func (s *Level) load(outer context.Context) error {
 		}
 		return cerr
 	}
-	again := redeliveryNote(first, st.LastSeq)
-	if err == nil && s.replaced {
+	if err != nil && !errors.Is(err, offsets.ErrDeleted) && !errors.Is(err, offsets.ErrNotFound) && !errors.Is(err, offsets.ErrCorrupt) {
+		return err
+	}
+	found := offsetState{off: off, err: err}
+	if s.replaced && err == nil {
 		// The stored offset counts the deleted stream's sequences.
-		reason := fmt.Sprintf("offset %d belongs to a level stream deleted while delayd ran; %s", off, again)
-		off = first - 1
-		if err := correct(off, reason); err != nil {
+		fixed, reason, _ := correction(found, st, true)
+		if err := correct(fixed, reason); err != nil {
 			return err
 		}
 		s.replaced = false
+		// Then checked against the stream as a stored offset is.
+		found.off = fixed
 	}
+	off, reason, write := correction(found, st, false)
 	switch {
-	case errors.Is(err, offsets.ErrDeleted):
-		// Deleted or purged by hand: it was committed once.
-		off = first - 1
-		if err := correct(off, err.Error()+"; "+again); err != nil {
-			return err
-		}
-	case errors.Is(err, offsets.ErrNotFound) && first > 1:
-		// No key and no trace of one, but only a scanner (after a commit)
-		// or an operator purges a level stream: it was scanned before, and
-		// the bucket lost the key (its stream purged, or the bucket
-		// deleted and recreated).
-		off = first - 1
-		reason := fmt.Sprintf("no offset stored, but the stream was purged up to sequence %d, so it was delivered from before; %s", first-1, again)
+	case write:
 		if err := correct(off, reason); err != nil {
 			return err
 		}
-	case errors.Is(err, offsets.ErrNotFound):
-		// A new level stream: never purged, so nothing was delivered from
-		// it that a stored offset or its delete marker would not show.
-		off = first - 1
-		s.logger.Debug("new level stream: no offset yet", slog.Uint64("messages", st.Msgs))
-	case errors.Is(err, offsets.ErrCorrupt):
-		off = first - 1
-		if err := correct(off, err.Error()+"; "+again); err != nil {
-			return err
-		}
-	case err != nil:
-		return err
-	case off > st.LastSeq:
-		// The stream was recreated, or the offset was set by hand past its end.
-		reason := fmt.Sprintf("offset %d beyond the stream's last sequence %d; %s", off, st.LastSeq, again)
-		off = first - 1
-		if err := correct(off, reason); err != nil {
-			return err
-		}
-	case off+1 < first:
-		// Messages up to first-1 were purged, so they were delivered.
-		reason := fmt.Sprintf("offset %d below the stream's first sequence %d: sequences up to %d were purged, so delivered; %s", off, first, first-1, again)
-		off = first - 1
-		if err := correct(off, reason); err != nil {
-			return err
-		}
+	case reason != "":
+		s.logger.Debug(reason, slog.Uint64("messages", st.Msgs))
 	}
 	s.run.passed.Store(off)
 	s.life.loadTail, s.life.loadedAt = st.LastSeq, s.clock.srv.now()
@@ -140,6 +108,72 @@ func (s *Level) load(outer context.Context) error {
 	}
 	s.run.decides.Store(true)
 	return nil
+}
+
+// offsetState is what a load found under the level's offset key: the
+// stored offset, or why there is none. err is nil or (wrapping)
+// offsets.ErrDeleted, ErrNotFound or ErrCorrupt; any other error of
+// loadOffset stops the load before a correction is looked for.
+type offsetState struct {
+	off uint64 // the stored offset, when err is nil
+	err error
+}
+
+// correction is the offset a load starts from, given what it found under
+// the offset key, the level stream's state, and whether the stream was
+// found recreated (replaced) while the previous term ran. off is the
+// offset to start from; write says it corrects the stored one: it is
+// written with reason, logged with what was found and what it means
+// (docs/operations.md#offsets-that-make-no-sense). Without write, a
+// non-empty reason is a debug note (a new level stream). It is pure: the
+// load does the writes.
+//
+// Every correction is to first-1 (first: the stream's first sequence), so
+// delivering from first again repeats whatever of first..last was delivered
+// but not yet purged (redeliveryNote).
+//
+// Otherwise the stored offset stands (write false, reason empty).
+func correction(found offsetState, st jetstream.StreamState, replaced bool) (off uint64, reason string, write bool) {
+	first := firstSeq(st)
+	again := redeliveryNote(first, st.LastSeq)
+	off = found.off
+	switch err := found.err; {
+	case err == nil && replaced:
+		// The stored offset counts the deleted stream's sequences.
+		return first - 1, fmt.Sprintf("offset %d belongs to a level stream deleted while delayd ran; %s", off, again), true
+	case errors.Is(err, offsets.ErrDeleted):
+		// Deleted or purged by hand: it was committed once.
+		return first - 1, err.Error() + "; " + again, true
+	case errors.Is(err, offsets.ErrNotFound) && first > 1:
+		// No key and no trace of one, but only a scanner (after a commit)
+		// or an operator purges a level stream: it was scanned before, and
+		// the bucket lost the key (its stream purged, or the bucket
+		// deleted and recreated).
+		return first - 1, fmt.Sprintf("no offset stored, but the stream was purged up to sequence %d, so it was delivered from before; %s", first-1, again), true
+	case errors.Is(err, offsets.ErrNotFound):
+		// A new level stream: never purged, so nothing was delivered from
+		// it that a stored offset or its delete marker would not show.
+		return first - 1, "new level stream: no offset yet", false
+	case errors.Is(err, offsets.ErrCorrupt):
+		return first - 1, err.Error() + "; " + again, true
+	case off > st.LastSeq:
+		// The stream was recreated, or the offset was set by hand past its end.
+		return first - 1, fmt.Sprintf("offset %d beyond the stream's last sequence %d; %s", off, st.LastSeq, again), true
+	case off+1 < first:
+		// Messages up to first-1 were purged, so they were delivered.
+		return first - 1, fmt.Sprintf("offset %d below the stream's first sequence %d: sequences up to %d were purged, so delivered; %s", off, first, first-1, again), true
+	}
+	return off, "", false
+}
+
+// firstSeq is the level stream's first sequence as a load counts it: with
+// no messages, FirstSeq is LastSeq+1, and a stream never written has 0,
+// counted as 1.
+func firstSeq(st jetstream.StreamState) uint64 {
+	if st.FirstSeq == 0 {
+		return 1
+	}
+	return st.FirstSeq
 }
 
 // loadOffset loads the level's committed offset and, as its owner under a
