@@ -39,7 +39,9 @@ func (b *ownerBundle) splitOwners() (a, c *replica) {
 	for _, l := range append(t.Levels(), t.PrecisionLevels()...) {
 		streams = append(streams, l.Stream())
 	}
-	deadline := time.Now().Add(20 * time.Second)
+	// A liveness bound, not a property: with the package's tests in
+	// parallel on a loaded machine the leases took over 20 s.
+	deadline := time.Now().Add(time.Minute)
 	for {
 		ha, hc := a.held(), c.held()
 		ok := hc[ownership.RouterKey] && len(hc) == 1
@@ -184,10 +186,10 @@ func TestMergeAcrossReplicas(t *testing.T) {
 	}
 	b.publishTo("tgt.m", "first", h())
 	// The first is in its level (A's) before the second arrives.
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for rs, _ := c.svc.Stats(); rs.Routed < 1; rs, _ = c.svc.Stats() {
 		if time.Now().After(deadline) {
-			t.Fatal("B's router routed nothing in 20 s")
+			t.Fatal("B's router routed nothing in a minute")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -236,7 +238,7 @@ func TestMergeNotIntoRetiredCancelledHop(t *testing.T) {
 	defer reader.Close()
 	ctx := context.Background()
 	var rec index.Record
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
 		r, ok, err := index.Lookup(ctx, reader, index.UserKey("h1"), 5*time.Second)
 		if err != nil {
 			t.Fatal(err)

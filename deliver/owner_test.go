@@ -81,7 +81,7 @@ func (b *ownerBundle) start(name string, ttl time.Duration, mods ...func(*Servic
 func (b *ownerBundle) startConfig(name string, cfg Config, mods ...func(*Service)) *replica {
 	b.t.Helper()
 	r := b.launch(name, cfg, mods...)
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for !r.svc.Ready() {
 		if time.Now().After(deadline) {
 			b.t.Fatalf("replica %s not ready: %v", name, r.svc.Unready())
@@ -308,7 +308,7 @@ func TestOwnersExclusive(t *testing.T) {
 	keys := leaseKeys()
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
+		deadline := time.Now().Add(time.Minute)
 		for !cond() {
 			if time.Now().After(deadline) {
 				t.Fatalf("timed out waiting for %s: A holds %v, B holds %v", what, a.held(), c.held())
@@ -501,7 +501,7 @@ func (b *ownerBundle) checkTarget(n int, live *replica) {
 func (b *ownerBundle) waitHoldsAll(r *replica) {
 	b.t.Helper()
 	keys := leaseKeys()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for len(r.held()) != len(keys) {
 		if time.Now().After(deadline) {
 			b.t.Fatalf("%s holds %v, want all of %v", r.name, r.held(), keys)
@@ -618,7 +618,7 @@ func TestFencedCommitStopsLevel(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Bump once the level has committed an offset, while messages flow.
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		off, _ := store.Load(ctx, stream)
 		if off > 0 {

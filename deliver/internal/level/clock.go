@@ -170,18 +170,18 @@ func (s *Level) observeClock(ctx context.Context, seq uint64, stored time.Time) 
 	if stored.IsZero() {
 		return
 	}
-	if seq > s.obsSeq && stored.Before(s.obsStored) {
+	if seq > s.clock.obsSeq && stored.Before(s.clock.obsStored) {
 		// (In a cluster, also a new stream leader whose clock is behind.)
-		s.logger.Info("the server's clock stepped back; re-reading it", slog.Uint64("seq", seq), slog.Duration("step", stored.Sub(s.obsStored)))
-		s.obsSeq, s.obsStored = seq, stored
+		s.logger.Info("the server's clock stepped back; re-reading it", slog.Uint64("seq", seq), slog.Duration("step", stored.Sub(s.clock.obsStored)))
+		s.clock.obsSeq, s.clock.obsStored = seq, stored
 		s.refreshClock(ctx)
 		return
 	}
-	s.obsSeq, s.obsStored = seq, stored
-	if seq > s.freshSeq {
+	s.clock.obsSeq, s.clock.obsStored = seq, stored
+	if seq > s.clock.freshSeq {
 		// Stored after the last fresh observation: a lower bound even if
 		// the server's clock stepped before it.
-		s.srv.observe(stored, false)
+		s.clock.srv.observe(stored, false)
 	}
 }
 
@@ -191,9 +191,9 @@ func (s *Level) observeClock(ctx context.Context, seq uint64, stored time.Time) 
 func (s *Level) refreshClock(ctx context.Context) {
 	ictx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	info, err := s.stream.Info(ictx)
+	info, err := s.life.stream.Info(ictx)
 	if err != nil || info.TimeStamp.IsZero() {
-		s.srv.postpone()
+		s.clock.srv.postpone()
 		return
 	}
 	s.freshFrom(info)
@@ -204,6 +204,6 @@ func (s *Level) freshFrom(info *jetstream.StreamInfo) {
 	if info.TimeStamp.IsZero() {
 		return
 	}
-	s.srv.observe(info.TimeStamp, true)
-	s.freshSeq = info.State.LastSeq
+	s.clock.srv.observe(info.TimeStamp, true)
+	s.clock.freshSeq = info.State.LastSeq
 }

@@ -23,19 +23,19 @@ import (
 // until the target takes it. Deliveries after the failed one that were
 // confirmed anyway are remembered and not sent again, so a failing target
 // costs no flood of re-deliveries.
-func (s *Level) settle(ctx context.Context) { s.settleFirst(ctx, len(s.win.inflight)) }
+func (s *Level) settle(ctx context.Context) { s.settleFirst(ctx, len(s.conf.win.inflight)) }
 
 // settleFirst confirms the oldest n in-flight deliveries and commits the
 // offset past them, leaving the rest in flight so the pipeline to the
 // target never drains while the window is full. A failure among them
 // settles everything, as settle does.
 func (s *Level) settleFirst(ctx context.Context, n int) {
-	if len(s.win.inflight) == 0 {
+	if len(s.conf.win.inflight) == 0 {
 		s.commit(ctx)
 		return
 	}
-	if n < len(s.win.inflight) && s.win.firstFailure(n) {
-		n = len(s.win.inflight)
+	if n < len(s.conf.win.inflight) && s.conf.win.firstFailure(n) {
+		n = len(s.conf.win.inflight)
 	}
 	// Deliveries already sent are confirmed even when ctx ends (a stop):
 	// on a fresh context bounded by opTimeout, keeping ctx's values.
@@ -50,9 +50,9 @@ func (s *Level) settleFirst(ctx context.Context, n int) {
 	flush := func() error {
 		if !flushed {
 			flushed = true
-			before := s.nc.LastError()
-			sent := s.nc.Stats().Reconnects
-			flushErr = s.nc.FlushWithContext(cctx)
+			before := s.deps.nc.LastError()
+			sent := s.deps.nc.Stats().Reconnects
+			flushErr = s.deps.nc.FlushWithContext(cctx)
 			// A flush confirms what the server received on the connection
 			// its PING went out on. Core publishes sent on an earlier
 			// connection (since the last flush) may have been lost with
@@ -60,14 +60,14 @@ func (s *Level) settleFirst(ctx context.Context, n int) {
 			// one: neither confirms them, so they are delivered again
 			// (docs/guarantees.md#at-least-once: a core subscriber may see a window
 			// again after a reconnect).
-			done := s.nc.Stats().Reconnects
-			if flushErr == nil && s.coreUnflushed && (s.coreReconnects != sent || done != sent) {
+			done := s.deps.nc.Stats().Reconnects
+			if flushErr == nil && s.conf.coreUnflushed && (s.conf.coreReconnects != sent || done != sent) {
 				flushErr = errReconnected
 			}
-			s.coreUnflushed = false
+			s.conf.coreUnflushed = false
 			// The server answers a refused publish with -ERR before the
 			// flush's PONG, and the client records it as LastError.
-			if e := s.nc.LastError(); e != before {
+			if e := s.deps.nc.LastError(); e != before {
 				s.cfg.Targets.NoteError(e)
 			}
 		}
@@ -78,7 +78,7 @@ func (s *Level) settleFirst(ctx context.Context, n int) {
 		failedErr error
 	)
 	for i := 0; i < n; i++ {
-		d := s.win.inflight[i]
+		d := s.conf.win.inflight[i]
 		var err error
 		switch {
 		case d.confirmed:
@@ -104,29 +104,29 @@ func (s *Level) settleFirst(ctx context.Context, n int) {
 				}
 			}
 		}
-		switch s.win.record(d, err, failedErr != nil) {
+		switch s.conf.win.record(d, err, failedErr != nil) {
 		case outFailed:
 			failed, failedErr = d, err
 			// Everything behind it is settled too, so that the rewind
 			// leaves nothing in flight and successes are remembered.
-			n = len(s.win.inflight)
+			n = len(s.conf.win.inflight)
 		case outPassed:
-			s.offset = d.seq
-			s.headDue.Store(0)
+			s.pos.offset = d.seq
+			s.stats.headDue.Store(0)
 			s.progress()
 			if !d.confirmed && !d.hop {
-				s.delivered.Add(1)
+				s.stats.delivered.Add(1)
 			}
 		case outRemembered:
 			if !d.hop {
-				s.delivered.Add(1)
+				s.stats.delivered.Add(1)
 			}
 		}
 	}
-	s.win.drop(n)
+	s.conf.win.drop(n)
 	s.commit(ctx)
 	if failedErr == nil {
-		s.win.probing = false
+		s.conf.win.probing = false
 		return
 	}
 	s.failed(ctx, failed, failedErr)
@@ -136,18 +136,18 @@ func (s *Level) settleFirst(ctx context.Context, n int) {
 // is dead-lettered when its target refused it permanently and often enough,
 // otherwise retried after a capped backoff.
 func (s *Level) failed(ctx context.Context, d delivery, err error) {
-	s.next, s.head, s.resetFeed = d.seq, nil, true
-	n := s.win.failedAgain(d.seq)
-	s.retries.Add(1)
+	s.pos.next, s.head.msg, s.head.resetFeed = d.seq, nil, true
+	n := s.conf.win.failedAgain(d.seq)
+	s.stats.retries.Add(1)
 	if permanent(err) && n >= s.cfg.MaxAttempts {
 		// Its dead letter is written even when ctx ends (see deadLetter),
 		// so it is read on a fresh context bounded by opTimeout.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-		buf, rerr := s.reader.Read(rctx, s.cfg.Stream, nil, d.seq, 1, 1)
+		buf, rerr := s.io.reader.Read(rctx, s.cfg.Stream, nil, d.seq, 1, 1)
 		cancel()
 		if rerr == nil && len(buf) == 1 {
 			if seq, _ := strconv.ParseUint(buf[0].Header.Get(hdrJSSequence), 10, 64); seq == d.seq {
-				s.win.forgetAttempts(d.seq)
+				s.conf.win.forgetAttempts(d.seq)
 				s.deadLetter(ctx, buf[0], d.seq, fmt.Errorf("target %q refused it %d times: %w", d.target, n, err))
 				return
 			}
@@ -160,8 +160,8 @@ func (s *Level) failed(ctx context.Context, d delivery, err error) {
 		logLevel = slog.LevelDebug
 	}
 	s.logger.Log(ctx, logLevel, "delivery failed; retrying", slog.String("target", d.target), slog.Uint64("seq", d.seq), slog.Int("attempt", n), slog.Any("error", err))
-	s.backoff.SetCur(min(time.Duration(n)*100*time.Millisecond, 5*time.Second))
-	s.backoff.Sleep(ctx)
+	s.conf.backoff.SetCur(min(time.Duration(n)*100*time.Millisecond, 5*time.Second))
+	s.conf.backoff.Sleep(ctx)
 }
 
 // permanent reports whether a target's refusal will not change on retry:
@@ -175,24 +175,24 @@ func (s *Level) commit(ctx context.Context) {
 	s.noteAcked()
 	// Once a write failed its compare-and-set, every Commit returns the
 	// fence (the next one after the failure at the latest).
-	err := s.commits.Commit(ctx, s.offset)
+	err := s.commits.Commit(ctx, s.pos.offset)
 	switch {
 	case errors.Is(err, offsets.ErrFenced):
 		s.fenced()
 	case err != nil:
-		s.logger.Warn("offset commit failed", slog.Uint64("offset", s.offset), slog.Any("error", err))
+		s.logger.Warn("offset commit failed", slog.Uint64("offset", s.pos.offset), slog.Any("error", err))
 	}
 }
 
 // fenced stops the level: an offset commit failed its compare-and-set, so
 // another owner wrote the offset. Logged and counted once per term.
 func (s *Level) fenced() {
-	if s.fencedStop {
+	if s.run.fencedStop {
 		return
 	}
-	s.fencedStop = true
-	s.fencedWrites.Add(1)
-	s.logger.Warn("level stopped: its offset was written by another owner (fenced)", slog.Uint64("epoch", s.term.Epoch), slog.Uint64("offset", s.offset))
+	s.run.fencedStop = true
+	s.stats.fencedWrites.Add(1)
+	s.logger.Warn("level stopped: its offset was written by another owner (fenced)", slog.Uint64("epoch", s.run.term.Epoch), slog.Uint64("offset", s.pos.offset))
 }
 
 // settleCommit waits, at most opTimeout, until the committed offset is
@@ -208,8 +208,8 @@ func (s *Level) settleCommit(ctx context.Context) {
 // noteAcked drops the tombstones of cancelled messages the acknowledged
 // offset passed: they are no longer needed.
 func (s *Level) noteAcked() {
-	if a := s.commits.Acked(); a != s.tombsAcked {
-		s.tombsAcked = a
+	if a := s.commits.Acked(); a != s.pos.tombsAcked {
+		s.pos.tombsAcked = a
 		s.dropTombstones(a)
 	}
 }
@@ -220,10 +220,10 @@ func (s *Level) noteAcked() {
 func (s *Level) purge(ctx context.Context, idle bool) {
 	mono := s.cfg.Clock.Mono()
 	acked := s.commits.Acked()
-	if ctx.Err() != nil || acked <= s.purgedTo || (!idle && mono-s.lastPurge < s.cfg.PurgeEvery) {
+	if ctx.Err() != nil || acked <= s.pos.purgedTo || (!idle && mono-s.pos.lastPurge < s.cfg.PurgeEvery) {
 		return
 	}
-	s.lastPurge = mono // a failing purge is not retried in a tight loop either
+	s.pos.lastPurge = mono // a failing purge is not retried in a tight loop either
 	// The offset belongs to one life of the stream: purging by it a stream
 	// that was deleted and recreated would destroy undelivered messages.
 	if !s.sameStream(ctx) {
@@ -231,9 +231,9 @@ func (s *Level) purge(ctx context.Context, idle bool) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	if err := s.stream.Purge(pctx, jetstream.WithPurgeSequence(acked)); err != nil {
+	if err := s.life.stream.Purge(pctx, jetstream.WithPurgeSequence(acked)); err != nil {
 		s.logger.Warn("purge failed", slog.Uint64("below", acked), slog.Any("error", err))
 		return
 	}
-	s.purgedTo = acked
+	s.pos.purgedTo = acked
 }

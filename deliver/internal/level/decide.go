@@ -113,7 +113,7 @@ func (s *Level) serveDecide(ctx context.Context, t ownership.Term) (stop func())
 			s.logger.Debug("decide reply failed", slog.Any("error", err))
 		}
 	}
-	sub, err := s.nc.Subscribe(contract.DecideSubject(s.cfg.Stream), func(m *nats.Msg) {
+	sub, err := s.deps.nc.Subscribe(contract.DecideSubject(s.cfg.Stream), func(m *nats.Msg) {
 		if m.Reply == "" {
 			return
 		}
@@ -128,14 +128,14 @@ func (s *Level) serveDecide(ctx context.Context, t ownership.Term) (stop func())
 		}
 		switch req.Op {
 		case decideOpPassed:
-			if s.decides.Load() {
-				respond(m, strconv.FormatUint(s.passed.Load(), 10))
+			if s.run.decides.Load() {
+				respond(m, strconv.FormatUint(s.run.passed.Load(), 10))
 			} else {
 				respond(m, "0")
 			}
 		case decideOpPending:
 			// No I/O: answered on the subscription's goroutine.
-			if s.decides.Load() && s.PendingAt(req.record(s.cfg.Stream)) {
+			if s.run.decides.Load() && s.PendingAt(req.record(s.cfg.Stream)) {
 				respond(m, decidePending)
 			} else {
 				respond(m, decideNotPending)
@@ -157,7 +157,7 @@ func (s *Level) serveDecide(ctx context.Context, t ownership.Term) (stop func())
 	}
 	var wg sync.WaitGroup
 	for range decideWorkers {
-		reader, err := jswire.NewBatchReader(s.nc, 1)
+		reader, err := jswire.NewBatchReader(s.deps.nc, 1)
 		if err != nil {
 			s.logger.Warn("decide worker not started", slog.Any("error", err))
 			continue
@@ -339,7 +339,7 @@ func (s *Level) confirmOwner(ctx context.Context, t ownership.Term) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	_, rev, found, err := jswire.LastOnSubject(ctx, s.nc, "KV_"+offsets.Bucket, "$KV."+offsets.Bucket+"."+s.cfg.Stream)
+	_, rev, found, err := jswire.LastOnSubject(ctx, s.deps.nc, "KV_"+offsets.Bucket, "$KV."+offsets.Bucket+"."+s.cfg.Stream)
 	if err != nil {
 		return fmt.Errorf("level stream %s: offset key check: %w", s.cfg.Stream, err)
 	}

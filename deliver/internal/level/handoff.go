@@ -52,21 +52,21 @@ func (s *Level) forward(ctx context.Context, m *nats.Msg, seq uint64, target str
 	h[contract.HeaderNatsMsgID] = []string{s.cfg.HopKey.HopID(origin, hops)}
 	m.Subject, m.Reply, m.Sub = s.cfg.Prefix+"."+target, "", nil
 	s.cfg.HopKey.Sign(m.Subject, h)
-	fut, err := s.acks.Publish(m)
+	fut, err := s.io.acks.Publish(m)
 	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
 			// Refused before sending: confirm what precedes it, then dead-letter.
 			s.settle(ctx)
-			if s.next == seq+1 {
+			if s.pos.next == seq+1 {
 				s.deadLetter(ctx, m, seq, fmt.Errorf("%w: the cascading message exceeds the server's max payload", errTooLarge))
 			}
 			return nil
 		}
-		s.next, s.head, s.resetFeed, s.win.probing = seq, nil, true, true
+		s.pos.next, s.head.msg, s.head.resetFeed, s.conf.win.probing = seq, nil, true, true
 		return fmt.Errorf("forward to %q: %w", m.Subject, err)
 	}
-	s.forwarded.Add(1)
-	s.win.add(delivery{seq: seq, target: m.Subject, fut: fut, hop: true})
+	s.stats.forwarded.Add(1)
+	s.conf.win.add(delivery{seq: seq, target: m.Subject, fut: fut, hop: true})
 	return nil
 }
 
@@ -78,20 +78,20 @@ func (s *Level) publish(ctx context.Context, m *nats.Msg, seq uint64, target str
 	d := delivery{seq: seq, target: target}
 	var err error
 	if bound {
-		d.fut, err = s.acks.Publish(m)
+		d.fut, err = s.io.acks.Publish(m)
 	} else {
-		if !s.coreUnflushed {
+		if !s.conf.coreUnflushed {
 			// The first core publish since the last flush: the connection
 			// it goes out on, by its reconnect count.
-			s.coreUnflushed, s.coreReconnects = true, s.nc.Stats().Reconnects
+			s.conf.coreUnflushed, s.conf.coreReconnects = true, s.deps.nc.Stats().Reconnects
 		}
-		err = s.nc.PublishMsg(m)
+		err = s.deps.nc.PublishMsg(m)
 	}
 	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
 			// Refused before sending: confirm what precedes it, then dead-letter.
 			s.settle(ctx)
-			if s.next != seq+1 {
+			if s.pos.next != seq+1 {
 				return nil // an earlier delivery failed; this one is read again
 			}
 			s.deadLetter(ctx, m, seq, fmt.Errorf("%w: the delivery exceeds the server's max payload", errTooLarge))
@@ -99,10 +99,10 @@ func (s *Level) publish(ctx context.Context, m *nats.Msg, seq uint64, target str
 		}
 		// Not sent: rewind so it is read and tried again. It stays the
 		// due head (probing) until it is handed off.
-		s.next, s.head, s.resetFeed, s.win.probing = seq, nil, true, true
+		s.pos.next, s.head.msg, s.head.resetFeed, s.conf.win.probing = seq, nil, true, true
 		return fmt.Errorf("publish to %q: %w", target, err)
 	}
-	s.win.add(d)
+	s.conf.win.add(d)
 	return nil
 }
 
@@ -126,10 +126,10 @@ func (s *Level) deliveryHeaders(h nats.Header) {
 			id = h[hdrIngress]
 		}
 		if len(id) > 0 && id[0] != "" {
-			if s.idMAC == nil {
-				s.idMAC = s.cfg.HopKey.NewIDMAC()
+			if s.io.idMAC == nil {
+				s.io.idMAC = s.cfg.HopKey.NewIDMAC()
 			}
-			id[0] = s.idMAC.DeliveryID(id[0])
+			id[0] = s.io.idMAC.DeliveryID(id[0])
 		}
 	}
 	hops := h[hdrHops]
@@ -151,7 +151,7 @@ func (s *Level) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reason 
 	if id == "" {
 		id = m.Header.Get(contract.HeaderNatsMsgID) // already prepared for delivery
 	}
-	subject := strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)
+	subject := strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.cfg.subject)
 	if subject == "" {
 		subject = m.Subject
 	}
@@ -163,7 +163,7 @@ func (s *Level) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reason 
 	for {
 		// Each attempt finishes even when ctx ends (a stop), bounded by
 		// opTimeout in publishDeadLetter; ctx ends the retries below.
-		err := publishDeadLetter(context.WithoutCancel(ctx), s.js, dl)
+		err := publishDeadLetter(context.WithoutCancel(ctx), s.deps.js, dl)
 		if err == nil {
 			s.cfg.Refused.Stored(s.cfg.Stream)
 			break
@@ -179,7 +179,7 @@ func (s *Level) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reason 
 			s.cfg.Refused.Stored(s.cfg.Stream) // not waiting any more: read again at the next start
 			// Stopping: the message stays past the offset and is read,
 			// and dead-lettered, again on the next start.
-			s.next, s.head, s.resetFeed = min(s.next, seq), nil, true
+			s.pos.next, s.head.msg, s.head.resetFeed = min(s.pos.next, seq), nil, true
 			return
 		}
 	}
@@ -189,11 +189,11 @@ func (s *Level) deadLetter(ctx context.Context, m *nats.Msg, seq uint64, reason 
 		s.leftDelayd(ctx, key, merge, strings.TrimPrefix(subject, s.cfg.Prefix+"."))
 	}
 	s.logger.Warn("dead-lettered undeliverable message", slog.String("target", subject), slog.Uint64("seq", seq), slog.String("error", reason.Error()))
-	s.deadLettered.Add(1)
+	s.stats.deadLettered.Add(1)
 	s.cfg.Reasons.Add(reasonOf(reason))
-	s.next = max(s.next, seq+1)
-	s.passed.Store(max(s.passed.Load(), seq))
-	s.win.passOver(seq)
+	s.pos.next = max(s.pos.next, seq+1)
+	s.run.passed.Store(max(s.run.passed.Load(), seq))
+	s.conf.win.passOver(seq)
 	s.settle(ctx)
 }
 
@@ -210,7 +210,7 @@ func (s *Level) leftDelayd(ctx context.Context, key, merge, target string) {
 		}
 		// Written even when ctx ends: the message did leave delayd.
 		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-		_, err := s.js.PublishMsg(ictx, rec.Msg())
+		_, err := s.deps.js.PublishMsg(ictx, rec.Msg())
 		cancel()
 		if err != nil {
 			s.logger.Warn("id index write failed", slog.Any("error", err))

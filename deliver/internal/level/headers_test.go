@@ -72,9 +72,9 @@ func TestDeliveryWireAllocs(t *testing.T) {
 		want   float64
 	}{{true, 0}, {false, 1}} {
 		subject, reply, hdr, data := levelWire(tc.withID)
-		s := &Level{subject: "delayd.level.10S.", delay: 10 * time.Second}
+		s := &Level{cfg: settings{subject: "delayd.level.10S.", delay: 10 * time.Second}}
 		s.cfg.HopKey = hopKey("0123456789abcdef0123456789abcdef")
-		s.idMAC = s.cfg.HopKey.NewIDMAC()
+		s.io.idMAC = s.cfg.HopKey.NewIDMAC()
 		ms := make([]*nats.Msg, 0, 110)
 		for range cap(ms) {
 			h, err := nats.DecodeHeadersMsg(hdr)

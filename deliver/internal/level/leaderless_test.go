@@ -138,10 +138,10 @@ func TestLeaderlessStreamInfo(t *testing.T) {
 	if sctx.Err() != nil {
 		t.Fatalf("the scanner's start on the lone member not refused with %v within 60 s of the stops", errLeaderless)
 	}
-	scanner.stream, scanner.created = lone, info.Created.Add(-time.Hour)
+	scanner.life.stream, scanner.life.created = lone, info.Created.Add(-time.Hour)
 	for range 3 {
-		if !scanner.sameStream(sctx) || scanner.restart {
-			t.Fatalf("sameStream on the lone member's info: the scanner starts over (restart %v), want no decision", scanner.restart)
+		if !scanner.sameStream(sctx) || scanner.pos.restart {
+			t.Fatalf("sameStream on the lone member's info: the scanner starts over (restart %v), want no decision", scanner.pos.restart)
 		}
 	}
 

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -16,7 +15,6 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/index"
-	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
@@ -191,10 +189,13 @@ func (w *Wiring) validate() error {
 	return nil
 }
 
-// settings are a scanner's config and its wiring, as validated.
+// settings are a scanner's config and its wiring, as validated, and what
+// New derives from them. Immutable after New.
 type settings struct {
 	Config
 	Wiring
+	subject string        // "delayd.level.<NAME>."
+	delay   time.Duration // the level's delay, parsed from Stream
 }
 
 // Stats are a scanner's counters and position.
@@ -235,101 +236,27 @@ type Stats struct {
 // Semantics follow RocketMQ 4's ScheduleMessageService DeliverDelayedMessageTimerTask,
 // except that delayd waits for the head's due time instead of rechecking
 // every 100 ms, and commits after every confirmed window instead of every 10 s.
+//
+// Its fields are grouped by what they are and who writes them (groups.go).
 type Level struct {
-	nc      *nats.Conn
-	js      jetstream.JetStream
-	cfg     settings
-	logger  *slog.Logger
-	reader  *jswire.BatchReader
-	stream  jetstream.Stream
-	subject string // "delayd.level.<NAME>."
-
-	// acks publishes the deliveries to stream-bound targets and the hop
-	// forwards and tracks their PubAcks (one reply subscription for the
-	// scanner, a write failing after ackTimeout without one, or at once
-	// when the connection starts reconnecting); open while Run runs.
-	acks       *jswire.PubAcks
-	ackTimeout time.Duration
-	loseAcks   func(n uint64) bool // tests: the n-th write's PubAck is dropped (jswire.PubAcks.LoseReplies)
-
-	offset    uint64 // last confirmed sequence
-	purgedTo  uint64
-	lastPurge time.Duration // monotonic reading of the last purge
-	next      uint64        // next sequence to read
-	grace     *coreGrace    // the start and reconnect grace of core deliveries
-	// coreUnflushed is set by the first core publish since the last flush,
-	// with coreReconnects, the connection's reconnect count then: a
-	// different count at the next flush means a reconnect in between,
-	// which that flush cannot vouch for.
-	coreUnflushed  bool
-	coreReconnects uint64
-	restart        bool      // start over: the stream is not the one the offset belongs to
-	replaced       bool      // the stored offset belongs to a deleted stream
-	created        time.Time // the level stream's creation time
-	feed           *feed
-	resetFeed      bool      // the feed must restart at next
-	feedFresh      bool      // no message read since the feed restarted
-	head           *nats.Msg // the message being waited for or delivered
-	headMeta       jswire.AckMeta
-	win            *window // the confirmation window: deliveries in flight and their outcomes
-	backoff        *backoff
-	delay          time.Duration
-
-	// srv estimates the server's clock, a lower bound: a message stored at
-	// server time ts and read at monotonic reading m proves the server's
-	// clock had passed ts by m. Delivering once the estimate reaches due
-	// therefore is never early by the server's clock, and a step of the
-	// local wall clock does not move it (docs/guarantees.md#never-early).
-	srv *serverClock
-	// freshSeq is the level stream's last sequence at the last fresh
-	// observation: messages up to it tell the estimate nothing new.
-	freshSeq uint64
-	// obsSeq and obsStored are the last message observed: a later sequence
-	// stored at an earlier time shows the server's clock stepped back.
-	obsSeq    uint64
-	obsStored time.Time
-
+	cfg    settings     // immutable after New: config, wiring, subject and delay
+	deps   deps         // immutable after New: nc, js
+	logger *slog.Logger // immutable after New
 	// commits writes the offset, one write in flight behind the
 	// deliveries it confirms; the scanner's goroutine commits.
-	commits    *offsets.Committer
-	tombsAcked uint64 // the acknowledged offset tombstones were last dropped to
-
-	steps        atomic.Uint64
-	lastSeq      atomic.Uint64 // the level stream's last sequence, as far as known
-	headDue      atomic.Int64  // unix ns of a due head not yet delivered; 0 if none
-	lastProgress atomic.Int64  // Clock.Mono reading: the last offset move, no due head, or a head falling due
-
-	cancels    chan cancelReq   // cancel requests, decided on the scanner's goroutine (no I/O there)
-	wake       chan struct{}    // wakes the scanner from a wait to decide them
-	book       *cancelBook      // tombstones and reservations: the one owner of cancel state
-	janitor    chan retiree     // tombstones to delete (runJanitor)
-	tombstones jetstream.Stream // CancelStream
-	startTail  uint64           // the level stream's last sequence at start
-	idMAC      *idMAC           // derives delivery ids (scanner goroutine)
-	startedAt  time.Time        // when the scanner (re)started, by the server's clock
-	cancelledN atomic.Uint64
-	passed     atomic.Uint64 // highest sequence handed off (delivered, forwarded, skipped)
-
-	delivered, deadLettered, retries, forwarded atomic.Uint64
-	lastLateness                                atomic.Int64
-
-	// term is the lease term the scanner runs in ([Level.RunTerm]); the
-	// zero Term, always held, for a scanner on its own. fencedStop is set
-	// when an offset commit failed its compare-and-set: the level stops.
-	// Level goroutine only.
-	term       ownership.Term
-	fencedStop bool
-	gateHeld   string // what the order gate last held the head for (logged once)
-	// owned and epoch mirror term for Stats; fencedWrites counts fenced
-	// commits.
-	owned        atomic.Bool
-	epoch        atomic.Uint64
-	fencedWrites atomic.Uint64
-	// decides is set once the scanner's start loaded its offset and
-	// tombstones (in a term: after its bump): from then on PendingAt
-	// answers for this replica's view of the level. Cleared at each
-	// (re)start and at the term's end.
-	decides atomic.Bool
+	commits  *offsets.Committer
+	grace    *coreGrace   // the start and reconnect grace of core deliveries
+	clock    levelClock   // the server-clock estimate: scanner goroutine (Stats reads srv)
+	stats    counters     // atomics: the scanner's goroutine (and Written, RunTerm) writes, any reads
+	io       ioSet        // reader, PubAcks, feed (opened by Run), tombstones, idMAC: scanner goroutine
+	life     streamLife   // the stream the position belongs to, as start found it: scanner goroutine
+	pos      position     // offset, next, purges, restart: scanner goroutine
+	head     headState    // the head message and the feed's state: scanner goroutine
+	conf     confirmation // window, core flushes, backoff: scanner goroutine
+	cancel   cancelState  // cancel requests (any goroutine sends), the book (its own lock), the janitor's queue
+	run      termRun      // the term (scanner goroutine) and the owned, decides, passed atomics (any reads)
+	hooks    testHooks    // set by tests before Run
+	replaced bool         // the stored offset belongs to a deleted stream
 }
 
 // NewForTest returns a scanner for one level stream on its own, outside a
@@ -366,21 +293,23 @@ func New(nc *nats.Conn, js jetstream.JetStream, cfg Config, wiring Wiring) (*Lev
 		return nil, fmt.Errorf("deliver: scanner: %w", err)
 	}
 	sc := &Level{
-		nc: nc, js: js, cfg: settings{cfg, wiring},
+		cfg:     settings{Config: cfg, Wiring: wiring, subject: contract.LevelSubjectPrefix + name + ".", delay: delay},
+		deps:    deps{nc: nc, js: js},
 		logger:  logger,
 		commits: commits,
-		subject: contract.LevelSubjectPrefix + name + ".",
-		cancels: make(chan cancelReq, 64),
-		wake:    make(chan struct{}, 1),
-		book:    newCancelBook(),
-		janitor: make(chan retiree, 1024),
-		win:     newWindow(cfg.Window),
-		backoff: newBackoff(100*time.Millisecond, 5*time.Second),
-		delay:   delay,
-		srv:     &serverClock{clock: cfg.Clock},
 		grace:   newCoreGrace(cfg.Clock, cfg.StartGrace, cfg.StartedAt),
-
-		ackTimeout: writeAttempt,
+		clock:   levelClock{srv: &serverClock{clock: cfg.Clock}},
+		conf: confirmation{
+			win:     newWindow(cfg.Window),
+			backoff: newBackoff(100*time.Millisecond, 5*time.Second),
+		},
+		cancel: cancelState{
+			asks:    make(chan cancelReq, 64),
+			wake:    make(chan struct{}, 1),
+			book:    newCancelBook(),
+			janitor: make(chan retiree, 1024),
+		},
+		hooks: testHooks{ackTimeout: writeAttempt},
 	}
 	return sc, nil
 }
@@ -389,19 +318,19 @@ func New(nc *nats.Conn, js jetstream.JetStream, cfg Config, wiring Wiring) (*Lev
 // pending count in [Level.Stats]. The router reports each confirmed write.
 func (s *Level) Written(seq uint64) {
 	for {
-		cur := s.lastSeq.Load()
-		if seq <= cur || s.lastSeq.CompareAndSwap(cur, seq) {
+		cur := s.stats.lastSeq.Load()
+		if seq <= cur || s.stats.lastSeq.CompareAndSwap(cur, seq) {
 			return
 		}
 	}
 }
 
 func (s *Level) oldestDueAge() time.Duration {
-	due := s.headDue.Load()
+	due := s.stats.headDue.Load()
 	if due == 0 {
 		return 0
 	}
-	return max(s.srv.now().Sub(time.Unix(0, due)), 0)
+	return max(s.clock.srv.now().Sub(time.Unix(0, due)), 0)
 }
 
 func sat(a, b uint64) uint64 {
@@ -421,20 +350,20 @@ func (s *Level) Reconnected() { s.grace.reconnected() }
 // offset moved past a head, the level holds no due head, or a new head fell
 // due. A failed attempt, a retry or a wake-up is not progress. The clock is
 // the monotonic one ([Clock].Mono): a step of the wall clock does not move it.
-func (s *Level) progress() { s.lastProgress.Store(int64(s.cfg.Clock.Mono())) }
+func (s *Level) progress() { s.stats.lastProgress.Store(int64(s.cfg.Clock.Mono())) }
 
 // headFellDue records that a head due at due (server time) is now waiting to
 // be handed off; the stall clock starts unless a due head already waits.
 func (s *Level) headFellDue(due time.Time) {
-	if s.headDue.Load() == 0 {
-		s.headDue.Store(due.UnixNano())
+	if s.stats.headDue.Load() == 0 {
+		s.stats.headDue.Store(due.UnixNano())
 		s.progress()
 	}
 }
 
 // noDueHead records that the level holds no due head: nothing can stall.
 func (s *Level) noDueHead() {
-	s.headDue.Store(0)
+	s.stats.headDue.Store(0)
 	s.progress()
 }
 
@@ -443,27 +372,27 @@ func (s *Level) noDueHead() {
 // past it), however many attempts were made: the target keeps refusing it,
 // DELAYD_DLQ refuses its dead letter, or the server is unreachable.
 func (s *Level) Stalled() bool {
-	if s.headDue.Load() == 0 {
+	if s.stats.headDue.Load() == 0 {
 		return false
 	}
-	return s.cfg.Clock.Mono()-time.Duration(s.lastProgress.Load()) > StallAfterDefault
+	return s.cfg.Clock.Mono()-time.Duration(s.stats.lastProgress.Load()) > StallAfterDefault
 }
 
 // Stats returns the scanner's counters.
 func (s *Level) Stats() Stats {
 	return Stats{
-		Stream: s.cfg.Stream, Offset: s.commits.Committed(), Delivered: s.delivered.Load(),
-		DeadLettered: s.deadLettered.Load(), Retries: s.retries.Load(), Forwarded: s.forwarded.Load(),
-		Cancelled:    s.cancelledN.Load(),
-		Pending:      sat(s.lastSeq.Load(), s.commits.Committed()),
+		Stream: s.cfg.Stream, Offset: s.commits.Committed(), Delivered: s.stats.delivered.Load(),
+		DeadLettered: s.stats.deadLettered.Load(), Retries: s.stats.retries.Load(), Forwarded: s.stats.forwarded.Load(),
+		Cancelled:    s.stats.cancelledN.Load(),
+		Pending:      sat(s.stats.lastSeq.Load(), s.commits.Committed()),
 		CommitLag:    sat(s.commits.Committed(), s.commits.Acked()),
 		OldestDueAge: s.oldestDueAge(),
-		LastLateness: time.Duration(s.lastLateness.Load()),
-		ClockBound:   s.srv.lead(),
-		Steps:        s.steps.Load(),
-		Owner:        s.owned.Load(),
-		Epoch:        s.epoch.Load(),
-		FencedWrites: s.fencedWrites.Load(),
+		LastLateness: time.Duration(s.stats.lastLateness.Load()),
+		ClockBound:   s.clock.srv.lead(),
+		Steps:        s.stats.steps.Load(),
+		Owner:        s.run.owned.Load(),
+		Epoch:        s.stats.epoch.Load(),
+		FencedWrites: s.stats.fencedWrites.Load(),
 	}
 }
 
@@ -478,17 +407,17 @@ var errLeaderless = errors.New("level stream has no leader (a follower answered 
 // term it serves the level's decide subject ([contract.DecideSubject]),
 // and stops serving it before it returns, so before the release.
 func (s *Level) RunTerm(ctx context.Context, t ownership.Term) error {
-	s.term, s.fencedStop = t, false
-	s.term.Recovering(true) // until it has started: not handed over meanwhile
-	s.epoch.Store(t.Epoch)
-	s.decides.Store(false)
-	s.owned.Store(true)
+	s.run.term, s.run.fencedStop = t, false
+	s.run.term.Recovering(true) // until it has started: not handed over meanwhile
+	s.stats.epoch.Store(t.Epoch)
+	s.run.decides.Store(false)
+	s.run.owned.Store(true)
 	stopDecide := s.serveDecide(ctx, t)
 	defer func() {
 		stopDecide()
-		s.decides.Store(false)
-		s.owned.Store(false)
-		s.headDue.Store(0) // not this replica's head any more: never "stalled"
+		s.run.decides.Store(false)
+		s.run.owned.Store(false)
+		s.stats.headDue.Store(0) // not this replica's head any more: never "stalled"
 	}()
 	return s.Run(ctx)
 }

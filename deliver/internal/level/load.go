@@ -14,7 +14,7 @@ import (
 // start loads the offset and checks it against the stream's state,
 // correcting one that makes no sense.
 func (s *Level) start(outer context.Context) error {
-	s.decides.Store(false)
+	s.run.decides.Store(false)
 	// startTimeout, not opTimeout: a request sent to a leader that hangs
 	// is answered by nobody, and the start tried again within seconds
 	// reaches the new leader once JetStream has elected one.
@@ -25,7 +25,7 @@ func (s *Level) start(outer context.Context) error {
 	if err := s.commits.Settle(ctx); err != nil && ctx.Err() != nil {
 		return err
 	}
-	stream, err := streamInfo(ctx, s.js, s.cfg.Stream)
+	stream, err := streamInfo(ctx, s.deps.js, s.cfg.Stream)
 	if err != nil {
 		return fmt.Errorf("level stream: %w", err)
 	}
@@ -34,9 +34,9 @@ func (s *Level) start(outer context.Context) error {
 		// sequence would be "corrected" backwards.
 		return errLeaderless
 	}
-	s.stream, s.created = stream, stream.CachedInfo().Created
-	s.head = nil
-	s.win.reset()
+	s.life.stream, s.life.created = stream, stream.CachedInfo().Created
+	s.head.msg = nil
+	s.conf.win.reset()
 	s.freshFrom(stream.CachedInfo())
 	st := stream.CachedInfo().State
 	first := st.FirstSeq // with no messages, FirstSeq is LastSeq+1
@@ -119,26 +119,26 @@ func (s *Level) start(outer context.Context) error {
 			return err
 		}
 	}
-	s.passed.Store(off)
-	s.startTail, s.startedAt = st.LastSeq, s.srv.now()
-	s.offset, s.purgedTo = off, first
+	s.run.passed.Store(off)
+	s.life.startTail, s.life.startedAt = st.LastSeq, s.clock.srv.now()
+	s.pos.offset, s.pos.purgedTo = off, first
 	s.commits.ResetAt(off, rev)
-	s.tombsAcked = off // loadTombstones drops those up to off
-	s.next = off + 1
-	s.resetFeed = true
+	s.pos.tombsAcked = off // loadTombstones drops those up to off
+	s.pos.next = off + 1
+	s.head.resetFeed = true
 	s.Written(st.LastSeq)
-	s.grace.started(s.nc.Stats().Reconnects)
-	s.coreUnflushed = false
+	s.grace.started(s.deps.nc.Stats().Reconnects)
+	s.conf.coreUnflushed = false
 	s.progress()
 	s.logger.Debug("scanner started", slog.Uint64("offset", off), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("pending", st.LastSeq-off))
-	if s.tombstones, err = streamInfo(ctx, s.js, cancelStream); err != nil {
+	if s.io.tombstones, err = streamInfo(ctx, s.deps.js, cancelStream); err != nil {
 		return fmt.Errorf("cancel tombstones: %w", err)
 	}
 	// Not within start's timeout: a level may hold many cancelled messages.
 	if err := s.loadTombstones(outer, off); err != nil {
 		return err
 	}
-	s.decides.Store(true)
+	s.run.decides.Store(true)
 	return nil
 }
 

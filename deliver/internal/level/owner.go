@@ -21,30 +21,30 @@ import (
 // docs/guarantees.md#a-restart-after-a-crash states that bounded
 // duplicate window. The offset cannot go wrong even then: every commit is
 // a compare-and-set.
-func (s *Level) owns() bool { return !s.fencedStop && s.term.Held() }
+func (s *Level) owns() bool { return !s.run.fencedStop && s.run.term.Held() }
 
 // Run delivers until ctx is done. On the way out it confirms what is in
 // flight, commits the offset and returns nil. It survives server restarts,
 // retrying with capped, jittered backoff.
 func (s *Level) Run(ctx context.Context) error {
-	reader, err := jswire.NewBatchReader(s.nc, s.cfg.Batch)
+	reader, err := jswire.NewBatchReader(s.deps.nc, s.cfg.Batch)
 	if err != nil {
 		return err
 	}
-	s.reader = reader
+	s.io.reader = reader
 	defer reader.Close()
-	acks, err := jswire.NewPubAcks(s.nc, s.ackTimeout)
+	acks, err := jswire.NewPubAcks(s.deps.nc, s.hooks.ackTimeout)
 	if err != nil {
 		return err
 	}
 	acks.FailOnDisconnect()
-	if s.loseAcks != nil {
-		acks.LoseReplies(s.loseAcks)
+	if s.hooks.loseAcks != nil {
+		acks.LoseReplies(s.hooks.loseAcks)
 	}
-	s.acks = acks
+	s.io.acks = acks
 	defer acks.Close() // after shutdown has confirmed what is in flight
-	s.feed = newFeed(s.nc, s.js, s.cfg.Stream, s.cfg.Batch, s.cfg.BatchBytes)
-	defer s.feed.close()
+	s.io.feed = newFeed(s.deps.nc, s.deps.js, s.cfg.Stream, s.cfg.Batch, s.cfg.BatchBytes)
+	defer s.io.feed.close()
 	jctx, stopJanitor := context.WithCancel(ctx)
 	janitorDone := make(chan struct{})
 	go func() { defer close(janitorDone); s.runJanitor(jctx) }()
@@ -52,32 +52,32 @@ func (s *Level) Run(ctx context.Context) error {
 	defer s.shutdown()
 
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
-	s.restart = true
+	s.pos.restart = true
 	for {
-		if s.restart {
+		if s.pos.restart {
 			// At start, and whenever the level stream is not the one the
 			// offset belongs to (deleted, or deleted and recreated).
 			if err := s.start(ctx); err != nil {
 				if ctx.Err() != nil || errors.Is(err, errNotOwner) {
 					return nil
 				}
-				s.term.Recovering(true)
+				s.run.term.Recovering(true)
 				s.logger.Warn("scanner start failed; retrying", slog.Any("error", err))
 				if !backoff.Sleep(ctx) {
 					return nil
 				}
 				continue
 			}
-			s.restart = false
-			s.term.Recovering(false) // started (a step may wait long for a due head)
+			s.pos.restart = false
+			s.run.term.Recovering(false) // started (a step may wait long for a due head)
 			backoff.Reset()
 		}
-		s.steps.Add(1)
+		s.stats.steps.Add(1)
 		err := s.step(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, errNotOwner) || s.fencedStop {
+		if errors.Is(err, errNotOwner) || s.run.fencedStop {
 			return nil // logged where it was found
 		}
 		if err != nil {
@@ -92,7 +92,9 @@ func (s *Level) Run(ctx context.Context) error {
 }
 
 // sleep waits d, or until ctx is done or a cancel request wakes the scanner.
-func (s *Level) sleep(ctx context.Context, d time.Duration) error { return sleepWake(ctx, s.wake, d) }
+func (s *Level) sleep(ctx context.Context, d time.Duration) error {
+	return sleepWake(ctx, s.cancel.wake, d)
+}
 
 // sameStream reports whether the level stream is still the one the scanner
 // started on. If it was deleted, or deleted and recreated, the scanner
@@ -100,18 +102,18 @@ func (s *Level) sleep(ctx context.Context, d time.Duration) error { return sleep
 func (s *Level) sameStream(ctx context.Context) bool {
 	ictx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	info, err := s.stream.Info(ictx)
+	info, err := s.life.stream.Info(ictx)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		s.logger.Warn("level stream gone; starting over")
 	case err != nil || leaderless(info):
 		return true // unknown: the caller's own request will fail or succeed
-	case !info.Created.Equal(s.created) || s.commits.Committed() > info.State.LastSeq:
+	case !info.Created.Equal(s.life.created) || s.commits.Committed() > info.State.LastSeq:
 		s.logger.Warn("level stream recreated; starting over")
 	default:
 		return true
 	}
-	s.restart, s.resetFeed, s.replaced = true, true, true
+	s.pos.restart, s.head.resetFeed, s.replaced = true, true, true
 	return false
 }
 

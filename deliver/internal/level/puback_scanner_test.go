@@ -75,8 +75,8 @@ func TestScannerLostPubAckRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	var lost atomic.Int64
-	s.ackTimeout = 300 * time.Millisecond
-	s.loseAcks = func(n uint64) bool {
+	s.hooks.ackTimeout = 300 * time.Millisecond
+	s.hooks.loseAcks = func(n uint64) bool {
 		if n == 3 || n == 7 || n == 12 {
 			lost.Add(1)
 			return true

@@ -90,12 +90,12 @@ func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec ind
 	send:
 		for {
 			select {
-			case s.cancels <- req:
+			case s.cancel.asks <- req:
 				break send
 			case <-ctx.Done():
 				return 0, ctx.Err()
 			case <-tick.C:
-				if !s.owned.Load() {
+				if !s.run.owned.Load() {
 					return 0, stopped
 				}
 			}
@@ -110,7 +110,7 @@ func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec ind
 			case <-ctx.Done():
 				return 0, ctx.Err()
 			case <-tick.C:
-				if !s.owned.Load() {
+				if !s.run.owned.Load() {
 					// The next term decides it if it is still queued (a
 					// reservation nobody completes is taken back after
 					// its deadline, like any other).
@@ -146,7 +146,7 @@ func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec ind
 // nudge wakes the scanner from a wait.
 func (s *Level) nudge() {
 	select {
-	case s.wake <- struct{}{}:
+	case s.cancel.wake <- struct{}{}:
 	default:
 	}
 }
@@ -156,7 +156,7 @@ func (s *Level) nudge() {
 func (s *Level) serveCancels() {
 	for {
 		select {
-		case req := <-s.cancels:
+		case req := <-s.cancel.asks:
 			req.reply <- s.decideCancel(req.rec, req.status)
 		default:
 			return
@@ -174,14 +174,14 @@ func (s *Level) serveCancels() {
 // answerPending instead.
 func (s *Level) decideCancel(rec index.Record, status bool) cancelDecision {
 	seq := rec.Seq
-	_, tombstoned, r := s.book.lookup(seq)
+	_, tombstoned, r := s.cancel.book.lookup(seq)
 	switch {
 	case tombstoned:
-		return cancelDecision{answer: answerCancelled, term: s.term}
+		return cancelDecision{answer: answerCancelled, term: s.run.term}
 	case r != nil:
 		return cancelDecision{answer: answerRetry, wait: r.done}
 	}
-	if seq < s.next || s.win.tried(seq) {
+	if seq < s.pos.next || s.conf.win.tried(seq) {
 		return cancelDecision{answer: handedOff(rec)}
 	}
 	if status {
@@ -189,10 +189,10 @@ func (s *Level) decideCancel(rec index.Record, status bool) cancelDecision {
 	}
 	return cancelDecision{
 		answer:    answerReserved,
-		res:       s.book.reserve(seq, time.Now().Add(opTimeout)),
-		startTail: s.startTail,
-		startedAt: s.startedAt,
-		term:      s.term,
+		res:       s.cancel.book.reserve(seq, time.Now().Add(opTimeout)),
+		startTail: s.life.startTail,
+		startedAt: s.life.startedAt,
+		term:      s.run.term,
 	}
 }
 
@@ -224,7 +224,7 @@ func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, 
 	kept := false
 	defer func() {
 		if !kept {
-			s.book.release(r)
+			s.cancel.book.release(r)
 		}
 	}()
 	rctx, cancel := context.WithDeadline(ctx, r.deadline)
@@ -242,23 +242,23 @@ func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, 
 	if due, _ := levelDue(m.Header); rec.Seq <= d.startTail && !due.After(d.startedAt.Add(time.Second)) {
 		return handedOff(rec), nil // perhaps delivered before a crash
 	}
-	t := index.Tombstone{Seq: rec.Seq, Key: rec.Key, Target: strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.subject)}
+	t := index.Tombstone{Seq: rec.Seq, Key: rec.Key, Target: strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.cfg.subject)}
 	if mk := m.Header.Get(hdrMerge); mk != "" {
 		t.MergeKey = index.MergeKey(t.Target, mk)
 	}
-	ack, err := s.js.PublishMsg(rctx, &nats.Msg{Subject: index.TombstoneSubject(s.cfg.Stream), Data: t.Encode()})
+	ack, err := s.deps.js.PublishMsg(rctx, &nats.Msg{Subject: index.TombstoneSubject(s.cfg.Stream), Data: t.Encode()})
 	if err != nil {
 		return 0, fmt.Errorf("cancel tombstone: %w", err)
 	}
 	t.At = ack.Sequence
-	if kept = s.book.resolve(r, t); !kept {
+	if kept = s.cancel.book.resolve(r, t); !kept {
 		// The scanner waited past the deadline and took the sequence
 		// back: it is delivered. The late tombstone must not cancel a
 		// delivery again after a restart.
 		s.logger.Warn("cancel tombstone stored after its deadline; the message is delivered", slog.Uint64("seq", rec.Seq))
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		defer cancel()
-		if st, err := s.js.Stream(dctx, cancelStream); err == nil {
+		if st, err := s.deps.js.Stream(dctx, cancelStream); err == nil {
 			_ = st.DeleteMsg(dctx, t.At)
 		}
 		return handedOff(rec), nil
@@ -269,14 +269,14 @@ func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, 
 		s.logger.Warn("cancel tombstone stored, but the level's term ended meanwhile; the cancel is asked of the next owner", slog.Uint64("seq", rec.Seq), slog.Any("error", err))
 		return 0, err
 	}
-	s.cancelledN.Add(1)
+	s.stats.cancelledN.Add(1)
 	// Later cancels of this id answer from the index, also once the
 	// tombstone is gone, and its merge key is free. (If this fails, the
 	// janitor writes them before it deletes the tombstone.)
 	ictx, icancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer icancel()
 	if s.writeGone(ictx, t) == nil {
-		s.book.markIndexed(t.Seq)
+		s.cancel.book.markIndexed(t.Seq)
 	}
 	s.logger.Debug("message cancelled", slog.Uint64("seq", rec.Seq), slog.String("key", rec.Key[1:]))
 	return answerCancelled, nil
@@ -293,10 +293,10 @@ func (s *Level) awaitCancel(ctx context.Context, r *reservation) {
 	defer t.Stop()
 	select {
 	case <-r.done:
-	case <-s.wake:
+	case <-s.cancel.wake:
 	case <-ctx.Done():
 	case <-t.C:
-		if s.book.expire(r) {
+		if s.cancel.book.expire(r) {
 			s.logger.Warn("cancel tombstone write not answered in time; delivering", slog.Uint64("seq", r.seq))
 		}
 	}
@@ -309,7 +309,7 @@ func (s *Level) writeGone(ctx context.Context, t index.Tombstone) error {
 		if key == "" {
 			continue
 		}
-		if _, err := s.js.PublishMsg(ctx, index.Record{Key: key, Gone: true, Target: t.Target}.Msg()); err != nil {
+		if _, err := s.deps.js.PublishMsg(ctx, index.Record{Key: key, Gone: true, Target: t.Target}.Msg()); err != nil {
 			s.logger.Warn("id index write failed", slog.Any("error", err))
 			return err
 		}
@@ -323,7 +323,7 @@ func (s *Level) writeGone(ctx context.Context, t index.Tombstone) error {
 // skipCancelled reports whether the head at seq is cancelled, and if so
 // passes it without delivering it.
 func (s *Level) skipCancelled(m *nats.Msg, seq uint64) bool {
-	t, ok, _ := s.book.lookup(seq)
+	t, ok, _ := s.cancel.book.lookup(seq)
 	if !ok {
 		return false
 	}
@@ -333,10 +333,10 @@ func (s *Level) skipCancelled(m *nats.Msg, seq uint64) bool {
 		s.logger.Warn("cancel tombstone does not match the message at its sequence; delivering", slog.Uint64("seq", seq))
 		return false
 	}
-	s.head = nil
-	s.next = seq + 1
-	s.passed.Store(seq)
-	s.win.passOver(seq)
+	s.head.msg = nil
+	s.pos.next = seq + 1
+	s.run.passed.Store(seq)
+	s.conf.win.passOver(seq)
 	return true
 }
 
@@ -347,7 +347,7 @@ func (s *Level) skipCancelled(m *nats.Msg, seq uint64) bool {
 // head is held until the cancel's outcome is known (awaitCancel), a
 // tombstoned one is skipped at the next look.
 func (s *Level) cancelHolds(ctx context.Context, seq uint64) bool {
-	_, tombstoned, r := s.book.lookup(seq)
+	_, tombstoned, r := s.cancel.book.lookup(seq)
 	if r != nil {
 		s.awaitCancel(ctx, r)
 	}
@@ -363,12 +363,12 @@ func (s *Level) cancelHolds(ctx context.Context, seq uint64) bool {
 // before the bump (a cancel answered "cancelled" by the previous owner)
 // is never missed.
 func (s *Level) loadTombstones(ctx context.Context, offset uint64) error {
-	s.book.reset()
+	s.cancel.book.reset()
 	subject := index.TombstoneSubject(s.cfg.Stream)
 	backoff := newBackoff(10*time.Millisecond, 200*time.Millisecond)
 	for {
 		var seen uint64
-		err := s.reader.EachOnSubject(ctx, cancelStream, subject, s.cfg.Batch, opTimeout, func(m *nats.Msg, at uint64) {
+		err := s.io.reader.EachOnSubject(ctx, cancelStream, subject, s.cfg.Batch, opTimeout, func(m *nats.Msg, at uint64) {
 			seen = max(seen, at)
 			t, ok := index.DecodeTombstone(m.Data, at)
 			if !ok {
@@ -378,13 +378,13 @@ func (s *Level) loadTombstones(ctx context.Context, offset uint64) error {
 					slog.Uint64("tombstone_seq", at), slog.String("value", clip(m.Data, 64)))
 				return
 			}
-			s.book.load(t) // indexed unknown: the janitor checks
+			s.cancel.book.load(t) // indexed unknown: the janitor checks
 		})
 		if err != nil {
 			return fmt.Errorf("cancel tombstones: %w", err)
 		}
 		lctx, cancel := context.WithTimeout(ctx, opTimeout)
-		_, last, found, err := jswire.LastOnSubject(lctx, s.nc, cancelStream, subject)
+		_, last, found, err := jswire.LastOnSubject(lctx, s.deps.nc, cancelStream, subject)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("cancel tombstones: %w", err)
@@ -404,9 +404,9 @@ func (s *Level) loadTombstones(ctx context.Context, offset uint64) error {
 // dropTombstones hands the tombstones the acknowledged offset has passed
 // to the janitor, which deletes them: from then on they cost nothing.
 func (s *Level) dropTombstones(acked uint64) {
-	s.book.drop(acked, func(r retiree) bool {
+	s.cancel.book.drop(acked, func(r retiree) bool {
 		select {
-		case s.janitor <- r:
+		case s.cancel.janitor <- r:
 			return true
 		default: // the janitor is behind: next time
 			return false
@@ -419,7 +419,7 @@ func (s *Level) dropTombstones(acked uint64) {
 // index records must be written (unless a later placement of the same id
 // is the latest record by now), so a later cancel still answers cancelled.
 func (s *Level) runJanitor(ctx context.Context) {
-	reader, err := jswire.NewBatchReader(s.nc, index.Batch)
+	reader, err := jswire.NewBatchReader(s.deps.nc, index.Batch)
 	if err != nil {
 		s.logger.Error("cancel tombstone janitor", slog.Any("error", err))
 		return
@@ -430,12 +430,12 @@ func (s *Level) runJanitor(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case r = <-s.janitor:
+		case r = <-s.cancel.janitor:
 		}
 		jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		err := s.retire(jctx, reader, r)
 		cancel()
-		s.book.retired(r.t.Seq, err == nil)
+		s.cancel.book.retired(r.t.Seq, err == nil)
 		if err != nil {
 			s.logger.Warn("cancel tombstone not deleted; retrying later", slog.Uint64("seq", r.t.Seq), slog.Any("error", err))
 		}
@@ -462,14 +462,14 @@ func (s *Level) retire(ctx context.Context, reader *jswire.BatchReader, r retire
 				if target == "" {
 					target = latest.Target
 				}
-				if _, err := s.js.PublishMsg(ctx, index.Record{Key: key, Gone: true, Target: target}.Msg()); err != nil {
+				if _, err := s.deps.js.PublishMsg(ctx, index.Record{Key: key, Gone: true, Target: target}.Msg()); err != nil {
 					return err
 				}
 			}
 		}
-		s.book.markIndexed(t.Seq)
+		s.cancel.book.markIndexed(t.Seq)
 	}
-	if err := s.tombstones.DeleteMsg(ctx, t.At); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if err := s.io.tombstones.DeleteMsg(ctx, t.At); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return err
 	}
 	return nil
@@ -484,13 +484,13 @@ func (s *Level) retire(ctx context.Context, reader *jswire.BatchReader, r retire
 // semantics: the later message arrived while the first was pending.
 func (s *Level) PendingAt(rec index.Record) bool {
 	switch {
-	case s.book.cancelled(rec.Seq):
+	case s.cancel.book.cancelled(rec.Seq):
 		return false
-	case rec.Seq > s.passed.Load():
+	case rec.Seq > s.run.passed.Load():
 		return true
 	default:
 		// By the server's clock; erring towards "not pending", which costs
 		// a merge, never a message merged into one already delivered.
-		return rec.Hop && rec.Due.After(s.srv.upper())
+		return rec.Hop && rec.Due.After(s.clock.srv.upper())
 	}
 }

@@ -101,7 +101,7 @@ func settleScanner(t *testing.T) (*Level, *outcomes) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.offset, s.next = 9, 15
+	s.pos.offset, s.pos.next = 9, 15
 	s.commits.Reset(9)
 	return s, newOutcomes(t, nc)
 }
@@ -114,7 +114,7 @@ func settleScanner(t *testing.T) (*Level, *outcomes) {
 func TestSettleFirstLateFailure(t *testing.T) {
 	t.Parallel()
 	s, o := settleScanner(t)
-	s.win.inflight = []delivery{
+	s.conf.win.inflight = []delivery{
 		{seq: 10, target: "ok.x", fut: o.future("ok")},
 		{seq: 11, target: "late.x", fut: o.future("late")},
 		{seq: 12, target: "ok.x", fut: o.future("ok")},
@@ -122,24 +122,24 @@ func TestSettleFirstLateFailure(t *testing.T) {
 		{seq: 14, target: "ok.x", fut: o.future("ok")},
 	}
 	s.settleFirst(context.Background(), 2)
-	if s.offset != 10 || s.commits.Committed() != 10 {
-		t.Errorf("offset %d committed %d, want 10 and 10: it must stop before the failed 11", s.offset, s.commits.Committed())
+	if s.pos.offset != 10 || s.commits.Committed() != 10 {
+		t.Errorf("offset %d committed %d, want 10 and 10: it must stop before the failed 11", s.pos.offset, s.commits.Committed())
 	}
-	if s.next != 11 {
-		t.Errorf("next = %d, want 11 (rewound to the first failure)", s.next)
+	if s.pos.next != 11 {
+		t.Errorf("next = %d, want 11 (rewound to the first failure)", s.pos.next)
 	}
-	if len(s.win.inflight) != 0 {
-		t.Errorf("still in flight after a failure: %v", s.win.inflight)
+	if len(s.conf.win.inflight) != 0 {
+		t.Errorf("still in flight after a failure: %v", s.conf.win.inflight)
 	}
 	var done []uint64
-	for seq := range s.win.done {
+	for seq := range s.conf.win.done {
 		done = append(done, seq)
 	}
 	slices.Sort(done)
 	if !slices.Equal(done, []uint64{12, 14}) {
 		t.Errorf("remembered as confirmed %v, want [12 14] (13 failed and is sent again)", done)
 	}
-	if !s.win.probing {
+	if !s.conf.win.probing {
 		t.Error("not probing after a failure")
 	}
 }
@@ -149,26 +149,26 @@ func TestSettleFirstLateFailure(t *testing.T) {
 func TestSettleFirstKeepsRestInFlight(t *testing.T) {
 	t.Parallel()
 	s, o := settleScanner(t)
-	s.win.inflight = []delivery{
+	s.conf.win.inflight = []delivery{
 		{seq: 10, target: "ok.x", fut: o.future("ok")},
 		{seq: 11, target: "ok.x", fut: o.future("ok")},
 		{seq: 12, target: "ok.x", fut: o.future("ok")},
 		{seq: 13, target: "ok.x", fut: o.future("ok")},
 	}
 	s.settleFirst(context.Background(), 2)
-	if s.offset != 11 {
-		t.Errorf("offset = %d, want 11", s.offset)
+	if s.pos.offset != 11 {
+		t.Errorf("offset = %d, want 11", s.pos.offset)
 	}
 	var left []uint64
-	for _, d := range s.win.inflight {
+	for _, d := range s.conf.win.inflight {
 		left = append(left, d.seq)
 	}
 	if !slices.Equal(left, []uint64{12, 13}) {
 		t.Errorf("left in flight %v, want [12 13]", left)
 	}
 	s.settle(context.Background())
-	if s.offset != 13 || len(s.win.inflight) != 0 {
-		t.Errorf("after settle: offset %d, in flight %d; want 13 and 0", s.offset, len(s.win.inflight))
+	if s.pos.offset != 13 || len(s.conf.win.inflight) != 0 {
+		t.Errorf("after settle: offset %d, in flight %d; want 13 and 0", s.pos.offset, len(s.conf.win.inflight))
 	}
 }
 
@@ -181,16 +181,16 @@ func TestSettleFirstKeepsRestInFlight(t *testing.T) {
 func TestSettleDeletedTargetStream(t *testing.T) {
 	t.Parallel()
 	s, o := settleScanner(t)
-	s.win.inflight = []delivery{
+	s.conf.win.inflight = []delivery{
 		{seq: 10, target: "ok.x", fut: o.future("ok")},
 		{seq: 11, target: "gone.x", fut: o.future("gone")},
 		{seq: 12, target: "ok.x", fut: o.future("ok")},
 	}
 	s.settle(context.Background())
-	if s.offset != 12 || len(s.win.inflight) != 0 || len(s.win.done) != 0 {
-		t.Errorf("offset %d, in flight %d, remembered %v; want 12, 0 and none: a target without a stream is a core subject", s.offset, len(s.win.inflight), s.win.done)
+	if s.pos.offset != 12 || len(s.conf.win.inflight) != 0 || len(s.conf.win.done) != 0 {
+		t.Errorf("offset %d, in flight %d, remembered %v; want 12, 0 and none: a target without a stream is a core subject", s.pos.offset, len(s.conf.win.inflight), s.conf.win.done)
 	}
-	if s.win.probing {
+	if s.conf.win.probing {
 		t.Error("probing after a settle without failure")
 	}
 }
@@ -200,7 +200,7 @@ func TestSettleDeletedTargetStream(t *testing.T) {
 // deliver/internal/backoff's TestBackoffCapped).
 func TestScannerBackoffCap(t *testing.T) {
 	t.Parallel()
-	if s, _ := settleScanner(t); s.backoff.Max() != 5*time.Second {
-		t.Errorf("scanner retry backoff capped at %s, want 5s", s.backoff.Max())
+	if s, _ := settleScanner(t); s.conf.backoff.Max() != 5*time.Second {
+		t.Errorf("scanner retry backoff capped at %s, want 5s", s.conf.backoff.Max())
 	}
 }

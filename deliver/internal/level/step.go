@@ -18,32 +18,32 @@ import (
 // step delivers the head if it is due, or waits for it.
 func (s *Level) step(ctx context.Context) error {
 	s.serveCancels()
-	if s.resetFeed {
+	if s.head.resetFeed {
 		if !s.sameStream(ctx) {
 			return nil
 		}
-		if err := s.feed.reset(ctx, s.next); err != nil {
+		if err := s.io.feed.reset(ctx, s.pos.next); err != nil {
 			return err
 		}
-		s.resetFeed, s.head, s.feedFresh = false, nil, true
+		s.head.resetFeed, s.head.msg, s.head.fresh = false, nil, true
 	}
-	if s.head == nil {
-		m, meta, err := s.feed.next(ctx, nil, false, 0)
+	if s.head.msg == nil {
+		m, meta, err := s.io.feed.next(ctx, nil, false, 0)
 		if err == nil && m == nil {
 			// Nothing buffered: confirm and commit before blocking. A
 			// failed delivery that was rewound is still the due head.
-			if !s.quiesce(ctx, !s.win.probing) {
+			if !s.quiesce(ctx, !s.conf.win.probing) {
 				return nil // a delivery failed and was rewound
 			}
-			if s.commits.Committed() > s.purgedTo {
+			if s.commits.Committed() > s.pos.purgedTo {
 				// A purge is due once the level has been quiet a moment.
-				if m, meta, err = s.feed.next(ctx, s.wake, true, s.cfg.PurgeEvery); err == nil && m == nil {
+				if m, meta, err = s.io.feed.next(ctx, s.cancel.wake, true, s.cfg.PurgeEvery); err == nil && m == nil {
 					s.settleCommit(ctx) // acknowledged by now, normally: the purge goes up to it
 					s.purge(ctx, true)
 				}
 			}
 			if err == nil && m == nil {
-				m, meta, err = s.feed.next(ctx, s.wake, true, 0)
+				m, meta, err = s.io.feed.next(ctx, s.cancel.wake, true, 0)
 			}
 		}
 		if errors.Is(err, jswire.ErrWoken) {
@@ -54,39 +54,39 @@ func (s *Level) step(ctx context.Context) error {
 				return nil
 			}
 			s.settle(ctx)
-			s.resetFeed = true
+			s.head.resetFeed = true
 			return err
 		}
-		if meta.StreamSeq < s.next {
+		if meta.StreamSeq < s.pos.next {
 			return nil // read again after a reset
 		}
-		fresh := s.feedFresh
-		s.feedFresh = false
-		if meta.StreamSeq > s.next && !fresh {
+		fresh := s.head.fresh
+		s.head.fresh = false
+		if meta.StreamSeq > s.pos.next && !fresh {
 			// A level stream has no gaps above its purged prefix, so a
 			// sequence skipped mid-stream was lost on the way (a full
 			// client buffer): read again from next.
-			s.logger.Warn("level stream read skipped a sequence; reading again", slog.Uint64("want", s.next), slog.Uint64("got", meta.StreamSeq))
-			s.resetFeed = true
+			s.logger.Warn("level stream read skipped a sequence; reading again", slog.Uint64("want", s.pos.next), slog.Uint64("got", meta.StreamSeq))
+			s.head.resetFeed = true
 			return nil
 		}
-		s.head, s.headMeta = m, meta
+		s.head.msg, s.head.meta = m, meta
 		s.observeClock(ctx, meta.StreamSeq, meta.Stored)
 	}
-	m, seq := s.head, s.headMeta.StreamSeq
-	if s.win.skipDone(seq) {
+	m, seq := s.head.msg, s.head.meta.StreamSeq
+	if s.conf.win.skipDone(seq) {
 		// Confirmed before an earlier delivery failed: not sent again.
-		s.head = nil
-		s.next = seq + 1
+		s.head.msg = nil
+		s.pos.next = seq + 1
 		return nil
 	}
 	if isMarker(m.Subject) {
 		// A router's epoch marker (deliver/internal/routing/marker.go): never delivered nor
 		// counted; the offset passes it in order, like a cancelled one.
-		s.head = nil
-		s.next = seq + 1
-		s.passed.Store(seq)
-		s.win.passOver(seq)
+		s.head.msg = nil
+		s.pos.next = seq + 1
+		s.run.passed.Store(seq)
+		s.conf.win.passOver(seq)
 		s.afterPublish(ctx)
 		return nil
 	}
@@ -95,29 +95,29 @@ func (s *Level) step(ctx context.Context) error {
 		return nil
 	}
 	// The view of the head, asking only what decide reads (see headView).
-	target, due := s.parse(m, s.headMeta.Stored)
+	target, due := s.parse(m, s.head.meta.Stored)
 	v := headView{due: due}
-	if s.srv.stale() {
+	if s.clock.srv.stale() {
 		s.refreshClock(ctx)
 	}
-	v.now = s.srv.now()
+	v.now = s.clock.srv.now()
 	v.hopDue, v.hop = s.hopDue(m)
-	if when := v.waitsFor(); when.After(v.now) && s.srv.uncertain(when) {
+	if when := v.waitsFor(); when.After(v.now) && s.clock.srv.uncertain(when) {
 		// Due but for the drift allowed since an older observation.
 		s.refreshClock(ctx)
-		v.now = s.srv.now()
+		v.now = s.clock.srv.now()
 	}
 	if !v.hop {
 		v.bound = s.cfg.Targets.Bound(target)
 	}
 	if v.coreDue() {
-		if v.disconnected = !s.nc.IsConnected(); v.disconnected {
+		if v.disconnected = !s.deps.nc.IsConnected(); v.disconnected {
 			s.grace.disconnected() // the next look starts the grace
 		} else {
 			// A reconnect this scanner saw happen, or one that happened
 			// while it slept (the reconnect count, looked at no more than
 			// every 50 ms), starts the grace for what fell due meanwhile.
-			s.grace.look(func() uint64 { return s.nc.Stats().Reconnects })
+			s.grace.look(func() uint64 { return s.deps.nc.Stats().Reconnects })
 		}
 	}
 	if !v.hop && !v.bound && !v.disconnected {
@@ -145,8 +145,8 @@ func (s *Level) step(ctx context.Context) error {
 		if err != nil && ctx.Err() == nil {
 			s.logger.Warn("partition order check failed; holding the head", slog.Any("error", err))
 		}
-		if held != s.gateHeld {
-			s.gateHeld = held
+		if held != s.head.gateHeld {
+			s.head.gateHeld = held
 			s.logger.Info("holding the level's new messages until an older partition's are delivered", slog.String("older", held), slog.Uint64("seq", seq))
 		}
 		if !s.quiesce(ctx, false) {
@@ -157,18 +157,18 @@ func (s *Level) step(ctx context.Context) error {
 	if !s.owns() {
 		// Checked once per hand-off, after any wait: the head stays
 		// unpassed for the next owner.
-		s.logger.Info("level stopped: this replica's lease term ended", slog.Uint64("epoch", s.term.Epoch), slog.Uint64("seq", seq))
+		s.logger.Info("level stopped: this replica's lease term ended", slog.Uint64("epoch", s.run.term.Epoch), slog.Uint64("seq", seq))
 		return errNotOwner
 	}
-	s.head = nil
-	s.next = seq + 1
-	s.passed.Store(seq)
+	s.head.msg = nil
+	s.pos.next = seq + 1
+	s.run.passed.Store(seq)
 	if a.kind == headForward {
 		if err := s.forward(ctx, m, seq, target, v.due); err != nil {
 			return err
 		}
 	} else {
-		s.lastLateness.Store(int64(a.lateness))
+		s.stats.lastLateness.Store(int64(a.lateness))
 		if s.cfg.OnDelivery != nil {
 			s.cfg.OnDelivery(a.lateness)
 		}
@@ -183,9 +183,9 @@ func (s *Level) step(ctx context.Context) error {
 // afterPublish confirms deliveries as the window requires.
 func (s *Level) afterPublish(ctx context.Context) {
 	switch {
-	case s.win.probing:
+	case s.conf.win.probing:
 		s.settle(ctx)
-	case s.win.full():
+	case s.conf.win.full():
 		s.settleFirst(ctx, s.cfg.Window/2)
 		s.purge(ctx, false)
 	}
@@ -208,9 +208,9 @@ func (s *Level) hopDue(m *nats.Msg) (time.Time, bool) {
 // false if a delivery failed and was rewound, in which case the caller must
 // read again instead of waiting.
 func (s *Level) quiesce(ctx context.Context, idle bool) bool {
-	next := s.next
+	next := s.pos.next
 	s.settle(ctx)
-	if s.next != next {
+	if s.pos.next != next {
 		return false
 	}
 	s.purge(ctx, false)
@@ -224,10 +224,10 @@ func (s *Level) quiesce(ctx context.Context, idle bool) bool {
 // readable Delay-Due-At (written by hand) is due at its level-stream store
 // time plus the stream's delay, never earlier than the contract's due.
 func (s *Level) parse(m *nats.Msg, stored time.Time) (string, time.Time) {
-	target := strings.TrimPrefix(m.Subject, s.subject)
+	target := strings.TrimPrefix(m.Subject, s.cfg.subject)
 	due, err := parseTime(m.Header.Get(contract.HeaderDueAt))
 	if err != nil {
-		due = stored.Add(s.delay)
+		due = stored.Add(s.cfg.delay)
 		s.logger.Warn("level message without a valid due time; using its store time plus the level's delay", slog.String("value", m.Header.Get(contract.HeaderDueAt)))
 	}
 	return target, due
