@@ -33,15 +33,13 @@ func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *T
 		if s.cfg.GraceAtStart {
 			sc.StartedAt = start
 		}
-		window := sc.Window
-		if window == 0 {
-			window = ScannerWindowDefault
-		}
 		var gate *level.OrderGate
 		if d, ok := levels.ParseStreamName(name); ok && s.parts.boundaries[d] != nil {
 			gate = level.NewOrderGate(name, s.parts.boundaries[d], store, mustJS(s.nc, 0))
 		}
-		scanner, err := newScanner(s.nc, mustJS(s.nc, window+16), sc, level.Wiring{
+		// The level publishes synchronously (its deliveries go through its
+		// own PubAck tracker on nc): no async-publish sizing.
+		scanner, err := newScanner(s.nc, mustJS(s.nc, 0), sc, level.Wiring{
 			Reasons: &s.dead.reasons, Refused: &s.dead.refused, HopKey: s.parts.hopKey, Fenced: true, Gate: gate,
 			MergeGone: func(rec index.Record) {
 				if rs := routersRef.Load(); rs != nil {
