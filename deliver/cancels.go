@@ -61,9 +61,8 @@ func (s *Service) decideID(ctx context.Context, reader *jswire.BatchReader, id, 
 }
 
 // cancel is the cancel API's [cancelapi.API.Cancel] (the Service's tests
-// ask it directly); Run must have built the API. js is not used (it never
-// was); it goes when decide_test stops passing it.
-func (s *Service) cancel(ctx context.Context, _ jetstream.JetStream, reader *jswire.BatchReader, id, scope string, notAfter time.Time) (string, error) {
+// ask it directly); Run must have built the API.
+func (s *Service) cancel(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time) (string, error) {
 	return s.parts.cancelAPI.Cancel(ctx, reader, id, scope, notAfter)
 }
 

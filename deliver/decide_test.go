@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
@@ -133,13 +132,9 @@ func TestCancelDecidedByOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reader.Close()
-	js, err := jetstream.New(c.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for i := range 3 { // B's own path: never A's scanner
 		id := fmt.Sprintf("c-%d", i)
-		got, err := c.svc.cancel(ctx, js, reader, id, "tgt.c", time.Time{})
+		got, err := c.svc.cancel(ctx, reader, id, "tgt.c", time.Time{})
 		if err != nil || got != contract.CancelReplyCancelled {
 			t.Errorf("cancel %s through B (no level owned): %q, %v; want %q", id, got, err, contract.CancelReplyCancelled)
 		}
