@@ -77,7 +77,7 @@ const (
 // trimmed, overwriting this answer, and meanwhile the index answers for
 // it. It runs on the janitor's trim goroutine, with reader its own.
 func (s *Service) keepAnswers(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, first, end uint64) (uint64, error) {
-	deadline := time.Now().Add(s.answers.bounds.passMax)
+	deadline := time.Now().Add(s.answers.work.bounds.passMax)
 	var buf []*nats.Msg
 	for first < end && time.Now().Before(deadline) {
 		latest := make(map[string]index.Record)
@@ -124,7 +124,7 @@ func (s *Service) keepAnswers(ctx context.Context, js jetstream.JetStream, reade
 					return fmt.Errorf("answers: write: %w", ctx.Err())
 				}
 			}
-			s.answers.kept.Add(uint64(len(acks)))
+			s.answers.work.kept.Add(uint64(len(acks)))
 			acks = acks[:0]
 			return nil
 		}
@@ -181,7 +181,7 @@ type AnswerStats struct {
 
 // AnswerStats returns the kept answers' counters.
 func (s *Service) AnswerStats() AnswerStats {
-	return AnswerStats{Kept: s.answers.kept.Load(), Skipped: s.answers.skipped.Load()}
+	return AnswerStats{Kept: s.answers.work.kept.Load(), Skipped: s.answers.work.skipped.Load()}
 }
 
 // answerBeforeTrim is the trim's hook (index.Trim's before) for the index
@@ -194,11 +194,11 @@ func (s *Service) AnswerStats() AnswerStats {
 // unanswered is counted and logged once.
 func (s *Service) answerBeforeTrim(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, cutoff time.Time, from, end uint64) (uint64, error) {
 	floor := from // below it, purged unanswered
-	if end-from > s.answers.bounds.rangeMax {
-		floor = end - s.answers.bounds.rangeMax
+	if end-from > s.answers.work.bounds.rangeMax {
+		floor = end - s.answers.work.bounds.rangeMax
 	}
 	sctx, cancel := context.WithTimeout(ctx, opTimeout)
-	old, err := index.SeqAt(sctx, js, cutoff.Add(-indexStoreSkew-s.answers.bounds.lagMax))
+	old, err := index.SeqAt(sctx, js, cutoff.Add(-indexStoreSkew-s.answers.work.bounds.lagMax))
 	cancel()
 	if err != nil {
 		return from, fmt.Errorf("answers: %w", err)
@@ -209,9 +209,9 @@ func (s *Service) answerBeforeTrim(ctx context.Context, js jetstream.JetStream, 
 		s.logger.Warn("kept answers failed", slog.Any("error", err))
 	}
 	if floor > from {
-		s.answers.skipped.Add(floor - from)
+		s.answers.work.skipped.Add(floor - from)
 		s.logger.Warn("id index trimmed without kept answers: they fell behind",
-			slog.Uint64("index_messages", floor-from), slog.Duration("lag_max", s.answers.bounds.lagMax), slog.Uint64("range_max", s.answers.bounds.rangeMax))
+			slog.Uint64("index_messages", floor-from), slog.Duration("lag_max", s.answers.work.bounds.lagMax), slog.Uint64("range_max", s.answers.work.bounds.rangeMax))
 	}
 	return max(done, floor), nil
 }

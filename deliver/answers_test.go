@@ -82,7 +82,7 @@ func TestAnswersNeverHoldTrim(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
 	r := b.launch("R0", Config{Levels: levels.MustParse(ownerLevels), IndexKeep: 400 * time.Millisecond}, func(s *Service) {
-		s.answers.bounds.passMax, s.answers.bounds.lagMax = 0, time.Second
+		s.answers.work.bounds.passMax, s.answers.work.bounds.lagMax = 0, time.Second
 	})
 	waitReady(t, r)
 	last := b.publishIDs("held.x", "held", 50)
@@ -132,7 +132,7 @@ func TestAnswersRangeBound(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
 	r := b.launch("R0", Config{Levels: levels.MustParse(ownerLevels), IndexKeep: 400 * time.Millisecond}, func(s *Service) {
-		s.answers.bounds.passMax, s.answers.bounds.lagMax, s.answers.bounds.rangeMax = 0, time.Hour, 3
+		s.answers.work.bounds.passMax, s.answers.work.bounds.lagMax, s.answers.work.bounds.rangeMax = 0, time.Hour, 3
 	})
 	waitReady(t, r)
 	last := b.publishIDs("range.x", "range", 50)

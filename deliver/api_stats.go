@@ -22,13 +22,13 @@ type StatusStats struct {
 
 // CancelStats returns the cancel API's answers since start.
 func (s *Service) CancelStats() CancelStats {
-	return CancelStats{Cancelled: s.cancels.Cancelled.Load(), NotFound: s.cancels.NotFound.Load(), AlreadyDelivered: s.cancels.Delivered.Load(), Busy: s.cancels.Busy.Load()}
+	return CancelStats{Cancelled: s.answers.cancels.Cancelled.Load(), NotFound: s.answers.cancels.NotFound.Load(), AlreadyDelivered: s.answers.cancels.Delivered.Load(), Busy: s.answers.cancels.Busy.Load()}
 }
 
 // StatusStats returns the status API's answers since start.
 func (s *Service) StatusStats() StatusStats {
-	return StatusStats{Pending: s.statuses.Pending.Load(), Cancelled: s.statuses.Cancelled.Load(), NotFound: s.statuses.NotFound.Load(),
-		AlreadyDelivered: s.statuses.Delivered.Load(), Busy: s.statuses.Busy.Load()}
+	return StatusStats{Pending: s.answers.statuses.Pending.Load(), Cancelled: s.answers.statuses.Cancelled.Load(), NotFound: s.answers.statuses.NotFound.Load(),
+		AlreadyDelivered: s.answers.statuses.Delivered.Load(), Busy: s.answers.statuses.Busy.Load()}
 }
 
 // answerCounts counts one request API's answers by kind

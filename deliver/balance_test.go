@@ -334,7 +334,7 @@ func TestJanitorSingleton(t *testing.T) {
 	passes := func() []uint64 {
 		var out []uint64
 		for _, r := range rs {
-			out = append(out, r.svc.trimPasses.Load())
+			out = append(out, r.svc.hooks.trimPasses.Load())
 		}
 		return out
 	}

@@ -48,23 +48,22 @@ const _ = uint(CancelQueueMax-cancelapi.QueueMax) + uint(cancelapi.QueueMax-Canc
 // the hop key.
 func (s *Service) newCancelAPI(js jetstream.JetStream) *cancelapi.API {
 	return cancelapi.New(cancelapi.Config{
-		Conn: s.nc, LookupConn: s.cfg.LookupConn, JS: js, LookupShare: s.cfg.CancelLookupShare, HopKey: s.hopKey,
-		KeepAnswers: s.cfg.AnswerKeep != AnswerKeepOff, Decider: cancelDecider{s}, RouterWaiting: s.refused.RouterWaiting,
-		Cancels: &s.cancels, Statuses: &s.statuses, Logger: s.logger, Hooks: cancelapi.Hooks{Looked: s.hooks.looked},
+		Conn: s.nc, LookupConn: s.cfg.LookupConn, JS: js, LookupShare: s.cfg.CancelLookupShare, HopKey: s.parts.hopKey,
+		KeepAnswers: s.cfg.AnswerKeep != AnswerKeepOff, Decider: cancelDecider{s}, RouterWaiting: s.dead.refused.RouterWaiting,
+		Cancels: &s.answers.cancels, Statuses: &s.answers.statuses, Logger: s.logger, Hooks: cancelapi.Hooks{Looked: s.hooks.looked},
 	})
 }
 
 // decideID is the cancel API's [cancelapi.API.DecideID] (the Service's
 // tests ask it directly); Run must have built the API.
 func (s *Service) decideID(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time, status bool) (cancelAnswer, time.Time, error) {
-	return s.cancelAPI.DecideID(ctx, reader, id, scope, notAfter, status)
+	return s.parts.cancelAPI.DecideID(ctx, reader, id, scope, notAfter, status)
 }
 
 // cancel is the cancel API's [cancelapi.API.Cancel] (the Service's tests
-// ask it directly); Run must have built the API. js is not used (it never
-// was); it goes when decide_test stops passing it.
-func (s *Service) cancel(ctx context.Context, _ jetstream.JetStream, reader *jswire.BatchReader, id, scope string, notAfter time.Time) (string, error) {
-	return s.cancelAPI.Cancel(ctx, reader, id, scope, notAfter)
+// ask it directly); Run must have built the API.
+func (s *Service) cancel(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time) (string, error) {
+	return s.parts.cancelAPI.Cancel(ctx, reader, id, scope, notAfter)
 }
 
 // cancelDecider is the cancel and status APIs' way to a level's owner
@@ -79,7 +78,7 @@ type cancelDecider struct{ s *Service }
 // scan answers answerGone.
 func (d cancelDecider) Decide(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (cancelAnswer, error) {
 	d.s.mu.Lock()
-	sc := d.s.scanners[rec.Stream]
+	sc := d.s.parts.scanners[rec.Stream]
 	d.s.mu.Unlock()
 	if sc == nil {
 		return answerGone, nil

@@ -38,7 +38,7 @@ func TestCancelNotAnsweredAfterFence(t *testing.T) {
 	key := ownership.LevelKey(stream)
 	first := a.waitEvent(t, key, ownership.Gained, 20*time.Second)
 	a.svc.mu.Lock()
-	sc := a.svc.scanners[stream]
+	sc := a.svc.parts.scanners[stream]
 	a.svc.mu.Unlock()
 	for deadline := time.Now().Add(20 * time.Second); !sc.l.Loaded(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {

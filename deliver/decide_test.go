@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
@@ -32,8 +31,8 @@ const decideLevels = "1s 5s"
 func (b *ownerBundle) splitOwners() (a, c *replica) {
 	b.t.Helper()
 	table := func(s *Service) { s.cfg.Levels = levels.MustParse(decideLevels) }
-	a = b.start("A", ownerTTL, table, func(s *Service) { s.noBid = func(key string) bool { return key == ownership.RouterKey } })
-	c = b.start("B", ownerTTL, table, func(s *Service) { s.noBid = func(key string) bool { return key != ownership.RouterKey } })
+	a = b.start("A", ownerTTL, table, func(s *Service) { s.hooks.noBid = func(key string) bool { return key == ownership.RouterKey } })
+	c = b.start("B", ownerTTL, table, func(s *Service) { s.hooks.noBid = func(key string) bool { return key != ownership.RouterKey } })
 	streams := []string{levels.Level{}.Stream()}
 	t := levels.MustParse(decideLevels)
 	for _, l := range append(t.Levels(), t.PrecisionLevels()...) {
@@ -133,13 +132,9 @@ func TestCancelDecidedByOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reader.Close()
-	js, err := jetstream.New(c.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for i := range 3 { // B's own path: never A's scanner
 		id := fmt.Sprintf("c-%d", i)
-		got, err := c.svc.cancel(ctx, js, reader, id, "tgt.c", time.Time{})
+		got, err := c.svc.cancel(ctx, reader, id, "tgt.c", time.Time{})
 		if err != nil || got != contract.CancelReplyCancelled {
 			t.Errorf("cancel %s through B (no level owned): %q, %v; want %q", id, got, err, contract.CancelReplyCancelled)
 		}
@@ -208,7 +203,7 @@ func TestMergeAcrossReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.svc.mu.Lock()
-	sc := a.svc.scanners[stream]
+	sc := a.svc.parts.scanners[stream]
 	a.svc.mu.Unlock()
 	passed, err := strconv.ParseUint(string(m.Data), 10, 64)
 	if owner := sc.l.Passed(); err != nil || passed == 0 || passed > owner {
@@ -259,7 +254,7 @@ func TestMergeNotIntoRetiredCancelledHop(t *testing.T) {
 		t.Fatalf("cancel of the first: %v, %v; want %q", m, err, contract.CancelReplyCancelled)
 	}
 	a.svc.mu.Lock()
-	sc := a.svc.scanners[rec.Stream]
+	sc := a.svc.parts.scanners[rec.Stream]
 	a.svc.mu.Unlock()
 	for deadline := time.Now().Add(time.Minute); sc.l.Cancelled(rec.Seq) || sc.l.Passed() < rec.Seq; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -336,7 +331,7 @@ func TestCancelAnsweredAfterTombstoneRetired(t *testing.T) {
 	// x is skipped when due, the offset passes it, and the janitor deletes
 	// its tombstone: the owner's book no longer holds it.
 	a.svc.mu.Lock()
-	sc := a.svc.scanners[rec.Stream]
+	sc := a.svc.parts.scanners[rec.Stream]
 	a.svc.mu.Unlock()
 	for deadline := time.Now().Add(time.Minute); sc.l.Cancelled(rec.Seq) || sc.l.Passed() < rec.Seq; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {

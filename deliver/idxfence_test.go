@@ -56,7 +56,7 @@ func TestCancelAfterStaleRouterWrite(t *testing.T) {
 	}
 	newRouterT := func(gate *heldOwners) *Router {
 		r, err := newRouter(mustJS(connect(), 0), RouterConfig{Prefix: "delay", Levels: table},
-			routing.Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: svc.hopKey, Scanners: gate})
+			routing.Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: svc.parts.hopKey, Scanners: gate})
 		if err != nil {
 			t.Fatal(err)
 		}

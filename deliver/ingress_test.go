@@ -25,13 +25,13 @@ func ingressCfg(t testing.TB, n int, parts string) Config {
 // noLevels makes a replica bid for no level lease: what the routers write
 // stays in the level streams.
 func noLevels(s *Service) {
-	s.noBid = func(key string) bool { return strings.HasPrefix(key, "level.") }
+	s.hooks.noBid = func(key string) bool { return strings.HasPrefix(key, "level.") }
 }
 
 // noRouter makes a replica bid for no router lease: ingress keeps what is
 // published.
 func noRouter(s *Service) {
-	s.noBid = func(key string) bool { return strings.HasPrefix(key, ownership.RouterKey) }
+	s.hooks.noBid = func(key string) bool { return strings.HasPrefix(key, ownership.RouterKey) }
 }
 
 // waitRouters waits until every router lease "router.<i>", i < n, is held

@@ -81,7 +81,7 @@ func (s *Service) trimIndex(ctx context.Context, store *offsets.Store) error {
 			return nil
 		case <-t.C:
 		}
-		s.trimPasses.Add(1)
+		s.hooks.trimPasses.Add(1)
 		cutoff, err := s.oldestPending(ctx, js, reader, store)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -115,7 +115,7 @@ func (s *Service) trimIndex(ctx context.Context, store *offsets.Store) error {
 				return s.answerBeforeTrim(ctx, answerJS, reader, cutoff, first, end)
 			}
 		}
-		tctx, cancel := context.WithTimeout(ctx, s.answers.bounds.passMax+2*opTimeout)
+		tctx, cancel := context.WithTimeout(ctx, s.answers.work.bounds.passMax+2*opTimeout)
 		err = index.Trim(tctx, js, cutoff, indexStoreSkew, before)
 		cancel()
 		if err != nil && ctx.Err() == nil {
@@ -145,8 +145,8 @@ func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, rea
 		return oldest, errors.New("no server time")
 	}
 	s.mu.Lock()
-	streams := make([]string, 0, len(s.scanners))
-	for name := range s.scanners {
+	streams := make([]string, 0, len(s.parts.scanners))
+	for name := range s.parts.scanners {
 		streams = append(streams, name)
 	}
 	s.mu.Unlock()

@@ -33,16 +33,14 @@ func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *T
 		if s.cfg.GraceAtStart {
 			sc.StartedAt = start
 		}
-		window := sc.Window
-		if window == 0 {
-			window = ScannerWindowDefault
-		}
 		var gate *level.OrderGate
-		if d, ok := levels.ParseStreamName(name); ok && s.boundaries[d] != nil {
-			gate = level.NewOrderGate(name, s.boundaries[d], store, mustJS(s.nc, 0))
+		if d, ok := levels.ParseStreamName(name); ok && s.parts.boundaries[d] != nil {
+			gate = level.NewOrderGate(name, s.parts.boundaries[d], store, mustJS(s.nc, 0))
 		}
-		scanner, err := newScanner(s.nc, mustJS(s.nc, window+16), sc, level.Wiring{
-			Reasons: &s.reasons, Refused: &s.refused, HopKey: s.hopKey, Fenced: true, Gate: gate,
+		// The level publishes synchronously (its deliveries go through its
+		// own PubAck tracker on nc): no async-publish sizing.
+		scanner, err := newScanner(s.nc, mustJS(s.nc, 0), sc, level.Wiring{
+			Reasons: &s.dead.reasons, Refused: &s.dead.refused, HopKey: s.parts.hopKey, Fenced: true, Gate: gate,
 			MergeGone: func(rec index.Record) {
 				if rs := routersRef.Load(); rs != nil {
 					for _, r := range *rs {
@@ -126,7 +124,7 @@ func (v serviceScanners) committed(ctx context.Context, stream string) uint64 {
 // and the store for the others (Service.oldestPending).
 func (s *Service) levelCommitted(stream string) (uint64, bool) {
 	s.mu.Lock()
-	sc := s.scanners[stream]
+	sc := s.parts.scanners[stream]
 	s.mu.Unlock()
 	if sc == nil || !sc.l.Owned() {
 		return 0, false

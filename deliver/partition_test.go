@@ -45,7 +45,7 @@ func (b *ownerBundle) startPartsTable(name, table, parts string, skip ...string)
 	cfg := Config{Levels: levels.MustParse(table), Partitions: mustPartitions(b.t, parts), LeaseTTL: ownerTTL}
 	r := b.launch(name, cfg, func(s *Service) {
 		if len(skip) > 0 {
-			s.noBid = func(key string) bool { return slices.Contains(skip, key) }
+			s.hooks.noBid = func(key string) bool { return slices.Contains(skip, key) }
 		}
 	})
 	deadline := time.Now().Add(30 * time.Second)

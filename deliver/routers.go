@@ -38,7 +38,7 @@ func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Stor
 		}
 		// Every level write is followed by one or two index writes.
 		router, err := newRouter(mustJS(s.nc, 3*inflight+16), rc, routing.Wiring{
-			Reasons: &s.reasons, Refused: &s.refused, HopKey: s.hopKey,
+			Reasons: &s.dead.reasons, Refused: &s.dead.refused, HopKey: s.parts.hopKey,
 			Scanners:   routerScanners{serviceScanners{scanners: scanners, store: store, owners: owners}},
 			LookupConn: s.cfg.LookupConn,
 		})

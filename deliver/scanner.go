@@ -160,9 +160,10 @@ type Scanner struct {
 }
 
 // NewScanner returns a scanner for one level stream on its own, outside a
-// [Service], for example to measure delivery alone. js must have been
-// created with a publish-async timeout so that every PubAck future
-// resolves. Such a scanner signs the cascading messages it moves on with a
+// [Service], for example to measure delivery alone. js serves its stream
+// reads and synchronous publishes (tombstones, index records): its
+// deliveries and hop forwards go through its own PubAck tracker on nc.
+// Such a scanner signs the cascading messages it moves on with a
 // hop key of its own, random, so a router trusts none of their hop headers;
 // it tells no router that a merge key is free; and it counts dead letters
 // only in [Scanner.Stats]. A [Service] builds its scanners with its hop

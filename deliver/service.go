@@ -15,8 +15,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
-	"github.com/delayd/delayd/deliver/internal/cancelapi"
-	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
@@ -181,62 +179,21 @@ type Service struct {
 
 	targets *TargetIndex
 
-	reasons reasonCounts
-	refused dlqRefusals // dead letters DELAYD_DLQ refused, not stored yet
+	dead deadLetters
 
-	mu       sync.Mutex
-	routers  []*Router // by ingress partition
-	scanners map[string]*Scanner
-	ready    atomic.Bool
+	// mu guards parts.routers, parts.scanners, own.leases and own.holder,
+	// which Run sets together under it.
+	mu    sync.Mutex
+	parts serviceParts
+	ready atomic.Bool
 
 	// partitionsSetting is DELAYD_PARTITIONS as given (cfg.Partitions
 	// carries the ingress partitions too), for the shared settings.
 	partitionsSetting string
 
-	cancels, statuses answerCounts // the cancel and status APIs' answers (CancelStats, StatusStats)
-	answers           answerWork   // the kept answers' bounds and counters
-
-	hopKey hopKey // set by setup
-	// boundaries are, by level delay, the boundaries of its streams at
-	// the last change of its partition count, while old messages may be
-	// pending (docs/operations.md#partitions-for-hot-levels); set by setup.
-	boundaries map[time.Duration]map[string]uint64
-	cancelAPI  *cancelapi.API // the cancel and status APIs; set by Run
-
-	// leases are the electors' counters by lease key, filled by Run before
-	// the electors start and read-only after.
-	leases map[string]*leaseState
-	hooks  serviceHooks // tests only; set before Run
-	// gains logs this replica's lease gains in one line per burst; set
-	// by Run before the electors start.
-	gains *gainLog
-
-	balancer   atomic.Pointer[ownership.Balancer] // set by Run
-	trimPasses atomic.Uint64                      // id index trim passes run (tests)
-
-	// holder is this Service's lease holder id, set by Run. noBid, if set
-	// (tests), names lease keys this Service does not bid for, to pin
-	// ownership on another replica.
-	holder string
-	noBid  func(key string) bool
-}
-
-// serviceHooks are a Service's test hooks: each, if set, runs at one
-// point of the Service's work, on the goroutine doing it.
-type serviceHooks struct {
-	// ingressChanging runs in setup between the check that
-	// DELAYD_INGRESS is empty and the update of its transform at a
-	// change of the ingress partition count.
-	ingressChanging func()
-	// looked runs in DecideID between the index lookup of a cancel's or
-	// status request's id and the owner's decision, with the record
-	// found.
-	looked func(index.Record)
-	// onLease sees every elector's events, on the elector's goroutine.
-	onLease func(ownership.Event)
-	// tailHook is called before each tail read of a level stream by a
-	// router; its error fails the read.
-	tailHook func(stream string) error
+	answers serviceAnswers
+	own     serviceLeases
+	hooks   serviceHooks // tests only; set before Run
 }
 
 // New returns a service on nc. Nothing touches the server until Run.
@@ -284,7 +241,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("deliver: target policy: %w", err)
 	}
 	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger, targets: NewTargetIndex(nc, mustJS(nc, 0), cfg.Logger), partitionsSetting: setting,
-		answers: answerWork{bounds: answerBounds{passMax: answerPassMax, lagMax: answerLagMax, rangeMax: answerRangeMax}}}, nil
+		answers: serviceAnswers{work: answerWork{bounds: answerBounds{passMax: answerPassMax, lagMax: answerLagMax, rangeMax: answerRangeMax}}}}, nil
 }
 
 // Ready reports whether the resources exist and the service bids for its
@@ -306,7 +263,7 @@ func (s *Service) Unready() []string {
 		why = append(why, "NATS connection down")
 	}
 	s.mu.Lock()
-	for _, router := range s.routers {
+	for _, router := range s.parts.routers {
 		if r := router.Unhealthy(); r != "" {
 			why = append(why, r)
 		}
@@ -315,7 +272,7 @@ func (s *Service) Unready() []string {
 	if st := s.Stalled(); len(st) > 0 {
 		why = append(why, "stalled levels "+strings.Join(st, " "))
 	}
-	if d := s.refused.Snapshot(); d.Waiting > 0 && d.Oldest > ScannerStallAfterDefault {
+	if d := s.dead.refused.Snapshot(); d.Waiting > 0 && d.Oldest > ScannerStallAfterDefault {
 		why = append(why, fmt.Sprintf("%s refuses dead letters: %d waiting, the oldest for %s: %v", DLQStream, d.Waiting, d.Oldest.Round(time.Second), d.LastErr))
 	}
 	return why
@@ -323,7 +280,7 @@ func (s *Service) Unready() []string {
 
 // DLQRefusals returns the state of dead letters DELAYD_DLQ refuses: failed
 // writes since start, and those waiting to be stored.
-func (s *Service) DLQRefusals() DLQRefusals { return DLQRefusals(s.refused.Snapshot()) }
+func (s *Service) DLQRefusals() DLQRefusals { return DLQRefusals(s.dead.refused.Snapshot()) }
 
 // HandleReconnect tells the service its connection came back (wire it into
 // nats.ReconnectHandler): deliveries to core subjects that fell due during
@@ -331,14 +288,14 @@ func (s *Service) DLQRefusals() DLQRefusals { return DLQRefusals(s.refused.Snaps
 func (s *Service) HandleReconnect() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, sc := range s.scanners {
+	for _, sc := range s.parts.scanners {
 		sc.Reconnected()
 	}
 }
 
 // DeadLetters returns the dead letters written since start, by reason
 // (every reason of [Reasons] is present).
-func (s *Service) DeadLetters() map[string]uint64 { return s.reasons.Snapshot() }
+func (s *Service) DeadLetters() map[string]uint64 { return s.dead.reasons.Snapshot() }
 
 // HandleAsyncError takes the connection's asynchronous errors (wire it into
 // nats.ErrorHandler). A publish permissions violation marks its subject as
@@ -353,7 +310,7 @@ func (s *Service) Stalled() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
-	for name, sc := range s.scanners {
+	for name, sc := range s.parts.scanners {
 		if sc.Stalled() {
 			out = append(out, name)
 		}
@@ -451,7 +408,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	leases := make(map[string]*leaseState, len(scanners)+2)
-	s.gains = newGainLog(s.logger.With(slog.String("component", "lease")), func() int {
+	s.own.gains = newGainLog(s.logger.With(slog.String("component", "lease")), func() int {
 		n := 0
 		for _, st := range leases {
 			if _, held := st.elector.Held(); held {
@@ -466,7 +423,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	var works []leasedWork
 	addLease := func(key string, work func(context.Context, ownership.Term) error) error {
-		if s.noBid != nil && s.noBid(key) {
+		if s.hooks.noBid != nil && s.hooks.noBid(key) {
 			return nil
 		}
 		e, err := ownership.New(ownership.Config{Bucket: bucket, Key: key, Holder: holder, TTL: s.cfg.LeaseTTL,
@@ -495,9 +452,9 @@ func (s *Service) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	s.balancer.Store(balancer)
+	s.own.balancer.Store(balancer)
 	s.mu.Lock()
-	s.routers, s.scanners, s.leases, s.holder = routers, scanners, leases, holder
+	s.parts.routers, s.parts.scanners, s.own.leases, s.own.holder = routers, scanners, leases, holder
 	s.mu.Unlock()
 
 	cancelJS := mustJS(s.nc, 0)
@@ -517,7 +474,7 @@ func (s *Service) Run(ctx context.Context) error {
 	defer cancel()
 	wg.Go(func() { errs <- targets.Run(runCtx) })
 	wg.Go(func() { errs <- balancer.Run(runCtx) })
-	wg.Go(func() { errs <- s.gains.run(runCtx) })
+	wg.Go(func() { errs <- s.own.gains.run(runCtx) })
 	// Each elector runs its work only while it holds the lease, and
 	// releases the lease after the work has settled and committed.
 	// The router bids once every scanner made its first bid: a single
@@ -540,7 +497,7 @@ func (s *Service) Run(ctx context.Context) error {
 			errs <- router.elector.Run(runCtx, router.work)
 		})
 	}
-	s.cancelAPI = cancels
+	s.parts.cancelAPI = cancels
 	wg.Go(func() { errs <- cancels.Run(runCtx) })
 	members.Bidding() // the others count this replica in their shares from now on
 	s.ready.Store(true)

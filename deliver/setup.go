@@ -103,7 +103,7 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, *lease.B
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	s.hopKey, s.boundaries = st.HopKey, st.Boundaries
+	s.parts.hopKey, s.parts.boundaries = st.HopKey, st.Boundaries
 	return st.Streams, st.Offsets, st.Leases, nil
 }
 

@@ -36,7 +36,7 @@ type LeaseStats struct {
 // key; empty until Run has set up.
 func (s *Service) Leases() []LeaseStats {
 	s.mu.Lock()
-	leases := s.leases
+	leases := s.own.leases
 	s.mu.Unlock()
 	out := make([]LeaseStats, 0, len(leases))
 	for key, st := range leases {
@@ -52,7 +52,7 @@ func (s *Service) Leases() []LeaseStats {
 // share of the leases (ceil(leases / live)) and how many it holds; zeros
 // until Run has set up.
 func (s *Service) Balance() (live, share, held int) {
-	if b := s.balancer.Load(); b != nil {
+	if b := s.own.balancer.Load(); b != nil {
 		return b.Share()
 	}
 	return 0, 0, 0
@@ -60,11 +60,11 @@ func (s *Service) Balance() (live, share, held int) {
 
 // leaseEvent counts an elector's event; it runs on the elector's goroutine.
 func (s *Service) leaseEvent(ev ownership.Event) {
-	if st := s.leases[ev.Key]; st != nil {
+	if st := s.own.leases[ev.Key]; st != nil {
 		switch ev.Kind {
 		case ownership.Gained:
 			st.gained.Add(1)
-			s.gains.gained(ev)
+			s.own.gains.gained(ev)
 		case ownership.Lost:
 			st.failovers.Add(1)
 		}
@@ -82,12 +82,12 @@ func (s *Service) Stats() (RouterStats, []ScannerStats) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var rs RouterStats
-	switch len(s.routers) {
+	switch len(s.parts.routers) {
 	case 0:
 	case 1:
-		rs = s.routers[0].Stats()
+		rs = s.parts.routers[0].Stats()
 	default:
-		for _, r := range s.routers {
+		for _, r := range s.parts.routers {
 			st := r.Stats()
 			rs.Routed += st.Routed
 			rs.DeadLettered += st.DeadLettered
@@ -106,7 +106,7 @@ func (s *Service) Stats() (RouterStats, []ScannerStats) {
 		}
 	}
 	var ss []ScannerStats
-	for _, sc := range s.scanners {
+	for _, sc := range s.parts.scanners {
 		ss = append(ss, sc.Stats())
 	}
 	slices.SortFunc(ss, func(a, b ScannerStats) int { return strings.Compare(a.Stream, b.Stream) })
@@ -119,8 +119,8 @@ func (s *Service) Stats() (RouterStats, []ScannerStats) {
 func (s *Service) RouterStats() []RouterStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]RouterStats, 0, len(s.routers))
-	for _, r := range s.routers {
+	out := make([]RouterStats, 0, len(s.parts.routers))
+	for _, r := range s.parts.routers {
 		out = append(out, r.Stats())
 	}
 	return out

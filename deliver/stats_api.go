@@ -127,7 +127,7 @@ func (s *Service) StartStatsAPI() (stop func() error, err error) {
 		}
 		rs, ss := s.Stats()
 		s.mu.Lock()
-		holder := s.holder
+		holder := s.own.holder
 		s.mu.Unlock()
 		reply := StatsReply{
 			Started: started, PID: pid, Holder: holder, Ready: s.Ready(),
@@ -206,8 +206,8 @@ func (s *Service) CancelledPending() map[string]uint64 {
 // tail.
 func (s *Service) cancelledPending(keep int) map[string]cancelledView {
 	s.mu.Lock()
-	scanners := make([]*Scanner, 0, len(s.scanners))
-	for _, sc := range s.scanners {
+	scanners := make([]*Scanner, 0, len(s.parts.scanners))
+	for _, sc := range s.parts.scanners {
 		scanners = append(scanners, sc)
 	}
 	s.mu.Unlock()

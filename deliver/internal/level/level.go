@@ -261,8 +261,9 @@ type Level struct {
 
 // NewForTest returns a scanner for one level stream on its own, outside a
 // deliver.Service (unfenced; the zero Term with [Level.Run]), for tests.
-// js must have been created with a publish-async timeout so that every
-// PubAck future resolves. Such a scanner signs the cascading messages it
+// js serves its stream reads and synchronous publishes (tombstones, index
+// records): its deliveries and hop forwards go through its own PubAck
+// tracker on nc. Such a scanner signs the cascading messages it
 // moves on with a hop key of its own, random, so a router trusts none of
 // their hop headers; it tells no router that a merge key is free; and it
 // counts dead letters only in [Level.Stats]. A deliver.Service builds its
