@@ -47,27 +47,9 @@ func (a *API) DecideID(ctx context.Context, reader *jswire.BatchReader, id, scop
 	if err != nil {
 		return 0, time.Time{}, err
 	}
-	var (
-		rec  index.Record
-		ok   bool
-		seen uint64
-	)
-	for _, key := range keys {
-		r, found, err := index.LookupPaced(ctx, reader, key, jswire.OpTimeout, a.lookups.pace(notAfter))
-		if err != nil {
-			return 0, time.Time{}, err
-		}
-		if found {
-			if found, err = a.inScope(ctx, reader, r, scope); err != nil {
-				return 0, time.Time{}, err
-			}
-		}
-		if found && ok {
-			return 0, time.Time{}, ambiguous(id)
-		}
-		if found {
-			rec, ok = r, true
-		}
+	rec, ok, err := a.lookupAll(ctx, reader, id, keys, scope, notAfter)
+	if err != nil {
+		return 0, time.Time{}, err
 	}
 	if !ok {
 		// Trimmed from the index: its final answer, if kept.
@@ -86,6 +68,46 @@ func (a *API) DecideID(ctx context.Context, reader *jswire.BatchReader, id, scop
 	if a.cfg.Hooks.Looked != nil {
 		a.cfg.Hooks.Looked(rec)
 	}
+	return a.decideLoop(ctx, reader, rec, ok, scope, notAfter, status)
+}
+
+// lookupAll looks up each of id's index keys and returns the one record in
+// scope, ok false if none is; two in scope are ambiguous ([ErrAmbiguousID]).
+func (a *API) lookupAll(ctx context.Context, reader *jswire.BatchReader, id string, keys []string, scope string, notAfter time.Time) (index.Record, bool, error) {
+	var (
+		rec index.Record
+		ok  bool
+	)
+	for _, key := range keys {
+		r, found, err := index.LookupPaced(ctx, reader, key, jswire.OpTimeout, a.lookups.pace(notAfter))
+		if err != nil {
+			return index.Record{}, false, err
+		}
+		if found {
+			if found, err = a.inScope(ctx, reader, r, scope); err != nil {
+				return index.Record{}, false, err
+			}
+		}
+		if found && ok {
+			return index.Record{}, false, ambiguous(id)
+		}
+		if found {
+			rec, ok = r, true
+		}
+	}
+	return rec, ok, nil
+}
+
+// decideLoop has rec's level owner decide it (ok false: no record in
+// scope, AnswerGone), looking it up again while it is between two levels
+// (forwarded, or its level write not stored yet) until the router placed
+// it or cancelWaitRouted passed ([ErrRouterBehind]). An AnswerDelivered is
+// checked against the index's latest record, as [API.DecideID] says.
+func (a *API) decideLoop(ctx context.Context, reader *jswire.BatchReader, rec index.Record, ok bool, scope string, notAfter time.Time, status bool) (level.CancelAnswer, time.Time, error) {
+	var (
+		seen uint64
+		err  error
+	)
 	deadline := time.Now().Add(cancelWaitRouted)
 	pause := 2 * time.Millisecond
 	for {
