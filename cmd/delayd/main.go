@@ -113,80 +113,90 @@ func run() int {
 		opts = append(opts, nats.InProcessServer(srv))
 		logger.Info("embedded nats-server ready", slog.String("url", url), slog.String("store_dir", cfg.StoreDir))
 	}
+	c, code := connectAll(ctx, cancel, url, cfg, logger, opts, setStep)
+	if c == nil {
+		return code
+	}
+	// Closes the lookup connection, cancels ctx and drains nc, before the embedded server's shutdown above.
+	defer c.close()
+	return serve(ctx, cfg, logger, srv != nil, c)
+}
+
+// conns groups delayd's two NATS connections and what their handlers share with run and serve: the service
+// connection nc, the cancel API's lookup connection lnc, and the flags their handlers set. The handlers (nats.go's
+// callback goroutines) write connLost, lostInShutdown and lookupClosing, and read svc; serve stores svc once the
+// service is built and reads the flags after Run returns; close (run's goroutine) sets lookupClosing.
+type conns struct {
+	nc  *nats.Conn
+	lnc *nats.Conn
+
+	cancel  context.CancelFunc // run's: a handler that finds a connection closed for good stops delayd with it
+	logger  *slog.Logger
+	setStep func(string) // names the shutdown's step under way
+
+	closed         chan struct{}                   // closed by nc's ClosedHandler
+	connLost       atomic.Bool                     // a connection closed for good before the shutdown: exitError
+	lostInShutdown atomic.Bool                     // nc disconnected after the signal: the shutdown's writes unconfirmed
+	lookupClosing  atomic.Bool                     // delayd closes lnc itself: its ClosedHandler stays quiet
+	svc            atomic.Pointer[deliver.Service] // for the async error and reconnect handlers, once built
+}
+
+// connectAll connects nc and the cancel API's lookup connection to url with opts, each with its handlers. It returns
+// nil and the exit code if either fails, having undone what it did; else the caller defers close.
+func connectAll(ctx context.Context, cancel context.CancelFunc, url string, cfg config.Config, logger *slog.Logger, opts []nats.Option, setStep func(string)) (*conns, int) {
+	c := &conns{cancel: cancel, logger: logger, setStep: setStep, closed: make(chan struct{})}
 	// The cancel API's lookup connection gets the same server, auth and TLS options, and handlers of its own.
 	lookupOpts := slices.Clone(opts)
 	// The connection closes for good only when delayd drains it at shutdown, or when nats.go gives up (the same
 	// authentication error twice in a row): then delayd stops with an error rather than retry on a dead connection.
-	var connLost atomic.Bool
-	closed := make(chan struct{})
 	opts = append(opts, nats.ClosedHandler(func(nc *nats.Conn) {
-		defer close(closed)
+		defer close(c.closed)
 		if ctx.Err() == nil {
-			connLost.Store(true)
+			c.connLost.Store(true)
 			logger.Error("NATS connection closed; stopping", errAttr(nc.LastError()))
 			cancel()
 		}
 	}))
 	// The service learns of refused publishes through the async error handler.
-	var svcRef atomic.Pointer[deliver.Service]
 	opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 		attrs := []any{errAttr(err)}
 		if sub != nil {
 			attrs = append(attrs, slog.String("subject", sub.Subject))
 		}
 		logger.Error("NATS async error", attrs...)
-		if svc := svcRef.Load(); svc != nil {
+		if svc := c.svc.Load(); svc != nil {
 			svc.HandleAsyncError(err)
 		}
 	}))
 	opts = append(opts, nats.ReconnectHandler(func(nc *nats.Conn) {
 		logger.Info("reconnected to NATS", slog.String("url", config.RedactURLs(nc.ConnectedUrlRedacted())))
-		if svc := svcRef.Load(); svc != nil {
+		if svc := c.svc.Load(); svc != nil {
 			svc.HandleReconnect()
 		}
 	}))
 	// A disconnect after the signal (a server found stale, a connection cut) leaves the shutdown's writes
 	// unconfirmed: lease releases, purges, the drain; the offsets may be committed all the same.
-	var lostInShutdown atomic.Bool
 	opts = append(opts, nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 		if err == nil {
 			return // closed by delayd itself (the drain)
 		}
 		logger.Warn("disconnected from NATS", slog.Any("error", err))
 		if ctx.Err() != nil {
-			lostInShutdown.Store(true)
+			c.lostInShutdown.Store(true)
 		}
 	}))
-	nc, err := connect(url, cfg, logger, opts...)
+	var err error
+	c.nc, err = connect(url, cfg, logger, opts...)
 	if err != nil {
 		logger.Error("connect to NATS failed", slog.Any("error", err))
-		return exitError
+		return nil, exitError
 	}
-	defer func() {
-		// Send what is buffered (the router's last ingress acks, the last
-		// offset writes) and wait for the drain before the embedded server
-		// and the process go away.
-		setStep("draining the NATS connection")
-		_ = nc.FlushTimeout(5 * time.Second)
-		if err := nc.Drain(); err == nil {
-			select {
-			case <-closed:
-			case <-time.After(10 * time.Second):
-				logger.Warn("NATS connection did not drain within 10s")
-			}
-		}
-	}()
-	// Every return from here on is delayd's own stop, whatever its cause (a DELAYD_HTTP_ADDR in use, a bad service
-	// configuration, Run's error): ctx is cancelled before the drain above, so the connections' ClosedHandlers do not
-	// log a second, false cause ("NATS connection closed; stopping"). Defers run last first.
-	defer cancel()
 	// A second connection for the cancel API's id-index lookups: nats-server walks the index inline on the read loop
 	// of the connection that asks, so on nc every delivery behind a lookup would wait for it (deliver.Config.LookupConn).
-	var lookupClosing atomic.Bool
-	lnc, err := connect(url, cfg, logger, append(lookupOpts, nats.Name("delayd-lookups"),
+	c.lnc, err = connect(url, cfg, logger, append(lookupOpts, nats.Name("delayd-lookups"),
 		// Its own messages: "connected to NATS", "disconnected from NATS" and "reconnected to NATS" are nc's.
-		nats.ConnectHandler(func(c *nats.Conn) {
-			logger.Debug("cancel lookup connection connected", slog.String("url", config.RedactURLs(c.ConnectedUrlRedacted())))
+		nats.ConnectHandler(func(lc *nats.Conn) {
+			logger.Debug("cancel lookup connection connected", slog.String("url", config.RedactURLs(lc.ConnectedUrlRedacted())))
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
@@ -196,27 +206,57 @@ func run() int {
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			logger.Error("NATS async error", slog.String("connection", "delayd-lookups"), errAttr(err))
 		}),
-		nats.ClosedHandler(func(c *nats.Conn) {
-			if ctx.Err() == nil && !lookupClosing.Load() {
-				connLost.Store(true)
-				logger.Error("NATS connection closed; stopping", slog.String("connection", "delayd-lookups"), errAttr(c.LastError()))
+		nats.ClosedHandler(func(lc *nats.Conn) {
+			if ctx.Err() == nil && !c.lookupClosing.Load() {
+				c.connLost.Store(true)
+				logger.Error("NATS connection closed; stopping", slog.String("connection", "delayd-lookups"), errAttr(lc.LastError()))
 				cancel()
 			}
 		}))...)
 	if err != nil {
 		logger.Error("connect to NATS failed", slog.String("connection", "delayd-lookups"), slog.Any("error", err))
-		return exitError
+		cancel() // delayd's own stop, before the drain (see close)
+		c.drainNC()
+		return nil, exitError
 	}
-	defer func() { // only reads: nothing to drain; closed before nc drains (defers run last first)
-		lookupClosing.Store(true)
-		lnc.Close()
-	}()
-	if !nc.IsConnected() { // once connected, the ConnectHandler logs it
-		logger.Warn("NATS not reachable yet; retrying for ever", slog.String("url", config.RedactURLs(cfg.NATSURL)), slog.String("auth", cfg.AuthMethod()), errAttr(nc.LastError()))
+	if !c.nc.IsConnected() { // once connected, the ConnectHandler logs it
+		logger.Warn("NATS not reachable yet; retrying for ever", slog.String("url", config.RedactURLs(cfg.NATSURL)), slog.String("auth", cfg.AuthMethod()), errAttr(c.nc.LastError()))
 	}
+	return c, exitOK
+}
 
+// close closes the lookup connection, cancels run's context and drains nc, in that order.
+//
+// Every return of run after connectAll is delayd's own stop, whatever its cause (a DELAYD_HTTP_ADDR in use, a bad
+// service configuration, Run's error): ctx is cancelled before the drain, so the connections' ClosedHandlers do not
+// log a second, false cause ("NATS connection closed; stopping").
+func (c *conns) close() {
+	// Only reads: nothing to drain; closed before nc drains.
+	c.lookupClosing.Store(true)
+	c.lnc.Close()
+	c.cancel()
+	c.drainNC()
+}
+
+// drainNC sends what is buffered (the router's last ingress acks, the last offset writes) and waits for the drain
+// before the embedded server and the process go away.
+func (c *conns) drainNC() {
+	c.setStep("draining the NATS connection")
+	_ = c.nc.FlushTimeout(5 * time.Second)
+	if err := c.nc.Drain(); err == nil {
+		select {
+		case <-c.closed:
+		case <-time.After(10 * time.Second):
+			c.logger.Warn("NATS connection did not drain within 10s")
+		}
+	}
+}
+
+// serve builds the delivery service on c's connections, serves its stats API and DELAYD_HTTP_ADDR, runs it until
+// ctx ends and returns delayd's exit code. embedded says the NATS server is delayd's own.
+func serve(ctx context.Context, cfg config.Config, logger *slog.Logger, embedded bool, c *conns) int {
 	var m *metrics.Metrics // set before Run; the hook runs only on Run's scanners
-	svc, err := deliver.New(nc, deliver.Config{
+	svc, err := deliver.New(c.nc, deliver.Config{
 		Prefix:     cfg.Prefix,
 		Levels:     cfg.Levels,
 		Partitions: cfg.Partitions,
@@ -226,10 +266,10 @@ func run() int {
 		StartGrace:        cfg.StartGrace,
 		// A restart of delayd restarts its embedded server, so core
 		// subscribers reconnect after a start too.
-		GraceAtStart:      srv != nil,
+		GraceAtStart:      embedded,
 		MaxDelay:          cfg.MaxDelay,
 		CancelLookupShare: cfg.CancelShare,
-		LookupConn:        lnc,
+		LookupConn:        c.lnc,
 		LeaseTTL:          cfg.LeaseTTL,
 		AnswerKeep:        answerKeep(cfg.AnswerKeep),
 		AnswerMaxBytes:    int64(cfg.AnswerMaxBytes),
@@ -241,8 +281,8 @@ func run() int {
 		logger.Error("bad service configuration", slog.Any("error", err))
 		return exitConfig
 	}
-	m = metrics.New(svc, nc)
-	svcRef.Store(svc)
+	m = metrics.New(svc, c.nc)
+	c.svc.Store(svc)
 	logger.Info("level table", slog.String("levels", cfg.Levels.String()), slog.String("publish_to", cfg.Prefix+".<subject>"), slog.String("header", contract.HeaderLevel+": 0.."+fmt.Sprint(cfg.Levels.Len())),
 		slog.Int("precision_levels", len(cfg.Levels.PrecisionLevels())))
 
@@ -266,34 +306,12 @@ func run() int {
 	}
 
 	if err := svc.Run(ctx); err != nil {
-		if errors.Is(err, deliver.ErrReplicasUnsupported) {
-			logger.Error("delayd cannot start: the server cannot hold replicated streams", slog.Any("error", err))
-			fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
-			return exitConfig
-		}
-		if errors.Is(err, deliver.ErrReplicaMismatch) {
-			// A live replica runs with another level table, prefix or
-			// replica count: this one changed nothing and must not run.
-			logger.Error("delayd cannot start: a live replica's configuration differs", slog.Any("error", err))
-			fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
-			return exitConfig
-		}
-		if errors.Is(err, deliver.ErrIngressPartitionsChanged) {
-			logger.Error("delayd cannot start: DELAYD_INGRESS_PARTITIONS changed while DELAYD_INGRESS holds messages", slog.Any("error", err))
-			fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
-			return exitConfig
-		}
-		if errors.Is(err, deliver.ErrHopKey) {
-			logger.Error("delayd cannot start: its hop secret in NATS is damaged", slog.Any("error", err))
-			return exitError
-		}
-		logger.Error("delayd stopped with an error", slog.Any("error", err))
+		return runErrorCode(logger, err)
+	}
+	if c.connLost.Load() {
 		return exitError
 	}
-	if connLost.Load() {
-		return exitError
-	}
-	if lostInShutdown.Load() {
+	if c.lostInShutdown.Load() {
 		// Nothing is lost: what was not committed is delivered again at the next start, and leases not
 		// released are taken by others after their TTL.
 		logger.Error(msgShutdownConnLost, slog.String("consequence",
@@ -310,6 +328,34 @@ func run() int {
 	}
 	logger.Info("delayd stopped cleanly")
 	return exitOK
+}
+
+// runErrorCode logs the error the service's Run returned and gives its exit code: exitConfig for a configuration
+// this server or a live replica cannot run (also written to stderr), exitError for anything else.
+func runErrorCode(logger *slog.Logger, err error) int {
+	if errors.Is(err, deliver.ErrReplicasUnsupported) {
+		logger.Error("delayd cannot start: the server cannot hold replicated streams", slog.Any("error", err))
+		fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
+		return exitConfig
+	}
+	if errors.Is(err, deliver.ErrReplicaMismatch) {
+		// A live replica runs with another level table, prefix or
+		// replica count: this one changed nothing and must not run.
+		logger.Error("delayd cannot start: a live replica's configuration differs", slog.Any("error", err))
+		fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
+		return exitConfig
+	}
+	if errors.Is(err, deliver.ErrIngressPartitionsChanged) {
+		logger.Error("delayd cannot start: DELAYD_INGRESS_PARTITIONS changed while DELAYD_INGRESS holds messages", slog.Any("error", err))
+		fmt.Fprintf(os.Stderr, "delayd: bad configuration: %v\n", err)
+		return exitConfig
+	}
+	if errors.Is(err, deliver.ErrHopKey) {
+		logger.Error("delayd cannot start: its hop secret in NATS is damaged", slog.Any("error", err))
+		return exitError
+	}
+	logger.Error("delayd stopped with an error", slog.Any("error", err))
+	return exitError
 }
 
 // unconfirmedOffsets names the level streams whose last offset write was not acknowledged, with the
