@@ -30,48 +30,9 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
 	if _, valid := l.Held(); valid {
 		return true, nil
 	}
-	var (
-		epoch  uint64
-		rev    uint64 // the revision to Update at; 0 means Create
-		wait   bool   // take it only once rev was seen unchanged for TTL
-		holder string // the holder the key names; "" if none or unreadable
-	)
-	e, err := l.kv.Get(ctx, l.key)
-	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-		// Never written (create at once), or deleted or purged by hand
-		// (its holder may still be valid: wait), with the marker's
-		// revision deciding the epoch.
-		marker, herr := l.lastMarker(ctx)
-		if herr != nil {
-			return false, herr
-		}
-		if marker == 0 {
-			epoch = 1
-		} else {
-			epoch, rev, wait = marker+1, marker, true
-		}
-	case err != nil:
-		return false, fmt.Errorf("lease %s: read: %w", l.key, err)
-	default:
-		rev = e.Revision()
-		v, derr := DecodeValue(e.Value())
-		switch {
-		case derr != nil:
-			l.logger.Warn("lease value unreadable; taking it over after its TTL", slog.Uint64("revision", rev), slog.Any("error", derr))
-			epoch, wait = rev+1, true
-		case v.Holder == "":
-			epoch = v.Epoch + 1 // released: take it at once
-		case v.Holder == l.holder:
-			// This lease's own value: its term ended (expired while the
-			// bucket did not answer its renewals, say while the bucket's
-			// leader was elected) and nobody wrote the key since, or it
-			// would name another holder. Take it back at once: the
-			// compare-and-set at rev fails if a contender wrote first.
-			epoch = v.Epoch + 1
-		default:
-			epoch, wait, holder = v.Epoch+1, true, v.Holder
-		}
+	epoch, rev, wait, holder, err := l.readKey(ctx)
+	if err != nil {
+		return false, err
 	}
 	now := time.Now() // after the response that showed rev
 	l.mu.Lock()
@@ -129,6 +90,51 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
 	}
 	l.begin(epoch, newRev, sent)
 	return true, nil
+}
+
+// readKey reads the lease key once and returns what TryAcquire writes:
+// the epoch to take, the revision to Update at (0 means Create), whether
+// to take it only once rev was seen unchanged for TTL, and the holder the
+// key names ("" if none or unreadable). err is a failed read.
+func (l *Lease) readKey(ctx context.Context) (epoch, rev uint64, wait bool, holder string, err error) {
+	e, err := l.kv.Get(ctx, l.key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		// Never written (create at once), or deleted or purged by hand
+		// (its holder may still be valid: wait), with the marker's
+		// revision deciding the epoch.
+		marker, herr := l.lastMarker(ctx)
+		if herr != nil {
+			return 0, 0, false, "", herr
+		}
+		if marker == 0 {
+			epoch = 1
+		} else {
+			epoch, rev, wait = marker+1, marker, true
+		}
+	case err != nil:
+		return 0, 0, false, "", fmt.Errorf("lease %s: read: %w", l.key, err)
+	default:
+		rev = e.Revision()
+		v, derr := DecodeValue(e.Value())
+		switch {
+		case derr != nil:
+			l.logger.Warn("lease value unreadable; taking it over after its TTL", slog.Uint64("revision", rev), slog.Any("error", derr))
+			epoch, wait = rev+1, true
+		case v.Holder == "":
+			epoch = v.Epoch + 1 // released: take it at once
+		case v.Holder == l.holder:
+			// This lease's own value: its term ended (expired while the
+			// bucket did not answer its renewals, say while the bucket's
+			// leader was elected) and nobody wrote the key since, or it
+			// would name another holder. Take it back at once: the
+			// compare-and-set at rev fails if a contender wrote first.
+			epoch = v.Epoch + 1
+		default:
+			epoch, wait, holder = v.Epoch+1, true, v.Holder
+		}
+	}
+	return epoch, rev, wait, holder, nil
 }
 
 // releaseWait bounds the release of a lease taken for a caller gone.
