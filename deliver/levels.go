@@ -58,10 +58,9 @@ func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *T
 }
 
 // serviceScanners is the router's view of a Service's scanners
-// ([levelScanners]).
+// ([routing.Owners], through routerOwners).
 type serviceScanners struct {
 	scanners map[string]*Scanner
-	store    *offsets.Store
 	owners   *level.PendingAsker // asks the owner of a level this replica does not own
 }
 
@@ -106,16 +105,6 @@ func (v serviceScanners) passed(ctx context.Context, stream string) uint64 {
 		return v.owners.Passed(ctx, stream)
 	}
 	return 0
-}
-
-func (v serviceScanners) committed(ctx context.Context, stream string) uint64 {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	off, err := v.store.Load(ctx, stream)
-	if err != nil {
-		return 0
-	}
-	return off
 }
 
 // levelCommitted returns the offset this replica's scanner of stream last
