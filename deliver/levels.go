@@ -3,19 +3,19 @@ package deliver
 import (
 	"context"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/level"
+	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
 )
 
 // buildLevels builds Run's scanners, one per level stream of streams, by
-// stream name. Their mergeGone forgets a merge key in every router of
-// routersRef, which Run sets once it has built the routers.
-func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *TargetIndex, routersRef *atomic.Pointer[[]*Router]) (map[string]*Scanner, error) {
+// stream name. Their mergeGone forgets a merge key in every router's cache
+// of merges.
+func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *TargetIndex, merges *routing.MergeCaches) (map[string]*Scanner, error) {
 	start := time.Now()
 	scanners := make(map[string]*Scanner, len(streams))
 	for _, name := range streams {
@@ -41,13 +41,7 @@ func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *T
 		// own PubAck tracker on nc): no async-publish sizing.
 		scanner, err := newScanner(s.nc, mustJS(s.nc, 0), sc, level.Wiring{
 			Reasons: &s.dead.reasons, Refused: &s.dead.refused, HopKey: s.parts.hopKey, Fenced: true, Gate: gate,
-			MergeGone: func(rec index.Record) {
-				if rs := routersRef.Load(); rs != nil {
-					for _, r := range *rs {
-						r.forgetMerge(rec)
-					}
-				}
-			},
+			MergeGone: merges.Forget,
 		})
 		if err != nil {
 			return nil, err

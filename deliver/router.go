@@ -8,7 +8,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
-	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/levels"
@@ -210,9 +209,6 @@ func (r *Router) LeaseKey() string { return r.r.LeaseKey() }
 // runTerm routes for one term of the router lease
 // ([routing.Router.RunTerm]).
 func (r *Router) runTerm(ctx context.Context, t ownership.Term) error { return r.r.RunTerm(ctx, t) }
-
-// forgetMerge is [routing.Router.ForgetMerge].
-func (r *Router) forgetMerge(rec index.Record) { r.r.ForgetMerge(rec) }
 
 // RouterConsumerName returns the durable name of the router's ingress
 // consumer in a term of epoch: "delayd-router-<epoch>", or [RouterConsumer]

@@ -13,7 +13,8 @@ import (
 // buildRouters builds Run's routers, one per ingress partition; each
 // tells the scanners what it wrote and asks them, or the levels' owners
 // elsewhere, whether a merge key's message is pending ([serviceScanners]).
-func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Store) ([]*Router, error) {
+// Router i places with merges' cache of ingress partition i.
+func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Store, merges *routing.MergeCaches) ([]*Router, error) {
 	rc := s.cfg.Router
 	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas, rc.MaxDelay = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas, s.cfg.MaxDelay
 	rc.Partitions = s.cfg.Partitions
@@ -37,6 +38,7 @@ func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Stor
 			Owners:     routerOwners{serviceScanners{scanners: scanners, owners: owners}},
 			Offsets:    storeOffsets{store},
 			Tails:      levelTails(scanners),
+			Merges:     merges,
 			LookupConn: s.cfg.LookupConn,
 		})
 		if err != nil {

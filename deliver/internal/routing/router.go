@@ -150,6 +150,11 @@ type Wiring struct {
 	// write and each tail sync. Optional: nil tells nobody.
 	Tails Tails
 
+	// Merges holds the router's merge cache, its ingress partition's,
+	// where the level owners forget the merge keys they free. Optional:
+	// nil gives the router a cache of its own, which nothing else reaches.
+	Merges *MergeCaches
+
 	// LookupConn reads the id index for merge checks (deliver.Config.LookupConn:
 	// the server walks the index inline on the reading connection).
 	// Optional: nil reads on the router's own connection.
@@ -375,10 +380,17 @@ func New(js jetstream.JetStream, cfg Config, wiring Wiring) (*Router, error) {
 	if wiring.Tails == nil {
 		wiring.Tails = noTails{}
 	}
+	merges := newMergeCache()
+	if wiring.Merges != nil {
+		var err error
+		if merges, err = wiring.Merges.of(cfg.IngressPartition); err != nil {
+			return nil, err
+		}
+	}
 	r := &Router{
 		cfg: cfg, deps: routerDeps{js: js, Wiring: wiring}, logger: cfg.Logger,
 		classifier: classifier{prefix: cfg.Prefix, levels: cfg.Levels, targets: cfg.Targets, maxDelay: cfg.MaxDelay},
-		merges:     newMergeCache(),
+		merges:     merges,
 		hooks:      testHooks{ackTimeout: writeAttempt},
 		health:     routerHealth{epoch: time.Now()},
 		share:      ingressShare{part: cfg.IngressPartition, parts: cfg.Partitions.Ingress(), refusal: routerRefusal},
