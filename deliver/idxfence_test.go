@@ -56,7 +56,7 @@ func TestCancelAfterStaleRouterWrite(t *testing.T) {
 	}
 	newRouterT := func(gate *heldOwners) *Router {
 		r, err := newRouter(mustJS(connect(), 0), RouterConfig{Prefix: "delay", Levels: table},
-			routing.Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: svc.parts.hopKey, Scanners: gate})
+			routing.Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: svc.parts.hopKey, Owners: gate})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,9 +178,9 @@ func TestCancelAfterStaleRouterWrite(t *testing.T) {
 	}
 }
 
-// heldOwners is a router's view of the scanners
-// ([routing.LevelScanners]) that holds the router inside its merge check:
-// PendingAt reports each call on entered and returns false (not merged)
+// heldOwners is a router's view of the level owners
+// ([routing.Owners]) that holds the router inside its merge check:
+// Pending reports each call on entered and returns false (not merged)
 // once release is closed. A router held there has classified a message and
 // checked its term, and is about to write it: the moment a stale router
 // can be paused. (routing's marker_test.go has the same heldOwners; this test
@@ -194,12 +194,10 @@ func newHeldOwners() *heldOwners {
 	return &heldOwners{entered: make(chan index.Record, 4), release: make(chan struct{})}
 }
 
-func (g *heldOwners) PendingAt(_ context.Context, rec index.Record) bool {
+func (g *heldOwners) Pending(_ context.Context, rec index.Record) bool {
 	g.entered <- rec
 	<-g.release
 	return false
 }
 
 func (g *heldOwners) Passed(context.Context, string) uint64 { return 0 }
-
-func (g *heldOwners) Committed(context.Context, string) uint64 { return 0 }

@@ -3,19 +3,19 @@ package deliver
 import (
 	"context"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/level"
+	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
 )
 
 // buildLevels builds Run's scanners, one per level stream of streams, by
-// stream name. Their mergeGone forgets a merge key in every router of
-// routersRef, which Run sets once it has built the routers.
-func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *TargetIndex, routersRef *atomic.Pointer[[]*Router]) (map[string]*Scanner, error) {
+// stream name. Their mergeGone forgets a merge key in every router's cache
+// of merges.
+func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *TargetIndex, merges *routing.MergeCaches) (map[string]*Scanner, error) {
 	start := time.Now()
 	scanners := make(map[string]*Scanner, len(streams))
 	for _, name := range streams {
@@ -41,13 +41,7 @@ func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *T
 		// own PubAck tracker on nc): no async-publish sizing.
 		scanner, err := newScanner(s.nc, mustJS(s.nc, 0), sc, level.Wiring{
 			Reasons: &s.dead.reasons, Refused: &s.dead.refused, HopKey: s.parts.hopKey, Fenced: true, Gate: gate,
-			MergeGone: func(rec index.Record) {
-				if rs := routersRef.Load(); rs != nil {
-					for _, r := range *rs {
-						r.forgetMerge(rec)
-					}
-				}
-			},
+			MergeGone: merges.Forget,
 		})
 		if err != nil {
 			return nil, err
@@ -58,10 +52,9 @@ func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *T
 }
 
 // serviceScanners is the router's view of a Service's scanners
-// ([levelScanners]).
+// ([routing.Owners], through routerOwners).
 type serviceScanners struct {
 	scanners map[string]*Scanner
-	store    *offsets.Store
 	owners   *level.PendingAsker // asks the owner of a level this replica does not own
 }
 
@@ -106,16 +99,6 @@ func (v serviceScanners) passed(ctx context.Context, stream string) uint64 {
 		return v.owners.Passed(ctx, stream)
 	}
 	return 0
-}
-
-func (v serviceScanners) committed(ctx context.Context, stream string) uint64 {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	off, err := v.store.Load(ctx, stream)
-	if err != nil {
-		return 0
-	}
-	return off
 }
 
 // levelCommitted returns the offset this replica's scanner of stream last

@@ -8,7 +8,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
-	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/levels"
@@ -96,8 +95,15 @@ type RouterConfig struct {
 	OnRouted func(stream string, seq uint64)
 }
 
-// routing returns c as the router's config, field for field.
-func (c RouterConfig) routing() routing.Config { return routing.Config(c) }
+// routing returns c as the router's config, field for field but OnRouted,
+// which the router is given as its [routing.Tails] (NewRouter);
+// TestRouterConfigFields checks that no other field is left out.
+func (c RouterConfig) routing() routing.Config {
+	return routing.Config{
+		Prefix: c.Prefix, Levels: c.Levels, Targets: c.Targets, Partitions: c.Partitions, IngressPartition: c.IngressPartition,
+		MaxDelay: c.MaxDelay, Replicas: c.Replicas, Logger: c.Logger, MaxInFlight: c.MaxInFlight, Batch: c.Batch,
+	}
+}
 
 // RouterStats are the router's counters since start.
 type RouterStats struct {
@@ -157,7 +163,11 @@ type Router struct {
 // candidate at start, and counts dead letters only in [Router.Stats]. A
 // [Service] builds its router with its hop key and scanners.
 func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
-	r, err := routing.NewStandalone(js, cfg.routing())
+	var tails routing.Tails
+	if cfg.OnRouted != nil {
+		tails = routing.TailsFunc(cfg.OnRouted)
+	}
+	r, err := routing.NewStandalone(js, cfg.routing(), tails)
 	if err != nil {
 		return nil, err
 	}
@@ -199,9 +209,6 @@ func (r *Router) LeaseKey() string { return r.r.LeaseKey() }
 // runTerm routes for one term of the router lease
 // ([routing.Router.RunTerm]).
 func (r *Router) runTerm(ctx context.Context, t ownership.Term) error { return r.r.RunTerm(ctx, t) }
-
-// forgetMerge is [routing.Router.ForgetMerge].
-func (r *Router) forgetMerge(rec index.Record) { r.r.ForgetMerge(rec) }
 
 // RouterConsumerName returns the durable name of the router's ingress
 // consumer in a term of epoch: "delayd-router-<epoch>", or [RouterConsumer]

@@ -13,15 +13,11 @@ import (
 // buildRouters builds Run's routers, one per ingress partition; each
 // tells the scanners what it wrote and asks them, or the levels' owners
 // elsewhere, whether a merge key's message is pending ([serviceScanners]).
-func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Store) ([]*Router, error) {
+// Router i places with merges' cache of ingress partition i.
+func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Store, merges *routing.MergeCaches) ([]*Router, error) {
 	rc := s.cfg.Router
 	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas, rc.MaxDelay = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas, s.cfg.MaxDelay
 	rc.Partitions = s.cfg.Partitions
-	rc.OnRouted = func(stream string, seq uint64) {
-		if sc := scanners[stream]; sc != nil {
-			sc.Written(seq)
-		}
-	}
 	inflight := rc.MaxInFlight
 	if inflight == 0 {
 		inflight = RouterMaxInFlightDefault
@@ -39,7 +35,10 @@ func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Stor
 		// Every level write is followed by one or two index writes.
 		router, err := newRouter(mustJS(s.nc, 3*inflight+16), rc, routing.Wiring{
 			Reasons: &s.dead.reasons, Refused: &s.dead.refused, HopKey: s.parts.hopKey,
-			Scanners:   routerScanners{serviceScanners{scanners: scanners, store: store, owners: owners}},
+			Owners:     routerOwners{serviceScanners{scanners: scanners, owners: owners}},
+			Offsets:    storeOffsets{store},
+			Tails:      levelTails(scanners),
+			Merges:     merges,
 			LookupConn: s.cfg.LookupConn,
 		})
 		if err != nil {
@@ -51,18 +50,38 @@ func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Stor
 	return routers, nil
 }
 
-// routerScanners is [serviceScanners] as the router asks it
-// ([routing.LevelScanners]).
-type routerScanners struct{ v serviceScanners }
+// routerOwners is [serviceScanners] as the router asks it
+// ([routing.Owners]).
+type routerOwners struct{ v serviceScanners }
 
-func (s routerScanners) PendingAt(ctx context.Context, rec index.Record) bool {
-	return s.v.pendingAt(ctx, rec)
+func (o routerOwners) Pending(ctx context.Context, rec index.Record) bool {
+	return o.v.pendingAt(ctx, rec)
 }
 
-func (s routerScanners) Passed(ctx context.Context, stream string) uint64 {
-	return s.v.passed(ctx, stream)
+func (o routerOwners) Passed(ctx context.Context, stream string) uint64 {
+	return o.v.passed(ctx, stream)
 }
 
-func (s routerScanners) Committed(ctx context.Context, stream string) uint64 {
-	return s.v.committed(ctx, stream)
+// storeOffsets reads the level streams' committed offsets from the
+// offsets store for the router's re-index at start ([routing.Offsets]).
+type storeOffsets struct{ store *offsets.Store }
+
+func (o storeOffsets) Committed(ctx context.Context, stream string) uint64 {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	off, err := o.store.Load(ctx, stream)
+	if err != nil {
+		return 0
+	}
+	return off
+}
+
+// levelTails tells this replica's scanner of each level stream what the
+// router wrote there ([routing.Tails]); the router's acker calls it.
+type levelTails map[string]*Scanner
+
+func (t levelTails) Written(stream string, seq uint64) {
+	if sc := t[stream]; sc != nil {
+		sc.Written(seq)
+	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
@@ -389,16 +390,15 @@ func (s *Service) Run(ctx context.Context) error {
 		s.logger.Warn("target index refresh failed", slog.Any("error", err))
 	}
 
-	var routersRef atomic.Pointer[[]*Router] // for the scanners' mergeGone, set below
-	scanners, err := s.buildLevels(streams, store, targets, &routersRef)
+	merges := routing.NewMergeCaches(s.cfg.IngressPartitions) // the routers' merge caches, where the scanners forget
+	scanners, err := s.buildLevels(streams, store, targets, merges)
 	if err != nil {
 		return err
 	}
-	routers, err := s.buildRouters(scanners, store)
+	routers, err := s.buildRouters(scanners, store, merges)
 	if err != nil {
 		return err
 	}
-	routersRef.Store(&routers)
 
 	// One elector per lease: the router's, each level stream's and the
 	// janitor's, sharing the leases with the other live replicas.

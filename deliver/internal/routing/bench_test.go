@@ -29,7 +29,7 @@ func ingressMsg() *nats.Msg {
 }
 
 func benchRouter(b *testing.B) *Router {
-	r, err := NewStandalone(nil, Config{Prefix: "delay", Levels: levels.Default()})
+	r, err := NewStandalone(nil, Config{Prefix: "delay", Levels: levels.Default()}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -340,7 +340,7 @@ func TestLevelMessage(t *testing.T) {
 // as it was.
 func TestDeadLetterKeepsIngressHeaders(t *testing.T) {
 	t.Parallel()
-	r, err := NewStandalone(nil, Config{Prefix: "delay", Levels: levels.MustParse("1s 10s")})
+	r, err := NewStandalone(nil, Config{Prefix: "delay", Levels: levels.MustParse("1s 10s")}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,7 +45,7 @@ func TestTooLargeLevelWriteSettlesMerge(t *testing.T) {
 	gate := newHeldOwners()
 	close(gate.release) // merge checks pass at once
 	r, err := New(mustJS(nc, 0), Config{Prefix: "delay", Levels: table},
-		Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopSecret, Scanners: gate})
+		Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopSecret, Owners: gate})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,6 @@
 // of its lease ([Router.RunTerm]): each term syncs every level stream's
 // tail and writes its epoch marker there before writing it
 // (docs/design.md#the-routers-start-level-by-level). It asks the level
-// owners only through [LevelScanners]; it does not import the level owner's
+// owners only through [Owners]; it does not import the level owner's
 // package, nor does that package import it (docs/design.md#layout).
 package routing

@@ -43,8 +43,8 @@ func TestIsMarker(t *testing.T) {
 	}
 }
 
-// heldOwners is a router's view of the scanners ([LevelScanners]) that
-// holds the router inside its merge check: PendingAt reports each call on
+// heldOwners is a router's view of the level owners ([Owners]) that
+// holds the router inside its merge check: Pending reports each call on
 // entered and returns false (not merged) once release is closed. A router
 // held there has classified a message and checked its term, and is about
 // to write it: the moment a stale router can be paused.
@@ -57,15 +57,13 @@ func newHeldOwners() *heldOwners {
 	return &heldOwners{entered: make(chan index.Record, 4), release: make(chan struct{})}
 }
 
-func (g *heldOwners) PendingAt(_ context.Context, rec index.Record) bool {
+func (g *heldOwners) Pending(_ context.Context, rec index.Record) bool {
 	g.entered <- rec
 	<-g.release
 	return false
 }
 
 func (g *heldOwners) Passed(context.Context, string) uint64 { return 0 }
-
-func (g *heldOwners) Committed(context.Context, string) uint64 { return 0 }
 
 // TestStaleRouterFenced drives the race of docs/guarantees.md#epoch-markers
 // deterministically, with two routers on one server: router A (term 5)
@@ -124,7 +122,7 @@ func staleRouterFenced(t *testing.T, purged bool) {
 	stream := level.Stream()
 	newRouterT := func(gate *heldOwners) *Router {
 		r, err := New(mustJS(connect(), 0), Config{Prefix: "delay", Levels: table},
-			Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopSecret, Scanners: gate})
+			Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopSecret, Owners: gate})
 		if err != nil {
 			t.Fatal(err)
 		}

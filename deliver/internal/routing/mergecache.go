@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/delayd/delayd/deliver/internal/index"
@@ -23,6 +24,41 @@ type mergeCache struct {
 	flight map[string]index.Record // placements whose level write is not confirmed yet
 	recent map[string]index.Record // the latest confirmed placement of each key
 	order  []string                // recent's keys, oldest first, for eviction
+}
+
+// MergeCaches are the routers' merge caches, one per ingress partition:
+// the router of partition i places with cache i and resets it at each of
+// its terms, and a level owner that frees a merge key forgets it in every
+// one ([MergeCaches.Forget]). A deliver.Service builds them before its
+// level owners and routers and hands them to both. The slice is never
+// written after [NewMergeCaches]; each cache has its own lock.
+type MergeCaches struct{ byPart []*mergeCache }
+
+// NewMergeCaches returns empty merge caches for partitions ingress
+// partitions (at least one).
+func NewMergeCaches(partitions int) *MergeCaches {
+	m := &MergeCaches{byPart: make([]*mergeCache, max(partitions, 1))}
+	for i := range m.byPart {
+		m.byPart[i] = newMergeCache()
+	}
+	return m
+}
+
+// Forget records in every router's cache that a merge key's message was
+// cancelled: the key is free (rec is its "cancelled" record). The level
+// owners call it, from any goroutine.
+func (m *MergeCaches) Forget(rec index.Record) {
+	for _, c := range m.byPart {
+		c.forget(rec)
+	}
+}
+
+// of returns ingress partition part's cache.
+func (m *MergeCaches) of(part int) (*mergeCache, error) {
+	if part < 0 || part >= len(m.byPart) {
+		return nil, fmt.Errorf("deliver: router: ingress partition %d has no merge cache (%d)", part, len(m.byPart))
+	}
+	return m.byPart[part], nil
 }
 
 func newMergeCache() *mergeCache {

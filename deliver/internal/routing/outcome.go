@@ -35,7 +35,7 @@ func (r *Router) writeConfirmed(rt *routing, ack *jetstream.PubAck) {
 	}
 	rt.w.failing.progress()
 	rt.w.lastRouted.Store(rt.seq)
-	r.cfg.OnRouted(rt.w.stream, ack.Sequence)
+	r.deps.Tails.Written(rt.w.stream, ack.Sequence)
 }
 
 // writeRefused is the acker's report of a failed write ([ackSink]).
@@ -49,7 +49,7 @@ func (r *Router) writeRefused(rt *routing) {
 }
 
 // tailSynced is the acker's report of a tail sync ([ackSink]).
-func (r *Router) tailSynced(stream string, seq uint64) { r.cfg.OnRouted(stream, seq) }
+func (r *Router) tailSynced(stream string, seq uint64) { r.deps.Tails.Written(stream, seq) }
 
 // deadLetterInvalid sends the write of an ingress message that cannot be
 // placed (invalid, or too large for a level stream) to DELAYD_DLQ; the

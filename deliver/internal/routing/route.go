@@ -198,7 +198,3 @@ func (r *Router) confirmMerges(rt *routing, ok bool) {
 		}
 	}
 }
-
-// ForgetMerge records that a merge key's message was cancelled: the key is
-// free (rec is its "cancelled" record). Scanners call it.
-func (r *Router) ForgetMerge(rec index.Record) { r.merges.forget(rec) }

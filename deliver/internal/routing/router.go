@@ -1,7 +1,6 @@
 package routing
 
 import (
-	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -15,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
-	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/levels"
@@ -88,16 +86,6 @@ type Config struct {
 	// Batch is how many ingress messages are pulled ahead. Optional. Default
 	// [BatchDefault].
 	Batch int
-
-	// OnRouted is called with a level stream's name and a sequence it now
-	// holds, for observers such as metrics: after each confirmed level
-	// write, with the sequence the write got, and after each tail sync (at
-	// the start of a session and before a retry), with the stream's last
-	// sequence. (Scanners need no nudge: their pending pull request
-	// receives the message.) Calls come from one goroutine, the router's
-	// acker, one at a time, in ingress order; it must not block, as the
-	// acker acks nothing meanwhile. Optional.
-	OnRouted func(stream string, seq uint64)
 }
 
 func (c *Config) setDefaults() {
@@ -112,9 +100,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxDelay == 0 {
 		c.MaxDelay = contract.MaxDelayDefault
-	}
-	if c.OnRouted == nil {
-		c.OnRouted = func(string, uint64) {}
 	}
 }
 
@@ -153,10 +138,22 @@ type Wiring struct {
 	// keeps its first id, enqueue time and hop count. Required.
 	HopKey hopKey
 
-	// Scanners is the router's view of the level scanners. Optional: nil
-	// merges nothing (no scanner can say a message is pending) and
+	// Owners is the router's view of the level owners. Optional: nil
+	// merges nothing (no owner can say a message is pending).
+	Owners Owners
+
+	// Offsets reads the level streams' committed offsets. Optional: nil
 	// re-indexes every candidate at start.
-	Scanners LevelScanners
+	Offsets Offsets
+
+	// Tails is told what the level streams hold after each confirmed level
+	// write and each tail sync. Optional: nil tells nobody.
+	Tails Tails
+
+	// Merges holds the router's merge cache, its ingress partition's,
+	// where the level owners forget the merge keys they free. Optional:
+	// nil gives the router a cache of its own, which nothing else reaches.
+	Merges *MergeCaches
 
 	// LookupConn reads the id index for merge checks (deliver.Config.LookupConn:
 	// the server walks the index inline on the reading connection).
@@ -174,21 +171,6 @@ func (w *Wiring) validate() error {
 		return errors.New("deliver: router: a hop key is required")
 	}
 	return nil
-}
-
-// LevelScanners is what the router asks of the level streams' scanners.
-type LevelScanners interface {
-	// PendingAt reports whether the level message rec places has not been
-	// handed to its target yet and is not cancelled; rec's hop and due
-	// come from its index record. Merging asks it.
-	PendingAt(ctx context.Context, rec index.Record) bool
-
-	// Passed returns the highest sequence stream's scanner handed off.
-	Passed(ctx context.Context, stream string) uint64
-
-	// Committed returns stream's committed offset, 0 if unknown, for the
-	// re-index at start.
-	Committed(ctx context.Context, stream string) uint64
 }
 
 // Stats are the router's counters since start.
@@ -378,11 +360,12 @@ func (c *failClock) failingFor(epoch time.Time) time.Duration {
 // carrying Delayd-Origin is routed as a new message), merges nothing (no
 // scanner can say a merge key's message is pending), re-indexes every
 // candidate at start, and counts dead letters only in [Router.Stats]. A
-// deliver.Service builds its router with its hop key and scanners.
-func NewStandalone(js jetstream.JetStream, cfg Config) (*Router, error) {
+// deliver.Service builds its router with its hop key and scanners. tails,
+// if not nil, is told what the level streams hold ([Wiring].Tails).
+func NewStandalone(js jetstream.JetStream, cfg Config, tails Tails) (*Router, error) {
 	key := make(hopKey, hopKeySize)
 	_, _ = rand.Read(key) // never fails (crypto/rand)
-	return New(js, cfg, Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: key})
+	return New(js, cfg, Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: key, Tails: tails})
 }
 
 // New returns a router wired to the rest of delayd.
@@ -394,10 +377,20 @@ func New(js jetstream.JetStream, cfg Config, wiring Wiring) (*Router, error) {
 	if err := wiring.validate(); err != nil {
 		return nil, err
 	}
+	if wiring.Tails == nil {
+		wiring.Tails = noTails{}
+	}
+	merges := newMergeCache()
+	if wiring.Merges != nil {
+		var err error
+		if merges, err = wiring.Merges.of(cfg.IngressPartition); err != nil {
+			return nil, err
+		}
+	}
 	r := &Router{
 		cfg: cfg, deps: routerDeps{js: js, Wiring: wiring}, logger: cfg.Logger,
 		classifier: classifier{prefix: cfg.Prefix, levels: cfg.Levels, targets: cfg.Targets, maxDelay: cfg.MaxDelay},
-		merges:     newMergeCache(),
+		merges:     merges,
 		hooks:      testHooks{ackTimeout: writeAttempt},
 		health:     routerHealth{epoch: time.Now()},
 		share:      ingressShare{part: cfg.IngressPartition, parts: cfg.Partitions.Ingress(), refusal: routerRefusal},

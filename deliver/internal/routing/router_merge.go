@@ -16,7 +16,7 @@ import (
 // handed it to its target yet. A lookup that fails merges nothing and
 // returns its error: the message is then delivered on its own, never lost.
 func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error) {
-	if r.deps.Scanners == nil {
+	if r.deps.Owners == nil {
 		return false, nil
 	}
 	k := index.MergeKey(target, key)
@@ -36,7 +36,7 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 	if !ok || rec.Stream == "" || rec.Gone {
 		return false, nil
 	}
-	pending := r.deps.Scanners.PendingAt(ctx, rec)
+	pending := r.deps.Owners.Pending(ctx, rec)
 	if err := ctx.Err(); err != nil {
 		// Stopped while asking: no answer is not "not pending" here; the
 		// message stays unacked for the next session (as a lookup stopped by
@@ -78,10 +78,10 @@ func (r *Router) placed(ctx context.Context, rec index.Record, target, key strin
 		return false, err
 	}
 	if len(msgs) == 0 || msgs[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.Seq, 10) {
-		if !rec.Hop || r.deps.Scanners == nil {
+		if !rec.Hop || r.deps.Owners == nil {
 			return false, nil
 		}
-		passed := r.deps.Scanners.Passed(ctx, rec.Stream)
+		passed := r.deps.Owners.Passed(ctx, rec.Stream)
 		if err := ctx.Err(); err != nil {
 			return false, err // stopped while asking (see mergeInto)
 		}

@@ -35,11 +35,11 @@ func TestRouterWiringRequired(t *testing.T) {
 		}
 	}
 	// A router on its own has its own hop key: no hop header is trusted.
-	r, err := NewStandalone(nil, cfg)
+	r, err := NewStandalone(nil, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.deps.HopKey) != hopKeySize || r.deps.Scanners != nil {
-		t.Errorf("NewStandalone: hop key of %d bytes, Scanners %v; want %d bytes and none", len(r.deps.HopKey), r.deps.Scanners, hopKeySize)
+	if len(r.deps.HopKey) != hopKeySize || r.deps.Owners != nil || r.deps.Offsets != nil {
+		t.Errorf("NewStandalone: hop key of %d bytes, Owners %v, Offsets %v; want %d bytes and none", len(r.deps.HopKey), r.deps.Owners, r.deps.Offsets, hopKeySize)
 	}
 }

@@ -93,12 +93,38 @@ func (r *Router) Run(ctx context.Context) error {
 
 // session runs one ingress consumer from a fresh resync until an error.
 func (r *Router) session(ctx context.Context) error {
+	var opened closers
+	defer opened.close()
+	pull, err := r.open(ctx, &opened)
+	if err != nil {
+		return err
+	}
+	return r.consume(ctx, pull)
+}
+
+// closers are what a session opened, closed in reverse order when the
+// session ends, as defers would be: Run's goroutine only.
+type closers []func()
+
+func (c *closers) add(f func()) { *c = append(*c, f) }
+
+func (c *closers) close() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+}
+
+// open starts a session: it checks the term, starts the PubAck tracker
+// and the write pipeline, syncs the level streams' tails (re-indexing and
+// marking each, sync.go), and creates the term's ingress consumer. What
+// it starts is added to opened, which the session closes when it ends.
+func (r *Router) open(ctx context.Context, opened *closers) (*jswire.Pull, error) {
 	if !r.run.term.Held() {
-		return errNotOwner // a stale router recreates no stream and writes no index record
+		return nil, errNotOwner // a stale router recreates no stream and writes no index record
 	}
 	info, err := streamInfo(ctx, r.deps.js, ingressStream)
 	if err != nil {
-		return fmt.Errorf("ingress stream: %w", err)
+		return nil, fmt.Errorf("ingress stream: %w", err)
 	}
 	r.run.ingressID = strconv.FormatInt(info.CachedInfo().Created.UnixNano(), 10)
 	// The acker runs for the session; stopping it lets every write sent
@@ -106,15 +132,15 @@ func (r *Router) session(ctx context.Context) error {
 	// tracker closes.
 	acks, err := jswire.NewPubAcks(r.deps.js.Conn(), r.hooks.ackTimeout)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if r.hooks.loseAcks != nil {
 		acks.LoseReplies(r.hooks.loseAcks)
 	}
 	r.run.acks = acks
-	defer acks.Close()
+	opened.add(acks.Close)
 	r.pipe.start()
-	defer r.pipe.stop()
+	opened.add(r.pipe.stop)
 	// Phase 1 of the router's ownership: one router at a time, by lease;
 	// it stops at its term's end and checks its term before every level
 	// write. A stale router paused between that check and its write (or
@@ -128,15 +154,15 @@ func (r *Router) session(ctx context.Context) error {
 	// stale router can neither delete the new router's consumer nor ack
 	// into it.
 	if !r.run.term.Held() {
-		return errNotOwner
+		return nil, errNotOwner
 	}
-	defer r.startSyncs(ctx, info.CachedInfo().State)()
+	opened.add(r.startSyncs(ctx, info.CachedInfo().State))
 	if err := r.awaitSyncs(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	consumer, err := r.resetConsumers(ctx, info)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var filter string
 	if r.share.parts > 1 {
@@ -153,19 +179,24 @@ func (r *Router) session(ctx context.Context) error {
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
-		return fmt.Errorf("create ingress consumer: %w", err)
+		return nil, fmt.Errorf("create ingress consumer: %w", err)
 	}
 	pull, err := jswire.NewPull(r.deps.js.Conn(), ingressStream, consumer, r.cfg.Batch, 0)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// The fresh consumer redelivers every unacked message: dead letters
 	// still refused are recorded again when they are.
 	r.deps.Refused.Forget(r.share.refusal)
 	stop := context.AfterFunc(ctx, pull.Stop)
-	defer stop()
-	defer pull.Stop()
+	opened.add(func() { stop() })
+	opened.add(pull.Stop)
+	return pull, nil
+}
 
+// consume routes what the session's fresh ingress consumer delivers, in
+// order, until an error.
+func (r *Router) consume(ctx context.Context, pull *jswire.Pull) error {
 	// The consumer is fresh: its deliveries are numbered from 1, one more
 	// for each (a redelivery too). A number skipped is a delivery lost on
 	// the way (a connection cut while a pull's messages were in flight):

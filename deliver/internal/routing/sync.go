@@ -330,7 +330,7 @@ func (r *Router) levelReady(w *levelWriter) {
 }
 
 // syncTails syncs every ready level writer and reports each stream's last
-// sequence (OnRouted): a write whose PubAck was lost is found here, not
+// sequence (Tails): a write whose PubAck was lost is found here, not
 // acked. A level not ready yet is being synced by its helper.
 func (r *Router) syncTails(ctx context.Context) error {
 	for _, w := range r.writers.all {
@@ -504,8 +504,8 @@ func (r *Router) reindex(ctx context.Context, w *levelWriter, st tailState, look
 	if st.expected > window {
 		from = st.expected - window + 1
 	}
-	if r.deps.Scanners != nil {
-		from = max(from, r.deps.Scanners.Committed(ctx, w.stream)+1)
+	if r.deps.Offsets != nil {
+		from = max(from, r.deps.Offsets.Committed(ctx, w.stream)+1)
 	}
 	for from <= st.expected {
 		rctx, cancel := context.WithTimeout(ctx, opTimeout)
