@@ -183,7 +183,7 @@ func (o *Service) Lease(key string, work Work) (Lease, error) {
 	return Lease{e: e, work: work}, nil
 }
 
-// Plan is the order the electors start in (docs/reshape.md#7-risks, R1):
+// Plan is the order the electors start in (docs/reshape.md#7-risks-rules-that-live-in-comments-today-and-how-the-structure-enforces-them, R1):
 // every First elector at once, and each Then elector only once every
 // First elector's first bid was answered ([Elector.Tried]). delayd puts
 // the level streams and the janitor in First and the routers in Then: a

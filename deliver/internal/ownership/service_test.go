@@ -53,7 +53,7 @@ func (c *planClaimer) logCopy() []string {
 
 // TestPlanThenAfterFirst: a Plan's Then elector does not bid (no
 // TryAcquire, seen as no claim) before every First elector's first bid
-// was answered (docs/reshape.md#7-risks, R1: the routers bid only after
+// was answered (docs/reshape.md#7-risks-rules-that-live-in-comments-today-and-how-the-structure-enforces-them, R1: the routers bid only after
 // every level's and the janitor's first bid); then it bids, and every
 // elector returns nil when the Plan's context ends.
 func TestPlanThenAfterFirst(t *testing.T) {
