@@ -3,7 +3,6 @@ package deliver
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -17,9 +16,8 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/routing"
-	"github.com/delayd/delayd/internal/lease"
+	"github.com/delayd/delayd/deliver/internal/supervise"
 	"github.com/delayd/delayd/levels"
-	"github.com/delayd/delayd/offsets"
 )
 
 // Stream names and defaults of the JetStream resources delayd creates.
@@ -327,63 +325,16 @@ func (s *Service) Stalled() []string {
 // bucket that delayd did not write stops it at once with an error wrapping
 // [ErrHopKey].
 func (s *Service) Run(ctx context.Context) error {
-	// Join the replicas before touching any stream: a replica whose level
-	// table differs from a live one's must change nothing.
-	holder := lease.NewHolderID()
-	mctx, leave := context.WithCancel(ctx)
-	var members *lease.Membership
-	defer func() {
-		leave()
-		if members != nil {
-			<-members.Done() // the membership key deleted (bounded: 5 s)
-		}
-	}()
-	backoff := newBackoff(200*time.Millisecond, 5*time.Second)
-	for {
-		var err error
-		members, err = s.join(mctx, holder)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		if errors.Is(err, lease.ErrMismatch) {
-			return fmt.Errorf("%w: %w", ErrReplicaMismatch, err)
-		}
-		if err := s.permanent(err); err != nil {
-			return err
-		}
-		s.logger.Warn("joining the replicas failed; retrying", slog.Any("error", err))
-		if !backoff.Sleep(ctx) {
-			return nil
-		}
+	own := ownership.NewService(ownership.ServiceConfig{TTL: s.cfg.LeaseTTL, OnEvent: s.leaseEvent, Logger: s.logger})
+	defer own.Leave() // the membership key deleted (bounded: 5 s)
+	if ok, err := s.joinUntilOK(ctx, own); !ok {
+		return err
 	}
-
-	var streams []string
-	var store *offsets.Store
-	var bucket *lease.Bucket
-	backoff.Reset()
-	for {
-		var err error
-		streams, store, bucket, err = s.setupInTurn(ctx, holder)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		if errors.Is(err, ErrHopKey) || errors.Is(err, ErrIngressPartitionsChanged) {
-			return err // retrying cannot help: an operator must act
-		}
-		if err := s.permanent(err); err != nil {
-			return err
-		}
-		s.logger.Warn("setup failed; retrying", slog.Any("error", err))
-		if !backoff.Sleep(ctx) {
-			return nil
-		}
+	st, err := s.setupUntilOK(ctx, own)
+	if st == nil {
+		return err
 	}
+	streams, store := st.streams, st.store
 
 	targets := s.targets
 	if err := targets.Refresh(ctx); err != nil {
@@ -400,62 +351,10 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 
-	// One elector per lease: the router's, each level stream's and the
-	// janitor's, sharing the leases with the other live replicas.
-	balancer, err := ownership.NewBalancer(ownership.BalancerConfig{Members: members, TTL: s.cfg.LeaseTTL,
-		Logger: s.logger.With(slog.String("component", "balance"))})
+	plan, err := s.leasePlan(own, st, scanners, routers)
 	if err != nil {
 		return err
 	}
-	leases := make(map[string]*leaseState, len(scanners)+2)
-	s.own.gains = newGainLog(s.logger.With(slog.String("component", "lease")), func() int {
-		n := 0
-		for _, st := range leases {
-			if _, held := st.elector.Held(); held {
-				n++
-			}
-		}
-		return n
-	})
-	type leasedWork struct {
-		elector *ownership.Elector
-		work    func(context.Context, ownership.Term) error
-	}
-	var works []leasedWork
-	addLease := func(key string, work func(context.Context, ownership.Term) error) error {
-		if s.hooks.noBid != nil && s.hooks.noBid(key) {
-			return nil
-		}
-		e, err := ownership.New(ownership.Config{Bucket: bucket, Key: key, Holder: holder, TTL: s.cfg.LeaseTTL,
-			Balancer: balancer, OnEvent: s.leaseEvent, Logger: s.logger.With(slog.String("component", "lease"))})
-		if err != nil {
-			return err
-		}
-		leases[key] = &leaseState{elector: e}
-		works = append(works, leasedWork{e, work})
-		return nil
-	}
-	for _, router := range routers { // works[:len(routers)]: started last, below
-		if err := addLease(router.LeaseKey(), router.runTerm); err != nil {
-			return err
-		}
-	}
-	nRouters := len(works) // fewer than the routers where noBid skips some
-	for _, name := range streams {
-		if err := addLease(ownership.LevelKey(name), scanners[name].runTerm); err != nil {
-			return err
-		}
-	}
-	// The singleton jobs run in one replica at a time.
-	if err := addLease(ownership.JanitorKey, func(ctx context.Context, _ ownership.Term) error {
-		return s.runJanitor(ctx, store, members)
-	}); err != nil {
-		return err
-	}
-	s.own.balancer.Store(balancer)
-	s.mu.Lock()
-	s.parts.routers, s.parts.scanners, s.own.leases, s.own.holder = routers, scanners, leases, holder
-	s.mu.Unlock()
 
 	cancelJS := mustJS(s.nc, 0)
 	cancels := s.newCancelAPI(cancelJS)
@@ -468,49 +367,75 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = infoSub.Unsubscribe() }()
-	var wg sync.WaitGroup
-	errs := make(chan error, len(works)+4)
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wg.Go(func() { errs <- targets.Run(runCtx) })
-	wg.Go(func() { errs <- balancer.Run(runCtx) })
-	wg.Go(func() { errs <- s.own.gains.run(runCtx) })
-	// Each elector runs its work only while it holds the lease, and
-	// releases the lease after the work has settled and committed.
-	// The router bids once every scanner made its first bid: a single
-	// process then routes only once its scanners run, and the merge check
-	// (pendingAt, which trusts only a scanner this process runs) works
-	// from the first message.
-	for _, o := range works[nRouters:] {
-		wg.Go(func() { errs <- o.elector.Run(runCtx, o.work) })
-	}
-	for _, router := range works[:nRouters] {
-		wg.Go(func() {
-			for _, o := range works[nRouters:] {
-				select {
-				case <-o.elector.Tried():
-				case <-runCtx.Done():
-					errs <- nil
-					return
-				}
-			}
-			errs <- router.elector.Run(runCtx, router.work)
-		})
-	}
+	g := supervise.New(ctx, s.logger)
+	g.Go("targets", supervise.Func(targets.Run))
+	g.Go("lease log", supervise.Func(s.own.gains.run))
+	g.Go("ownership", own.Plan(plan))
 	s.parts.cancelAPI = cancels
-	wg.Go(func() { errs <- cancels.Run(runCtx) })
-	members.Bidding() // the others count this replica in their shares from now on
+	g.Go("cancel API", cancels)
+	own.Bidding() // the others count this replica in their shares from now on
 	s.ready.Store(true)
-	s.logger.Info("delayd scheduling", slog.String("ingress", s.cfg.Prefix+".>"), slog.Int("level_streams", len(streams)), slog.String("holder", holder))
+	s.logger.Info("delayd scheduling", slog.String("ingress", s.cfg.Prefix+".>"), slog.Int("level_streams", len(streams)), slog.String("holder", own.Holder()))
 
-	var first error
-	go func() { wg.Wait(); close(errs) }()
-	for err := range errs {
-		if err != nil && first == nil {
-			first = err
-			cancel()
+	err = g.Wait()
+	s.ready.Store(false)
+	return err
+}
+
+// leasePlan makes one elector per lease, values only (no goroutine): the
+// router's (one per ingress partition), each level stream's and the
+// janitor's, sharing the leases with the other live replicas through
+// own's balancer, except those hooks.noBid names. It publishes them
+// (s.own, and s.parts with routers and scanners under s.mu) and returns
+// the order they start in: the routers after every level's and the
+// janitor's first bid ([ownership.Plan]).
+func (s *Service) leasePlan(own *ownership.Service, st *setupState, scanners map[string]*Scanner, routers []*Router) (ownership.Plan, error) {
+	var plan ownership.Plan
+	if err := own.Open(st.bucket); err != nil {
+		return plan, err
+	}
+	leases := make(map[string]*leaseState, len(scanners)+2)
+	s.own.gains = newGainLog(s.logger.With(slog.String("component", "lease")), func() int {
+		n := 0
+		for _, st := range leases {
+			if _, held := st.elector.Held(); held {
+				n++
+			}
+		}
+		return n
+	})
+	addLease := func(to *[]ownership.Lease, key string, work ownership.Work) error {
+		if s.hooks.noBid != nil && s.hooks.noBid(key) {
+			return nil
+		}
+		l, err := own.Lease(key, work)
+		if err != nil {
+			return err
+		}
+		leases[key] = &leaseState{elector: l.Elector()}
+		*to = append(*to, l)
+		return nil
+	}
+	for _, router := range routers {
+		if err := addLease(&plan.Then, router.LeaseKey(), router.runTerm); err != nil {
+			return plan, err
 		}
 	}
-	s.ready.Store(false)
-	return first
+	for _, name := range st.streams {
+		if err := addLease(&plan.First, ownership.LevelKey(name), scanners[name].runTerm); err != nil {
+			return plan, err
+		}
+	}
+	// The singleton jobs run in one replica at a time.
+	store, members := st.store, own.Members()
+	if err := addLease(&plan.First, ownership.JanitorKey, func(ctx context.Context, _ ownership.Term) error {
+		return s.runJanitor(ctx, store, members)
+	}); err != nil {
+		return plan, err
+	}
+	s.own.balancer.Store(own.Balancer())
+	s.mu.Lock()
+	s.parts.routers, s.parts.scanners, s.own.leases, s.own.holder = routers, scanners, leases, own.Holder()
+	s.mu.Unlock()
+	return plan, nil
 }

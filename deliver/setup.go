@@ -16,28 +16,73 @@ import (
 	"github.com/delayd/delayd/offsets"
 )
 
-// join opens the lease bucket (without changing it) and starts this
-// replica's membership: it fails with an error wrapping lease.ErrMismatch
-// if a live replica's level table, prefix or replica count differs. The
-// membership lasts until ctx ends.
-func (s *Service) join(ctx context.Context, holder string) (*lease.Membership, error) {
-	// 10 s: creates of the bucket sent at once by replicas started
-	// together may go unanswered (see setupInTurn); the retry finds it.
-	jctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	bucket, err := lease.BindBucket(jctx, mustJS(s.nc, 0), lease.BucketConfig{Replicas: s.cfg.Replicas})
-	if err != nil {
-		return nil, err
+// joinUntilOK joins the replicas before touching any stream
+// ([ownership.Service.Join]: a replica whose level table, prefix or replica
+// count differs from a live one's must change nothing), retrying with
+// backoff until it succeeds. ok is false when Run must return err: nil if
+// ctx ended, an error wrapping [ErrReplicaMismatch], or a permanent one.
+func (s *Service) joinUntilOK(ctx context.Context, own *ownership.Service) (ok bool, err error) {
+	backoff := newBackoff(200*time.Millisecond, 5*time.Second)
+	for {
+		err := own.Join(ctx, mustJS(s.nc, 0), lease.BucketConfig{Replicas: s.cfg.Replicas}, s.sharedSettings())
+		if err == nil {
+			return true, nil
+		}
+		if ctx.Err() != nil {
+			return false, nil
+		}
+		if errors.Is(err, lease.ErrMismatch) {
+			return false, fmt.Errorf("%w: %w", ErrReplicaMismatch, err)
+		}
+		if err := s.permanent(err); err != nil {
+			return false, err
+		}
+		s.logger.Warn("joining the replicas failed; retrying", slog.Any("error", err))
+		if !backoff.Sleep(ctx) {
+			return false, nil
+		}
 	}
-	m, err := lease.NewMembership(bucket, lease.MembershipConfig{Holder: holder, TTL: s.cfg.LeaseTTL, Settings: s.sharedSettings(),
-		Logger: s.logger.With(slog.String("component", "membership"))})
-	if err != nil {
-		return nil, err
+}
+
+// setupState is what setup made that Run builds on: the level streams
+// to scan, the offsets store and the lease bucket.
+type setupState struct {
+	streams []string
+	store   *offsets.Store
+	bucket  *lease.Bucket
+}
+
+// setupUntilOK runs setup in this replica's turn
+// ([ownership.Service.SetupTurn]), retrying with backoff until it
+// succeeds. A nil state means Run must return err: nil if ctx ended, or
+// an error no retry can mend (a foreign hop secret, a changed ingress
+// partition count, a permanent one).
+func (s *Service) setupUntilOK(ctx context.Context, own *ownership.Service) (*setupState, error) {
+	backoff := newBackoff(200*time.Millisecond, 5*time.Second)
+	for {
+		var st setupState
+		err := own.SetupTurn(ctx, mustJS(s.nc, 0), lease.BucketConfig{Replicas: s.cfg.Replicas}, func(ctx context.Context) error {
+			var err error
+			st.streams, st.store, st.bucket, err = s.setup(ctx)
+			return err
+		})
+		if err == nil {
+			return &st, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		if errors.Is(err, ErrHopKey) || errors.Is(err, ErrIngressPartitionsChanged) {
+			return nil, err // retrying cannot help: an operator must act
+		}
+		if err := s.permanent(err); err != nil {
+			return nil, err
+		}
+		s.logger.Warn("setup failed; retrying", slog.Any("error", err))
+		if !backoff.Sleep(ctx) {
+			return nil, nil
+		}
 	}
-	if err := m.Start(ctx); err != nil {
-		return nil, err
-	}
-	return m, nil
 }
 
 // permanent returns the error Run stops with for a setup or join error
@@ -56,39 +101,6 @@ func (s *Service) permanent(err error) error {
 // more than one replica on a server that is not clustered
 // (nats-server's JSStreamReplicasNotSupportedErr).
 const jsErrReplicasNotSupported jetstream.ErrorCode = 10074
-
-// setupInTurn runs setup while holding the lease [ownership.SetupKey], so
-// that replicas set up one at a time: identical stream creates sent at
-// once by several replicas to a cluster can all go unanswered
-// (nats-server v2.15.2: three replicas started together waited 60 to 91 s
-// for their streams, integration TestReplicasStartTogether). The lease is
-// released once setup returns; one left by a replica that crashed in its
-// setup is taken a lease TTL after its last renewal. Each later replica's
-// setup finds every stream in place and changes nothing.
-func (s *Service) setupInTurn(ctx context.Context, holder string) ([]string, *offsets.Store, *lease.Bucket, error) {
-	bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	bucket, err := lease.BindBucket(bctx, mustJS(s.nc, 0), lease.BucketConfig{Replicas: s.cfg.Replicas})
-	cancel()
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	turn, err := lease.New(bucket, lease.Config{Key: ownership.SetupKey, Holder: holder, TTL: s.cfg.LeaseTTL,
-		Logger: s.logger.With(slog.String("component", "lease"), slog.String("lease", ownership.SetupKey))})
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	if err := turn.Acquire(ctx); err != nil {
-		return nil, nil, nil, err
-	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := turn.Release(rctx); err != nil {
-			s.logger.Warn("setup lease not released; the next replica takes it after the lease TTL", slog.Any("error", err))
-		}
-	}()
-	return s.setup(ctx)
-}
 
 // setup creates or updates every stream, the offsets and lease buckets
 // ([resource.Setup]), keeps the hop secret and the partition boundaries,

@@ -152,6 +152,10 @@ type Config struct {
 
 	// Logger is optional. Default discards.
 	Logger *slog.Logger
+
+	// claimer, if set (tests only), is the lease's [lease.Claimer]
+	// instead of Balancer.
+	claimer lease.Claimer
 }
 
 // Term is one holding of the lease, as the work sees it.
@@ -224,6 +228,9 @@ func New(cfg Config) (*Elector, error) {
 	lc := lease.Config{Key: cfg.Key, Holder: cfg.Holder, TTL: cfg.TTL, Logger: logger}
 	if cfg.Balancer != nil {
 		lc.Claimer = cfg.Balancer
+	}
+	if cfg.claimer != nil {
+		lc.Claimer = cfg.claimer
 	}
 	l, err := lease.New(cfg.Bucket, lc)
 	if err != nil {
