@@ -66,25 +66,20 @@ type serviceScanners struct {
 }
 
 // pendingAt answers from this replica's scanner when it owns the level
-// (once its term's start loaded the offset and tombstones: it waits for
+// (once its term's load loaded the offset and tombstones: it waits for
 // that up to decidePendingWait), and otherwise asks the level's owner on
 // its decide subject. No answer (no owner, a failover, a timeout) is "not
 // pending": that costs a merge, never a message merged into one already
 // delivered.
 func (v serviceScanners) pendingAt(ctx context.Context, rec index.Record) bool {
 	sc := v.scanners[rec.Stream]
-	switch {
-	case sc == nil:
+	if sc == nil {
 		return false
-	case sc.l.Owned():
-		for deadline := time.Now().Add(level.DecidePendingWait); !sc.l.Loaded(); {
-			if !sc.l.Owned() || time.Now().After(deadline) {
-				return false
-			}
-			time.Sleep(time.Millisecond) // a term's first moments only
-		}
-		return sc.pendingAt(rec)
-	case v.owners != nil:
+	}
+	if pending, owned := sc.l.Pending(ctx, rec); owned {
+		return pending
+	}
+	if v.owners != nil {
 		return v.owners.Pending(ctx, rec)
 	}
 	return false
@@ -94,15 +89,13 @@ func (v serviceScanners) pendingAt(ctx context.Context, rec index.Record) bool {
 // otherwise asks the level's owner; 0 (nothing passed) without an answer.
 func (v serviceScanners) passed(ctx context.Context, stream string) uint64 {
 	sc := v.scanners[stream]
-	switch {
-	case sc == nil:
+	if sc == nil {
 		return 0
-	case sc.l.Owned():
-		if !sc.l.Loaded() {
-			return 0 // its term's start has not loaded the offset yet
-		}
-		return sc.l.Passed()
-	case v.owners != nil:
+	}
+	if passed, owned := sc.l.PassedHere(); owned {
+		return passed // 0 until its term's load has loaded the offset
+	}
+	if v.owners != nil {
 		return v.owners.Passed(ctx, stream)
 	}
 	return 0

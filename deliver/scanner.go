@@ -211,9 +211,6 @@ func (s *Scanner) Run(ctx context.Context) error { return s.l.Run(ctx) }
 // ([level.Level.RunTerm]).
 func (s *Scanner) runTerm(ctx context.Context, t ownership.Term) error { return s.l.RunTerm(ctx, t) }
 
-// pendingAt is [level.Level.PendingAt].
-func (s *Scanner) pendingAt(rec index.Record) bool { return s.l.PendingAt(rec) }
-
 // requestCancel is [level.Level.RequestCancel].
 func (s *Scanner) requestCancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record) (cancelAnswer, error) {
 	return s.l.RequestCancel(ctx, reader, rec)

@@ -34,7 +34,7 @@ import (
 // Decide operations.
 const (
 	DecideOpCancel  = "cancel"  // cancel the message the record places (Level.RequestCancel)
-	decideOpPending = "pending" // is the message the record places pending (Level.PendingAt)?
+	decideOpPending = "pending" // is the message the record places pending (Level.Pending)?
 	decideOpPassed  = "passed"  // the highest sequence the owner handed off (decimal reply); no record
 	DecideOpStatus  = "status"  // the status of the message the record places (Level.RequestStatus)
 )
@@ -68,8 +68,8 @@ const (
 	decideForwarded  = "forwarded"   // answerForwarded
 	decideGone       = "gone"        // answerGone
 	decideRetry      = "retry"       // answerRetry
-	decidePending    = "pending"     // PendingAt: true
-	decideNotPending = "not pending" // PendingAt: false
+	decidePending    = "pending"     // Level.Pending: true
+	decideNotPending = "not pending" // Level.Pending: false
 	decideNotOwner   = "not owner"   // this replica's term ended: ask again (the next owner)
 	decideBusyReply  = contract.CancelReplyErrorPrefix + "busy"
 )
@@ -98,14 +98,15 @@ var answerText = map[cancelAnswer]string{
 // answered in time.
 var errOwnerSilent = fmt.Errorf("%w in time", errNoOwner)
 
-// serveDecide subscribes to the level's decide subject for the term t and
-// serves it until the returned stop is called (or ctx is done). stop
+// serveDecide subscribes to the level's decide subject for the owner's
+// term and serves it until the returned stop is called (or ctx is done). stop
 // unsubscribes, ends the decisions in flight (their requesters are
 // answered "not owner" or an error) and waits for its workers: the term's
 // work calls it before it returns, so before the lease is released. A
 // subscription that fails is logged: requesters then find no owner, as
 // during a failover.
-func (s *Level) serveDecide(ctx context.Context, t ownership.Term) (stop func()) {
+func (s *owner) serveDecide(ctx context.Context) (stop func()) {
+	t := s.term
 	ctx, cancel := context.WithCancel(ctx)
 	queue := make(chan *nats.Msg, decideQueueMax)
 	respond := func(m *nats.Msg, body string) {
@@ -128,14 +129,14 @@ func (s *Level) serveDecide(ctx context.Context, t ownership.Term) (stop func())
 		}
 		switch req.Op {
 		case decideOpPassed:
-			if s.run.decides.Load() {
-				respond(m, strconv.FormatUint(s.run.passed.Load(), 10))
+			if s.view.ready.done() {
+				respond(m, strconv.FormatUint(s.view.passed.Load(), 10))
 			} else {
 				respond(m, "0")
 			}
 		case decideOpPending:
 			// No I/O: answered on the subscription's goroutine.
-			if s.run.decides.Load() && s.PendingAt(req.record(s.cfg.Stream)) {
+			if s.view.ready.done() && s.pendingAt(req.record(s.cfg.Stream)) {
 				respond(m, decidePending)
 			} else {
 				respond(m, decideNotPending)
@@ -182,9 +183,9 @@ func (s *Level) serveDecide(ctx context.Context, t ownership.Term) (stop func())
 					err    error
 				)
 				if req.Op == DecideOpStatus {
-					answer, err = s.RequestStatus(ctx, req.record(s.cfg.Stream))
+					answer, err = s.ask(ctx, nil, req.record(s.cfg.Stream), true)
 				} else {
-					answer, err = s.RequestCancel(ctx, reader, req.record(s.cfg.Stream))
+					answer, err = s.ask(ctx, reader, req.record(s.cfg.Stream), false)
 				}
 				switch {
 				case err == nil:
