@@ -13,7 +13,7 @@ func (s *Level) Stream() string { return s.cfg.Stream }
 func (s *Level) Owned() bool { return s.slot.get() != nil }
 
 // Loaded reports whether the current term's load loaded the offset and
-// the tombstones (after its bump): from then on [Level.Pending] answers
+// the tombstones (after its bump): from then on [local.Pending] answers
 // for this replica's view of the level. False between terms.
 func (s *Level) Loaded() bool {
 	o := s.slot.get()
@@ -29,8 +29,17 @@ func (s *Level) Passed() uint64 {
 	return 0
 }
 
-// Committed returns the offset the level last committed.
-func (s *Level) Committed() uint64 { return s.commits.Committed() }
+// Committed returns the offset this replica's owner of the level last
+// committed, and whether a term of the level runs here now: 0 and false
+// for a level this replica does not own (read its stored offset). It reads
+// published state only (the term slot and the committer's atomic), never
+// asking another replica.
+func (s *Level) Committed() (offset uint64, owned bool) {
+	if s.slot.get() == nil {
+		return 0, false
+	}
+	return s.commits.Committed(), true
+}
 
 // PendingTombs counts the cancel book's tombstones of sequences past the
 // committed offset and returns the lowest keep of them, ascending.

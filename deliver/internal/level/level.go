@@ -409,10 +409,11 @@ func (s *Level) RunTerm(ctx context.Context, t ownership.Term) error {
 	o := newOwner(s, t)
 	o.term.Recovering(true) // until it has started: not handed over meanwhile
 	s.stats.epoch.Store(t.Epoch)
-	s.slot.begin(o) // "owned here" from now: askers reach o (and wait for its load)
-	stopDecide := o.serveDecide(ctx)
+	s.slot.begin(o)           // "owned here" from now: askers reach o (and wait for its load)
+	srv := newDecideServer(o) // the NATS door for other replicas, for this term only
+	srv.Start(ctx)
 	defer func() {
-		stopDecide()
+		srv.Stop()               // unsubscribe, answer queued requests "not owner", wait for its workers
 		s.slot.end(o)            // "not owned here": askers go to the next owner
 		s.stats.headDue.Store(0) // not this replica's head any more: never "stalled"
 	}()

@@ -24,16 +24,18 @@ func TestPendingWaitsForLoad(t *testing.T) {
 		clock:  levelClock{srv: &serverClock{clock: SystemClock}},
 	}
 	ctx := context.Background()
+	here := local{l}
 	rec := index.Record{Key: "ix", Stream: "DELAYD_5S", Seq: 5} // not passed: pending once loaded
-	if _, owned := l.Pending(ctx, rec); owned {
-		t.Fatal("Pending between terms: owned, want no owner here")
+	if l.Owned() || here.Pending(ctx, rec) {
+		t.Fatal("Pending between terms: owned or pending, want no owner here")
 	}
 	o := newOwner(l, ownership.Term{Epoch: 1})
+	o.view.passed.Store(3) // as a load sets it
 	l.slot.begin(o)
 
 	// The load never finishes.
 	start := time.Now()
-	pending, owned := l.Pending(ctx, rec)
+	pending, owned := here.Pending(ctx, rec), l.Owned()
 	if took := time.Since(start); !owned || pending || took < DecidePendingWait {
 		t.Fatalf("Pending during a load that never finishes: pending %v owned %v after %s; want false, true after at least %s",
 			pending, owned, took, DecidePendingWait)
@@ -46,7 +48,7 @@ func TestPendingWaitsForLoad(t *testing.T) {
 		setAt <- time.Now()
 		o.view.ready.set()
 	}()
-	pending, owned = l.Pending(ctx, rec)
+	pending, owned = here.Pending(ctx, rec), l.Owned()
 	answered := time.Now()
 	set := <-setAt
 	if !owned || !pending || answered.Before(set) || answered.Sub(set) > DecidePendingWait/2 {
@@ -56,32 +58,32 @@ func TestPendingWaitsForLoad(t *testing.T) {
 
 	// Loaded: at once.
 	start = time.Now()
-	pending, owned = l.Pending(ctx, rec)
+	pending, owned = here.Pending(ctx, rec), l.Owned()
 	if took := time.Since(start); !owned || !pending || took > DecidePendingWait/5 {
 		t.Fatalf("Pending once loaded: pending %v owned %v after %s; want true, true at once", pending, owned, took)
 	}
-	if passed, owned := l.PassedHere(); passed != 0 || !owned {
-		t.Fatalf("PassedHere once loaded: %d, %v; want 0 (nothing handed off), true", passed, owned)
+	if passed, owned := here.Passed(ctx, rec.Stream), l.Owned(); passed != 3 || !owned {
+		t.Fatalf("Passed once loaded: %d, %v; want 3, true", passed, owned)
 	}
 
 	// A reload (readiness reset) waits again; the term's end answers it.
 	o.view.ready.reset()
-	if passed, owned := l.PassedHere(); passed != 0 || !owned {
-		t.Fatalf("PassedHere during a reload: %d, %v; want 0, true", passed, owned)
+	if passed, owned := here.Passed(ctx, rec.Stream), l.Owned(); passed != 0 || !owned {
+		t.Fatalf("Passed during a reload: %d, %v; want 0 (not loaded), true", passed, owned)
 	}
 	go func() {
 		time.Sleep(DecidePendingWait / 5)
 		close(o.done)
 	}()
 	start = time.Now()
-	pending, owned = l.Pending(ctx, rec)
+	pending, owned = here.Pending(ctx, rec), l.Owned()
 	if took := time.Since(start); !owned || pending || took > DecidePendingWait*4/5 {
 		t.Fatalf("Pending as the term ends during a reload: pending %v owned %v after %s; want false, true before %s",
 			pending, owned, took, DecidePendingWait)
 	}
 	l.slot.end(o)
-	if _, owned := l.Pending(ctx, rec); owned {
-		t.Fatal("Pending after the term: owned, want no owner here")
+	if l.Owned() || here.Pending(ctx, rec) {
+		t.Fatal("Pending after the term: owned or pending, want no owner here")
 	}
 }
 

@@ -36,7 +36,7 @@ type cancelDecision struct {
 	term     ownership.Term // the term that reserved it, for the fenced check (Level.confirmOwner)
 }
 
-// answerReserved is a decision only the scanner gives to RequestCancel:
+// answerReserved is a decision only the owner's loop gives to a cancel:
 // the sequence is not passed and is reserved for the requester's I/O.
 const answerReserved cancelAnswer = -1
 
@@ -52,29 +52,23 @@ func clip(b []byte, n int) string {
 	return strconv.Quote(string(b))
 }
 
-// RequestCancel cancels the message rec places in this level, on the
-// caller's goroutine (a cancel worker), reading with reader. The scanner's
-// goroutine only decides, between two deliveries, whether the sequence is
-// passed (handed off: the answer) or not; if not, it reserves the
-// sequence, and the I/O (the read that checks the message, the tombstone
-// write and its PubAck) happens here, so a slow write holds no delivery
-// but this message's own. A message is either handed to its target or
-// cancelled, never both (docs/guarantees.md#delivered-xor-cancelled).
-func (s *Level) RequestCancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record) (cancelAnswer, error) {
-	return s.request(ctx, reader, rec, false)
-}
-
-// RequestStatus is [Level.RequestCancel] for a status request: the
-// scanner's goroutine decides as for a cancel, but reserves nothing, so a
-// message not handed off and not cancelled answers answerPending and is
-// delivered as usual. A cancel in flight is waited for; "cancelled" holds
-// only after the same fenced check as a cancel's.
-func (s *Level) RequestStatus(ctx context.Context, rec index.Record) (cancelAnswer, error) {
-	return s.request(ctx, nil, rec, true)
-}
-
-// request asks the current term's owner (the term slot's): between terms
-// it returns an error wrapping errNotOwner, to send again.
+// request cancels the message rec places in this level (or, with status,
+// tells its status), on the caller's goroutine (a cancel worker), reading
+// with reader ([local.Cancel], [local.Status]). It asks the current term's
+// owner (the term slot's): between terms it returns an error wrapping
+// errNotOwner, to send again.
+//
+// The owner's loop only decides, between two deliveries, whether the
+// sequence is passed (handed off: the answer) or not; if not, it reserves
+// the sequence, and the I/O (the read that checks the message, the
+// tombstone write and its PubAck) happens here, so a slow write holds no
+// delivery but this message's own. A message is either handed to its
+// target or cancelled, never both
+// (docs/guarantees.md#delivered-xor-cancelled). A status request is
+// decided as a cancel but reserves nothing, so a message not handed off
+// and not cancelled answers answerPending and is delivered as usual; a
+// cancel in flight is waited for, and "cancelled" holds only after the
+// same fenced check as a cancel's.
 func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (cancelAnswer, error) {
 	o := s.slot.get()
 	if o == nil {
@@ -456,29 +450,16 @@ func (s *owner) pending(ctx context.Context, rec index.Record) bool {
 	return false
 }
 
-// Pending answers from this replica's owner of the level when a term
-// runs here (owned): whether the message rec places is pending, once the
-// term's load has loaded the offset and tombstones (it waits for that up
-// to [DecidePendingWait]). Without an owner here it returns false, false:
-// ask the owner on another replica.
-func (s *Level) Pending(ctx context.Context, rec index.Record) (pending, owned bool) {
-	o := s.slot.get()
-	if o == nil {
-		return false, false
-	}
-	return o.pending(ctx, rec), true
-}
+// pendingNow is pendingAt once the owner's load has loaded the offset and
+// the tombstones, and "not pending" before, without waiting: the decide
+// server's answer.
+func (s *owner) pendingNow(rec index.Record) bool { return s.view.ready.done() && s.pendingAt(rec) }
 
-// PassedHere returns the highest sequence this replica's owner of the
-// level handed off, when a term runs here (owned); 0 until the term's load
-// has loaded the offset. Without an owner here it returns 0, false.
-func (s *Level) PassedHere() (passed uint64, owned bool) {
-	o := s.slot.get()
-	switch {
-	case o == nil:
-		return 0, false
-	case !o.view.ready.done():
-		return 0, true // its term's load has not loaded the offset yet
+// passedNow returns the highest sequence the owner handed off once its
+// load has loaded the offset; 0 before (any goroutine).
+func (s *owner) passedNow() uint64 {
+	if !s.view.ready.done() {
+		return 0 // its term's load has not loaded the offset yet
 	}
-	return o.view.passed.Load(), true
+	return s.view.passed.Load()
 }
