@@ -13,6 +13,7 @@ import (
 
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/level"
 	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/offsets"
 )
@@ -145,13 +146,14 @@ func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, rea
 		return oldest, errors.New("no server time")
 	}
 	s.mu.Lock()
-	streams := make([]string, 0, len(s.parts.scanners))
-	for name := range s.parts.scanners {
-		streams = append(streams, name)
+	levels := make([]*level.Level, 0, len(s.parts.scanners))
+	for _, sc := range s.parts.scanners {
+		levels = append(levels, sc.l)
 	}
 	s.mu.Unlock()
 	var buf []*nats.Msg
-	for _, stream := range streams {
+	for _, lvl := range levels {
+		stream := lvl.Stream()
 		// The committed offset as stored: the janitor's replica scans
 		// only its share of the levels, and its own view of the others'
 		// offsets is stale. A level it owns counts its latest commit.
@@ -164,7 +166,7 @@ func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, rea
 			cancel()
 			return time.Time{}, err
 		}
-		if latest, owned := s.levelCommitted(stream); owned {
+		if latest, owned := lvl.Committed(); owned {
 			committed = max(committed, latest)
 		}
 		buf, err = reader.Read(rctx, stream, buf[:0], committed+1, 1, 1)

@@ -1,6 +1,7 @@
 package deliver
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/level"
 	"github.com/delayd/delayd/deliver/internal/routing"
+	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
 )
@@ -51,66 +53,29 @@ func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *T
 	return scanners, nil
 }
 
-// serviceScanners is the router's view of a Service's scanners
-// ([routing.Owners], through routerOwners).
+// levelOwners returns the [level.Owners] of scanners' levels: this
+// replica's owner of a level while a term of its lease runs here, the
+// owner on another replica otherwise.
+func (s *Service) levelOwners(scanners map[string]*Scanner) *level.Owners {
+	levels := make(map[string]*level.Level, len(scanners))
+	for name, sc := range scanners {
+		levels[name] = sc.l
+	}
+	return level.NewOwners(level.OwnersConfig{Conn: s.nc, Levels: levels, LeaseTTL: cmp.Or(s.cfg.LeaseTTL, lease.TTLDefault)})
+}
+
+// serviceScanners is the router's view of a Service's levels
+// ([routing.Owners], through routerOwners): their owners' answers.
 type serviceScanners struct {
-	scanners map[string]*Scanner
-	owners   *level.PendingAsker // asks the owner of a level this replica does not own
+	owners *level.Owners
 }
 
-// pendingAt answers from this replica's scanner when it owns the level
-// (once its term's start loaded the offset and tombstones: it waits for
-// that up to decidePendingWait), and otherwise asks the level's owner on
-// its decide subject. No answer (no owner, a failover, a timeout) is "not
-// pending": that costs a merge, never a message merged into one already
-// delivered.
+// pendingAt is [level.Owners.Pending].
 func (v serviceScanners) pendingAt(ctx context.Context, rec index.Record) bool {
-	sc := v.scanners[rec.Stream]
-	switch {
-	case sc == nil:
-		return false
-	case sc.l.Owned():
-		for deadline := time.Now().Add(level.DecidePendingWait); !sc.l.Loaded(); {
-			if !sc.l.Owned() || time.Now().After(deadline) {
-				return false
-			}
-			time.Sleep(time.Millisecond) // a term's first moments only
-		}
-		return sc.pendingAt(rec)
-	case v.owners != nil:
-		return v.owners.Pending(ctx, rec)
-	}
-	return false
+	return v.owners.Pending(ctx, rec)
 }
 
-// passed answers from this replica's scanner when it owns the level, and
-// otherwise asks the level's owner; 0 (nothing passed) without an answer.
+// passed is [level.Owners.Passed].
 func (v serviceScanners) passed(ctx context.Context, stream string) uint64 {
-	sc := v.scanners[stream]
-	switch {
-	case sc == nil:
-		return 0
-	case sc.l.Owned():
-		if !sc.l.Loaded() {
-			return 0 // its term's start has not loaded the offset yet
-		}
-		return sc.l.Passed()
-	case v.owners != nil:
-		return v.owners.Passed(ctx, stream)
-	}
-	return 0
-}
-
-// levelCommitted returns the offset this replica's scanner of stream last
-// committed, and whether it owns the level now; 0 and false for a level
-// it does not own. The janitor reads it for the levels this replica owns,
-// and the store for the others (Service.oldestPending).
-func (s *Service) levelCommitted(stream string) (uint64, bool) {
-	s.mu.Lock()
-	sc := s.parts.scanners[stream]
-	s.mu.Unlock()
-	if sc == nil || !sc.l.Owned() {
-		return 0, false
-	}
-	return sc.l.Committed(), true
+	return v.owners.Passed(ctx, stream)
 }

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 
 	"github.com/delayd/delayd/deliver/internal/index"
-	"github.com/delayd/delayd/deliver/internal/level"
 	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/offsets"
 )
@@ -24,7 +23,7 @@ func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Stor
 	}
 	// One router per ingress partition (docs/operations.md#ingress-partitions).
 	routers := make([]*Router, s.cfg.IngressPartitions)
-	owners := level.NewPendingAsker(s.nc)
+	owners := s.levelOwners(scanners)
 	for i := range routers {
 		rc := rc
 		rc.IngressPartition = i
@@ -35,7 +34,7 @@ func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Stor
 		// Every level write is followed by one or two index writes.
 		router, err := newRouter(mustJS(s.nc, 3*inflight+16), rc, routing.Wiring{
 			Reasons: &s.dead.reasons, Refused: &s.dead.refused, HopKey: s.parts.hopKey,
-			Owners:     routerOwners{serviceScanners{scanners: scanners, owners: owners}},
+			Owners:     routerOwners{serviceScanners{owners: owners}},
 			Offsets:    storeOffsets{store},
 			Tails:      levelTails(scanners),
 			Merges:     merges,

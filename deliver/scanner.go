@@ -9,8 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/delayd/delayd/deliver/internal/index"
-	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/level"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
@@ -210,16 +208,3 @@ func (s *Scanner) Run(ctx context.Context) error { return s.l.Run(ctx) }
 // runTerm runs the scanner as the level's owner for one term of its lease
 // ([level.Level.RunTerm]).
 func (s *Scanner) runTerm(ctx context.Context, t ownership.Term) error { return s.l.RunTerm(ctx, t) }
-
-// pendingAt is [level.Level.PendingAt].
-func (s *Scanner) pendingAt(rec index.Record) bool { return s.l.PendingAt(rec) }
-
-// requestCancel is [level.Level.RequestCancel].
-func (s *Scanner) requestCancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record) (cancelAnswer, error) {
-	return s.l.RequestCancel(ctx, reader, rec)
-}
-
-// requestStatus is [level.Level.RequestStatus].
-func (s *Scanner) requestStatus(ctx context.Context, rec index.Record) (cancelAnswer, error) {
-	return s.l.RequestStatus(ctx, rec)
-}

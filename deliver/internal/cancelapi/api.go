@@ -66,8 +66,7 @@ type Hooks struct {
 }
 
 // Decider has the owner of a record's level decide: the one place where
-// a cancel meets the level owners (deliver's cancelDecider, over
-// level.Owners from step L3;
+// a cancel meets the level owners (deliver gives it its level.Owners;
 // docs/reshape.md#22-the-one-interface-for-other-goroutines).
 type Decider interface {
 	// Decide has the owner of rec's level decide the cancel (or, with

@@ -3,8 +3,13 @@ package level
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/jswire"
 )
 
 // CancelAnswer is a scanner's decision on a cancel.
@@ -25,9 +30,10 @@ const (
 var ErrNoOwner = errors.New("no owner answered")
 
 // Asker asks the owner of a level stream, wherever it runs: this replica's
-// owner for the current term, or another replica's over the level's decide
-// subject (contract.DecideSubject). It is to be the only way into a level
-// owner from another goroutine
+// owner for the current term ([local]), or another replica's over the
+// level's decide subject (contract.DecideSubject; [remote]). [Owners] picks
+// one of the two per question; it is the only way into a level owner from
+// another goroutine
 // (docs/reshape.md#22-the-one-interface-for-other-goroutines).
 type Asker interface {
 	// Pending reports whether the message rec places is neither handed off
@@ -41,27 +47,176 @@ type Asker interface {
 	Passed(ctx context.Context, stream string) uint64
 	// Cancel decides a cancel of the message rec places: the owner
 	// reserves the sequence between two deliveries, and the caller does
-	// the I/O (read, tombstone, PubAck, fenced owner check). Asking again
-	// is safe.
-	Cancel(ctx context.Context, rec index.Record) (CancelAnswer, error)
+	// the I/O (read with reader, tombstone, PubAck, fenced owner check).
+	// Asking again is safe.
+	Cancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record) (CancelAnswer, error)
+	// Status decides a status request of the message rec places, as a
+	// cancel is decided but reserving nothing: AnswerPending for a
+	// message neither handed off nor cancelled.
+	Status(ctx context.Context, rec index.Record) (CancelAnswer, error)
 }
 
-// Owners is to be the one [Asker] every other package holds: by stream, it
-// asks this replica's owner of the level when there is one, and the owner
-// on another replica otherwise. It is not wired yet (step S2 of
-// docs/reshape.md#6-steps-in-order): it knows no level, so it answers as
-// when no owner answers: not pending, nothing passed, [ErrNoOwner].
-type Owners struct{}
+// local asks this replica's owner of the level, the one its term slot
+// holds: without one it answers as no owner does (not pending, 0, an error
+// wrapping errNotOwner). Pending and Passed read the owner's published
+// view on the caller's goroutine, without the loop's turn (docs/reshape.md
+// R6); Cancel and Status send a request to the loop and do a reserved
+// cancel's I/O on the caller's goroutine.
+type local struct{ l *Level }
+
+var _ Asker = local{}
+
+// Pending is the owner's pending (it waits for the term's load up to
+// [DecidePendingWait]).
+func (a local) Pending(ctx context.Context, rec index.Record) bool {
+	o := a.l.slot.get()
+	if o == nil {
+		return false
+	}
+	return o.pending(ctx, rec)
+}
+
+// Passed is the owner's passed once its term's load has loaded the
+// offset; 0 before.
+func (a local) Passed(context.Context, string) uint64 {
+	if o := a.l.slot.get(); o != nil {
+		return o.passedNow()
+	}
+	return 0
+}
+
+// Cancel is the current owner's decision of a cancel ([Level.request]).
+func (a local) Cancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record) (CancelAnswer, error) {
+	return a.l.request(ctx, reader, rec, false)
+}
+
+// Status is the current owner's decision of a status request ([Level.request]).
+func (a local) Status(ctx context.Context, rec index.Record) (CancelAnswer, error) {
+	return a.l.request(ctx, nil, rec, true)
+}
+
+// OwnersConfig configures [Owners].
+type OwnersConfig struct {
+	// Conn carries the questions to the owners on other replicas.
+	// Required.
+	Conn *nats.Conn
+	// Levels are this replica's levels, by stream name: a stream not
+	// among them is unknown (not pending, nothing passed, AnswerGone).
+	Levels map[string]*Level
+	// LeaseTTL is the levels' lease TTL: a cancel or status request finds
+	// no owner for up to twice it before it gives up. Required.
+	LeaseTTL time.Duration
+}
+
+// Owners is the one [Asker] every other package holds: by stream, it asks
+// this replica's owner of the level ([local]) while a term of the level's
+// lease runs here, and the owner on another replica ([remote]) otherwise.
+// Safe for concurrent use.
+type Owners struct {
+	levels   map[string]*Level // immutable after NewOwners
+	remote   *remote
+	leaseTTL time.Duration
+}
 
 var _ Asker = (*Owners)(nil)
 
-// Pending reports false: no owner answers.
-func (*Owners) Pending(context.Context, index.Record) bool { return false }
+// NewOwners returns the Owners of cfg.Levels.
+func NewOwners(cfg OwnersConfig) *Owners {
+	return &Owners{levels: cfg.Levels, remote: newRemote(cfg.Conn), leaseTTL: cfg.LeaseTTL}
+}
 
-// Passed returns 0: no owner answers.
-func (*Owners) Passed(context.Context, string) uint64 { return 0 }
+// Pending reports the owner's answer to "is the message rec places
+// pending?": this replica's owner's once its term's load has loaded
+// (waiting up to DecidePendingWait for it), the owner's elsewhere
+// otherwise. No answer (no owner, a failover, a timeout) is "not
+// pending": that costs a merge, never a message merged into one already
+// delivered.
+func (w *Owners) Pending(ctx context.Context, rec index.Record) bool {
+	l := w.levels[rec.Stream]
+	switch {
+	case l == nil:
+		return false
+	case l.Owned():
+		return local{l}.Pending(ctx, rec)
+	}
+	return w.remote.Pending(ctx, rec)
+}
 
-// Cancel returns [ErrNoOwner].
-func (*Owners) Cancel(context.Context, index.Record) (CancelAnswer, error) {
-	return 0, ErrNoOwner
+// Passed returns the highest sequence the owner of stream handed off,
+// from this replica's owner when it owns the level, and otherwise from
+// the level's owner; 0 (nothing passed) without an answer.
+func (w *Owners) Passed(ctx context.Context, stream string) uint64 {
+	l := w.levels[stream]
+	switch {
+	case l == nil:
+		return 0
+	case l.Owned():
+		return local{l}.Passed(ctx, stream)
+	}
+	return w.remote.Passed(ctx, stream)
+}
+
+// Cancel has the level's owner decide the cancel of the message rec
+// places ([Owners.Decide]).
+func (w *Owners) Cancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record) (CancelAnswer, error) {
+	return w.Decide(ctx, reader, rec, false)
+}
+
+// Status has the level's owner decide the status of the message rec
+// places ([Owners.Decide]).
+func (w *Owners) Status(ctx context.Context, rec index.Record) (CancelAnswer, error) {
+	return w.Decide(ctx, nil, rec, true)
+}
+
+// Decide has the level's owner decide the cancel (or, with status, the
+// status) of the message rec places: this replica's owner if a term runs
+// here, else the owner, through the level's decide subject
+// ([contract.DecideSubject]). While no replica answers as the owner (the
+// lease is changing hands: a start, a crash, a pause), it asks again with
+// backoff for up to twice the lease TTL, then gives up with an error to
+// send the request again. Asking again is safe: a sequence already
+// cancelled answers "cancelled". A level stream this replica does not
+// know answers AnswerGone.
+func (w *Owners) Decide(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (CancelAnswer, error) {
+	l := w.levels[rec.Stream]
+	if l == nil {
+		return AnswerGone, nil
+	}
+	deadline := time.Now().Add(2 * w.leaseTTL)
+	pause := 10 * time.Millisecond
+	for {
+		var (
+			answer CancelAnswer
+			err    error
+		)
+		if l.Owned() {
+			if status {
+				answer, err = local{l}.Status(ctx, rec)
+			} else {
+				answer, err = local{l}.Cancel(ctx, reader, rec)
+			}
+			if !errors.Is(err, errNotOwner) {
+				return answer, err
+			}
+		} else {
+			if status {
+				answer, err = w.remote.Status(ctx, rec)
+			} else {
+				answer, err = w.remote.Cancel(ctx, reader, rec)
+			}
+			if !errors.Is(err, errNoOwner) {
+				return answer, err
+			}
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("level stream %s has no owner deciding now (its lease is changing hands: %v); send the request again", rec.Stream, err)
+		}
+		if err := sleepCtx(ctx, pause); err != nil {
+			return 0, err
+		}
+		pause = min(2*pause, 200*time.Millisecond)
+	}
 }

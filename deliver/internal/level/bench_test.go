@@ -32,7 +32,7 @@ func levelStreamMsg() *nats.Msg {
 // the publish: sequence and due-time parsing, and turning the level message
 // into the delivered message (internal headers stripped, Nats-Msg-Id set).
 func BenchmarkDeliveryMsg(b *testing.B) {
-	s := &Level{cfg: settings{subject: "delayd.level.10S.", delay: 10 * time.Second}}
+	s := &owner{Level: &Level{cfg: settings{subject: "delayd.level.10S.", delay: 10 * time.Second}}}
 	b.ReportAllocs()
 	for b.Loop() {
 		m := levelStreamMsg() // included: the client allocates this per message too
@@ -81,7 +81,7 @@ func BenchmarkDeliveryWire(b *testing.B) {
 	for _, name := range []string{"client", "msgid", "derived"} {
 		withID := name != "derived"
 		b.Run(name, func(b *testing.B) {
-			s := &Level{cfg: settings{subject: "delayd.level.10S.", delay: 10 * time.Second}}
+			s := &owner{Level: &Level{cfg: settings{subject: "delayd.level.10S.", delay: 10 * time.Second}}}
 			s.cfg.HopKey = hopKey("0123456789abcdef0123456789abcdef")
 			subject, reply, hdr, data := levelWire(withID)
 			wire := append(append([]byte{}, hdr...), data...)

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/delayd/delayd/deliver/internal/index"
 )
 
@@ -149,6 +151,9 @@ func (b *cancelBook) markIndexed(seq uint64) {
 type retiree struct {
 	t       index.Tombstone
 	indexed bool
+	// from is the tombstones stream to delete it from: the handing
+	// owner's (set as it hands it over; the book leaves it nil).
+	from jetstream.Stream
 }
 
 // drop offers hand the tombstones at or below acked (the acknowledged

@@ -166,7 +166,7 @@ func (c *serverClock) lead() time.Duration { return c.clock.Now().Sub(c.now()) }
 // message's sequence and store time, read just now. A later sequence stored
 // at an earlier time shows the server's clock stepped back: the estimate
 // restarts from a fresh stream info at once.
-func (s *Level) observeClock(ctx context.Context, seq uint64, stored time.Time) {
+func (s *owner) observeClock(ctx context.Context, seq uint64, stored time.Time) {
 	if stored.IsZero() {
 		return
 	}
@@ -188,7 +188,7 @@ func (s *Level) observeClock(ctx context.Context, seq uint64, stored time.Time) 
 // refreshClock restarts the estimate of the server's clock from a fresh
 // stream info. On failure the estimate stays (it only grows more
 // conservative) and the next refresh is tried a refresh interval later.
-func (s *Level) refreshClock(ctx context.Context) {
+func (s *owner) refreshClock(ctx context.Context) {
 	ictx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	info, err := s.life.stream.Info(ictx)
@@ -200,7 +200,7 @@ func (s *Level) refreshClock(ctx context.Context) {
 }
 
 // freshFrom restarts the estimate from a stream info's server time.
-func (s *Level) freshFrom(info *jetstream.StreamInfo) {
+func (s *owner) freshFrom(info *jetstream.StreamInfo) {
 	if info.TimeStamp.IsZero() {
 		return
 	}

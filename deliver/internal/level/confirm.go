@@ -23,13 +23,13 @@ import (
 // until the target takes it. Deliveries after the failed one that were
 // confirmed anyway are remembered and not sent again, so a failing target
 // costs no flood of re-deliveries.
-func (s *Level) confirmAll(ctx context.Context) { s.confirmOldest(ctx, len(s.conf.win.inflight)) }
+func (s *owner) confirmAll(ctx context.Context) { s.confirmOldest(ctx, len(s.conf.win.inflight)) }
 
 // confirmOldest confirms the oldest n in-flight deliveries and commits the
 // offset past them, leaving the rest in flight so the pipeline to the
 // target never drains while the window is full. A failure among them
 // confirms everything, as confirmAll does.
-func (s *Level) confirmOldest(ctx context.Context, n int) {
+func (s *owner) confirmOldest(ctx context.Context, n int) {
 	if len(s.conf.win.inflight) == 0 {
 		s.commit(ctx)
 		return
@@ -135,7 +135,7 @@ func (s *Level) confirmOldest(ctx context.Context, n int) {
 // failed handles the first delivery of a window that was not confirmed: it
 // is dead-lettered when its target refused it permanently and often enough,
 // otherwise retried after a capped backoff.
-func (s *Level) failed(ctx context.Context, d delivery, err error) {
+func (s *owner) failed(ctx context.Context, d delivery, err error) {
 	s.pos.next, s.head.msg, s.head.resetFeed = d.seq, nil, true
 	n := s.conf.win.failedAgain(d.seq)
 	s.stats.retries.Add(1)
@@ -171,14 +171,14 @@ func permanent(err error) bool { return tooLarge(err) || errors.Is(err, errPermi
 // commit hands the offset to the committer if it moved, without waiting:
 // the write is pipelined behind the deliveries it confirms (one in flight,
 // the latest offset next; see [offsets.Committer]).
-func (s *Level) commit(ctx context.Context) {
+func (s *owner) commit(ctx context.Context) {
 	s.noteAcked()
 	// Once a write failed its compare-and-set, every Commit returns the
 	// fence (the next one after the failure at the latest).
 	err := s.commits.Commit(ctx, s.pos.offset)
 	switch {
 	case errors.Is(err, offsets.ErrFenced):
-		s.fenced()
+		s.fence()
 	case err != nil:
 		s.logger.Warn("offset commit failed", slog.Uint64("offset", s.pos.offset), slog.Any("error", err))
 	}
@@ -186,19 +186,19 @@ func (s *Level) commit(ctx context.Context) {
 
 // fenced stops the level: an offset commit failed its compare-and-set, so
 // another owner wrote the offset. Logged and counted once per term.
-func (s *Level) fenced() {
-	if s.run.fencedStop {
+func (s *owner) fence() {
+	if s.fenced {
 		return
 	}
-	s.run.fencedStop = true
+	s.fenced = true
 	s.stats.fencedWrites.Add(1)
-	s.logger.Warn("level stopped: its offset was written by another owner (fenced)", slog.Uint64("epoch", s.run.term.Epoch), slog.Uint64("offset", s.pos.offset))
+	s.logger.Warn("level stopped: its offset was written by another owner (fenced)", slog.Uint64("epoch", s.term.Epoch), slog.Uint64("offset", s.pos.offset))
 }
 
 // awaitCommit waits, at most opTimeout, until the committed offset is
 // acknowledged (or its write failed; the committer logged it). The scanner
 // calls it when idle, before a purge: the commit lag reads 0 while idle.
-func (s *Level) awaitCommit(ctx context.Context) {
+func (s *owner) awaitCommit(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, opTimeout)
 	_ = s.commits.Await(cctx)
 	cancel()
@@ -207,7 +207,7 @@ func (s *Level) awaitCommit(ctx context.Context) {
 
 // noteAcked drops the tombstones of cancelled messages the acknowledged
 // offset passed: they are no longer needed.
-func (s *Level) noteAcked() {
+func (s *owner) noteAcked() {
 	if a := s.commits.Stored(); a != s.pos.tombsAcked {
 		s.pos.tombsAcked = a
 		s.dropTombstones(a)
@@ -217,7 +217,7 @@ func (s *Level) noteAcked() {
 // purge removes the delivered prefix up to the acknowledged offset,
 // keeping the message at it: a purge never passes an offset the KV bucket
 // has not stored.
-func (s *Level) purge(ctx context.Context, idle bool) {
+func (s *owner) purge(ctx context.Context, idle bool) {
 	mono := s.cfg.Clock.Mono()
 	acked := s.commits.Stored()
 	if ctx.Err() != nil || acked <= s.pos.purgedTo || (!idle && mono-s.pos.lastPurge < s.cfg.PurgeEvery) {

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/offsets"
@@ -90,17 +91,18 @@ func (o *outcomes) future(kind string) *jswire.PubAckFuture {
 	return f
 }
 
-func confirmScanner(t *testing.T) (*Level, *outcomes) {
+func confirmScanner(t *testing.T) (*owner, *outcomes) {
 	t.Helper()
 	nc, js := natstest.Connect(t)
 	store, err := offsets.New(context.Background(), js, offsets.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewForTest(nc, js, Config{Stream: "DELAYD_5S", Offsets: store, Targets: target.New(nc, js, nil), Window: 4})
+	l, err := NewForTest(nc, js, Config{Stream: "DELAYD_5S", Offsets: store, Targets: target.New(nc, js, nil), Window: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
+	s := newOwner(l, ownership.Term{})
 	s.pos.offset, s.pos.next = 9, 15
 	s.commits.Reset(9)
 	return s, newOutcomes(t, nc)

@@ -33,10 +33,10 @@ import (
 
 // Decide operations.
 const (
-	DecideOpCancel  = "cancel"  // cancel the message the record places (Level.RequestCancel)
-	decideOpPending = "pending" // is the message the record places pending (Level.PendingAt)?
+	decideOpCancel  = "cancel"  // cancel the message the record places (local.Cancel)
+	decideOpPending = "pending" // is the message the record places pending (local.Pending)?
 	decideOpPassed  = "passed"  // the highest sequence the owner handed off (decimal reply); no record
-	DecideOpStatus  = "status"  // the status of the message the record places (Level.RequestStatus)
+	decideOpStatus  = "status"  // the status of the message the record places (local.Status)
 )
 
 // decideRequest is a request on a level stream's decide subject, as JSON:
@@ -68,8 +68,8 @@ const (
 	decideForwarded  = "forwarded"   // answerForwarded
 	decideGone       = "gone"        // answerGone
 	decideRetry      = "retry"       // answerRetry
-	decidePending    = "pending"     // PendingAt: true
-	decideNotPending = "not pending" // PendingAt: false
+	decidePending    = "pending"     // local.Pending: true
+	decideNotPending = "not pending" // local.Pending: false
 	decideNotOwner   = "not owner"   // this replica's term ended: ask again (the next owner)
 	decideBusyReply  = contract.CancelReplyErrorPrefix + "busy"
 )
@@ -98,120 +98,157 @@ var answerText = map[cancelAnswer]string{
 // answered in time.
 var errOwnerSilent = fmt.Errorf("%w in time", errNoOwner)
 
-// serveDecide subscribes to the level's decide subject for the term t and
-// serves it until the returned stop is called (or ctx is done). stop
-// unsubscribes, ends the decisions in flight (their requesters are
-// answered "not owner" or an error) and waits for its workers: the term's
-// work calls it before it returns, so before the lease is released. A
-// subscription that fails is logged: requesters then find no owner, as
-// during a failover.
-func (s *Level) serveDecide(ctx context.Context, t ownership.Term) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	queue := make(chan *nats.Msg, decideQueueMax)
-	respond := func(m *nats.Msg, body string) {
-		if err := m.Respond([]byte(body)); err != nil && ctx.Err() == nil {
-			s.logger.Debug("decide reply failed", slog.Any("error", err))
-		}
-	}
-	sub, err := s.deps.nc.Subscribe(contract.DecideSubject(s.cfg.Stream), func(m *nats.Msg) {
-		if m.Reply == "" {
-			return
-		}
-		var req decideRequest
-		if err := json.Unmarshal(m.Data, &req); err != nil || (req.Key == "" && req.Op != decideOpPassed) {
-			respond(m, contract.CancelReplyErrorPrefix+"bad decide request: want JSON with op, key and seq")
-			return
-		}
-		if !t.Held() || ctx.Err() != nil {
-			respond(m, decideNotOwner)
-			return
-		}
-		switch req.Op {
-		case decideOpPassed:
-			if s.run.decides.Load() {
-				respond(m, strconv.FormatUint(s.run.passed.Load(), 10))
-			} else {
-				respond(m, "0")
-			}
-		case decideOpPending:
-			// No I/O: answered on the subscription's goroutine.
-			if s.run.decides.Load() && s.PendingAt(req.record(s.cfg.Stream)) {
-				respond(m, decidePending)
-			} else {
-				respond(m, decideNotPending)
-			}
-		case DecideOpCancel, DecideOpStatus:
-			select {
-			case queue <- m:
-			default:
-				respond(m, decideBusyReply)
-			}
-		default:
-			respond(m, contract.CancelReplyErrorPrefix+fmt.Sprintf("bad decide request: unknown op %q", req.Op))
-		}
-	})
+// decideServer is the NATS side of [remote] for one term: it serves the
+// level's decide subject ([contract.DecideSubject]) for its owner's term.
+// Its handlers answer with the owner's own methods: "pending" and "passed"
+// on the subscription's goroutine, without waiting for the term's load
+// (pendingNow, passedNow: "not pending" and "0" until it has loaded);
+// "cancel" and "status" on its workers (decideWorkers), through a bounded
+// queue (decideQueueMax), by [owner.ask], as a local cancel is decided.
+// RunTerm starts it when the term begins and stops it before it returns,
+// so before the lease is released. A subscription that fails is logged:
+// requesters then find no owner, as during a failover. Start and Stop run
+// on RunTerm's goroutine; the fields are set by Start, before any handler
+// or worker runs, and only read after.
+type decideServer struct {
+	o      *owner
+	ctx    context.Context // Start's; done once Stop began
+	cancel context.CancelFunc
+	queue  chan *nats.Msg     // cancel and status requests waiting for a worker
+	sub    *nats.Subscription // nil if the subscription failed
+	wg     sync.WaitGroup     // the workers
+	once   sync.Once
+}
+
+// newDecideServer returns the decide server of o's term, not started.
+func newDecideServer(o *owner) *decideServer {
+	return &decideServer{o: o, queue: make(chan *nats.Msg, decideQueueMax)}
+}
+
+// Start subscribes to the level's decide subject and starts the workers,
+// until Stop is called (or ctx is done).
+func (d *decideServer) Start(ctx context.Context) {
+	s := d.o
+	d.ctx, d.cancel = context.WithCancel(ctx)
+	sub, err := s.deps.nc.Subscribe(contract.DecideSubject(s.cfg.Stream), d.handle)
 	if err != nil {
 		s.logger.Warn("decide subject not served this term", slog.String("subject", contract.DecideSubject(s.cfg.Stream)), slog.Any("error", err))
-		cancel()
-		return func() {}
+		d.cancel()
+		return
 	}
-	var wg sync.WaitGroup
+	d.sub = sub
 	for range decideWorkers {
 		reader, err := jswire.NewBatchReader(s.deps.nc, 1)
 		if err != nil {
 			s.logger.Warn("decide worker not started", slog.Any("error", err))
 			continue
 		}
-		wg.Go(func() {
+		d.wg.Go(func() {
 			defer reader.Close()
-			for {
-				var m *nats.Msg
-				select {
-				case <-ctx.Done():
-					return
-				case m = <-queue:
-				}
-				var req decideRequest
-				_ = json.Unmarshal(m.Data, &req) // checked by the subscription
-				if !t.Held() {
-					respond(m, decideNotOwner)
-					continue
-				}
-				var (
-					answer cancelAnswer
-					err    error
-				)
-				if req.Op == DecideOpStatus {
-					answer, err = s.RequestStatus(ctx, req.record(s.cfg.Stream))
-				} else {
-					answer, err = s.RequestCancel(ctx, reader, req.record(s.cfg.Stream))
-				}
-				switch {
-				case err == nil:
-					respond(m, answerText[answer])
-				case errors.Is(err, errNotOwner) || ctx.Err() != nil:
-					respond(m, decideNotOwner)
-				default:
-					respond(m, contract.CancelReplyErrorPrefix+err.Error())
-				}
-			}
+			d.work(reader)
 		})
 	}
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			_ = sub.Unsubscribe()
-			cancel()
-			wg.Wait()
-			for { // answer what the workers did not take
-				select {
-				case m := <-queue:
-					respond(m, decideNotOwner)
-				default:
-					return
-				}
+}
+
+// Stop unsubscribes, ends the decisions in flight (their requesters are
+// answered "not owner" or an error) and waits for the workers: the term's
+// work calls it before it returns, so before the lease is released.
+func (d *decideServer) Stop() {
+	d.once.Do(func() {
+		if d.sub == nil {
+			return // never subscribed
+		}
+		_ = d.sub.Unsubscribe()
+		d.cancel()
+		d.wg.Wait()
+		for { // answer what the workers did not take
+			select {
+			case m := <-d.queue:
+				d.respond(m, decideNotOwner)
+			default:
+				return
 			}
-		})
+		}
+	})
+}
+
+func (d *decideServer) respond(m *nats.Msg, body string) {
+	if err := m.Respond([]byte(body)); err != nil && d.ctx.Err() == nil {
+		d.o.logger.Debug("decide reply failed", slog.Any("error", err))
+	}
+}
+
+// handle is the subscription's callback: it answers "pending" and
+// "passed" at once and queues "cancel" and "status" for the workers.
+func (d *decideServer) handle(m *nats.Msg) {
+	s := d.o
+	if m.Reply == "" {
+		return
+	}
+	var req decideRequest
+	if err := json.Unmarshal(m.Data, &req); err != nil || (req.Key == "" && req.Op != decideOpPassed) {
+		d.respond(m, contract.CancelReplyErrorPrefix+"bad decide request: want JSON with op, key and seq")
+		return
+	}
+	if !s.term.Held() || d.ctx.Err() != nil {
+		d.respond(m, decideNotOwner)
+		return
+	}
+	switch req.Op {
+	case decideOpPassed:
+		d.respond(m, strconv.FormatUint(s.passedNow(), 10))
+	case decideOpPending:
+		// No I/O: answered on the subscription's goroutine.
+		if s.pendingNow(req.record(s.cfg.Stream)) {
+			d.respond(m, decidePending)
+		} else {
+			d.respond(m, decideNotPending)
+		}
+	case decideOpCancel, decideOpStatus:
+		select {
+		case d.queue <- m:
+		default:
+			d.respond(m, decideBusyReply)
+		}
+	default:
+		d.respond(m, contract.CancelReplyErrorPrefix+fmt.Sprintf("bad decide request: unknown op %q", req.Op))
+	}
+}
+
+// work decides the queued cancel and status requests, reading with reader,
+// until Stop.
+func (d *decideServer) work(reader *jswire.BatchReader) {
+	s := d.o
+	for {
+		var m *nats.Msg
+		select {
+		case <-d.ctx.Done():
+			return
+		case m = <-d.queue:
+		}
+		var req decideRequest
+		_ = json.Unmarshal(m.Data, &req) // checked by the subscription
+		if !s.term.Held() {
+			d.respond(m, decideNotOwner)
+			continue
+		}
+		var (
+			answer cancelAnswer
+			err    error
+		)
+		if req.Op == decideOpStatus {
+			answer, err = s.ask(d.ctx, nil, req.record(s.cfg.Stream), true)
+		} else {
+			answer, err = s.ask(d.ctx, reader, req.record(s.cfg.Stream), false)
+		}
+		switch {
+		case err == nil:
+			d.respond(m, answerText[answer])
+		case errors.Is(err, errNotOwner) || d.ctx.Err() != nil:
+			d.respond(m, decideNotOwner)
+		default:
+			d.respond(m, contract.CancelReplyErrorPrefix+err.Error())
+		}
 	}
 }
 
@@ -242,11 +279,11 @@ func askOwner(ctx context.Context, nc *nats.Conn, stream string, req decideReque
 	return body, nil
 }
 
-// AskDecision sends op (DecideOpCancel or DecideOpStatus) of the message
+// askDecision sends op (decideOpCancel or decideOpStatus) of the message
 // rec places to its level's owner and returns the owner's decision.
 // Errors: [errNoOwner] (ask again), the owner's error ([ErrCancelBusy]
 // when its queue is full), ctx's.
-func AskDecision(ctx context.Context, nc *nats.Conn, op string, rec index.Record) (cancelAnswer, error) {
+func askDecision(ctx context.Context, nc *nats.Conn, op string, rec index.Record) (cancelAnswer, error) {
 	body, err := askOwner(ctx, nc, rec.Stream, newDecideRequest(op, rec), decideCancelWait)
 	if err != nil {
 		return 0, err
@@ -265,24 +302,40 @@ func AskDecision(ctx context.Context, nc *nats.Conn, op string, rec index.Record
 	return 0, fmt.Errorf("owner of level stream %s: unexpected decide reply %s", rec.Stream, clip([]byte(body), 64))
 }
 
-// PendingAsker asks a level's owner the router's merge question. It
-// remembers the levels whose owner did not answer in time, and asks them
-// nothing for [decideSilence]: the router waits for each answer.
-type PendingAsker struct {
+// remote asks the owner of a level on another replica, over the level's
+// decide subject ([decideServer] answers). For the router's merge
+// questions (Pending, Passed) it remembers the levels whose owner did not
+// answer in time, and asks them nothing for [decideSilence]: the router
+// waits for each answer. Safe for concurrent use.
+type remote struct {
 	nc *nats.Conn
 
 	mu     sync.Mutex
 	silent map[string]time.Time // level stream -> ask again after
 }
 
-func NewPendingAsker(nc *nats.Conn) *PendingAsker {
-	return &PendingAsker{nc: nc, silent: make(map[string]time.Time)}
+var _ Asker = (*remote)(nil)
+
+func newRemote(nc *nats.Conn) *remote {
+	return &remote{nc: nc, silent: make(map[string]time.Time)}
+}
+
+// Cancel sends the cancel of the message rec places to its level's owner
+// ([askDecision]); reader is not used: the owner reads.
+func (p *remote) Cancel(ctx context.Context, _ *jswire.BatchReader, rec index.Record) (cancelAnswer, error) {
+	return askDecision(ctx, p.nc, decideOpCancel, rec)
+}
+
+// Status sends the status request of the message rec places to its
+// level's owner ([askDecision]).
+func (p *remote) Status(ctx context.Context, rec index.Record) (cancelAnswer, error) {
+	return askDecision(ctx, p.nc, decideOpStatus, rec)
 }
 
 // Pending reports the owner's answer to "is the message rec places
 // pending?"; no answer (no owner, a failover, a timeout) is "not pending",
 // which costs a merge and never loses a message.
-func (p *PendingAsker) Pending(ctx context.Context, rec index.Record) bool {
+func (p *remote) Pending(ctx context.Context, rec index.Record) bool {
 	p.mu.Lock()
 	until, quiet := p.silent[rec.Stream]
 	p.mu.Unlock()
@@ -301,7 +354,7 @@ func (p *PendingAsker) Pending(ctx context.Context, rec index.Record) bool {
 // Passed returns the highest sequence the owner of stream handed off (for
 // the router's check that a hop's purged level message was placed); 0,
 // which places nothing, when no owner answers.
-func (p *PendingAsker) Passed(ctx context.Context, stream string) uint64 {
+func (p *remote) Passed(ctx context.Context, stream string) uint64 {
 	p.mu.Lock()
 	until, quiet := p.silent[stream]
 	p.mu.Unlock()

@@ -1,6 +1,7 @@
 package level
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -8,13 +9,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver/internal/jswire"
-	"github.com/delayd/delayd/deliver/internal/ownership"
 )
 
-// groups.go: the groups of a [Level]'s fields (docs/reshape.md 2.1). Each
-// is a value field of the Level, used through the *Level only (several
-// hold atomics). Unless a field's comment says otherwise, only the
-// scanner's goroutine (the one running Run) reads and writes it.
+// groups.go: the groups of the fields of a [Level] (what outlives a term)
+// and of its owner (what is fresh each term; docs/reshape.md 2.1). Each is
+// a value field, used through the *Level or the *owner only (several hold
+// atomics). Unless a field's comment says otherwise, only the current
+// owner's loop (the goroutine running RunTerm or Run) reads and writes it.
 
 // deps are what a scanner talks to the server through. Set by New,
 // immutable after.
@@ -56,15 +57,15 @@ type counters struct {
 	delivered, deadLettered, retries, forwarded atomic.Uint64
 	lastLateness                                atomic.Int64
 
-	// epoch mirrors the term for Stats (with termRun.owned); fencedWrites
+	// epoch mirrors the last term for Stats (with the term slot); fencedWrites
 	// counts fenced commits.
 	epoch        atomic.Uint64
 	fencedWrites atomic.Uint64
 }
 
-// ioSet is what Run opens for a run of the scanner and closes before it
+// ioSet is what an owner's run opens for the term and closes before it
 // returns, and the tombstones stream and delivery-id key its load opens.
-// Scanner goroutine only.
+// The owner's loop only.
 type ioSet struct {
 	reader *jswire.BatchReader
 	// acks publishes the deliveries to stream-bound targets and the hop
@@ -74,11 +75,11 @@ type ioSet struct {
 	acks       *jswire.PubAcks
 	feed       *feed
 	tombstones jetstream.Stream // CancelStream
-	idMAC      *idMAC           // derives delivery ids (scanner goroutine)
+	idMAC      *idMAC           // derives delivery ids (the owner's loop)
 }
 
 // streamLife is the life of the level stream the position belongs to, as
-// the scanner's load found it. Scanner goroutine only.
+// the scanner's load found it. The owner's loop only.
 type streamLife struct {
 	stream   jetstream.Stream
 	created  time.Time // the level stream's creation time
@@ -87,7 +88,7 @@ type streamLife struct {
 }
 
 // position is where the scanner is in the level stream: what is confirmed,
-// what it reads next, and what it purged. Scanner goroutine only.
+// what it reads next, and what it purged. The owner's loop only.
 type position struct {
 	offset     uint64 // last confirmed sequence
 	next       uint64 // next sequence to read
@@ -98,7 +99,7 @@ type position struct {
 }
 
 // headState is the message the scanner waits for or delivers, and the
-// state of the feed it reads it from. Scanner goroutine only.
+// state of the feed it reads it from. The owner's loop only.
 type headState struct {
 	msg       *nats.Msg // the message being waited for or delivered
 	meta      jswire.AckMeta
@@ -108,7 +109,7 @@ type headState struct {
 }
 
 // confirmation is the deliveries awaiting confirmation and how the
-// scanner confirms them. Scanner goroutine only.
+// scanner confirms them. The owner's loop only.
 type confirmation struct {
 	win *window // the confirmation window: deliveries in flight and their outcomes
 	// coreUnflushed is set by the first core publish since the last flush,
@@ -120,36 +121,115 @@ type confirmation struct {
 	backoff        *backoff
 }
 
-// cancelState is the scanner's side of the cancel API: the queue of
-// cancel requests other goroutines send it, the book, and the janitor's
-// queue.
+// cancelState is the level's side of the cancel API that outlives a
+// term (docs/reshape.md 2.1, R5): the book, and the retirer's queue. A
+// term that begins while the previous term's cancel writes its tombstone
+// finds its reservation in the book.
 type cancelState struct {
-	asks chan cancelReq // cancel requests, decided on the scanner's goroutine (no I/O there)
-	wake chan struct{}  // wakes the scanner from a wait to decide them
-	book *cancelBook    // tombstones and reservations: the one owner of cancel state
-	// janitor holds tombstones to delete: the scanner's goroutine sends,
-	// runJanitor receives.
-	janitor chan retiree
+	book *cancelBook // tombstones and reservations: the one owner of cancel state (its own lock)
+	// retire holds tombstones to delete: the current owner's loop sends,
+	// its retirer receives.
+	retire chan retiree
 }
 
-// termRun is the lease term the scanner runs in and what other goroutines
-// read of it without the scanner's turn.
-type termRun struct {
-	// term is the lease term the scanner runs in ([Level.RunTerm]); the
-	// zero Term, always held, for a scanner on its own. fencedStop is set
-	// when an offset commit failed its compare-and-set: the level stops.
-	// Level goroutine only.
-	term       ownership.Term
-	fencedStop bool
-	// owned mirrors term for Stats and the cancel API (with
-	// counters.epoch). Written by RunTerm.
-	owned atomic.Bool
-	// decides is set once the scanner's load loaded its offset and
-	// tombstones (in a term: after its bump): from then on PendingAt
-	// answers for this replica's view of the level. Cleared at each
-	// (re)load and at the term's end.
-	decides atomic.Bool
-	passed  atomic.Uint64 // highest sequence handed off (delivered, forwarded, skipped)
+// published is what an owner publishes for other goroutines, read
+// without its loop's turn: passed (an atomic) and ready (a channel). The
+// loop writes passed; its load sets and resets ready.
+type published struct {
+	passed atomic.Uint64 // highest sequence handed off (delivered, forwarded, skipped)
+	// ready is closed once the owner's load loaded the offset and the
+	// tombstones (in a term: after its bump): from then on the owner
+	// answers for this replica's view of the level (today's "decides").
+	ready readiness
+}
+
+// termSlot is where other goroutines find a level's current owner. begin
+// and end are called by the goroutine that runs the term (RunTerm); get
+// by any.
+type termSlot struct {
+	mu sync.Mutex
+	o  *owner // nil between terms ("owned here" ⇔ o != nil)
+}
+
+// begin makes o the level's current owner.
+func (t *termSlot) begin(o *owner) {
+	t.mu.Lock()
+	t.o = o
+	t.mu.Unlock()
+}
+
+// end empties the slot if o is still its owner.
+func (t *termSlot) end(o *owner) {
+	t.mu.Lock()
+	if t.o == o {
+		t.o = nil
+	}
+	t.mu.Unlock()
+}
+
+// get returns the current owner, nil between terms.
+func (t *termSlot) get() *owner {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.o
+}
+
+// readiness is closed once a load has finished: the offset key bumped
+// and the tombstones loaded. A reload (the stream recreated, mid-term)
+// replaces it with an open one. The owner's loop sets and resets it; any
+// goroutine waits on it.
+type readiness struct {
+	mu sync.Mutex
+	ch chan struct{} // nil: open, not made yet
+}
+
+// wait returns the channel closed when the current load has finished.
+func (r *readiness) wait() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ch == nil {
+		r.ch = make(chan struct{})
+	}
+	return r.ch
+}
+
+// done reports whether the current load has finished.
+func (r *readiness) done() bool {
+	select {
+	case <-r.wait():
+		return true
+	default:
+		return false
+	}
+}
+
+// set marks the current load finished.
+func (r *readiness) set() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ch == nil {
+		r.ch = make(chan struct{})
+	}
+	select {
+	case <-r.ch:
+	default:
+		close(r.ch)
+	}
+}
+
+// reset starts a load: a finished one's channel is replaced by an open
+// one (an open one stays, so its waiters wait on).
+func (r *readiness) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ch == nil {
+		return
+	}
+	select {
+	case <-r.ch:
+		r.ch = nil
+	default:
+	}
 }
 
 // testHooks are set by tests before Run; Run reads them.

@@ -25,7 +25,7 @@ import (
 // id and hop number, keyed by delayd's secret) makes the ingress stream drop
 // a repeat after a crash. The message keeps its first id, enqueue time and
 // publisher id.
-func (s *Level) forward(ctx context.Context, m *nats.Msg, seq uint64, target string, due time.Time) error {
+func (s *owner) forward(ctx context.Context, m *nats.Msg, seq uint64, target string, due time.Time) error {
 	h := m.Header
 	origin := h.Get(hdrOrigin)
 	if origin == "" {
@@ -72,7 +72,7 @@ func (s *Level) forward(ctx context.Context, m *nats.Msg, seq uint64, target str
 
 // publish hands one message to its target: a JetStream publish if bound to
 // a stream, else a core publish.
-func (s *Level) publish(ctx context.Context, m *nats.Msg, seq uint64, target string, bound bool) error {
+func (s *owner) publish(ctx context.Context, m *nats.Msg, seq uint64, target string, bound bool) error {
 	s.deliveryHeaders(m.Header)
 	m.Subject, m.Reply, m.Sub = target, "", nil
 	d := delivery{seq: seq, target: target}
@@ -116,7 +116,7 @@ func (s *Level) publish(ctx context.Context, m *nats.Msg, seq uint64, target str
 // derived id's string otherwise: each value set is the slice of the
 // internal header it comes from (the client decodes every header into a
 // slice of its own), moved to its new key before that header is removed.
-func (s *Level) deliveryHeaders(h nats.Header) {
+func (s *owner) deliveryHeaders(h nats.Header) {
 	id := h[hdrMsgID]
 	if len(id) == 0 || id[0] == "" {
 		// No publisher id: derived from the first ingress reference, made
@@ -146,7 +146,7 @@ func (s *Level) deliveryHeaders(h nats.Header) {
 // retrying until it is stored, and then counts it as confirmed so the offset
 // moves past it in order. m is either as read from the level stream or
 // already prepared for delivery.
-func (s *Level) deadLetterUndeliverable(ctx context.Context, m *nats.Msg, seq uint64, reason error) {
+func (s *owner) deadLetterUndeliverable(ctx context.Context, m *nats.Msg, seq uint64, reason error) {
 	id := m.Header.Get(hdrIngress)
 	if id == "" {
 		id = m.Header.Get(contract.HeaderNatsMsgID) // already prepared for delivery
@@ -192,14 +192,14 @@ func (s *Level) deadLetterUndeliverable(ctx context.Context, m *nats.Msg, seq ui
 	s.stats.deadLettered.Add(1)
 	s.cfg.Reasons.Add(reasonOf(reason))
 	s.pos.next = max(s.pos.next, seq+1)
-	s.run.passed.Store(max(s.run.passed.Load(), seq))
+	s.view.passed.Store(max(s.view.passed.Load(), seq))
 	s.conf.win.passOver(seq)
 	s.confirmAll(ctx)
 }
 
 // leftDelayd writes "left delayd" index records (no placement) for a
 // message's id key and merge key, and frees the merge key in the router.
-func (s *Level) leftDelayd(ctx context.Context, key, merge, target string) {
+func (s *owner) leftDelayd(ctx context.Context, key, merge, target string) {
 	recs := []index.Record{{Key: key, Target: target}}
 	if merge != "" {
 		recs = append(recs, index.Record{Key: index.MergeKey(target, merge), Target: target})

@@ -47,7 +47,7 @@ func TestDeliveryHeaders(t *testing.T) {
 		want: nats.Header{"A": {"1"}},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := &Level{}
+			s := &owner{Level: &Level{}}
 			s.cfg.HopKey = key
 			s.deliveryHeaders(tc.in)
 			if len(tc.in) != len(tc.want) {
@@ -72,7 +72,7 @@ func TestDeliveryWireAllocs(t *testing.T) {
 		want   float64
 	}{{true, 0}, {false, 1}} {
 		subject, reply, hdr, data := levelWire(tc.withID)
-		s := &Level{cfg: settings{subject: "delayd.level.10S.", delay: 10 * time.Second}}
+		s := &owner{Level: &Level{cfg: settings{subject: "delayd.level.10S.", delay: 10 * time.Second}}}
 		s.cfg.HopKey = hopKey("0123456789abcdef0123456789abcdef")
 		s.io.idMAC = s.cfg.HopKey.NewIDMAC()
 		ms := make([]*nats.Msg, 0, 110)

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/offsets"
@@ -74,10 +75,11 @@ func TestLeaderlessStreamInfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	scanner, err := NewForTest(nc, njs, Config{Stream: stream, Offsets: store, Targets: target.New(nc, njs, nil)})
+	lvl, err := NewForTest(nc, njs, Config{Stream: stream, Offsets: store, Targets: target.New(nc, njs, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
+	scanner := newOwner(lvl, ownership.Term{})
 	// The third node stops first and the leader last. Stopped the other
 	// way, the member and the third node were left with no leader and a
 	// quorum, and elected one, the member in half the cases, which then

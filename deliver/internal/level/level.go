@@ -237,26 +237,27 @@ type Stats struct {
 // except that delayd waits for the head's due time instead of rechecking
 // every 100 ms, and commits after every confirmed window instead of every 10 s.
 //
-// Its fields are grouped by what they are and who writes them (groups.go).
+// A Level is one level stream in this process, for the process's life:
+// the Service builds one per level stream, and [Level.RunTerm] runs a
+// fresh owner (owner.go) for each term of the stream's lease. Level keeps
+// what outlives a term (docs/reshape.md 2.1); its fields are grouped by
+// what they are and who writes them (groups.go).
 type Level struct {
 	cfg    settings     // immutable after New: config, wiring, subject and delay
 	deps   deps         // immutable after New: nc, js
 	logger *slog.Logger // immutable after New
 	// commits writes the offset, one write in flight behind the
-	// deliveries it confirms; the scanner's goroutine commits.
-	commits  *offsets.Committer
-	grace    *startGrace  // the start and reconnect grace of core deliveries
-	clock    levelClock   // the server-clock estimate: scanner goroutine (Stats reads srv)
-	stats    counters     // atomics: the scanner's goroutine (and Written, RunTerm) writes, any reads
-	io       ioSet        // reader, PubAcks, feed (opened by Run), tombstones, idMAC: scanner goroutine
-	life     streamLife   // the stream the position belongs to, as load found it: scanner goroutine
-	pos      position     // offset, next, purges, reload: scanner goroutine
-	head     headState    // the head message and the feed's state: scanner goroutine
-	conf     confirmation // window, core flushes, backoff: scanner goroutine
-	cancel   cancelState  // cancel requests (any goroutine sends), the book (its own lock), the janitor's queue
-	run      termRun      // the term (scanner goroutine) and the owned, decides, passed atomics (any reads)
-	hooks    testHooks    // set by tests before Run
-	replaced bool         // the stored offset belongs to a deleted stream
+	// deliveries it confirms; the current owner's loop commits.
+	commits *offsets.Committer
+	grace   *startGrace // the start and reconnect grace of core deliveries
+	clock   levelClock  // the server-clock estimate: the current owner's loop (Stats reads srv)
+	stats   counters    // atomics: the current owner's loop (and Written, RunTerm) writes, any reads
+	cancel  cancelState // the book (its own lock) and the retirer's queue
+	slot    termSlot    // the current term's owner, for other goroutines: RunTerm writes, any reads
+	hooks   testHooks   // set by tests before Run
+	// replaced: the stored offset belongs to a deleted stream. Written by
+	// an owner's loop; read by the next load (the next owner's, perhaps).
+	replaced bool
 }
 
 // NewForTest returns a scanner for one level stream on its own, outside a
@@ -300,15 +301,9 @@ func New(nc *nats.Conn, js jetstream.JetStream, cfg Config, wiring Wiring) (*Lev
 		commits: commits,
 		grace:   newStartGrace(cfg.Clock, cfg.StartGrace, cfg.StartedAt),
 		clock:   levelClock{srv: &serverClock{clock: cfg.Clock}},
-		conf: confirmation{
-			win:     newWindow(cfg.Window),
-			backoff: newBackoff(100*time.Millisecond, 5*time.Second),
-		},
 		cancel: cancelState{
-			asks:    make(chan cancelReq, 64),
-			wake:    make(chan struct{}, 1),
-			book:    newCancelBook(),
-			janitor: make(chan retiree, 1024),
+			book:   newCancelBook(),
+			retire: make(chan retiree, 1024),
 		},
 		hooks: testHooks{ackTimeout: writeAttempt},
 	}
@@ -391,7 +386,7 @@ func (s *Level) Stats() Stats {
 		LastLateness: time.Duration(s.stats.lastLateness.Load()),
 		ClockBound:   s.clock.srv.lead(),
 		Steps:        s.stats.steps.Load(),
-		Owner:        s.run.owned.Load(),
+		Owner:        s.slot.get() != nil,
 		Epoch:        s.stats.epoch.Load(),
 		FencedWrites: s.stats.fencedWrites.Load(),
 	}
@@ -407,18 +402,20 @@ var errLeaderless = errors.New("level stream has no leader (a follower answered 
 // [Level.Run]; the elector releases the lease after it returns. For the
 // term it serves the level's decide subject ([contract.DecideSubject]),
 // and stops serving it before it returns, so before the release.
+//
+// It builds a fresh owner for the term, publishes it in the term slot for
+// other goroutines while the term runs, and drops it when the term ends.
 func (s *Level) RunTerm(ctx context.Context, t ownership.Term) error {
-	s.run.term, s.run.fencedStop = t, false
-	s.run.term.Recovering(true) // until it has started: not handed over meanwhile
+	o := newOwner(s, t)
+	o.term.Recovering(true) // until it has started: not handed over meanwhile
 	s.stats.epoch.Store(t.Epoch)
-	s.run.decides.Store(false)
-	s.run.owned.Store(true)
-	stopDecide := s.serveDecide(ctx, t)
+	s.slot.begin(o)           // "owned here" from now: askers reach o (and wait for its load)
+	srv := newDecideServer(o) // the NATS door for other replicas, for this term only
+	srv.Start(ctx)
 	defer func() {
-		stopDecide()
-		s.run.decides.Store(false)
-		s.run.owned.Store(false)
+		srv.Stop()               // unsubscribe, answer queued requests "not owner", wait for its workers
+		s.slot.end(o)            // "not owned here": askers go to the next owner
 		s.stats.headDue.Store(0) // not this replica's head any more: never "stalled"
 	}()
-	return s.Run(ctx)
+	return o.run(ctx)
 }

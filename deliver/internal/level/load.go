@@ -14,9 +14,12 @@ import (
 // load.go: a term's load: the offset loaded (or corrected) and the position set.
 
 // load loads the offset and checks it against the stream's state,
-// correcting one that makes no sense.
-func (s *Level) load(outer context.Context) error {
-	s.run.decides.Store(false)
+// correcting one that makes no sense. It sets the owner's stream life and
+// position as fresh values (a reload replaces them whole) and, once the
+// tombstones are loaded too, its readiness: until then other goroutines
+// wait for it, or answer without it.
+func (s *owner) load(outer context.Context) error {
+	s.view.ready.reset()
 	// loadTimeout, not opTimeout: a request sent to a leader that hangs
 	// is answered by nobody, and the load tried again within seconds
 	// reaches the new leader once JetStream has elected one.
@@ -36,7 +39,7 @@ func (s *Level) load(outer context.Context) error {
 		// sequence would be "corrected" backwards.
 		return errLeaderless
 	}
-	s.life.stream, s.life.created = stream, stream.CachedInfo().Created
+	s.life = streamLife{stream: stream, created: stream.CachedInfo().Created}
 	s.head.msg = nil
 	s.conf.win.reset()
 	s.freshFrom(stream.CachedInfo())
@@ -45,7 +48,7 @@ func (s *Level) load(outer context.Context) error {
 	off, rev, err := s.loadOffset(ctx)
 	if errors.Is(err, offsets.ErrFenced) {
 		// Another owner wrote the key between the read and the bump.
-		s.fenced()
+		s.fence()
 		return errNotOwner
 	}
 	// Every correction is logged with what was found and what it means
@@ -59,7 +62,7 @@ func (s *Level) load(outer context.Context) error {
 		var cerr error
 		rev, cerr = s.cfg.Offsets.CorrectAt(ctx, s.cfg.Stream, seq, rev, reason)
 		if errors.Is(cerr, offsets.ErrFenced) {
-			s.fenced()
+			s.fence()
 			return errNotOwner
 		}
 		return cerr
@@ -87,12 +90,11 @@ func (s *Level) load(outer context.Context) error {
 	case reason != "":
 		s.logger.Debug(reason, slog.Uint64("messages", st.Msgs))
 	}
-	s.run.passed.Store(off)
+	s.view.passed.Store(off)
 	s.life.loadTail, s.life.loadedAt = st.LastSeq, s.clock.srv.now()
-	s.pos.offset, s.pos.purgedTo = off, first
+	// tombsAcked: loadTombstones drops those up to off.
+	s.pos = position{offset: off, next: off + 1, purgedTo: first, lastPurge: s.pos.lastPurge, tombsAcked: off, reload: s.pos.reload}
 	s.commits.ResetAt(off, rev)
-	s.pos.tombsAcked = off // loadTombstones drops those up to off
-	s.pos.next = off + 1
 	s.head.resetFeed = true
 	s.Written(st.LastSeq)
 	s.grace.started(s.deps.nc.Stats().Reconnects)
@@ -106,7 +108,7 @@ func (s *Level) load(outer context.Context) error {
 	if err := s.loadTombstones(outer, off); err != nil {
 		return err
 	}
-	s.run.decides.Store(true)
+	s.view.ready.set()
 	return nil
 }
 
@@ -182,7 +184,7 @@ func firstSeq(st jetstream.StreamState) uint64 {
 // key's revision to commit at (0 if unknown or never written). Errors as
 // offsets.Store.Load; a write between the read and the bump wraps
 // offsets.ErrFenced. It refuses to write for a term no longer valid.
-func (s *Level) loadOffset(ctx context.Context) (offset, revision uint64, err error) {
+func (s *owner) loadOffset(ctx context.Context) (offset, revision uint64, err error) {
 	if !s.cfg.Fenced {
 		offset, err = s.cfg.Offsets.Load(ctx, s.cfg.Stream)
 		return offset, 0, err

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/ownership"
 )
 
 // owner.go: the level's loop for a lease term (Run), its ownership check and its shutdown.
@@ -21,12 +22,57 @@ import (
 // docs/guarantees.md#a-restart-after-a-crash states that bounded
 // duplicate window. The offset cannot go wrong even then: every commit is
 // a compare-and-set.
-func (s *Level) owns() bool { return !s.run.fencedStop && s.run.term.Held() }
+func (s *owner) owns() bool { return !s.fenced && s.term.Held() }
 
-// Run delivers until ctx is done. On the way out it confirms what is in
+// owner owns the level for one lease term (docs/reshape.md 2.1): what is
+// fresh each term. [Level.RunTerm] builds it when the term begins and drops
+// it when the term ends; [Level.Run] builds one for a level on its own
+// (the zero Term, always held). It embeds the *Level it runs, for what
+// outlives a term. Every field is written only by its loop (the goroutine
+// running RunTerm or Run) unless its comment says otherwise.
+type owner struct {
+	*Level
+	term   ownership.Term // the lease term it runs in; the zero Term, always held, for a level on its own
+	io     ioSet          // reader, PubAcks, feed (opened by run), tombstones, idMAC
+	life   streamLife     // the stream the position belongs to, as load found it
+	pos    position       // offset, next, purges, reload
+	head   headState      // the head message and the feed's state
+	conf   confirmation   // window, core flushes, backoff
+	fenced bool           // an offset commit failed its compare-and-set: the level stops
+	asks   chan cancelReq // cancel and status requests, sent by any goroutine, decided on the loop (no I/O there)
+	wake   chan struct{}  // wakes the loop from a wait to decide them (capacity 1; any goroutine sends)
+	done   chan struct{}  // closed when run has returned; askers stop waiting on it
+	view   published      // read by any goroutine without the loop's turn: passed, ready
+}
+
+// newOwner returns a fresh owner of l for the term t: its groups empty, its
+// channels new.
+func newOwner(l *Level, t ownership.Term) *owner {
+	return &owner{
+		Level: l,
+		term:  t,
+		conf: confirmation{
+			win:     newWindow(l.cfg.Window),
+			backoff: newBackoff(100*time.Millisecond, 5*time.Second),
+		},
+		asks: make(chan cancelReq, 64),
+		wake: make(chan struct{}, 1),
+		done: make(chan struct{}),
+	}
+}
+
+// Run delivers until ctx is done, as a level on its own (unfenced, the
+// zero Term, in no term slot). On the way out it confirms what is in
 // flight, commits the offset and returns nil. It survives server restarts,
 // retrying with capped, jittered backoff.
-func (s *Level) Run(ctx context.Context) error {
+func (s *Level) Run(ctx context.Context) error { return newOwner(s, ownership.Term{}).run(ctx) }
+
+// run delivers until ctx is done or the term is found no longer valid, and
+// closes s.done as it returns. On the way out it confirms what is in
+// flight and commits the offset. It starts the term's retirer and stops it
+// before it returns.
+func (s *owner) run(ctx context.Context) error {
+	defer close(s.done)
 	reader, err := jswire.NewBatchReader(s.deps.nc, s.cfg.Batch)
 	if err != nil {
 		return err
@@ -45,10 +91,8 @@ func (s *Level) Run(ctx context.Context) error {
 	defer acks.Close() // after shutdown has confirmed what is in flight
 	s.io.feed = newFeed(s.deps.nc, s.deps.js, s.cfg.Stream, s.cfg.Batch, s.cfg.BatchBytes)
 	defer s.io.feed.close()
-	jctx, stopJanitor := context.WithCancel(ctx)
-	janitorDone := make(chan struct{})
-	go func() { defer close(janitorDone); s.runJanitor(jctx) }()
-	defer func() { stopJanitor(); <-janitorDone }()
+	retire := startRetirer(ctx, s.Level)
+	defer retire.Stop()
 	defer s.shutdown()
 
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
@@ -61,7 +105,7 @@ func (s *Level) Run(ctx context.Context) error {
 				if ctx.Err() != nil || errors.Is(err, errNotOwner) {
 					return nil
 				}
-				s.run.term.Recovering(true)
+				s.term.Recovering(true)
 				s.logger.Warn("scanner start failed; retrying", slog.Any("error", err))
 				if !backoff.Sleep(ctx) {
 					return nil
@@ -69,7 +113,7 @@ func (s *Level) Run(ctx context.Context) error {
 				continue
 			}
 			s.pos.reload = false
-			s.run.term.Recovering(false) // loaded (a step may wait long for a due head)
+			s.term.Recovering(false) // loaded (a step may wait long for a due head)
 			backoff.Reset()
 		}
 		s.stats.steps.Add(1)
@@ -77,7 +121,7 @@ func (s *Level) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, errNotOwner) || s.run.fencedStop {
+		if errors.Is(err, errNotOwner) || s.fenced {
 			return nil // logged where it was found
 		}
 		if err != nil {
@@ -92,14 +136,14 @@ func (s *Level) Run(ctx context.Context) error {
 }
 
 // sleep waits d, or until ctx is done or a cancel request wakes the scanner.
-func (s *Level) sleep(ctx context.Context, d time.Duration) error {
-	return sleepWake(ctx, s.cancel.wake, d)
+func (s *owner) sleep(ctx context.Context, d time.Duration) error {
+	return sleepWake(ctx, s.wake, d)
 }
 
 // sameStream reports whether the level stream is still the one the scanner
 // loaded. If it was deleted, or deleted and recreated, the scanner
 // reloads (offset checked against the new stream) and it returns false.
-func (s *Level) sameStream(ctx context.Context) bool {
+func (s *owner) sameStream(ctx context.Context) bool {
 	ictx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	info, err := s.life.stream.Info(ictx)
@@ -121,20 +165,28 @@ func (s *Level) sameStream(ctx context.Context) bool {
 // context is done by then, so it works on fresh contexts, each bounded by
 // opTimeout: one to confirm the deliveries and purge, one to wait for the
 // offset write.
-func (s *Level) shutdown() {
+func (s *owner) shutdown() {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	s.confirmAll(ctx)
+	// A term whose load never set a position has nothing of its own to
+	// confirm, drop or purge: what the level's previous owner delivered,
+	// it confirmed and purged at its own shutdown.
+	loaded := s.pos.next != 0
+	if loaded {
+		s.confirmAll(ctx)
+	}
 	cctx, ccancel := context.WithTimeout(context.Background(), opTimeout)
 	if err := s.commits.Await(cctx); err != nil && cctx.Err() != nil {
 		s.logger.Warn("offset commit unconfirmed at shutdown", slog.Uint64("offset", s.commits.Committed()))
 	}
 	ccancel()
 	if s.commits.Fenced() {
-		s.fenced() // a commit refused after the term ended, or before a Commit saw it
+		s.fence() // a commit refused after the term ended, or before a Commit saw it
 	}
-	s.noteAcked()
-	s.purge(ctx, true) // the delivered prefix goes with a clean stop
+	if loaded {
+		s.noteAcked()
+		s.purge(ctx, true) // the delivered prefix goes with a clean stop
+	}
 	s.logger.Debug("scanner stopped", slog.Uint64("offset", s.commits.Committed()))
 }
 

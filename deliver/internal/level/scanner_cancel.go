@@ -2,7 +2,6 @@ package level
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
@@ -38,13 +36,9 @@ type cancelDecision struct {
 	term     ownership.Term // the term that reserved it, for the fenced check (Level.confirmOwner)
 }
 
-// answerReserved is a decision only the scanner gives to RequestCancel:
+// answerReserved is a decision only the owner's loop gives to a cancel:
 // the sequence is not passed and is reserved for the requester's I/O.
 const answerReserved cancelAnswer = -1
-
-// ownerPoll is how often a cancel waiting for a scanner's decision checks
-// that the scanner still runs (owns its level).
-const ownerPoll = 100 * time.Millisecond
 
 // reservationSlack is how long past a reservation's deadline the scanner waits
 // for its outcome before it takes the sequence back and delivers it.
@@ -58,64 +52,61 @@ func clip(b []byte, n int) string {
 	return strconv.Quote(string(b))
 }
 
-// RequestCancel cancels the message rec places in this level, on the
-// caller's goroutine (a cancel worker), reading with reader. The scanner's
-// goroutine only decides, between two deliveries, whether the sequence is
-// passed (handed off: the answer) or not; if not, it reserves the
-// sequence, and the I/O (the read that checks the message, the tombstone
-// write and its PubAck) happens here, so a slow write holds no delivery
-// but this message's own. A message is either handed to its target or
-// cancelled, never both (docs/guarantees.md#delivered-xor-cancelled).
-func (s *Level) RequestCancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record) (cancelAnswer, error) {
-	return s.request(ctx, reader, rec, false)
-}
-
-// RequestStatus is [Level.RequestCancel] for a status request: the
-// scanner's goroutine decides as for a cancel, but reserves nothing, so a
-// message not handed off and not cancelled answers answerPending and is
-// delivered as usual. A cancel in flight is waited for; "cancelled" holds
-// only after the same fenced check as a cancel's.
-func (s *Level) RequestStatus(ctx context.Context, rec index.Record) (cancelAnswer, error) {
-	return s.request(ctx, nil, rec, true)
-}
-
+// request cancels the message rec places in this level (or, with status,
+// tells its status), on the caller's goroutine (a cancel worker), reading
+// with reader ([local.Cancel], [local.Status]). It asks the current term's
+// owner (the term slot's): between terms it returns an error wrapping
+// errNotOwner, to send again.
+//
+// The owner's loop only decides, between two deliveries, whether the
+// sequence is passed (handed off: the answer) or not; if not, it reserves
+// the sequence, and the I/O (the read that checks the message, the
+// tombstone write and its PubAck) happens here, so a slow write holds no
+// delivery but this message's own. A message is either handed to its
+// target or cancelled, never both
+// (docs/guarantees.md#delivered-xor-cancelled). A status request is
+// decided as a cancel but reserves nothing, so a message not handed off
+// and not cancelled answers answerPending and is delivered as usual; a
+// cancel in flight is waited for, and "cancelled" holds only after the
+// same fenced check as a cancel's.
 func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (cancelAnswer, error) {
-	// A scanner whose lease term ends stops deciding: the requester looks
-	// every ownerPoll, and gives up with an error to send again.
-	tick := time.NewTicker(ownerPoll)
-	defer tick.Stop()
+	o := s.slot.get()
+	if o == nil {
+		return 0, fmt.Errorf("level stream %s: %w; send the cancel again", s.cfg.Stream, errNotOwner)
+	}
+	return o.ask(ctx, reader, rec, status)
+}
+
+// ask has this owner's loop decide rec's cancel (or, with status, its
+// status) and completes a reserved cancel on the caller's goroutine. An
+// owner whose term ends stops deciding: the asker sees its done channel
+// and gives up with an error wrapping errNotOwner, to send again (to the
+// next owner).
+func (s *owner) ask(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (cancelAnswer, error) {
 	stopped := fmt.Errorf("level stream %s: %w; send the cancel again", s.cfg.Stream, errNotOwner)
 	for {
 		req := cancelReq{rec: rec, status: status, reply: make(chan cancelDecision, 1)}
-	send:
-		for {
-			select {
-			case s.cancel.asks <- req:
-				break send
-			case <-ctx.Done():
-				return 0, ctx.Err()
-			case <-tick.C:
-				if !s.run.owned.Load() {
-					return 0, stopped
-				}
-			}
+		select {
+		case s.asks <- req:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-s.done:
+			return 0, stopped
 		}
 		s.nudge()
 		var d cancelDecision
-	wait:
-		for {
+		select {
+		case d = <-req.reply:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-s.done:
 			select {
-			case d = <-req.reply:
-				break wait
-			case <-ctx.Done():
-				return 0, ctx.Err()
-			case <-tick.C:
-				if !s.run.owned.Load() {
-					// The next term decides it if it is still queued (a
-					// reservation nobody completes is taken back after
-					// its deadline, like any other).
-					return 0, stopped
-				}
+			case d = <-req.reply: // decided just before the loop returned
+			default:
+				// Never decided: the next owner decides it when asked
+				// again (a reservation nobody completes is taken back
+				// after its deadline, like any other).
+				return 0, stopped
 			}
 		}
 		switch {
@@ -144,19 +135,19 @@ func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec ind
 }
 
 // nudge wakes the scanner from a wait.
-func (s *Level) nudge() {
+func (s *owner) nudge() {
 	select {
-	case s.cancel.wake <- struct{}{}:
+	case s.wake <- struct{}{}:
 	default:
 	}
 }
 
 // serveCancels decides the queued cancel requests. It runs on the
 // scanner's goroutine and does no I/O.
-func (s *Level) serveCancels() {
+func (s *owner) serveCancels() {
 	for {
 		select {
-		case req := <-s.cancel.asks:
+		case req := <-s.asks:
 			req.reply <- s.reserve(req.rec, req.status)
 		default:
 			return
@@ -172,12 +163,12 @@ func (s *Level) serveCancels() {
 // scanner does not pass it until the requester's tombstone write has an
 // outcome ([Level.awaitCancel]); for a status request it answers
 // answerPending instead.
-func (s *Level) reserve(rec index.Record, status bool) cancelDecision {
+func (s *owner) reserve(rec index.Record, status bool) cancelDecision {
 	seq := rec.Seq
 	_, tombstoned, r := s.cancel.book.lookup(seq)
 	switch {
 	case tombstoned:
-		return cancelDecision{answer: answerCancelled, term: s.run.term}
+		return cancelDecision{answer: answerCancelled, term: s.term}
 	case r != nil:
 		return cancelDecision{answer: answerRetry, wait: r.done}
 	}
@@ -192,7 +183,7 @@ func (s *Level) reserve(rec index.Record, status bool) cancelDecision {
 		res:      s.cancel.book.reserve(seq, time.Now().Add(opTimeout)),
 		loadTail: s.life.loadTail,
 		loadedAt: s.life.loadedAt,
-		term:     s.run.term,
+		term:     s.term,
 	}
 }
 
@@ -288,12 +279,12 @@ func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, 
 // deadline plus reservationSlack passes; then the scanner takes the sequence
 // back and delivers it (the late tombstone is not taken). It never does
 // the cancel's I/O itself.
-func (s *Level) awaitCancel(ctx context.Context, r *reservation) {
+func (s *owner) awaitCancel(ctx context.Context, r *reservation) {
 	t := time.NewTimer(time.Until(r.deadline) + reservationSlack)
 	defer t.Stop()
 	select {
 	case <-r.done:
-	case <-s.cancel.wake:
+	case <-s.wake:
 	case <-ctx.Done():
 	case <-t.C:
 		if s.cancel.book.expire(r) {
@@ -322,7 +313,7 @@ func (s *Level) writeGone(ctx context.Context, t index.Tombstone) error {
 
 // skipCancelled reports whether the head at seq is cancelled, and if so
 // passes it without delivering it.
-func (s *Level) skipCancelled(m *nats.Msg, seq uint64) bool {
+func (s *owner) skipCancelled(m *nats.Msg, seq uint64) bool {
 	t, ok, _ := s.cancel.book.lookup(seq)
 	if !ok {
 		return false
@@ -335,7 +326,7 @@ func (s *Level) skipCancelled(m *nats.Msg, seq uint64) bool {
 	}
 	s.head.msg = nil
 	s.pos.next = seq + 1
-	s.run.passed.Store(seq)
+	s.view.passed.Store(seq)
 	s.conf.win.passOver(seq)
 	return true
 }
@@ -346,7 +337,7 @@ func (s *Level) skipCancelled(m *nats.Msg, seq uint64) bool {
 // reservation into a tombstone, since skipCancelled looked: a reserved
 // head is held until the cancel's outcome is known (awaitCancel), a
 // tombstoned one is skipped at the next look.
-func (s *Level) cancelHolds(ctx context.Context, seq uint64) bool {
+func (s *owner) cancelHolds(ctx context.Context, seq uint64) bool {
 	_, tombstoned, r := s.cancel.book.lookup(seq)
 	if r != nil {
 		s.awaitCancel(ctx, r)
@@ -362,7 +353,7 @@ func (s *Level) cancelHolds(ctx context.Context, seq uint64) bool {
 // leader has, and read again until it reached it, so a tombstone stored
 // before the bump (a cancel answered "cancelled" by the previous owner)
 // is never missed.
-func (s *Level) loadTombstones(ctx context.Context, offset uint64) error {
+func (s *owner) loadTombstones(ctx context.Context, offset uint64) error {
 	s.cancel.book.reset()
 	subject := index.TombstoneSubject(s.cfg.Stream)
 	backoff := newBackoff(10*time.Millisecond, 200*time.Millisecond)
@@ -402,95 +393,73 @@ func (s *Level) loadTombstones(ctx context.Context, offset uint64) error {
 }
 
 // dropTombstones hands the tombstones the acknowledged offset has passed
-// to the janitor, which deletes them: from then on they cost nothing.
-func (s *Level) dropTombstones(acked uint64) {
+// to the retirer, which deletes them: from then on they cost nothing.
+func (s *owner) dropTombstones(acked uint64) {
 	s.cancel.book.drop(acked, func(r retiree) bool {
+		r.from = s.io.tombstones
 		select {
-		case s.cancel.janitor <- r:
+		case s.cancel.retire <- r:
 			return true
-		default: // the janitor is behind: next time
+		default: // the retirer is behind: next time
 			return false
 		}
 	})
 }
 
-// runJanitor deletes the tombstones dropTombstones hands it, off the
-// scanner's goroutine. Before a tombstone goes, its message's "cancelled"
-// index records must be written (unless a later placement of the same id
-// is the latest record by now), so a later cancel still answers cancelled.
-func (s *Level) runJanitor(ctx context.Context) {
-	reader, err := jswire.NewBatchReader(s.deps.nc, index.Batch)
-	if err != nil {
-		s.logger.Error("cancel tombstone janitor", slog.Any("error", err))
-		return
-	}
-	defer reader.Close()
-	for {
-		var r retiree
-		select {
-		case <-ctx.Done():
-			return
-		case r = <-s.cancel.janitor:
-		}
-		jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-		err := s.retire(jctx, reader, r)
-		cancel()
-		s.cancel.book.retired(r.t.Seq, err == nil)
-		if err != nil {
-			s.logger.Warn("cancel tombstone not deleted; retrying later", slog.Uint64("seq", r.t.Seq), slog.Any("error", err))
-		}
-	}
-}
-
-// retire writes r's missing index records and deletes the tombstone.
-func (s *Level) retire(ctx context.Context, reader *jswire.BatchReader, r retiree) error {
-	t := r.t
-	if !r.indexed {
-		for _, key := range []string{t.Key, t.MergeKey} {
-			if key == "" {
-				continue
-			}
-			latest, ok, err := index.Lookup(ctx, reader, key, opTimeout)
-			if err != nil {
-				return err
-			}
-			if ok && !latest.Gone && (latest.Stream != s.cfg.Stream || latest.Seq != t.Seq) {
-				continue // the id or key was placed again since: that placement is not cancelled
-			}
-			if !ok || !latest.Gone {
-				target := t.Target // known if cancelled by this process, else the placement's
-				if target == "" {
-					target = latest.Target
-				}
-				if _, err := s.deps.js.PublishMsg(ctx, index.Record{Key: key, Gone: true, Target: target}.Msg()); err != nil {
-					return err
-				}
-			}
-		}
-		s.cancel.book.markIndexed(t.Seq)
-	}
-	if err := s.io.tombstones.DeleteMsg(ctx, t.At); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return err
-	}
-	return nil
-}
-
-// PendingAt reports whether the message rec places in this level has not
+// pendingAt reports whether the message rec places in this level has not
 // been handed to its target and is not cancelled (a cancel in flight
 // counts as pending); a cascading message forwarded to its next level
 // counts as pending until its due time (a cancel of it on its next level
 // writes a newer "cancelled" record). The router calls it to merge; the
-// answer may be overtaken by the scanner at once, which is the merge's
-// semantics: the later message arrived while the first was pending.
-func (s *Level) PendingAt(rec index.Record) bool {
+// answer may be overtaken by the loop at once, which is the merge's
+// semantics: the later message arrived while the first was pending. It
+// reads the owner's published view only (any goroutine).
+func (s *owner) pendingAt(rec index.Record) bool {
 	switch {
 	case s.cancel.book.cancelled(rec.Seq):
 		return false
-	case rec.Seq > s.run.passed.Load():
+	case rec.Seq > s.view.passed.Load():
 		return true
 	default:
 		// By the server's clock; erring towards "not pending", which costs
 		// a merge, never a message merged into one already delivered.
 		return rec.Hop && rec.Due.After(s.clock.srv.upper())
 	}
+}
+
+// pending is pendingAt once the owner's load has loaded the offset and
+// the tombstones: until then it waits for that, at most
+// [DecidePendingWait], and answers "not pending" if the load has not
+// finished by then, the term ends, or ctx is done.
+func (s *owner) pending(ctx context.Context, rec index.Record) bool {
+	ready := s.view.ready.wait()
+	select {
+	case <-ready:
+		return s.pendingAt(rec)
+	default:
+	}
+	t := time.NewTimer(DecidePendingWait)
+	defer t.Stop()
+	select {
+	case <-ready:
+		return s.pendingAt(rec)
+	case <-s.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// pendingNow is pendingAt once the owner's load has loaded the offset and
+// the tombstones, and "not pending" before, without waiting: the decide
+// server's answer.
+func (s *owner) pendingNow(rec index.Record) bool { return s.view.ready.done() && s.pendingAt(rec) }
+
+// passedNow returns the highest sequence the owner handed off once its
+// load has loaded the offset; 0 before (any goroutine).
+func (s *owner) passedNow() uint64 {
+	if !s.view.ready.done() {
+		return 0 // its term's load has not loaded the offset yet
+	}
+	return s.view.passed.Load()
 }

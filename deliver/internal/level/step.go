@@ -16,7 +16,7 @@ import (
 // step.go: one step of the loop: read the head, decide, hand off what is due.
 
 // step delivers the head if it is due, or waits for it.
-func (s *Level) step(ctx context.Context) error {
+func (s *owner) step(ctx context.Context) error {
 	s.serveCancels()
 	if s.head.resetFeed {
 		if !s.sameStream(ctx) {
@@ -37,13 +37,13 @@ func (s *Level) step(ctx context.Context) error {
 			}
 			if s.commits.Committed() > s.pos.purgedTo {
 				// A purge is due once the level has been quiet a moment.
-				if m, meta, err = s.io.feed.next(ctx, s.cancel.wake, true, s.cfg.PurgeEvery); err == nil && m == nil {
+				if m, meta, err = s.io.feed.next(ctx, s.wake, true, s.cfg.PurgeEvery); err == nil && m == nil {
 					s.awaitCommit(ctx) // acknowledged by now, normally: the purge goes up to it
 					s.purge(ctx, true)
 				}
 			}
 			if err == nil && m == nil {
-				m, meta, err = s.io.feed.next(ctx, s.cancel.wake, true, 0)
+				m, meta, err = s.io.feed.next(ctx, s.wake, true, 0)
 			}
 		}
 		if errors.Is(err, jswire.ErrWoken) {
@@ -85,7 +85,7 @@ func (s *Level) step(ctx context.Context) error {
 		// counted; the offset passes it in order, like a cancelled one.
 		s.head.msg = nil
 		s.pos.next = seq + 1
-		s.run.passed.Store(seq)
+		s.view.passed.Store(seq)
 		s.conf.win.passOver(seq)
 		s.afterPublish(ctx)
 		return nil
@@ -157,12 +157,12 @@ func (s *Level) step(ctx context.Context) error {
 	if !s.owns() {
 		// Checked once per hand-off, after any wait: the head stays
 		// unpassed for the next owner.
-		s.logger.Info("level stopped: this replica's lease term ended", slog.Uint64("epoch", s.run.term.Epoch), slog.Uint64("seq", seq))
+		s.logger.Info("level stopped: this replica's lease term ended", slog.Uint64("epoch", s.term.Epoch), slog.Uint64("seq", seq))
 		return errNotOwner
 	}
 	s.head.msg = nil
 	s.pos.next = seq + 1
-	s.run.passed.Store(seq)
+	s.view.passed.Store(seq)
 	if a.kind == headForward {
 		if err := s.forward(ctx, m, seq, target, v.due); err != nil {
 			return err
@@ -181,7 +181,7 @@ func (s *Level) step(ctx context.Context) error {
 }
 
 // afterPublish confirms deliveries as the window requires.
-func (s *Level) afterPublish(ctx context.Context) {
+func (s *owner) afterPublish(ctx context.Context) {
 	switch {
 	case s.conf.win.probing:
 		s.confirmAll(ctx)
@@ -193,7 +193,7 @@ func (s *Level) afterPublish(ctx context.Context) {
 
 // hopDue returns when a cascading message's wait at this level ends, if it
 // has more to wait after it.
-func (s *Level) hopDue(m *nats.Msg) (time.Time, bool) {
+func (s *owner) hopDue(m *nats.Msg) (time.Time, bool) {
 	v := m.Header.Get(hdrHopDue)
 	if v == "" {
 		return time.Time{}, false
@@ -207,7 +207,7 @@ func (s *Level) hopDue(m *nats.Msg) (time.Time, bool) {
 // or there is none) it marks the level as holding no due head. It returns
 // false if a delivery failed and was rewound, in which case the caller must
 // read again instead of waiting.
-func (s *Level) quiesce(ctx context.Context, idle bool) bool {
+func (s *owner) quiesce(ctx context.Context, idle bool) bool {
 	next := s.pos.next
 	s.confirmAll(ctx)
 	if s.pos.next != next {
@@ -223,7 +223,7 @@ func (s *Level) quiesce(ctx context.Context, idle bool) bool {
 // parse returns a level message's target and due time. A message without a
 // readable Delay-Due-At (written by hand) is due at its level-stream store
 // time plus the stream's delay, never earlier than the contract's due.
-func (s *Level) parse(m *nats.Msg, stored time.Time) (string, time.Time) {
+func (s *owner) parse(m *nats.Msg, stored time.Time) (string, time.Time) {
 	target := strings.TrimPrefix(m.Subject, s.cfg.subject)
 	due, err := parseTime(m.Header.Get(contract.HeaderDueAt))
 	if err != nil {

@@ -1,0 +1,158 @@
+package level
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/deliver/internal/target"
+	"github.com/delayd/delayd/levels"
+)
+
+// TestAskerLocalEqualsRemote asks the same Pending, Passed, Status and
+// Cancel questions of a level's owner locally (the replica running its
+// term) and over NATS (another replica's Level of the stream, which owns
+// nothing, through its decide subject): the answers must be the same.
+// A cancel asked twice, once each way, answers "cancelled" both times.
+func TestAskerLocalEqualsRemote(t *testing.T) {
+	t.Parallel()
+	b := setupScanner(t)
+	lv, _ := levels.MustParse("1m").Level(1)
+	stream := lv.Stream()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	store, hopKey := b.setup(ctx, stream)
+
+	// d is due (delivered at once), f1..f4 an hour from now: f1 is the
+	// head the owner waits for, and is never cancelled, so the tombstones
+	// of f2 and f3 stay in its book (a cancelled head is passed over, and
+	// its tombstone deleted once the offset passed it: then it answers
+	// "delivered", and the index says "cancelled").
+	subject := contract.LevelSubjectPrefix + strings.TrimPrefix(stream, levels.StreamPrefix) + ".tgt.x"
+	recs := map[string]index.Record{}
+	for _, m := range []struct {
+		id  string
+		due time.Duration
+	}{{"d", -time.Minute}, {"f1", time.Hour}, {"f2", time.Hour}, {"f3", time.Hour}, {"f4", time.Hour}} {
+		h := nats.Header{contract.HeaderDueAt: {contract.FormatTime(time.Now().Add(m.due))}, hdrMsgID: {m.id}}
+		ack, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: []byte(m.id)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs[m.id] = index.Record{Key: index.UserKey(m.id), Stream: stream, Seq: ack.Sequence, Target: "tgt.x"}
+	}
+	recs["unstored"] = index.Record{Key: index.UserKey("unstored"), Stream: stream, Seq: 99, Target: "tgt.x"}
+
+	newLevel := func(nc *nats.Conn, js jetstream.JetStream) *Level {
+		l, err := New(nc, js, Config{Stream: stream, Offsets: store, Targets: target.New(nc, js, nil)},
+			Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopKey})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	owning := newLevel(b.nc, b.js)
+	nc2, err := nats.Connect(b.srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc2.Close)
+	js2, err := jetstream.New(nc2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := newLevel(nc2, js2) // never runs a term: it asks the owner over NATS
+
+	tctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = owning.RunTerm(tctx, ownership.Term{Epoch: 1})
+	}()
+	defer func() { stop(); <-done }()
+	for !owning.Loaded() || owning.Passed() < recs["d"].Seq {
+		if ctx.Err() != nil {
+			t.Fatalf("the owner did not load and deliver d in time (loaded %v, passed %d)", owning.Loaded(), owning.Passed())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	here := NewOwners(OwnersConfig{Conn: b.nc, Levels: map[string]*Level{stream: owning}, LeaseTTL: 5 * time.Second})
+	there := NewOwners(OwnersConfig{Conn: nc2, Levels: map[string]*Level{stream: other}, LeaseTTL: 5 * time.Second})
+	askers := []struct {
+		name string
+		a    Asker
+	}{{"local", local{owning}}, {"remote", newRemote(nc2)}, {"Owners here", here}, {"Owners there", there}}
+	reader, err := jswire.NewBatchReader(b.nc, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+
+	same := func(what string, ask func(a Asker) string) {
+		t.Helper()
+		var first string
+		for i, a := range askers {
+			got := ask(a.a)
+			if i == 0 {
+				first = got
+				continue
+			}
+			if got != first {
+				t.Errorf("%s: %s answers %s, %s answers %s", what, askers[0].name, first, a.name, got)
+			}
+		}
+		t.Logf("%s: %s", what, first)
+	}
+	answer := func(a CancelAnswer, err error) string {
+		if err != nil {
+			return "error " + err.Error()
+		}
+		return a.String()
+	}
+	pendingOf := func(id string) func(Asker) string {
+		return func(a Asker) string {
+			if a.Pending(ctx, recs[id]) {
+				return "pending"
+			}
+			return "not pending"
+		}
+	}
+	statusOf := func(id string) func(Asker) string {
+		return func(a Asker) string { return answer(a.Status(ctx, recs[id])) }
+	}
+	cancelOf := func(id string) func(Asker) string {
+		return func(a Asker) string { return answer(a.Cancel(ctx, reader, recs[id])) }
+	}
+
+	same("Passed", func(a Asker) string { return strconv.FormatUint(a.Passed(ctx, stream), 10) })
+	same("Pending d", pendingOf("d"))
+	same("Pending f1", pendingOf("f1"))
+	same("Status d", statusOf("d"))
+	same("Status f1", statusOf("f1"))
+	same("Status unstored", statusOf("unstored"))
+	same("Cancel d", cancelOf("d"))
+	same("Cancel unstored", cancelOf("unstored"))
+	// Each asker cancels f2 (the first cancels it, the others find it
+	// cancelled), and then f3 with remote first.
+	same("Cancel f2", cancelOf("f2"))
+	askers[0], askers[1] = askers[1], askers[0]
+	same("Cancel f3", cancelOf("f3"))
+	same("Pending f2 cancelled", pendingOf("f2"))
+	same("Status f3 cancelled", statusOf("f3"))
+	same("Pending f1", pendingOf("f1"))
+	same("Pending f4", pendingOf("f4"))
+	same("Passed", func(a Asker) string { return strconv.FormatUint(a.Passed(ctx, stream), 10) })
+	if !owning.Cancelled(recs["f2"].Seq) || !owning.Cancelled(recs["f3"].Seq) || owning.Cancelled(recs["f1"].Seq) {
+		t.Error("the owner's book: f2 and f3 not both cancelled, or f1 cancelled")
+	}
+}
