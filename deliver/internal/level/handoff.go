@@ -54,16 +54,7 @@ func (s *owner) forward(ctx context.Context, m *nats.Msg, seq uint64, target str
 	s.cfg.HopKey.Sign(m.Subject, h)
 	fut, err := s.io.acks.Publish(m)
 	if err != nil {
-		if errors.Is(err, nats.ErrMaxPayload) {
-			// Refused before sending: confirm what precedes it, then dead-letter.
-			s.confirmAll(ctx)
-			if s.pos.next == seq+1 {
-				s.deadLetterUndeliverable(ctx, m, seq, fmt.Errorf("%w: the cascading message exceeds the server's max payload", errTooLarge))
-			}
-			return nil
-		}
-		s.pos.next, s.head.msg, s.head.resetFeed, s.conf.win.probing = seq, nil, true, true
-		return fmt.Errorf("forward to %q: %w", m.Subject, err)
+		return s.sendFailed(ctx, m, seq, "forward", "the cascading message", err)
 	}
 	s.stats.forwarded.Add(1)
 	s.conf.win.add(delivery{seq: seq, target: m.Subject, fut: fut, hop: true})
@@ -88,22 +79,33 @@ func (s *owner) publish(ctx context.Context, m *nats.Msg, seq uint64, target str
 		err = s.deps.nc.PublishMsg(m)
 	}
 	if err != nil {
-		if errors.Is(err, nats.ErrMaxPayload) {
-			// Refused before sending: confirm what precedes it, then dead-letter.
-			s.confirmAll(ctx)
-			if s.pos.next != seq+1 {
-				return nil // an earlier delivery failed; this one is read again
-			}
-			s.deadLetterUndeliverable(ctx, m, seq, fmt.Errorf("%w: the delivery exceeds the server's max payload", errTooLarge))
-			return nil
-		}
-		// Not sent: rewind so it is read and tried again. It stays the
-		// due head (probing) until it is handed off.
-		s.pos.next, s.head.msg, s.head.resetFeed, s.conf.win.probing = seq, nil, true, true
-		return fmt.Errorf("publish to %q: %w", target, err)
+		return s.sendFailed(ctx, m, seq, "publish", "the delivery", err)
 	}
 	s.conf.win.add(d)
 	return nil
+}
+
+// sendFailed handles a hand-off (op: "publish" or "forward") whose message,
+// seq, was not sent: the publish call failed. A message over the server's
+// max payload (what names it in the dead letter's reason) will never be
+// sent: what precedes it is confirmed, then it is dead-lettered, unless an
+// earlier delivery failed (it is then read again). Otherwise it is rewound so
+// it is read and tried again: it stays the due head (probing) until it is
+// handed off, and the error is returned. m.Subject is where it was sent.
+func (s *owner) sendFailed(ctx context.Context, m *nats.Msg, seq uint64, op, what string, err error) error {
+	if errors.Is(err, nats.ErrMaxPayload) {
+		// Refused before sending: confirm what precedes it, then dead-letter.
+		s.confirmAll(ctx)
+		if s.pos.next != seq+1 {
+			return nil // an earlier delivery failed; this one is read again
+		}
+		s.deadLetterUndeliverable(ctx, m, seq, fmt.Errorf("%w: %s exceeds the server's max payload", errTooLarge, what))
+		return nil
+	}
+	// Not sent: rewind so it is read and tried again. It stays the
+	// due head (probing) until it is handed off.
+	s.pos.next, s.head.msg, s.head.resetFeed, s.conf.win.probing = seq, nil, true, true
+	return fmt.Errorf("%s to %q: %w", op, m.Subject, err)
 }
 
 // deliveryHeaders turns a level message's headers into those its target
