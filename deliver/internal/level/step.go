@@ -15,7 +15,8 @@ import (
 
 // step.go: one step of the loop: read the head, decide, hand off what is due.
 
-// step delivers the head if it is due, or waits for it.
+// step delivers the head if it is due, or waits for it: it reads the head
+// (readHead), looks at it (lookAtHead) and hands it off when due (handOff).
 func (s *owner) step(ctx context.Context) error {
 	s.serveCancels()
 	if s.head.resetFeed {
@@ -28,50 +29,9 @@ func (s *owner) step(ctx context.Context) error {
 		s.head.resetFeed, s.head.msg, s.head.fresh = false, nil, true
 	}
 	if s.head.msg == nil {
-		m, meta, err := s.io.feed.next(ctx, nil, false, 0)
-		if err == nil && m == nil {
-			// Nothing buffered: confirm and commit before blocking. A
-			// failed delivery that was rewound is still the due head.
-			if !s.quiesce(ctx, !s.conf.win.probing) {
-				return nil // a delivery failed and was rewound
-			}
-			if s.commits.Committed() > s.pos.purgedTo {
-				// A purge is due once the level has been quiet a moment.
-				if m, meta, err = s.io.feed.next(ctx, s.wake, true, s.cfg.PurgeEvery); err == nil && m == nil {
-					s.awaitCommit(ctx) // acknowledged by now, normally: the purge goes up to it
-					s.purge(ctx, true)
-				}
-			}
-			if err == nil && m == nil {
-				m, meta, err = s.io.feed.next(ctx, s.wake, true, 0)
-			}
-		}
-		if errors.Is(err, jswire.ErrWoken) {
-			return nil // a cancel request: decided at the top of the next step
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			s.confirmAll(ctx)
-			s.head.resetFeed = true
+		if err := s.readHead(ctx); err != nil || s.head.msg == nil {
 			return err
 		}
-		if meta.StreamSeq < s.pos.next {
-			return nil // read again after a reset
-		}
-		fresh := s.head.fresh
-		s.head.fresh = false
-		if meta.StreamSeq > s.pos.next && !fresh {
-			// A level stream has no gaps above its purged prefix, so a
-			// sequence skipped mid-stream was lost on the way (a full
-			// client buffer): read again from next.
-			s.logger.Warn("level stream read skipped a sequence; reading again", slog.Uint64("want", s.pos.next), slog.Uint64("got", meta.StreamSeq))
-			s.head.resetFeed = true
-			return nil
-		}
-		s.head.msg, s.head.meta = m, meta
-		s.observeClock(ctx, meta.StreamSeq, meta.Stored)
 	}
 	m, seq := s.head.msg, s.head.meta.StreamSeq
 	if s.conf.win.skipDone(seq) {
@@ -94,7 +54,79 @@ func (s *owner) step(ctx context.Context) error {
 		s.afterPublish(ctx)
 		return nil
 	}
-	// The view of the head, asking only what decide reads (see headView).
+	target, v, a := s.lookAtHead(ctx, m)
+	if !a.handOff() {
+		if !a.idle() {
+			s.headFellDue(a.fellDue) // held: a due head, and no progress
+		}
+		if !s.quiesce(ctx, a.idle()) {
+			return nil // a delivery failed and was rewound: read it again
+		}
+		return s.sleep(ctx, a.wait)
+	}
+	return s.handOff(ctx, m, seq, target, v, a)
+}
+
+// readHead reads the next message of the level stream into the head. With
+// nothing buffered it first confirms and commits what is in flight, purges
+// when the level has been quiet a moment, then waits for a message or a
+// wake. It leaves the head empty, with a nil error, when the step is to
+// start again: a delivery failed and was rewound, a cancel request woke it,
+// ctx ended, the read went back after a reset, or it skipped a sequence.
+func (s *owner) readHead(ctx context.Context) error {
+	m, meta, err := s.io.feed.next(ctx, nil, false, 0)
+	if err == nil && m == nil {
+		// Nothing buffered: confirm and commit before blocking. A
+		// failed delivery that was rewound is still the due head.
+		if !s.quiesce(ctx, !s.conf.win.probing) {
+			return nil // a delivery failed and was rewound
+		}
+		if s.commits.Committed() > s.pos.purgedTo {
+			// A purge is due once the level has been quiet a moment.
+			if m, meta, err = s.io.feed.next(ctx, s.wake, true, s.cfg.PurgeEvery); err == nil && m == nil {
+				s.awaitCommit(ctx) // acknowledged by now, normally: the purge goes up to it
+				s.purge(ctx, true)
+			}
+		}
+		if err == nil && m == nil {
+			m, meta, err = s.io.feed.next(ctx, s.wake, true, 0)
+		}
+	}
+	if errors.Is(err, jswire.ErrWoken) {
+		return nil // a cancel request: decided at the top of the next step
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.confirmAll(ctx)
+		s.head.resetFeed = true
+		return err
+	}
+	if meta.StreamSeq < s.pos.next {
+		return nil // read again after a reset
+	}
+	fresh := s.head.fresh
+	s.head.fresh = false
+	if meta.StreamSeq > s.pos.next && !fresh {
+		// A level stream has no gaps above its purged prefix, so a
+		// sequence skipped mid-stream was lost on the way (a full
+		// client buffer): read again from next.
+		s.logger.Warn("level stream read skipped a sequence; reading again", slog.Uint64("want", s.pos.next), slog.Uint64("got", meta.StreamSeq))
+		s.head.resetFeed = true
+		return nil
+	}
+	s.head.msg, s.head.meta = m, meta
+	s.observeClock(ctx, meta.StreamSeq, meta.Stored)
+	return nil
+}
+
+// lookAtHead builds the view of the head m, asking only what decide reads
+// (see headView): its target and due time, the server's clock (refreshed
+// when stale, or when the head is due but for the drift allowed), whether it
+// hops or is bound to a stream, the connection and the start grace. It
+// returns the target, the view and what decide makes of it.
+func (s *owner) lookAtHead(ctx context.Context, m *nats.Msg) (string, headView, headAction) {
 	target, due := s.parse(m, s.head.meta.Stored)
 	v := headView{due: due}
 	if s.clock.srv.stale() {
@@ -123,16 +155,14 @@ func (s *owner) step(ctx context.Context) error {
 	if !v.hop && !v.bound && !v.disconnected {
 		v.grace = s.grace.hold(v.due, v.now)
 	}
-	a := v.decide()
-	if !a.handOff() {
-		if !a.idle() {
-			s.headFellDue(a.fellDue) // held: a due head, and no progress
-		}
-		if !s.quiesce(ctx, a.idle()) {
-			return nil // a delivery failed and was rewound: read it again
-		}
-		return s.sleep(ctx, a.wait)
-	}
+	return target, v, v.decide()
+}
+
+// handOff hands off the due head m (seq) as a decided: a delivery to its
+// target or, for a hop, a forward to ingress. It holds the head instead
+// while a cancel of it is in flight, while an older partition's messages
+// wait (the order gate), and stops the level when the lease term has ended.
+func (s *owner) handOff(ctx context.Context, m *nats.Msg, seq uint64, target string, v headView, a headAction) error {
 	// A due head: a hand-off (moving on, for a hop) that keeps failing
 	// stalls the level.
 	s.headFellDue(a.fellDue)
