@@ -41,69 +41,14 @@ func (s *owner) confirmOldest(ctx context.Context, n int) {
 	// on a fresh context bounded by opTimeout, keeping ctx's values.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer cancel()
-	// One flush confirms every core publish sent before it; it is done the
-	// first time a core delivery needs confirming.
 	var (
-		flushed  bool
-		flushErr error
-	)
-	flush := func() error {
-		if !flushed {
-			flushed = true
-			before := s.deps.nc.LastError()
-			sent := s.deps.nc.Stats().Reconnects
-			flushErr = s.deps.nc.FlushWithContext(cctx)
-			// A flush confirms what the server received on the connection
-			// its PING went out on. Core publishes sent on an earlier
-			// connection (since the last flush) may have been lost with
-			// it, and a flush sent while reconnecting completes on the new
-			// one: neither confirms them, so they are delivered again
-			// (docs/guarantees.md#at-least-once: a core subscriber may see a window
-			// again after a reconnect).
-			done := s.deps.nc.Stats().Reconnects
-			if flushErr == nil && s.conf.coreUnflushed && (s.conf.coreReconnects != sent || done != sent) {
-				flushErr = errReconnected
-			}
-			s.conf.coreUnflushed = false
-			// The server answers a refused publish with -ERR before the
-			// flush's PONG, and the client records it as LastError.
-			if e := s.deps.nc.LastError(); e != before {
-				s.cfg.Targets.NoteError(e)
-			}
-		}
-		return flushErr
-	}
-	var (
+		core      coreFlush
 		failed    delivery
 		failedErr error
 	)
 	for i := 0; i < n; i++ {
 		d := s.conf.win.inflight[i]
-		var err error
-		switch {
-		case d.confirmed:
-		case d.fut == nil:
-			err = flush()
-			if err == nil && s.cfg.Targets.Refused(d.target) {
-				err = fmt.Errorf("%w: publish to %q", errPermissionDenied, d.target)
-			}
-		default:
-			<-d.fut.Done() // a PubAck, an error, or the tracker's timeout
-			_, err = d.fut.Result()
-			if err != nil && s.cfg.Targets.Refused(d.target) {
-				err = fmt.Errorf("%w: publish to %q: %v", errPermissionDenied, d.target, err)
-			}
-			if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
-				// Nobody answered: the target's stream may be gone, or be
-				// electing a leader. Only if the refreshed index says no
-				// stream captures the subject is it a core subject without
-				// interest, delivered to no one; otherwise it is retried.
-				s.cfg.Targets.Forget(d.target)
-				if rerr := s.cfg.Targets.Refresh(cctx); rerr == nil && !s.cfg.Targets.Bound(d.target) {
-					err = nil
-				}
-			}
-		}
+		err := s.outcomeOf(cctx, d, &core)
 		switch s.conf.win.record(d, err, failedErr != nil) {
 		case outFailed:
 			failed, failedErr = d, err
@@ -130,6 +75,79 @@ func (s *owner) confirmOldest(ctx context.Context, n int) {
 		return
 	}
 	s.failed(ctx, failed, failedErr)
+}
+
+// outcomeOf waits for the outcome of the in-flight delivery d: nil if its
+// target took it (or it was confirmed already), else why not. A core
+// publish is confirmed by the pass's one flush, a JetStream publish by its
+// PubAck; a refusal for permission is errPermissionDenied, and a publish
+// nobody answered whose subject no stream captures any more (by the
+// refreshed index) was delivered to no one: nil.
+func (s *owner) outcomeOf(ctx context.Context, d delivery, core *coreFlush) error {
+	var err error
+	switch {
+	case d.confirmed:
+	case d.fut == nil:
+		err = core.flush(ctx, s)
+		if err == nil && s.cfg.Targets.Refused(d.target) {
+			err = fmt.Errorf("%w: publish to %q", errPermissionDenied, d.target)
+		}
+	default:
+		<-d.fut.Done() // a PubAck, an error, or the tracker's timeout
+		_, err = d.fut.Result()
+		if err != nil && s.cfg.Targets.Refused(d.target) {
+			err = fmt.Errorf("%w: publish to %q: %v", errPermissionDenied, d.target, err)
+		}
+		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+			// Nobody answered: the target's stream may be gone, or be
+			// electing a leader. Only if the refreshed index says no
+			// stream captures the subject is it a core subject without
+			// interest, delivered to no one; otherwise it is retried.
+			s.cfg.Targets.Forget(d.target)
+			if rerr := s.cfg.Targets.Refresh(ctx); rerr == nil && !s.cfg.Targets.Bound(d.target) {
+				err = nil
+			}
+		}
+	}
+	return err
+}
+
+// coreFlush is the one flush of a confirmation pass: it confirms every core
+// publish sent before it, and is done the first time a core delivery needs
+// confirming.
+type coreFlush struct {
+	flushed bool
+	err     error
+}
+
+// flush flushes s's connection the first time it is called, and returns
+// that flush's outcome every time.
+func (f *coreFlush) flush(ctx context.Context, s *owner) error {
+	if f.flushed {
+		return f.err
+	}
+	f.flushed = true
+	before := s.deps.nc.LastError()
+	sent := s.deps.nc.Stats().Reconnects
+	f.err = s.deps.nc.FlushWithContext(ctx)
+	// A flush confirms what the server received on the connection
+	// its PING went out on. Core publishes sent on an earlier
+	// connection (since the last flush) may have been lost with
+	// it, and a flush sent while reconnecting completes on the new
+	// one: neither confirms them, so they are delivered again
+	// (docs/guarantees.md#at-least-once: a core subscriber may see a window
+	// again after a reconnect).
+	done := s.deps.nc.Stats().Reconnects
+	if f.err == nil && s.conf.coreUnflushed && (s.conf.coreReconnects != sent || done != sent) {
+		f.err = errReconnected
+	}
+	s.conf.coreUnflushed = false
+	// The server answers a refused publish with -ERR before the
+	// flush's PONG, and the client records it as LastError.
+	if e := s.deps.nc.LastError(); e != before {
+		s.cfg.Targets.NoteError(e)
+	}
+	return f.err
 }
 
 // failed handles the first delivery of a window that was not confirmed: it
