@@ -10,6 +10,7 @@ import (
 
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/ownership"
 )
 
 // CancelAnswer is a scanner's decision on a cancel.
@@ -58,7 +59,7 @@ type Asker interface {
 
 // local asks this replica's owner of the level, the one its term slot
 // holds: without one it answers as no owner does (not pending, 0, an error
-// wrapping errNotOwner). Pending and Passed read the owner's published
+// wrapping ownership.ErrNotOwner). Pending and Passed read the owner's published
 // view on the caller's goroutine, without the loop's turn (docs/reshape.md
 // R6); Cancel and Status send a request to the loop and do a reserved
 // cancel's I/O on the caller's goroutine.
@@ -195,7 +196,7 @@ func (w *Owners) Decide(ctx context.Context, reader *jswire.BatchReader, rec ind
 			} else {
 				answer, err = local{l}.Cancel(ctx, reader, rec)
 			}
-			if !errors.Is(err, errNotOwner) {
+			if !errors.Is(err, ownership.ErrNotOwner) {
 				return answer, err
 			}
 		} else {
@@ -204,7 +205,7 @@ func (w *Owners) Decide(ctx context.Context, reader *jswire.BatchReader, rec ind
 			} else {
 				answer, err = w.remote.Cancel(ctx, reader, rec)
 			}
-			if !errors.Is(err, errNoOwner) {
+			if !errors.Is(err, ErrNoOwner) {
 				return answer, err
 			}
 		}

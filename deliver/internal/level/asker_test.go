@@ -13,6 +13,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
 	"github.com/delayd/delayd/levels"
@@ -43,7 +44,7 @@ func TestAskerLocalEqualsRemote(t *testing.T) {
 		id  string
 		due time.Duration
 	}{{"d", -time.Minute}, {"f1", time.Hour}, {"f2", time.Hour}, {"f3", time.Hour}, {"f4", time.Hour}} {
-		h := nats.Header{contract.HeaderDueAt: {contract.FormatTime(time.Now().Add(m.due))}, hdrMsgID: {m.id}}
+		h := nats.Header{contract.HeaderDueAt: {contract.FormatTime(time.Now().Add(m.due))}, message.HdrMsgID: {m.id}}
 		ack, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: []byte(m.id)})
 		if err != nil {
 			t.Fatal(err)
@@ -54,7 +55,7 @@ func TestAskerLocalEqualsRemote(t *testing.T) {
 
 	newLevel := func(nc *nats.Conn, js jetstream.JetStream) *Level {
 		l, err := New(nc, js, Config{Stream: stream, Offsets: store, Targets: target.New(nc, js, nil)},
-			Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopKey})
+			Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: hopKey})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,7 +7,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
 )
 
 // levelStreamMsg is a message as the scanner's level consumer delivers it.
@@ -20,8 +22,8 @@ func levelStreamMsg() *nats.Msg {
 			"Trace-Id":                    []string{"4bf92f3577b34da6a3ce929d0e0e4736"},
 			contract.HeaderEnqueuedAt:     []string{"2026-11-29T22:11:59.799452339Z"},
 			contract.HeaderDueAt:          []string{"2026-11-29T22:12:09.799452339Z"},
-			hdrIngress:                    []string{"delayd-1795990280677514429-4242"},
-			hdrMsgID:                      []string{"order-42-close"},
+			message.HdrIngress:            []string{"delayd-1795990280677514429-4242"},
+			message.HdrMsgID:              []string{"order-42-close"},
 			"Nats-Expected-Last-Sequence": []string{"4241"},
 		},
 		Data: make([]byte, 128),
@@ -43,8 +45,8 @@ func BenchmarkDeliveryMsg(b *testing.B) {
 		if target != "orders.close" || due.IsZero() {
 			b.Fatal("bad parse")
 		}
-		id := m.Header.Get(hdrMsgID)
-		stripInternal(m.Header)
+		id := m.Header.Get(message.HdrMsgID)
+		message.StripInternal(m.Header)
 		m.Header[contract.HeaderNatsMsgID] = []string{id}
 		m.Subject = target
 	}
@@ -57,8 +59,8 @@ func BenchmarkDeliveryMsg(b *testing.B) {
 func levelWire(withID bool) (subject, reply string, hdr, data []byte) {
 	m := levelStreamMsg()
 	hdr = []byte("NATS/1.0\r\n")
-	for _, k := range []string{"Content-Type", "Trace-Id", contract.HeaderEnqueuedAt, contract.HeaderDueAt, hdrIngress, hdrMsgID, "Nats-Expected-Last-Sequence"} {
-		if k == hdrMsgID && !withID {
+	for _, k := range []string{"Content-Type", "Trace-Id", contract.HeaderEnqueuedAt, contract.HeaderDueAt, message.HdrIngress, message.HdrMsgID, "Nats-Expected-Last-Sequence"} {
+		if k == message.HdrMsgID && !withID {
 			continue
 		}
 		hdr = append(hdr, k+": "+m.Header.Get(k)+"\r\n"...)
@@ -82,7 +84,7 @@ func BenchmarkDeliveryWire(b *testing.B) {
 		withID := name != "derived"
 		b.Run(name, func(b *testing.B) {
 			s := &owner{Level: &Level{cfg: settings{subject: "delayd.level.10S.", delay: 10 * time.Second}}}
-			s.cfg.HopKey = hopKey("0123456789abcdef0123456789abcdef")
+			s.cfg.HopKey = hop.Key("0123456789abcdef0123456789abcdef")
 			subject, reply, hdr, data := levelWire(withID)
 			wire := append(append([]byte{}, hdr...), data...)
 			subj, rep := []byte(subject), []byte(reply)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/deliver/internal/jswire"
 )
 
 // Clock is delayd's local time source. delayd never decides due-ness by the
@@ -189,7 +191,7 @@ func (s *owner) observeClock(ctx context.Context, seq uint64, stored time.Time) 
 // stream info. On failure the estimate stays (it only grows more
 // conservative) and the next refresh is tried a refresh interval later.
 func (s *owner) refreshClock(ctx context.Context) {
-	ictx, cancel := context.WithTimeout(ctx, opTimeout)
+	ictx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	info, err := s.life.stream.Info(ictx)
 	if err != nil || info.TimeStamp.IsZero() {

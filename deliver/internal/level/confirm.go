@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/offsets"
 )
 
@@ -38,8 +40,8 @@ func (s *owner) confirmOldest(ctx context.Context, n int) {
 		n = len(s.conf.win.inflight)
 	}
 	// Deliveries already sent are confirmed even when ctx ends (a stop):
-	// on a fresh context bounded by opTimeout, keeping ctx's values.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	// on a fresh context bounded by jswire.OpTimeout, keeping ctx's values.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), jswire.OpTimeout)
 	defer cancel()
 	var (
 		core      coreFlush
@@ -80,7 +82,7 @@ func (s *owner) confirmOldest(ctx context.Context, n int) {
 // outcomeOf waits for the outcome of the in-flight delivery d: nil if its
 // target took it (or it was confirmed already), else why not. A core
 // publish is confirmed by the pass's one flush, a JetStream publish by its
-// PubAck; a refusal for permission is errPermissionDenied, and a publish
+// PubAck; a refusal for permission is message.ErrPermissionDenied, and a publish
 // nobody answered whose subject no stream captures any more (by the
 // refreshed index) was delivered to no one: nil.
 func (s *owner) outcomeOf(ctx context.Context, d delivery, core *coreFlush) error {
@@ -90,13 +92,13 @@ func (s *owner) outcomeOf(ctx context.Context, d delivery, core *coreFlush) erro
 	case d.fut == nil:
 		err = core.flush(ctx, s)
 		if err == nil && s.cfg.Targets.Refused(d.target) {
-			err = fmt.Errorf("%w: publish to %q", errPermissionDenied, d.target)
+			err = fmt.Errorf("%w: publish to %q", message.ErrPermissionDenied, d.target)
 		}
 	default:
 		<-d.fut.Done() // a PubAck, an error, or the tracker's timeout
 		_, err = d.fut.Result()
 		if err != nil && s.cfg.Targets.Refused(d.target) {
-			err = fmt.Errorf("%w: publish to %q: %v", errPermissionDenied, d.target, err)
+			err = fmt.Errorf("%w: publish to %q: %v", message.ErrPermissionDenied, d.target, err)
 		}
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 			// Nobody answered: the target's stream may be gone, or be
@@ -159,12 +161,12 @@ func (s *owner) failed(ctx context.Context, d delivery, err error) {
 	s.stats.retries.Add(1)
 	if permanent(err) && n >= s.cfg.MaxAttempts {
 		// Its dead letter is written even when ctx ends (see deadLetterUndeliverable),
-		// so it is read on a fresh context bounded by opTimeout.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		// so it is read on a fresh context bounded by jswire.OpTimeout.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), jswire.OpTimeout)
 		buf, rerr := s.io.reader.Read(rctx, s.cfg.Stream, nil, d.seq, 1, 1)
 		cancel()
 		if rerr == nil && len(buf) == 1 {
-			if seq, _ := strconv.ParseUint(buf[0].Header.Get(hdrJSSequence), 10, 64); seq == d.seq {
+			if seq, _ := strconv.ParseUint(buf[0].Header.Get(message.HdrJSSequence), 10, 64); seq == d.seq {
 				s.conf.win.forgetAttempts(d.seq)
 				s.deadLetterUndeliverable(ctx, buf[0], d.seq, fmt.Errorf("target %q refused it %d times: %w", d.target, n, err))
 				return
@@ -184,7 +186,9 @@ func (s *owner) failed(ctx context.Context, d delivery, err error) {
 
 // permanent reports whether a target's refusal will not change on retry:
 // too large for it, or not permitted.
-func permanent(err error) bool { return tooLarge(err) || errors.Is(err, errPermissionDenied) }
+func permanent(err error) bool {
+	return message.TooLarge(err) || errors.Is(err, message.ErrPermissionDenied)
+}
 
 // commit hands the offset to the committer if it moved, without waiting:
 // the write is pipelined behind the deliveries it confirms (one in flight,
@@ -213,11 +217,11 @@ func (s *owner) fence() {
 	s.logger.Warn("level stopped: its offset was written by another owner (fenced)", slog.Uint64("epoch", s.term.Epoch), slog.Uint64("offset", s.pos.offset))
 }
 
-// awaitCommit waits, at most opTimeout, until the committed offset is
+// awaitCommit waits, at most jswire.OpTimeout, until the committed offset is
 // acknowledged (or its write failed; the committer logged it). The scanner
 // calls it when idle, before a purge: the commit lag reads 0 while idle.
 func (s *owner) awaitCommit(ctx context.Context) {
-	cctx, cancel := context.WithTimeout(ctx, opTimeout)
+	cctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	_ = s.commits.Await(cctx)
 	cancel()
 	s.noteAcked()
@@ -247,7 +251,7 @@ func (s *owner) purge(ctx context.Context, idle bool) {
 	if !s.sameStream(ctx) {
 		return
 	}
-	pctx, cancel := context.WithTimeout(ctx, opTimeout)
+	pctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	if err := s.life.stream.Purge(pctx, jetstream.WithPurgeSequence(acked)); err != nil {
 		s.logger.Warn("purge failed", slog.Uint64("below", acked), slog.Any("error", err))

@@ -63,11 +63,11 @@ func (r decideRequest) record(stream string) index.Record {
 // "passed", a decimal sequence), or [contract.CancelReplyErrorPrefix] and
 // a one-line reason.
 const (
-	decideCancelled  = "cancelled"   // answerCancelled
-	decideDelivered  = "delivered"   // answerDelivered
-	decideForwarded  = "forwarded"   // answerForwarded
-	decideGone       = "gone"        // answerGone
-	decideRetry      = "retry"       // answerRetry
+	decideCancelled  = "cancelled"   // AnswerCancelled
+	decideDelivered  = "delivered"   // AnswerDelivered
+	decideForwarded  = "forwarded"   // AnswerForwarded
+	decideGone       = "gone"        // AnswerGone
+	decideRetry      = "retry"       // AnswerRetry
 	decidePending    = "pending"     // local.Pending: true
 	decideNotPending = "not pending" // local.Pending: false
 	decideNotOwner   = "not owner"   // this replica's term ended: ask again (the next owner)
@@ -84,19 +84,19 @@ const (
 	// owner): each would hold the router that long, for "not pending".
 	decideSilence = time.Second
 	// decideCancelWait bounds one cancel decision sent to the owner: its
-	// tombstone write (opTimeout) and the scanner's grace.
-	decideCancelWait = opTimeout + reservationSlack + 2*time.Second
+	// tombstone write (jswire.OpTimeout) and the scanner's grace.
+	decideCancelWait = jswire.OpTimeout + reservationSlack + 2*time.Second
 )
 
-var answerText = map[cancelAnswer]string{
-	answerCancelled: decideCancelled, answerDelivered: decideDelivered, answerForwarded: decideForwarded,
-	answerGone: decideGone, answerRetry: decideRetry, answerPending: decidePending,
+var answerText = map[CancelAnswer]string{
+	AnswerCancelled: decideCancelled, AnswerDelivered: decideDelivered, AnswerForwarded: decideForwarded,
+	AnswerGone: decideGone, AnswerRetry: decideRetry, AnswerPending: decidePending,
 }
 
-// errOwnerSilent, which wraps errNoOwner (level.ErrNoOwner: no replica
+// errOwnerSilent, which wraps [ErrNoOwner] (no replica
 // answered for the level as its owner), is the case of a request no one
 // answered in time.
-var errOwnerSilent = fmt.Errorf("%w in time", errNoOwner)
+var errOwnerSilent = fmt.Errorf("%w in time", ErrNoOwner)
 
 // decideServer is the NATS side of [remote] for one term: it serves the
 // level's decide subject ([contract.DecideSubject]) for its owner's term.
@@ -233,7 +233,7 @@ func (d *decideServer) work(reader *jswire.BatchReader) {
 			continue
 		}
 		var (
-			answer cancelAnswer
+			answer CancelAnswer
 			err    error
 		)
 		if req.Op == decideOpStatus {
@@ -244,7 +244,7 @@ func (d *decideServer) work(reader *jswire.BatchReader) {
 		switch {
 		case err == nil:
 			d.respond(m, answerText[answer])
-		case errors.Is(err, errNotOwner) || d.ctx.Err() != nil:
+		case errors.Is(err, ownership.ErrNotOwner) || d.ctx.Err() != nil:
 			d.respond(m, decideNotOwner)
 		default:
 			d.respond(m, contract.CancelReplyErrorPrefix+err.Error())
@@ -254,7 +254,7 @@ func (d *decideServer) work(reader *jswire.BatchReader) {
 
 // askOwner sends req to the owner of stream and returns its reply's body,
 // waiting at most wait (and not past ctx). No responder, no answer in
-// time, or a "not owner" reply return [errNoOwner], wrapped.
+// time, or a "not owner" reply return [ErrNoOwner], wrapped.
 func askOwner(ctx context.Context, nc *nats.Conn, stream string, req decideRequest, wait time.Duration) (string, error) {
 	data, err := json.Marshal(req)
 	if err != nil {
@@ -266,7 +266,7 @@ func askOwner(ctx context.Context, nc *nats.Conn, stream string, req decideReque
 	switch {
 	case err == nil:
 	case errors.Is(err, nats.ErrNoResponders):
-		return "", fmt.Errorf("level stream %s: %w (no replica holds its lease now)", stream, errNoOwner)
+		return "", fmt.Errorf("level stream %s: %w (no replica holds its lease now)", stream, ErrNoOwner)
 	case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
 		return "", fmt.Errorf("level stream %s: %w (waited %s)", stream, errOwnerSilent, wait)
 	default:
@@ -274,16 +274,16 @@ func askOwner(ctx context.Context, nc *nats.Conn, stream string, req decideReque
 	}
 	body := string(m.Data)
 	if body == decideNotOwner {
-		return "", fmt.Errorf("level stream %s: %w (its owner's term ended)", stream, errNoOwner)
+		return "", fmt.Errorf("level stream %s: %w (its owner's term ended)", stream, ErrNoOwner)
 	}
 	return body, nil
 }
 
 // askDecision sends op (decideOpCancel or decideOpStatus) of the message
 // rec places to its level's owner and returns the owner's decision.
-// Errors: [errNoOwner] (ask again), the owner's error ([ErrCancelBusy]
+// Errors: [ErrNoOwner] (ask again), the owner's error ([ErrCancelBusy]
 // when its queue is full), ctx's.
-func askDecision(ctx context.Context, nc *nats.Conn, op string, rec index.Record) (cancelAnswer, error) {
+func askDecision(ctx context.Context, nc *nats.Conn, op string, rec index.Record) (CancelAnswer, error) {
 	body, err := askOwner(ctx, nc, rec.Stream, newDecideRequest(op, rec), decideCancelWait)
 	if err != nil {
 		return 0, err
@@ -322,13 +322,13 @@ func newRemote(nc *nats.Conn) *remote {
 
 // Cancel sends the cancel of the message rec places to its level's owner
 // ([askDecision]); reader is not used: the owner reads.
-func (p *remote) Cancel(ctx context.Context, _ *jswire.BatchReader, rec index.Record) (cancelAnswer, error) {
+func (p *remote) Cancel(ctx context.Context, _ *jswire.BatchReader, rec index.Record) (CancelAnswer, error) {
 	return askDecision(ctx, p.nc, decideOpCancel, rec)
 }
 
 // Status sends the status request of the message rec places to its
 // level's owner ([askDecision]).
-func (p *remote) Status(ctx context.Context, rec index.Record) (cancelAnswer, error) {
+func (p *remote) Status(ctx context.Context, rec index.Record) (CancelAnswer, error) {
 	return askDecision(ctx, p.nc, decideOpStatus, rec)
 }
 
@@ -381,16 +381,16 @@ func (p *remote) Passed(ctx context.Context, stream string) uint64 {
 // follower that may lag). A new owner bumps that key before it loads the
 // level's tombstones, so a check that passes after the tombstone was
 // stored means every later owner loads it. It returns an error wrapping
-// [errNotOwner] otherwise.
+// [ownership.ErrNotOwner] otherwise.
 func (s *Level) confirmOwner(ctx context.Context, t ownership.Term) error {
-	notOwner := fmt.Errorf("level stream %s: %w (the term ended while the cancel tombstone was stored)", s.cfg.Stream, errNotOwner)
+	notOwner := fmt.Errorf("level stream %s: %w (the term ended while the cancel tombstone was stored)", s.cfg.Stream, ownership.ErrNotOwner)
 	if !t.Held() || s.commits.Fenced() {
 		return notOwner
 	}
 	if !s.cfg.Fenced {
 		return nil // a scanner on its own: no other owner
 	}
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	ctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	_, rev, found, err := jswire.LastOnSubject(ctx, s.deps.nc, "KV_"+offsets.Bucket, "$KV."+offsets.Bucket+"."+s.cfg.Stream)
 	if err != nil {
@@ -416,7 +416,7 @@ func (s *Level) confirmOwner(ctx context.Context, t ownership.Term) error {
 		case s.commits.Revision() >= rev:
 			return nil
 		case committed == acked:
-			return fmt.Errorf("level stream %s: %w (its offset key was written at revision %d by another owner)", s.cfg.Stream, errNotOwner, rev)
+			return fmt.Errorf("level stream %s: %w (its offset key was written at revision %d by another owner)", s.cfg.Stream, ownership.ErrNotOwner, rev)
 		}
 		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
 			return fmt.Errorf("level stream %s: offset key check: %w", s.cfg.Stream, err)

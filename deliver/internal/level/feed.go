@@ -47,7 +47,7 @@ func newFeed(nc *nats.Conn, js jetstream.JetStream, stream string, batch, bytes 
 // anything buffered from the previous one.
 func (f *feed) reset(ctx context.Context, from uint64) error {
 	f.close()
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	ctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	if err := f.js.DeleteConsumer(ctx, f.stream, f.name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("reset level consumer: %w", err)

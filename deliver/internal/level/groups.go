@@ -8,6 +8,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/backoff"
+	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 )
 
@@ -75,7 +77,7 @@ type ioSet struct {
 	acks       *jswire.PubAcks
 	feed       *feed
 	tombstones jetstream.Stream // CancelStream
-	idMAC      *idMAC           // derives delivery ids (the owner's loop)
+	idMAC      *hop.IDMAC       // derives delivery ids (the owner's loop)
 }
 
 // streamLife is the life of the level stream the position belongs to, as
@@ -118,7 +120,7 @@ type confirmation struct {
 	// which that flush cannot vouch for.
 	coreUnflushed  bool
 	coreReconnects uint64
-	backoff        *backoff
+	backoff        *backoff.Backoff
 }
 
 // cancelState is the level's side of the cancel API that outlives a
@@ -234,6 +236,6 @@ func (r *readiness) reset() {
 
 // testHooks are set by tests before Run; Run reads them.
 type testHooks struct {
-	ackTimeout time.Duration       // how long a write waits for its PubAck (writeAttempt; tests shorten it)
+	ackTimeout time.Duration       // how long a write waits for its PubAck (jswire.WriteAttempt; tests shorten it)
 	loseAcks   func(n uint64) bool // tests: the n-th write's PubAck is dropped (jswire.PubAcks.LoseReplies)
 }

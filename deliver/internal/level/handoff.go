@@ -12,7 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/backoff"
 	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
 )
 
 // handoff.go: the hand-off of a due message to its target (publish, a hop
@@ -21,30 +24,30 @@ import (
 // forward moves a cascading message on: it is published to the ingress
 // stream again with Delay-Deliver-At set to its due time, so the router
 // places it at the level for what remains. The write is confirmed by its
-// PubAck like a delivery to a stream; its Nats-Msg-Id (hopKey.hopID: first
+// PubAck like a delivery to a stream; its Nats-Msg-Id (hop.Key.HopID: first
 // id and hop number, keyed by delayd's secret) makes the ingress stream drop
 // a repeat after a crash. The message keeps its first id, enqueue time and
 // publisher id.
 func (s *owner) forward(ctx context.Context, m *nats.Msg, seq uint64, target string, due time.Time) error {
 	h := m.Header
-	origin := h.Get(hdrOrigin)
+	origin := h.Get(message.HdrOrigin)
 	if origin == "" {
-		origin = h.Get(hdrIngress)
+		origin = h.Get(message.HdrIngress)
 	}
-	hops, _ := strconv.Atoi(h.Get(hdrHops))
+	hops, _ := strconv.Atoi(h.Get(message.HdrHops))
 	hops++
-	userID, enqueued, merge, partKey := h.Get(hdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(hdrMerge), h.Get(hdrPartKey)
-	stripInternal(h)
+	userID, enqueued, merge, partKey := h.Get(message.HdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(message.HdrMerge), h.Get(message.HdrPartKey)
+	message.StripInternal(h)
 	delete(h, contract.HeaderDueAt)
 	h[contract.HeaderDeliverAt] = []string{contract.FormatTime(due)}
 	h[contract.HeaderEnqueuedAt] = []string{enqueued}
-	h[hdrOrigin] = []string{origin}
-	h[hdrHops] = []string{strconv.Itoa(hops)}
+	h[message.HdrOrigin] = []string{origin}
+	h[message.HdrHops] = []string{strconv.Itoa(hops)}
 	if userID != "" {
-		h[hdrMsgID] = []string{userID}
+		h[message.HdrMsgID] = []string{userID}
 	}
 	if merge != "" {
-		h[hdrMerge] = []string{merge}
+		h[message.HdrMerge] = []string{merge}
 	}
 	if partKey != "" {
 		h[contract.HeaderPartitionKey] = []string{partKey}
@@ -99,7 +102,7 @@ func (s *owner) sendFailed(ctx context.Context, m *nats.Msg, seq uint64, op, wha
 		if s.pos.next != seq+1 {
 			return nil // an earlier delivery failed; this one is read again
 		}
-		s.deadLetterUndeliverable(ctx, m, seq, fmt.Errorf("%w: %s exceeds the server's max payload", errTooLarge, what))
+		s.deadLetterUndeliverable(ctx, m, seq, fmt.Errorf("%w: %s exceeds the server's max payload", message.ErrTooLarge, what))
 		return nil
 	}
 	// Not sent: rewind so it is read and tried again. It stays the
@@ -119,13 +122,13 @@ func (s *owner) sendFailed(ctx context.Context, m *nats.Msg, seq uint64, op, wha
 // internal header it comes from (the client decodes every header into a
 // slice of its own), moved to its new key before that header is removed.
 func (s *owner) deliveryHeaders(h nats.Header) {
-	id := h[hdrMsgID]
+	id := h[message.HdrMsgID]
 	if len(id) == 0 || id[0] == "" {
 		// No publisher id: derived from the first ingress reference, made
 		// unguessable.
-		id = h[hdrOrigin]
+		id = h[message.HdrOrigin]
 		if len(id) == 0 || id[0] == "" {
-			id = h[hdrIngress]
+			id = h[message.HdrIngress]
 		}
 		if len(id) > 0 && id[0] != "" {
 			if s.io.idMAC == nil {
@@ -134,8 +137,8 @@ func (s *owner) deliveryHeaders(h nats.Header) {
 			id[0] = s.io.idMAC.DeliveryID(id[0])
 		}
 	}
-	hops := h[hdrHops]
-	stripInternal(h)
+	hops := h[message.HdrHops]
+	message.StripInternal(h)
 	if len(id) > 0 && id[0] != "" {
 		h[contract.HeaderNatsMsgID] = id[:1]
 	}
@@ -149,23 +152,23 @@ func (s *owner) deliveryHeaders(h nats.Header) {
 // moves past it in order. m is either as read from the level stream or
 // already prepared for delivery.
 func (s *owner) deadLetterUndeliverable(ctx context.Context, m *nats.Msg, seq uint64, reason error) {
-	id := m.Header.Get(hdrIngress)
+	id := m.Header.Get(message.HdrIngress)
 	if id == "" {
 		id = m.Header.Get(contract.HeaderNatsMsgID) // already prepared for delivery
 	}
-	subject := strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.cfg.subject)
+	subject := strings.TrimPrefix(m.Header.Get(message.HdrJSSubject), s.cfg.subject)
 	if subject == "" {
 		subject = m.Subject
 	}
-	_, hopping := m.Header[hdrHopDue]
+	_, hopping := m.Header[message.HdrHopDue]
 	hopping = hopping || m.Header.Get(contract.HeaderDeliverAt) != "" // prepared to move on (forward)
-	key, merge := levelKey(m.Header), m.Header.Get(hdrMerge)
-	dl := deadLetterMsg(subject, m.Header, m.Data, reason, id)
-	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	key, merge := message.LevelKey(m.Header), m.Header.Get(message.HdrMerge)
+	dl := message.DeadLetterMsg(subject, m.Header, m.Data, reason, id)
+	retry := backoff.New(100*time.Millisecond, 5*time.Second)
 	for {
 		// Each attempt finishes even when ctx ends (a stop), bounded by
-		// opTimeout in publishDeadLetter; ctx ends the retries below.
-		err := publishDeadLetter(context.WithoutCancel(ctx), s.deps.js, dl)
+		// jswire.OpTimeout in message.PublishDeadLetter; ctx ends the retries below.
+		err := message.PublishDeadLetter(context.WithoutCancel(ctx), s.deps.js, dl)
 		if err == nil {
 			s.cfg.Refused.Stored(s.cfg.Stream)
 			break
@@ -177,7 +180,7 @@ func (s *owner) deadLetterUndeliverable(ctx context.Context, m *nats.Msg, seq ui
 			logLevel = slog.LevelDebug
 		}
 		s.logger.Log(ctx, logLevel, "dead-letter write failed; retrying", slog.Uint64("seq", seq), slog.Any("error", err))
-		if !backoff.Sleep(ctx) {
+		if !retry.Sleep(ctx) {
 			s.cfg.Refused.Stored(s.cfg.Stream) // not waiting any more: read again at the next load
 			// Stopping: the message stays past the offset and is read,
 			// and dead-lettered, again on the next load.
@@ -192,7 +195,7 @@ func (s *owner) deadLetterUndeliverable(ctx context.Context, m *nats.Msg, seq ui
 	}
 	s.logger.Warn("dead-lettered undeliverable message", slog.String("target", subject), slog.Uint64("seq", seq), slog.String("error", reason.Error()))
 	s.stats.deadLettered.Add(1)
-	s.cfg.Reasons.Add(reasonOf(reason))
+	s.cfg.Reasons.Add(message.ReasonOf(reason))
 	s.pos.next = max(s.pos.next, seq+1)
 	s.view.passed.Store(max(s.view.passed.Load(), seq))
 	s.conf.win.passOver(seq)
@@ -211,7 +214,7 @@ func (s *owner) leftDelayd(ctx context.Context, key, merge, target string) {
 			continue
 		}
 		// Written even when ctx ends: the message did leave delayd.
-		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), jswire.OpTimeout)
 		_, err := s.deps.js.PublishMsg(ictx, rec.Msg())
 		cancel()
 		if err != nil {

@@ -7,7 +7,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
 )
 
 // TestDeliveryHeaders: the headers a target receives from a level message
@@ -17,7 +19,7 @@ import (
 // the hops made.
 func TestDeliveryHeaders(t *testing.T) {
 	t.Parallel()
-	key := hopKey("0123456789abcdef0123456789abcdef")
+	key := hop.Key("0123456789abcdef0123456789abcdef")
 	derived := func(ref string) string { return key.DeliveryID(ref) }
 	for _, tc := range []struct {
 		name string
@@ -25,25 +27,25 @@ func TestDeliveryHeaders(t *testing.T) {
 		want nats.Header
 	}{{
 		name: "publisher id",
-		in: nats.Header{"Trace-Id": {"a", "b"}, hdrMsgID: {"order-42"}, hdrIngress: {"delayd-1-7"},
+		in: nats.Header{"Trace-Id": {"a", "b"}, message.HdrMsgID: {"order-42"}, message.HdrIngress: {"delayd-1-7"},
 			contract.HeaderDueAt: {"2026-11-29T22:12:09.799452339Z"}, "Nats-Expected-Last-Sequence": {"6"}},
 		want: nats.Header{"Trace-Id": {"a", "b"}, contract.HeaderNatsMsgID: {"order-42"},
 			contract.HeaderDueAt: {"2026-11-29T22:12:09.799452339Z"}},
 	}, {
 		name: "derived from ingress",
-		in:   nats.Header{hdrIngress: {"delayd-1-7"}, "delayd-merge": {"k"}},
+		in:   nats.Header{message.HdrIngress: {"delayd-1-7"}, "delayd-merge": {"k"}},
 		want: nats.Header{contract.HeaderNatsMsgID: {derived("delayd-1-7")}},
 	}, {
 		name: "derived from origin, hops",
-		in:   nats.Header{hdrIngress: {"delayd-1-9"}, hdrOrigin: {"delayd-1-7"}, hdrHops: {"2"}, hdrMsgID: {""}},
+		in:   nats.Header{message.HdrIngress: {"delayd-1-9"}, message.HdrOrigin: {"delayd-1-7"}, message.HdrHops: {"2"}, message.HdrMsgID: {""}},
 		want: nats.Header{contract.HeaderNatsMsgID: {derived("delayd-1-7")}, contract.HeaderHops: {"2"}},
 	}, {
 		name: "repeated internal values: the first",
-		in:   nats.Header{hdrMsgID: {"x", "y"}, hdrHops: {"3", "4"}},
+		in:   nats.Header{message.HdrMsgID: {"x", "y"}, message.HdrHops: {"3", "4"}},
 		want: nats.Header{contract.HeaderNatsMsgID: {"x"}, contract.HeaderHops: {"3"}},
 	}, {
 		name: "no reference",
-		in:   nats.Header{"A": {"1"}, hdrHops: {""}},
+		in:   nats.Header{"A": {"1"}, message.HdrHops: {""}},
 		want: nats.Header{"A": {"1"}},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -73,7 +75,7 @@ func TestDeliveryWireAllocs(t *testing.T) {
 	}{{true, 0}, {false, 1}} {
 		subject, reply, hdr, data := levelWire(tc.withID)
 		s := &owner{Level: &Level{cfg: settings{subject: "delayd.level.10S.", delay: 10 * time.Second}}}
-		s.cfg.HopKey = hopKey("0123456789abcdef0123456789abcdef")
+		s.cfg.HopKey = hop.Key("0123456789abcdef0123456789abcdef")
 		s.io.idMAC = s.cfg.HopKey.NewIDMAC()
 		ms := make([]*nats.Msg, 0, 110)
 		for range cap(ms) {

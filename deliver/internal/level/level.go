@@ -15,6 +15,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
@@ -270,9 +271,9 @@ type Level struct {
 // counts dead letters only in [Level.Stats]. A deliver.Service builds its
 // scanners with its hop key, dead-letter accounting and router.
 func NewForTest(nc *nats.Conn, js jetstream.JetStream, cfg Config) (*Level, error) {
-	key := make(hopKey, hopKeySize)
+	key := make(hop.Key, hop.KeySize)
 	_, _ = rand.Read(key) // never fails (crypto/rand)
-	return New(nc, js, cfg, Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: key})
+	return New(nc, js, cfg, Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: key})
 }
 
 // New returns a scanner wired to the rest of delayd.
@@ -290,7 +291,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, cfg Config, wiring Wiring) (*Lev
 	}
 	name := strings.TrimPrefix(cfg.Stream, levels.StreamPrefix)
 	logger := cfg.Logger.With(slog.String("stream", cfg.Stream))
-	commits, err := offsets.NewCommitter(cfg.Offsets, offsets.CommitterConfig{Stream: cfg.Stream, Timeout: opTimeout, Fenced: wiring.Fenced, Logger: logger})
+	commits, err := offsets.NewCommitter(cfg.Offsets, offsets.CommitterConfig{Stream: cfg.Stream, Timeout: jswire.OpTimeout, Fenced: wiring.Fenced, Logger: logger})
 	if err != nil {
 		return nil, fmt.Errorf("deliver: scanner: %w", err)
 	}
@@ -305,7 +306,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, cfg Config, wiring Wiring) (*Lev
 			book:   newCancelBook(),
 			retire: make(chan retiree, 1024),
 		},
-		hooks: testHooks{ackTimeout: writeAttempt},
+		hooks: testHooks{ackTimeout: jswire.WriteAttempt},
 	}
 	return sc, nil
 }

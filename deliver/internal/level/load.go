@@ -8,6 +8,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/offsets"
 )
 
@@ -20,7 +23,7 @@ import (
 // wait for it, or answer without it.
 func (s *owner) load(outer context.Context) error {
 	s.view.ready.reset()
-	// loadTimeout, not opTimeout: a request sent to a leader that hangs
+	// loadTimeout, not jswire.OpTimeout: a request sent to a leader that hangs
 	// is answered by nobody, and the load tried again within seconds
 	// reaches the new leader once JetStream has elected one.
 	ctx, cancel := context.WithTimeout(outer, loadTimeout)
@@ -30,7 +33,7 @@ func (s *owner) load(outer context.Context) error {
 	if err := s.commits.Await(ctx); err != nil && ctx.Err() != nil {
 		return err
 	}
-	stream, err := streamInfo(ctx, s.deps.js, s.cfg.Stream)
+	stream, err := jswire.StreamInfo(ctx, s.deps.js, s.cfg.Stream)
 	if err != nil {
 		return fmt.Errorf("level stream: %w", err)
 	}
@@ -49,7 +52,7 @@ func (s *owner) load(outer context.Context) error {
 	if errors.Is(err, offsets.ErrFenced) {
 		// Another owner wrote the key between the read and the bump.
 		s.fence()
-		return errNotOwner
+		return ownership.ErrNotOwner
 	}
 	// Every correction is logged with what was found and what it means
 	// (docs/operations.md#offsets-that-make-no-sense): delivering from first again
@@ -63,7 +66,7 @@ func (s *owner) load(outer context.Context) error {
 		rev, cerr = s.cfg.Offsets.CorrectAt(ctx, s.cfg.Stream, seq, rev, reason)
 		if errors.Is(cerr, offsets.ErrFenced) {
 			s.fence()
-			return errNotOwner
+			return ownership.ErrNotOwner
 		}
 		return cerr
 	}
@@ -101,7 +104,7 @@ func (s *owner) load(outer context.Context) error {
 	s.conf.coreUnflushed = false
 	s.progress()
 	s.logger.Debug("scanner started", slog.Uint64("offset", off), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("pending", st.LastSeq-off))
-	if s.io.tombstones, err = streamInfo(ctx, s.deps.js, cancelStream); err != nil {
+	if s.io.tombstones, err = jswire.StreamInfo(ctx, s.deps.js, index.CancelStream); err != nil {
 		return fmt.Errorf("cancel tombstones: %w", err)
 	}
 	// Not within load's timeout: a level may hold many cancelled messages.
@@ -190,7 +193,7 @@ func (s *owner) loadOffset(ctx context.Context) (offset, revision uint64, err er
 		return offset, 0, err
 	}
 	if !s.owns() {
-		return 0, 0, errNotOwner
+		return 0, 0, ownership.ErrNotOwner
 	}
 	return s.cfg.Offsets.Bump(ctx, s.cfg.Stream)
 }

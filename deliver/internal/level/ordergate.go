@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/offsets"
 )
 
@@ -48,7 +49,7 @@ func (g *OrderGate) holds(ctx context.Context, seq uint64) (string, error) {
 	}
 	for _, name := range slices.Sorted(maps.Keys(g.others)) {
 		boundary := g.others[name]
-		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		rctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 		committed, err := g.store.Load(rctx, name)
 		if errors.Is(err, offsets.ErrNotFound) {
 			committed, err = 0, nil

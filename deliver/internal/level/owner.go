@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/backoff"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 )
@@ -53,7 +54,7 @@ func newOwner(l *Level, t ownership.Term) *owner {
 		term:  t,
 		conf: confirmation{
 			win:     newWindow(l.cfg.Window),
-			backoff: newBackoff(100*time.Millisecond, 5*time.Second),
+			backoff: backoff.New(100*time.Millisecond, 5*time.Second),
 		},
 		asks: make(chan cancelReq, 64),
 		wake: make(chan struct{}, 1),
@@ -95,43 +96,43 @@ func (s *owner) run(ctx context.Context) error {
 	defer retire.Stop()
 	defer s.shutdown()
 
-	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	retry := backoff.New(100*time.Millisecond, 5*time.Second)
 	s.pos.reload = true
 	for {
 		if s.pos.reload {
 			// At the term's load, and whenever the level stream is not the one the
 			// offset belongs to (deleted, or deleted and recreated).
 			if err := s.load(ctx); err != nil {
-				if ctx.Err() != nil || errors.Is(err, errNotOwner) {
+				if ctx.Err() != nil || errors.Is(err, ownership.ErrNotOwner) {
 					return nil
 				}
 				s.term.Recovering(true)
 				s.logger.Warn("scanner start failed; retrying", slog.Any("error", err))
-				if !backoff.Sleep(ctx) {
+				if !retry.Sleep(ctx) {
 					return nil
 				}
 				continue
 			}
 			s.pos.reload = false
 			s.term.Recovering(false) // loaded (a step may wait long for a due head)
-			backoff.Reset()
+			retry.Reset()
 		}
 		s.stats.steps.Add(1)
 		err := s.step(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, errNotOwner) || s.fenced {
+		if errors.Is(err, ownership.ErrNotOwner) || s.fenced {
 			return nil // logged where it was found
 		}
 		if err != nil {
 			s.logger.Warn("scanner step failed; retrying", slog.Any("error", err))
-			if !backoff.Sleep(ctx) {
+			if !retry.Sleep(ctx) {
 				return nil
 			}
 			continue
 		}
-		backoff.Reset()
+		retry.Reset()
 	}
 }
 
@@ -144,7 +145,7 @@ func (s *owner) sleep(ctx context.Context, d time.Duration) error {
 // loaded. If it was deleted, or deleted and recreated, the scanner
 // reloads (offset checked against the new stream) and it returns false.
 func (s *owner) sameStream(ctx context.Context) bool {
-	ictx, cancel := context.WithTimeout(ctx, opTimeout)
+	ictx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	info, err := s.life.stream.Info(ictx)
 	switch {
@@ -163,10 +164,10 @@ func (s *owner) sameStream(ctx context.Context) bool {
 
 // shutdown confirms and commits what is in flight when Run ends. Run's
 // context is done by then, so it works on fresh contexts, each bounded by
-// opTimeout: one to confirm the deliveries and purge, one to wait for the
+// jswire.OpTimeout: one to confirm the deliveries and purge, one to wait for the
 // offset write.
 func (s *owner) shutdown() {
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), jswire.OpTimeout)
 	defer cancel()
 	// A term whose load never set a position has nothing of its own to
 	// confirm, drop or purge: what the level's previous owner delivered,
@@ -175,7 +176,7 @@ func (s *owner) shutdown() {
 	if loaded {
 		s.confirmAll(ctx)
 	}
-	cctx, ccancel := context.WithTimeout(context.Background(), opTimeout)
+	cctx, ccancel := context.WithTimeout(context.Background(), jswire.OpTimeout)
 	if err := s.commits.Await(cctx); err != nil && cctx.Err() != nil {
 		s.logger.Warn("offset commit unconfirmed at shutdown", slog.Uint64("offset", s.commits.Committed()))
 	}

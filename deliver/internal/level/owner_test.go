@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
 	"github.com/delayd/delayd/levels"
@@ -101,7 +102,7 @@ func TestOwnerFreshPerTerm(t *testing.T) {
 	defer cancel()
 	store, hopKey := b.setup(ctx, stream)
 	l, err := New(b.nc, b.js, Config{Stream: stream, Offsets: store, Targets: target.New(b.nc, b.js, nil)},
-		Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopKey})
+		Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: hopKey})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
 	"github.com/delayd/delayd/internal/natstest"
@@ -49,7 +50,7 @@ func TestScannerLostPubAckRetried(t *testing.T) {
 	var want []string
 	for i := range n {
 		p := fmt.Sprintf("m-%d", i)
-		h := nats.Header{contract.HeaderDueAt: {due}, hdrIngress: {fmt.Sprintf("delayd-1-%d", i+1)}}
+		h := nats.Header{contract.HeaderDueAt: {due}, message.HdrIngress: {fmt.Sprintf("delayd-1-%d", i+1)}}
 		if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: []byte(p)}); err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +71,7 @@ func TestScannerLostPubAckRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	s, err := New(nc, js, Config{Stream: stream, Offsets: store, Targets: targets},
-		Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopKey})
+		Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: hopKey})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func (r *retirer) run(ctx context.Context) {
 			return
 		case t = <-l.cancel.retire:
 		}
-		jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), jswire.OpTimeout)
 		err := r.retire(jctx, reader, t)
 		cancel()
 		l.cancel.book.retired(t.t.Seq, err == nil)
@@ -75,7 +75,7 @@ func (r *retirer) retire(ctx context.Context, reader *jswire.BatchReader, rt ret
 			if key == "" {
 				continue
 			}
-			latest, ok, err := index.Lookup(ctx, reader, key, opTimeout)
+			latest, ok, err := index.Lookup(ctx, reader, key, jswire.OpTimeout)
 			if err != nil {
 				return err
 			}
@@ -99,7 +99,7 @@ func (r *retirer) retire(ctx context.Context, reader *jswire.BatchReader, rt ret
 		// Handed over before the owner's load opened the stream (a
 		// shutdown after a failed load drops what the committer stored).
 		var err error
-		if from, err = streamInfo(ctx, l.deps.js, cancelStream); err != nil {
+		if from, err = jswire.StreamInfo(ctx, l.deps.js, index.CancelStream); err != nil {
 			return err
 		}
 	}

@@ -10,8 +10,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/delayd/delayd/deliver/internal/backoff"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 )
 
@@ -24,11 +26,11 @@ type cancelReq struct {
 // cancelDecision is the scanner goroutine's answer to a cancelReq. With
 // answerReserved, res is the sequence's reservation, and loadTail and
 // loadedAt are the scanner's, to tell a message perhaps delivered before
-// a crash (see [Level.completeCancel]). With answerRetry and a non-nil
+// a crash (see [Level.completeCancel]). With AnswerRetry and a non-nil
 // wait, another cancel of the sequence is in flight: ask again once wait
 // is closed.
 type cancelDecision struct {
-	answer   cancelAnswer
+	answer   CancelAnswer
 	res      *reservation
 	wait     <-chan struct{}
 	loadTail uint64
@@ -38,7 +40,7 @@ type cancelDecision struct {
 
 // answerReserved is a decision only the owner's loop gives to a cancel:
 // the sequence is not passed and is reserved for the requester's I/O.
-const answerReserved cancelAnswer = -1
+const answerReserved CancelAnswer = -1
 
 // reservationSlack is how long past a reservation's deadline the scanner waits
 // for its outcome before it takes the sequence back and delivers it.
@@ -56,7 +58,7 @@ func clip(b []byte, n int) string {
 // tells its status), on the caller's goroutine (a cancel worker), reading
 // with reader ([local.Cancel], [local.Status]). It asks the current term's
 // owner (the term slot's): between terms it returns an error wrapping
-// errNotOwner, to send again.
+// ownership.ErrNotOwner, to send again.
 //
 // The owner's loop only decides, between two deliveries, whether the
 // sequence is passed (handed off: the answer) or not; if not, it reserves
@@ -66,13 +68,13 @@ func clip(b []byte, n int) string {
 // target or cancelled, never both
 // (docs/guarantees.md#delivered-xor-cancelled). A status request is
 // decided as a cancel but reserves nothing, so a message not handed off
-// and not cancelled answers answerPending and is delivered as usual; a
+// and not cancelled answers AnswerPending and is delivered as usual; a
 // cancel in flight is waited for, and "cancelled" holds only after the
 // same fenced check as a cancel's.
-func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (cancelAnswer, error) {
+func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (CancelAnswer, error) {
 	o := s.slot.get()
 	if o == nil {
-		return 0, fmt.Errorf("level stream %s: %w; send the cancel again", s.cfg.Stream, errNotOwner)
+		return 0, fmt.Errorf("level stream %s: %w; send the cancel again", s.cfg.Stream, ownership.ErrNotOwner)
 	}
 	return o.ask(ctx, reader, rec, status)
 }
@@ -80,10 +82,10 @@ func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec ind
 // ask has this owner's loop decide rec's cancel (or, with status, its
 // status) and completes a reserved cancel on the caller's goroutine. An
 // owner whose term ends stops deciding: the asker sees its done channel
-// and gives up with an error wrapping errNotOwner, to send again (to the
+// and gives up with an error wrapping ownership.ErrNotOwner, to send again (to the
 // next owner).
-func (s *owner) ask(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (cancelAnswer, error) {
-	stopped := fmt.Errorf("level stream %s: %w; send the cancel again", s.cfg.Stream, errNotOwner)
+func (s *owner) ask(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (CancelAnswer, error) {
+	stopped := fmt.Errorf("level stream %s: %w; send the cancel again", s.cfg.Stream, ownership.ErrNotOwner)
 	for {
 		req := cancelReq{rec: rec, status: status, reply: make(chan cancelDecision, 1)}
 		select {
@@ -112,7 +114,7 @@ func (s *owner) ask(ctx context.Context, reader *jswire.BatchReader, rec index.R
 		switch {
 		case d.answer == answerReserved:
 			return s.completeCancel(ctx, reader, rec, d)
-		case d.answer == answerRetry && d.wait != nil:
+		case d.answer == AnswerRetry && d.wait != nil:
 			// Another cancel of this sequence is writing: its outcome
 			// decides this one.
 			select {
@@ -120,7 +122,7 @@ func (s *owner) ask(ctx context.Context, reader *jswire.BatchReader, rec index.R
 			case <-ctx.Done():
 				return 0, ctx.Err()
 			}
-		case d.answer == answerCancelled:
+		case d.answer == AnswerCancelled:
 			// A tombstone this process holds: "cancelled" holds only
 			// while this term owns the level (the next owner may not
 			// have loaded it), as for a tombstone just written.
@@ -162,25 +164,25 @@ func (s *owner) serveCancels() {
 // reserved one answers from [cancelBook]. Any other is reserved: the
 // scanner does not pass it until the requester's tombstone write has an
 // outcome ([Level.awaitCancel]); for a status request it answers
-// answerPending instead.
+// AnswerPending instead.
 func (s *owner) reserve(rec index.Record, status bool) cancelDecision {
 	seq := rec.Seq
 	_, tombstoned, r := s.cancel.book.lookup(seq)
 	switch {
 	case tombstoned:
-		return cancelDecision{answer: answerCancelled, term: s.term}
+		return cancelDecision{answer: AnswerCancelled, term: s.term}
 	case r != nil:
-		return cancelDecision{answer: answerRetry, wait: r.done}
+		return cancelDecision{answer: AnswerRetry, wait: r.done}
 	}
 	if seq < s.pos.next || s.conf.win.tried(seq) {
 		return cancelDecision{answer: handedOff(rec)}
 	}
 	if status {
-		return cancelDecision{answer: answerPending}
+		return cancelDecision{answer: AnswerPending}
 	}
 	return cancelDecision{
 		answer:   answerReserved,
-		res:      s.cancel.book.reserve(seq, time.Now().Add(opTimeout)),
+		res:      s.cancel.book.reserve(seq, time.Now().Add(jswire.OpTimeout)),
 		loadTail: s.life.loadTail,
 		loadedAt: s.life.loadedAt,
 		term:     s.term,
@@ -188,11 +190,11 @@ func (s *owner) reserve(rec index.Record, status bool) cancelDecision {
 }
 
 // handedOff is the answer for a message rec places that left this level.
-func handedOff(rec index.Record) cancelAnswer {
+func handedOff(rec index.Record) CancelAnswer {
 	if rec.Hop {
-		return answerForwarded
+		return AnswerForwarded
 	}
-	return answerDelivered
+	return AnswerDelivered
 }
 
 // completeCancel does a reserved cancel's I/O on the requester's
@@ -205,12 +207,12 @@ func handedOff(rec index.Record) cancelAnswer {
 // become the tombstone; the answer is "cancelled" only once a fenced
 // check ([Level.confirmOwner]) shows that the term that reserved it
 // still owns the level, so that every later owner loads the tombstone.
-// A failed check returns an error wrapping errNotOwner: the cancel is
+// A failed check returns an error wrapping ownership.ErrNotOwner: the cancel is
 // asked again of the level's next owner, which answers from the
 // tombstone if it loaded it, and decides afresh if not. If anything else
 // fails, the reservation is released and the message is delivered as
 // usual.
-func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record, d cancelDecision) (answer cancelAnswer, err error) {
+func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record, d cancelDecision) (answer CancelAnswer, err error) {
 	r := d.res
 	kept := false
 	defer func() {
@@ -225,16 +227,16 @@ func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, 
 	case err != nil:
 		return 0, err
 	case len(buf) == 0:
-		return answerRetry, nil // the level write is not stored yet
-	case buf[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.Seq, 10) || levelKey(buf[0].Header) != rec.Key:
-		return answerGone, nil
+		return AnswerRetry, nil // the level write is not stored yet
+	case buf[0].Header.Get(message.HdrJSSequence) != strconv.FormatUint(rec.Seq, 10) || message.LevelKey(buf[0].Header) != rec.Key:
+		return AnswerGone, nil
 	}
 	m := buf[0]
-	if due, _ := levelDue(m.Header); rec.Seq <= d.loadTail && !due.After(d.loadedAt.Add(time.Second)) {
+	if due, _ := message.LevelDue(m.Header); rec.Seq <= d.loadTail && !due.After(d.loadedAt.Add(time.Second)) {
 		return handedOff(rec), nil // perhaps delivered before a crash
 	}
-	t := index.Tombstone{Seq: rec.Seq, Key: rec.Key, Target: strings.TrimPrefix(m.Header.Get(hdrJSSubject), s.cfg.subject)}
-	if mk := m.Header.Get(hdrMerge); mk != "" {
+	t := index.Tombstone{Seq: rec.Seq, Key: rec.Key, Target: strings.TrimPrefix(m.Header.Get(message.HdrJSSubject), s.cfg.subject)}
+	if mk := m.Header.Get(message.HdrMerge); mk != "" {
 		t.MergeKey = index.MergeKey(t.Target, mk)
 	}
 	ack, err := s.deps.js.PublishMsg(rctx, &nats.Msg{Subject: index.TombstoneSubject(s.cfg.Stream), Data: t.Encode()})
@@ -247,9 +249,9 @@ func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, 
 		// back: it is delivered. The late tombstone must not cancel a
 		// delivery again after a restart.
 		s.logger.Warn("cancel tombstone stored after its deadline; the message is delivered", slog.Uint64("seq", rec.Seq))
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), jswire.OpTimeout)
 		defer cancel()
-		if st, err := s.deps.js.Stream(dctx, cancelStream); err == nil {
+		if st, err := s.deps.js.Stream(dctx, index.CancelStream); err == nil {
 			_ = st.DeleteMsg(dctx, t.At)
 		}
 		return handedOff(rec), nil
@@ -264,13 +266,13 @@ func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, 
 	// Later cancels of this id answer from the index, also once the
 	// tombstone is gone, and its merge key is free. (If this fails, the
 	// janitor writes them before it deletes the tombstone.)
-	ictx, icancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	ictx, icancel := context.WithTimeout(context.WithoutCancel(ctx), jswire.OpTimeout)
 	defer icancel()
 	if s.writeGone(ictx, t) == nil {
 		s.cancel.book.markIndexed(t.Seq)
 	}
 	s.logger.Debug("message cancelled", slog.Uint64("seq", rec.Seq), slog.String("key", rec.Key[1:]))
-	return answerCancelled, nil
+	return AnswerCancelled, nil
 }
 
 // awaitCancel waits, on the scanner's goroutine, for the outcome of the
@@ -318,7 +320,7 @@ func (s *owner) skipCancelled(m *nats.Msg, seq uint64) bool {
 	if !ok {
 		return false
 	}
-	if t.Key != levelKey(m.Header) {
+	if t.Key != message.LevelKey(m.Header) {
 		// Not the message the tombstone was written for (a stream deleted
 		// and recreated under it): it is delivered.
 		s.logger.Warn("cancel tombstone does not match the message at its sequence; delivering", slog.Uint64("seq", seq))
@@ -356,16 +358,16 @@ func (s *owner) cancelHolds(ctx context.Context, seq uint64) bool {
 func (s *owner) loadTombstones(ctx context.Context, offset uint64) error {
 	s.cancel.book.reset()
 	subject := index.TombstoneSubject(s.cfg.Stream)
-	backoff := newBackoff(10*time.Millisecond, 200*time.Millisecond)
+	retry := backoff.New(10*time.Millisecond, 200*time.Millisecond)
 	for {
 		var seen uint64
-		err := s.io.reader.EachOnSubject(ctx, cancelStream, subject, s.cfg.Batch, opTimeout, func(m *nats.Msg, at uint64) {
+		err := s.io.reader.EachOnSubject(ctx, index.CancelStream, subject, s.cfg.Batch, jswire.OpTimeout, func(m *nats.Msg, at uint64) {
 			seen = max(seen, at)
 			t, ok := index.DecodeTombstone(m.Data, at)
 			if !ok {
 				// Not one delayd wrote: it cancels nothing and stays until an
 				// operator removes it (docs/operations.md#state-in-nats-missing-garbled-from-another-table).
-				s.logger.Warn("cancel tombstone not readable; ignored", slog.String("tombstones", cancelStream),
+				s.logger.Warn("cancel tombstone not readable; ignored", slog.String("tombstones", index.CancelStream),
 					slog.Uint64("tombstone_seq", at), slog.String("value", clip(m.Data, 64)))
 				return
 			}
@@ -374,8 +376,8 @@ func (s *owner) loadTombstones(ctx context.Context, offset uint64) error {
 		if err != nil {
 			return fmt.Errorf("cancel tombstones: %w", err)
 		}
-		lctx, cancel := context.WithTimeout(ctx, opTimeout)
-		_, last, found, err := jswire.LastOnSubject(lctx, s.deps.nc, cancelStream, subject)
+		lctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
+		_, last, found, err := jswire.LastOnSubject(lctx, s.deps.nc, index.CancelStream, subject)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("cancel tombstones: %w", err)
@@ -384,7 +386,7 @@ func (s *owner) loadTombstones(ctx context.Context, offset uint64) error {
 			break
 		}
 		s.logger.Debug("cancel tombstones read from a replica behind the leader; reading again", slog.Uint64("seen", seen), slog.Uint64("leader_last", last))
-		if !backoff.Sleep(ctx) {
+		if !retry.Sleep(ctx) {
 			return fmt.Errorf("cancel tombstones: %w", ctx.Err())
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/delayd/delayd/deliver/internal/hop"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/target"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/offsets"
@@ -22,8 +24,8 @@ func TestScannerWiringRequired(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := Config{Stream: "DELAYD_5S", Offsets: store, Targets: target.New(nc, js, nil)}
-	key := hopKey("0123456789abcdef0123456789abcdef")
-	full := Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: key}
+	key := hop.Key("0123456789abcdef0123456789abcdef")
+	full := Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: key}
 	if _, err := New(nc, js, cfg, full); err != nil {
 		t.Fatalf("complete wiring refused: %v", err)
 	}
@@ -47,8 +49,8 @@ func TestScannerWiringRequired(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(s.cfg.HopKey) != hopKeySize || s.cfg.Reasons == nil || s.cfg.Refused == nil || s.cfg.MergeGone != nil {
+	if len(s.cfg.HopKey) != hop.KeySize || s.cfg.Reasons == nil || s.cfg.Refused == nil || s.cfg.MergeGone != nil {
 		t.Errorf("NewForTest: hop key of %d bytes, reasons %v, refused %v, mergeGone set %v; want %d bytes, both set, none",
-			len(s.cfg.HopKey), s.cfg.Reasons != nil, s.cfg.Refused != nil, s.cfg.MergeGone != nil, hopKeySize)
+			len(s.cfg.HopKey), s.cfg.Reasons != nil, s.cfg.Refused != nil, s.cfg.MergeGone != nil, hop.KeySize)
 	}
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
+	"github.com/delayd/delayd/deliver/internal/ownership"
 )
 
 // step.go: one step of the loop: read the head, decide, hand off what is due.
@@ -40,7 +42,7 @@ func (s *owner) step(ctx context.Context) error {
 		s.pos.next = seq + 1
 		return nil
 	}
-	if isMarker(m.Subject) {
+	if message.IsMarker(m.Subject) {
 		// A router's epoch marker (deliver/internal/routing/marker.go): never delivered nor
 		// counted; the offset passes it in order, like a cancelled one.
 		s.head.msg = nil
@@ -188,7 +190,7 @@ func (s *owner) handOff(ctx context.Context, m *nats.Msg, seq uint64, target str
 		// Checked once per hand-off, after any wait: the head stays
 		// unpassed for the next owner.
 		s.logger.Info("level stopped: this replica's lease term ended", slog.Uint64("epoch", s.term.Epoch), slog.Uint64("seq", seq))
-		return errNotOwner
+		return ownership.ErrNotOwner
 	}
 	s.head.msg = nil
 	s.pos.next = seq + 1
@@ -224,11 +226,11 @@ func (s *owner) afterPublish(ctx context.Context) {
 // hopDue returns when a cascading message's wait at this level ends, if it
 // has more to wait after it.
 func (s *owner) hopDue(m *nats.Msg) (time.Time, bool) {
-	v := m.Header.Get(hdrHopDue)
+	v := m.Header.Get(message.HdrHopDue)
 	if v == "" {
 		return time.Time{}, false
 	}
-	t, err := parseTime(v)
+	t, err := message.ParseTime(v)
 	return t, err == nil
 }
 
@@ -255,7 +257,7 @@ func (s *owner) quiesce(ctx context.Context, idle bool) bool {
 // time plus the stream's delay, never earlier than the contract's due.
 func (s *owner) parse(m *nats.Msg, stored time.Time) (string, time.Time) {
 	target := strings.TrimPrefix(m.Subject, s.cfg.subject)
-	due, err := parseTime(m.Header.Get(contract.HeaderDueAt))
+	due, err := message.ParseTime(m.Header.Get(contract.HeaderDueAt))
 	if err != nil {
 		due = stored.Add(s.cfg.delay)
 		s.logger.Warn("level message without a valid due time; using its store time plus the level's delay", slog.String("value", m.Header.Get(contract.HeaderDueAt)))
