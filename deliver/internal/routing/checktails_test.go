@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/delayd/delayd/deliver/internal/hop"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
@@ -22,7 +24,7 @@ func TestCheckTailsCountsFence(t *testing.T) {
 	nc, _ := natstest.Connect(t)
 	table := levels.MustParse("1h")
 	r, err := New(mustJS(nc, 0), Config{Prefix: "delay", Levels: table},
-		Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopKey("k")})
+		Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: hop.Key("k")})
 	if err != nil {
 		t.Fatal(err)
 	}

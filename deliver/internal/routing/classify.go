@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/levels"
 )
@@ -33,8 +34,8 @@ const (
 
 // checkHop checks m's hop headers with key. Only a message carrying
 // Delayd-Origin is checked (the MAC costs an HMAC).
-func checkHop(key hopKey, subject string, h nats.Header) hopCheck {
-	if h.Get(hdrOrigin) == "" {
+func checkHop(key hop.Key, subject string, h nats.Header) hopCheck {
+	if h.Get(message.HdrOrigin) == "" {
 		return hopNone
 	}
 	if key.Valid(subject, h) {
@@ -85,7 +86,7 @@ type placement struct {
 // stored by the ingress stream at stored; hop is what [checkHop] found.
 //
 // The error is the message's dead-letter reason; its text is the
-// dead letter's Delay-Error and [reasonOf] gives its metric label. The checks
+// dead letter's Delay-Error and [message.ReasonOf] gives its metric label. The checks
 // run in this order, and the first failure is returned: the target (wraps
 // [contract.ErrInvalidTarget], [contract.ErrForbiddenTarget] or [contract.ErrDeniedTarget]); the delay
 // headers, matched case-insensitively, exactly one of them with exactly one
@@ -151,7 +152,7 @@ func (c *classifier) classify(subject string, h nats.Header, stored time.Time, h
 	if hop == hopValid {
 		// A hop carries its merge key in Delayd-Merge (Delay-Merge-Key
 		// is a control header, removed at its first placement).
-		p.Hop, p.Merge = true, h.Get(hdrMerge)
+		p.Hop, p.Merge = true, h.Get(message.HdrMerge)
 	}
 	return p, nil
 }
@@ -256,7 +257,7 @@ func levelMessage(h nats.Header, data []byte, p placement, levelSubject string, 
 	oh := make(nats.Header, len(h)+4)
 	var origin, userID, enqueued, hops string
 	if p.Hop {
-		origin, userID, enqueued, hops = h.Get(hdrOrigin), h.Get(hdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(hdrHops)
+		origin, userID, enqueued, hops = h.Get(message.HdrOrigin), h.Get(message.HdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(message.HdrHops)
 	}
 	for k, v := range h {
 		if contract.IsControlHeader(k) || contract.IsInternalHeader(k) {
@@ -287,20 +288,20 @@ func levelMessage(h nats.Header, data []byte, p placement, levelSubject string, 
 		due = stored
 	case due.Before(stored): // a hop that arrives overdue (delayd was down): at once, due unchanged
 	case levelDue.Before(due) && delay > 0: // more to wait after this level: it hops on
-		set(hdrHopDue, contract.FormatTime(levelDue))
+		set(message.HdrHopDue, contract.FormatTime(levelDue))
 	}
 	set(contract.HeaderEnqueuedAt, enqueued)
 	set(contract.HeaderDueAt, contract.FormatTime(due))
-	set(hdrIngress, ingressRef)
+	set(message.HdrIngress, ingressRef)
 	if userID != "" {
-		set(hdrMsgID, userID)
+		set(message.HdrMsgID, userID)
 	}
 	if p.Hop {
-		set(hdrOrigin, origin)
-		set(hdrHops, hops)
+		set(message.HdrOrigin, origin)
+		set(message.HdrHops, hops)
 	}
 	if p.Merge != "" {
-		set(hdrMerge, p.Merge)
+		set(message.HdrMerge, p.Merge)
 	}
 	return &nats.Msg{Subject: levelSubject + p.Target, Header: oh, Data: data}, due
 }

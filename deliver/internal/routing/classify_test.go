@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/levels"
 )
@@ -30,7 +31,7 @@ func testClassifier() *classifier {
 // headers in any case and with one or several values, clamping, durations
 // and times in the past, future and beyond the longest delay, ambiguity,
 // merge keys, targets, the policy, and hop headers. Errors are compared as
-// text (the dead letter's Delay-Error) and by reasonOf (the dead-letter
+// text (the dead letter's Delay-Error) and by message.ReasonOf (the dead-letter
 // subject's last token and the metric label), which must not change.
 func TestClassify(t *testing.T) {
 	t.Parallel()
@@ -56,7 +57,7 @@ func TestClassify(t *testing.T) {
 		hop     hopCheck
 		want    placement // Target defaults to "orders.close" when err is ""
 		err     string    // the exact dead-letter reason text
-		reason  string    // reasonOf(err)
+		reason  string    // message.ReasonOf(err)
 	}{
 		{name: "level", h: nats.Header{"Delay-Level": {"2"}}, want: placement{Level: level(2)}},
 		{name: "level lower case", h: nats.Header{"delay-level": {"1"}}, want: placement{Level: level(1)}},
@@ -114,15 +115,15 @@ func TestClassify(t *testing.T) {
 		{name: "Nats headers do not classify", h: nats.Header{"Delay-Level": {"1"}, "Nats-Msg-Id": {"a"}, "Nats-Expected-Stream": {"X"}}, want: placement{Level: level(1)}},
 		{name: "multi-valued user header", h: nats.Header{"Delay-Level": {"1"}, "Tag": {"a", "b"}}, want: placement{Level: level(1)}},
 
-		{name: "hop keeps its Delayd-Merge", hop: hopValid, h: nats.Header{"Delay-Duration": {"45s"}, hdrOrigin: {"delayd-1-7"}, hdrMerge: {"user-42"}},
+		{name: "hop keeps its Delayd-Merge", hop: hopValid, h: nats.Header{"Delay-Duration": {"45s"}, message.HdrOrigin: {"delayd-1-7"}, message.HdrMerge: {"user-42"}},
 			want: placement{Level: level(2), Due: stored.Add(45 * time.Second), Merge: "user-42", Hop: true}},
-		{name: "hop without a merge key ignores Delay-Merge-Key", hop: hopValid, h: nats.Header{"Delay-Duration": {"45s"}, hdrOrigin: {"delayd-1-7"}, "Delay-Merge-Key": {"other"}},
+		{name: "hop without a merge key ignores Delay-Merge-Key", hop: hopValid, h: nats.Header{"Delay-Duration": {"45s"}, message.HdrOrigin: {"delayd-1-7"}, "Delay-Merge-Key": {"other"}},
 			want: placement{Level: level(2), Due: stored.Add(45 * time.Second), Hop: true}},
-		{name: "forged hop: Delay-Merge-Key, not Delayd-Merge", hop: hopForged, h: nats.Header{"Delay-Level": {"1"}, hdrOrigin: {"delayd-1-7"}, hdrMerge: {"forged"}, "Delay-Merge-Key": {"mine"}},
+		{name: "forged hop: Delay-Merge-Key, not Delayd-Merge", hop: hopForged, h: nats.Header{"Delay-Level": {"1"}, message.HdrOrigin: {"delayd-1-7"}, message.HdrMerge: {"forged"}, "Delay-Merge-Key": {"mine"}},
 			want: placement{Level: level(1), Merge: "mine"}},
-		{name: "forged hop without a merge key", hop: hopForged, h: nats.Header{"Delay-Level": {"1"}, hdrOrigin: {"delayd-1-7"}, hdrMerge: {"forged"}},
+		{name: "forged hop without a merge key", hop: hopForged, h: nats.Header{"Delay-Level": {"1"}, message.HdrOrigin: {"delayd-1-7"}, message.HdrMerge: {"forged"}},
 			want: placement{Level: level(1)}},
-		{name: "hop: merge key errors still count", hop: hopValid, h: nats.Header{"Delay-Level": {"1"}, hdrOrigin: {"delayd-1-7"}, "Delay-Merge-Key": {""}},
+		{name: "hop: merge key errors still count", hop: hopValid, h: nats.Header{"Delay-Level": {"1"}, message.HdrOrigin: {"delayd-1-7"}, "Delay-Merge-Key": {""}},
 			want: placement{Level: level(1)}, err: invalid + ": Delay-Merge-Key needs exactly one non-empty value", reason: message.ReasonLevel},
 	}
 	for _, tt := range tests {
@@ -150,7 +151,7 @@ func TestClassify(t *testing.T) {
 				if err.Error() != tt.err {
 					t.Errorf("error text\n got %q\nwant %q", err, tt.err)
 				}
-				if r := reasonOf(err); r != tt.reason {
+				if r := message.ReasonOf(err); r != tt.reason {
 					t.Errorf("reasonOf = %q, want %q", r, tt.reason)
 				}
 			}
@@ -171,15 +172,15 @@ func TestClassify(t *testing.T) {
 // TestCheckHop: only a Delayd-Origin with the MAC of this key is a hop.
 func TestCheckHop(t *testing.T) {
 	t.Parallel()
-	key := hopKey("0123456789abcdef0123456789abcdef")
+	key := hop.Key("0123456789abcdef0123456789abcdef")
 	subject := "delay.orders.close"
-	signed := nats.Header{hdrOrigin: {"delayd-1-7"}, hdrHops: {"2"}, "Delay-Duration": {"1h"}}
+	signed := nats.Header{message.HdrOrigin: {"delayd-1-7"}, message.HdrHops: {"2"}, "Delay-Duration": {"1h"}}
 	key.Sign(subject, signed)
 	tampered := cloneHeader(signed)
-	tampered[hdrHops] = []string{"3"}
+	tampered[message.HdrHops] = []string{"3"}
 	for _, tt := range []struct {
 		name    string
-		key     hopKey
+		key     hop.Key
 		subject string
 		h       nats.Header
 		want    hopCheck
@@ -187,10 +188,10 @@ func TestCheckHop(t *testing.T) {
 		{"no origin", key, subject, nats.Header{"Delay-Level": {"1"}}, hopNone},
 		{"no headers", key, subject, nil, hopNone},
 		{"signed", key, subject, signed, hopValid},
-		{"another key", hopKey("another key, another key, another"), subject, signed, hopForged},
+		{"another key", hop.Key("another key, another key, another"), subject, signed, hopForged},
 		{"another subject", key, "delay.orders.other", signed, hopForged},
 		{"a signed field changed", key, subject, tampered, hopForged},
-		{"origin without a MAC", key, subject, nats.Header{hdrOrigin: {"delayd-1-7"}}, hopForged},
+		{"origin without a MAC", key, subject, nats.Header{message.HdrOrigin: {"delayd-1-7"}}, hopForged},
 	} {
 		if got := checkHop(tt.key, tt.subject, tt.h); got != tt.want {
 			t.Errorf("%s: checkHop = %d, want %d", tt.name, got, tt.want)
@@ -221,87 +222,87 @@ func TestLevelMessage(t *testing.T) {
 				"Nats-Msg-Id": {"order-42"}, "Nats-Expected-Stream": {"X"}, "nats-rollup": {"all"}},
 			p: placement{Level: ten, Target: "orders.close"},
 			want: nats.Header{"Content-Type": {"application/json"}, "Tag": {"a", "b"},
-				contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, hdrIngress: {ref}, hdrMsgID: {"order-42"}},
+				contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, message.HdrIngress: {ref}, message.HdrMsgID: {"order-42"}},
 			due: stored.Add(10 * time.Second),
 		},
 		{
 			name: "publisher id in lower case",
 			h:    nats.Header{"Delay-Level": {"2"}, "nats-msg-id": {"order-42"}},
 			p:    placement{Level: ten, Target: "orders.close"},
-			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, hdrIngress: {ref}, hdrMsgID: {"order-42"}},
+			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, message.HdrIngress: {ref}, message.HdrMsgID: {"order-42"}},
 			due:  stored.Add(10 * time.Second),
 		},
 		{
 			name: "publisher's own delayd headers are replaced or dropped",
 			h: nats.Header{"Delay-Level": {"2"}, "delay-enqueued-at": {"1999-01-01T00:00:00Z"}, "Delay-Due-At": {"x"}, "Delay-Hops": {"9"},
-				"Delayd-Msg-Id": {"forged"}, "delayd-ingress": {"forged"}, hdrHopDue: {"x"}, hdrHopMac: {"x"}},
+				"Delayd-Msg-Id": {"forged"}, "delayd-ingress": {"forged"}, message.HdrHopDue: {"x"}, hop.HdrMac: {"x"}},
 			p:    placement{Level: ten, Target: "orders.close"},
-			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, hdrIngress: {ref}},
+			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, message.HdrIngress: {ref}},
 			due:  stored.Add(10 * time.Second),
 		},
 		{
 			name: "merge key carried as Delayd-Merge",
 			h:    nats.Header{"Delay-Level": {"2"}, "Delay-Merge-Key": {" user-42 "}},
 			p:    placement{Level: ten, Target: "orders.close", Merge: "user-42"},
-			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, hdrIngress: {ref}, hdrMerge: {"user-42"}},
+			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, message.HdrIngress: {ref}, message.HdrMerge: {"user-42"}},
 			due:  stored.Add(10 * time.Second),
 		},
 		{
 			name: "due after the level: it hops on",
 			h:    nats.Header{"Delay-Duration": {"45s"}},
 			p:    placement{Level: ten, Target: "orders.close", Due: stored.Add(45 * time.Second)},
-			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(45 * time.Second))}, hdrIngress: {ref}, hdrHopDue: {ts(stored.Add(10 * time.Second))}},
+			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(45 * time.Second))}, message.HdrIngress: {ref}, message.HdrHopDue: {ts(stored.Add(10 * time.Second))}},
 			due:  stored.Add(45 * time.Second),
 		},
 		{
 			name: "due at the level's end: no hop",
 			h:    nats.Header{"Delay-Duration": {"10s"}},
 			p:    placement{Level: ten, Target: "orders.close", Due: stored.Add(10 * time.Second)},
-			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, hdrIngress: {ref}},
+			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, message.HdrIngress: {ref}},
 			due:  stored.Add(10 * time.Second),
 		},
 		{
 			name: "deliver-at in the past: due now",
 			h:    nats.Header{"Delay-Deliver-At": {"2026-11-30T07:00:00Z"}},
 			p:    placement{Target: "orders.close", Due: stored.Add(-time.Hour)},
-			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored)}, hdrIngress: {ref}},
+			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored)}, message.HdrIngress: {ref}},
 			due:  stored,
 		},
 		{
 			name: "level 0 waits for the due time itself",
 			h:    nats.Header{"Delay-Duration": {"500us"}},
 			p:    placement{Target: "orders.close", Due: stored.Add(500 * time.Microsecond)},
-			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(500 * time.Microsecond))}, hdrIngress: {ref}},
+			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(500 * time.Microsecond))}, message.HdrIngress: {ref}},
 			due:  stored.Add(500 * time.Microsecond),
 		},
 		{
 			name: "hop keeps its first id, enqueue time, count and merge key",
-			h: nats.Header{"Delay-Deliver-At": {"2026-11-30T09:00:00Z"}, hdrOrigin: {"delayd-1-7"}, hdrHops: {"2"}, hdrMsgID: {"order-42"},
-				contract.HeaderEnqueuedAt: {"2026-11-30T06:00:00.000000000Z"}, hdrMerge: {"user-42"}, "Nats-Msg-Id": {"delayd-hop-x"}, hdrHopMac: {"mac"}, "Tag": {"t"}},
+			h: nats.Header{"Delay-Deliver-At": {"2026-11-30T09:00:00Z"}, message.HdrOrigin: {"delayd-1-7"}, message.HdrHops: {"2"}, message.HdrMsgID: {"order-42"},
+				contract.HeaderEnqueuedAt: {"2026-11-30T06:00:00.000000000Z"}, message.HdrMerge: {"user-42"}, "Nats-Msg-Id": {"delayd-hop-x"}, hop.HdrMac: {"mac"}, "Tag": {"t"}},
 			p: placement{Level: ten, Target: "orders.close", Due: stored.Add(time.Hour), Hop: true, Merge: "user-42"},
-			want: nats.Header{"Tag": {"t"}, contract.HeaderEnqueuedAt: {"2026-11-30T06:00:00.000000000Z"}, contract.HeaderDueAt: {ts(stored.Add(time.Hour))}, hdrIngress: {ref},
-				hdrMsgID: {"order-42"}, hdrOrigin: {"delayd-1-7"}, hdrHops: {"2"}, hdrMerge: {"user-42"}, hdrHopDue: {ts(stored.Add(10 * time.Second))}},
+			want: nats.Header{"Tag": {"t"}, contract.HeaderEnqueuedAt: {"2026-11-30T06:00:00.000000000Z"}, contract.HeaderDueAt: {ts(stored.Add(time.Hour))}, message.HdrIngress: {ref},
+				message.HdrMsgID: {"order-42"}, message.HdrOrigin: {"delayd-1-7"}, message.HdrHops: {"2"}, message.HdrMerge: {"user-42"}, message.HdrHopDue: {ts(stored.Add(10 * time.Second))}},
 			due: stored.Add(time.Hour),
 		},
 		{
 			name: "hop arriving overdue: at once, due unchanged",
-			h:    nats.Header{hdrOrigin: {"delayd-1-7"}, hdrHops: {"1"}, contract.HeaderEnqueuedAt: {"2026-11-30T06:00:00.000000000Z"}},
+			h:    nats.Header{message.HdrOrigin: {"delayd-1-7"}, message.HdrHops: {"1"}, contract.HeaderEnqueuedAt: {"2026-11-30T06:00:00.000000000Z"}},
 			p:    placement{Target: "orders.close", Due: stored.Add(-time.Minute), Hop: true},
-			want: nats.Header{contract.HeaderEnqueuedAt: {"2026-11-30T06:00:00.000000000Z"}, contract.HeaderDueAt: {ts(stored.Add(-time.Minute))}, hdrIngress: {ref}, hdrOrigin: {"delayd-1-7"}, hdrHops: {"1"}},
+			want: nats.Header{contract.HeaderEnqueuedAt: {"2026-11-30T06:00:00.000000000Z"}, contract.HeaderDueAt: {ts(stored.Add(-time.Minute))}, message.HdrIngress: {ref}, message.HdrOrigin: {"delayd-1-7"}, message.HdrHops: {"1"}},
 			due:  stored.Add(-time.Minute),
 		},
 		{
 			name: "forged hop: its delayd headers dropped, the publisher's Nats-Msg-Id kept",
-			h:    nats.Header{"Delay-Level": {"2"}, hdrOrigin: {"delayd-1-7"}, hdrHops: {"5"}, hdrMsgID: {"forged"}, hdrMerge: {"forged"}, "Nats-Msg-Id": {"mine"}},
+			h:    nats.Header{"Delay-Level": {"2"}, message.HdrOrigin: {"delayd-1-7"}, message.HdrHops: {"5"}, message.HdrMsgID: {"forged"}, message.HdrMerge: {"forged"}, "Nats-Msg-Id": {"mine"}},
 			p:    placement{Level: ten, Target: "orders.close"},
-			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, hdrIngress: {ref}, hdrMsgID: {"mine"}},
+			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, message.HdrIngress: {ref}, message.HdrMsgID: {"mine"}},
 			due:  stored.Add(10 * time.Second),
 		},
 		{
 			name: "no headers",
 			h:    nil,
 			p:    placement{Level: ten, Target: "orders.close"},
-			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, hdrIngress: {ref}},
+			want: nats.Header{contract.HeaderEnqueuedAt: {ts(stored)}, contract.HeaderDueAt: {ts(stored.Add(10 * time.Second))}, message.HdrIngress: {ref}},
 			due:  stored.Add(10 * time.Second),
 		},
 	}
@@ -353,7 +354,7 @@ func TestDeadLetterKeepsIngressHeaders(t *testing.T) {
 	}
 	level, _ := levelMessage(m.Header, m.Data, p, r.writers.all[2].subject, time.Now(), r.ingressRef(9))
 	level.Header["Nats-Expected-Last-Sequence"] = []string{"3"}
-	dl := deadLetterMsg(m.Subject, maps.Clone(m.Header), m.Data, fmt.Errorf("%w: test", message.ErrTooLarge), r.ingressRef(9))
+	dl := message.DeadLetterMsg(m.Subject, maps.Clone(m.Header), m.Data, fmt.Errorf("%w: test", message.ErrTooLarge), r.ingressRef(9))
 	want := nats.Header{"Delay-Level": {"2"}, "Tag": {"a"}, contract.HeaderMsgID: {"order-42"}, contract.HeaderError: {"message too large: test"},
 		contract.HeaderSubject: {"delay.orders.close"}, contract.HeaderNatsMsgID: {"delayd-17-9"}}
 	if !equalHeader(dl.Header, want) {
@@ -410,7 +411,7 @@ func TestCascadeLevelWithoutPrecision(t *testing.T) {
 	stored := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	p := placement{Level: table.Levels()[0], Target: "x", Due: stored.Add(300 * time.Millisecond)}
 	m, due := levelMessage(nats.Header{}, nil, p, "delayd.level.1S.", stored, "ref")
-	if m.Header.Get(hdrHopDue) != "" || !due.Equal(p.Due) || m.Header.Get(contract.HeaderDueAt) != contract.FormatTime(p.Due) {
-		t.Errorf("level message %v due %s, want no %s and Delay-Due-At %s", m.Header, due, hdrHopDue, p.Due)
+	if m.Header.Get(message.HdrHopDue) != "" || !due.Equal(p.Due) || m.Header.Get(contract.HeaderDueAt) != contract.FormatTime(p.Due) {
+		t.Errorf("level message %v due %s, want no %s and Delay-Due-At %s", m.Header, due, message.HdrHopDue, p.Due)
 	}
 }

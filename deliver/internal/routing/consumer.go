@@ -10,7 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/deliver/internal/resource"
 )
 
 // RouterConsumerName returns the durable name of the router's ingress
@@ -80,7 +82,7 @@ func (r *Router) consumerEpoch(name string) (uint64, bool) {
 // consumer of a newer term, nor create its own beside it.)
 func (r *Router) resetConsumers(ctx context.Context, ingress jetstream.Stream) (string, error) {
 	mine := r.consumerName(r.run.term.Epoch)
-	lctx, cancel := context.WithTimeout(ctx, opTimeout)
+	lctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	names := ingress.ConsumerNames(lctx)
 	var old []string
@@ -99,7 +101,7 @@ func (r *Router) resetConsumers(ctx context.Context, ingress jetstream.Stream) (
 		return "", fmt.Errorf("list ingress consumers: %w", err)
 	}
 	for _, name := range old {
-		if err := r.deps.js.DeleteConsumer(ctx, ingressStream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if err := r.deps.js.DeleteConsumer(ctx, resource.IngressStream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return "", fmt.Errorf("reset ingress consumer %s: %w", name, err)
 		}
 		if name != mine {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/levels"
 )
@@ -45,7 +46,7 @@ func TestTooLargeLevelWriteSettlesMerge(t *testing.T) {
 	gate := newHeldOwners()
 	close(gate.release) // merge checks pass at once
 	r, err := New(mustJS(nc, 0), Config{Prefix: "delay", Levels: table},
-		Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopSecret, Owners: gate})
+		Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: hopSecret, Owners: gate})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,10 +70,10 @@ func checkDelayError(t *testing.T, err, want error, text string) {
 			t.Errorf("error %v also wraps %s; want %s only", err, name, delayErrNames[want])
 		}
 	}
-	if got := reasonOf(err); got != message.ReasonLevel {
+	if got := message.ReasonOf(err); got != message.ReasonLevel {
 		t.Errorf("reasonOf(%v) = %q, want %q", err, got, message.ReasonLevel)
 	}
-	dl := deadLetterMsg("delay.orders.close", nats.Header{}, nil, err, "id")
+	dl := message.DeadLetterMsg("delay.orders.close", nats.Header{}, nil, err, "id")
 	if got := dl.Header.Get(contract.HeaderError); got != text {
 		t.Errorf("Delay-Error %q, want %q", got, text)
 	}

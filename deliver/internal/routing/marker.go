@@ -12,6 +12,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 )
 
@@ -38,28 +39,32 @@ import (
 const markerTarget = contract.InternalPrefix + ".router.epoch"
 
 // markerSubject returns the marker subject of the level named name.
-func markerSubject(name string) string { return levelSubjects + name + "." + markerTarget }
+func markerSubject(name string) string {
+	return contract.LevelSubjectPrefix + name + "." + markerTarget
+}
 
 // isMarkerMsg reports whether m, as read by direct get (its subject in the
 // Nats-Subject header) or from a consumer (its own subject), is a marker.
 func isMarkerMsg(m *nats.Msg) bool {
-	if s := m.Header.Get(hdrJSSubject); s != "" {
-		return isMarker(s)
+	if s := m.Header.Get(message.HdrJSSubject); s != "" {
+		return message.IsMarker(s)
 	}
-	return isMarker(m.Subject)
+	return message.IsMarker(m.Subject)
 }
 
 // markerEpoch returns the epoch a marker carries; false if it carries none
 // that parses.
 func markerEpoch(h nats.Header) (uint64, bool) {
-	e, err := strconv.ParseUint(h.Get(hdrRouterEpoch), 10, 64)
+	e, err := strconv.ParseUint(h.Get(message.HdrRouterEpoch), 10, 64)
 	return e, err == nil
 }
 
 // markerLease returns the key of the lease whose epoch a marker carries:
 // [ownership.RouterKey] unless it names another (the router of an
 // ingress partition, "router.<i>").
-func markerLease(h nats.Header) string { return cmp.Or(h.Get(hdrRouterLease), ownership.RouterKey) }
+func markerLease(h nats.Header) string {
+	return cmp.Or(h.Get(message.HdrRouterLease), ownership.RouterKey)
+}
 
 // errRouterFenced ends a router's term: a router of a newer term wrote a
 // level stream (its epoch marker, or messages past this router's last
@@ -108,7 +113,7 @@ func (r *Router) readMarker(ctx context.Context, w *levelWriter) (own bool, err 
 	if r.run.term.Epoch == 0 {
 		return false, nil
 	}
-	rctx, cancel := context.WithTimeout(ctx, opTimeout)
+	rctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	h, seq, _, err := jswire.LastOnSubject(rctx, r.deps.js.Conn(), w.stream, w.marker)
 	cancel()
 	switch {
@@ -134,12 +139,12 @@ func (r *Router) readMarker(ctx context.Context, w *levelWriter) (own bool, err 
 // because the stream moved since makes the level sync again, and find a
 // newer router's marker if that is what moved it.
 func (r *Router) markerMsg(w *levelWriter) *nats.Msg {
-	h := nats.Header{hdrRouterEpoch: {strconv.FormatUint(r.run.term.Epoch, 10)}, jetstream.ExpectedLastSeqHeader: {strconv.FormatUint(w.expected, 10)}}
+	h := nats.Header{message.HdrRouterEpoch: {strconv.FormatUint(r.run.term.Epoch, 10)}, jetstream.ExpectedLastSeqHeader: {strconv.FormatUint(w.expected, 10)}}
 	if key := r.LeaseKey(); key != ownership.RouterKey {
-		h[hdrRouterLease] = []string{key}
+		h[message.HdrRouterLease] = []string{key}
 	}
 	if w.tailRef != "" {
-		h[hdrRouterTail] = []string{w.tailRef}
+		h[message.HdrRouterTail] = []string{w.tailRef}
 	}
 	return &nats.Msg{Subject: w.marker, Header: h}
 }

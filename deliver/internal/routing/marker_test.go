@@ -13,7 +13,9 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/deliver/internal/resource"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
 )
@@ -32,7 +34,7 @@ func TestIsMarker(t *testing.T) {
 		{"delayd.level.5S", false},
 		{"delayd.router.epoch", false},
 	} {
-		if got := isMarker(tc.subject); got != tc.want {
+		if got := message.IsMarker(tc.subject); got != tc.want {
 			t.Errorf("isMarker(%q) = %v, want %v", tc.subject, got, tc.want)
 		}
 	}
@@ -122,7 +124,7 @@ func staleRouterFenced(t *testing.T, purged bool) {
 	stream := level.Stream()
 	newRouterT := func(gate *heldOwners) *Router {
 		r, err := New(mustJS(connect(), 0), Config{Prefix: "delay", Levels: table},
-			Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopSecret, Owners: gate})
+			Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: hopSecret, Owners: gate})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -221,20 +223,20 @@ func staleRouterFenced(t *testing.T, purged bool) {
 		t.Errorf("stale router A: routed %d (want 1: m2's write refused), skipped %d (want 0: its refused write never taken for stored)",
 			st.Routed, st.Skipped)
 	}
-	if !purged && (fenced != 1 || st.FencedWrites[ingressStream] != 0) {
+	if !purged && (fenced != 1 || st.FencedWrites[resource.IngressStream] != 0) {
 		// The level-stream path alone: A's resync after its refused write
 		// reads B's marker in a level stream (checkMarker; the first
 		// level stream it syncs, DELAYD_0S). The ingress consumer check
 		// would stop A too, a session later, counted under the ingress
 		// stream: that defence is TestStaleRouterFencedMarkersPurged's.
-		t.Errorf("stale router A: fenced %v, want once, by a level stream's epoch marker (not by %s's consumer check)", st.FencedWrites, ingressStream)
+		t.Errorf("stale router A: fenced %v, want once, by a level stream's epoch marker (not by %s's consumer check)", st.FencedWrites, resource.IngressStream)
 	}
-	if purged && (fenced != 1 || fenced != st.FencedWrites[stream]+st.FencedWrites[ingressStream]) {
+	if purged && (fenced != 1 || fenced != st.FencedWrites[stream]+st.FencedWrites[resource.IngressStream]) {
 		// Whichever A meets first: its resync's tail check (m3 past its
 		// m2: fenced by the level stream) or, after its pull finds its
 		// consumer deleted, the next session's consumer check (B's
 		// consumer of term 6 exists: counted under the ingress stream).
-		t.Errorf("stale router A: fenced %v, want once, by %s or %s", st.FencedWrites, stream, ingressStream)
+		t.Errorf("stale router A: fenced %v, want once, by %s or %s", st.FencedWrites, stream, resource.IngressStream)
 	}
 	if !purged {
 		close(gateB.release)
@@ -263,11 +265,11 @@ func staleRouterFenced(t *testing.T, purged bool) {
 	var ingress []uint64
 	for _, m := range msgs {
 		if isMarkerMsg(m) {
-			got = append(got, "marker "+m.Header.Get(hdrRouterEpoch))
+			got = append(got, "marker "+m.Header.Get(message.HdrRouterEpoch))
 			continue
 		}
 		got = append(got, string(m.Data))
-		_, seq, ok := parseIngressRef(m.Header.Get(hdrIngress))
+		_, seq, ok := message.ParseIngressRef(m.Header.Get(message.HdrIngress))
 		if !ok {
 			t.Errorf("level message %q without an ingress reference", m.Data)
 		}

@@ -3,7 +3,9 @@ package routing
 import (
 	"testing"
 
+	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -13,12 +15,12 @@ import (
 func TestMergeCaches(t *testing.T) {
 	t.Parallel()
 	merges := NewMergeCaches(2)
-	key := hopKey("0123456789abcdef0123456789abcdef")
+	key := hop.Key("0123456789abcdef0123456789abcdef")
 	parts := levels.Partitions{}.WithIngress(2)
 	var routers []*Router
 	for i := range 2 {
 		r, err := New(nil, Config{Prefix: "delay", Levels: levels.MustParse("1s"), Partitions: parts, IngressPartition: i},
-			Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: key, Merges: merges})
+			Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: key, Merges: merges})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -38,7 +40,7 @@ func TestMergeCaches(t *testing.T) {
 		}
 	}
 	if _, err := New(nil, Config{Prefix: "delay", Levels: levels.MustParse("1s")},
-		Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: key, Merges: NewMergeCaches(0)}); err != nil {
+		Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: key, Merges: NewMergeCaches(0)}); err != nil {
 		t.Errorf("one partition, its cache: %v", err)
 	}
 }

@@ -12,8 +12,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/backoff"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/message"
+	"github.com/delayd/delayd/deliver/internal/ownership"
 )
 
 // writeConfirmed is the acker's report of a stored write ([ackSink]).
@@ -23,7 +25,7 @@ func (r *Router) writeConfirmed(rt *routing, ack *jetstream.PubAck) {
 	// message, its count is in [Router.Stats].
 	if rt.w == nil {
 		r.stats.deadLettered.Add(1)
-		r.deps.Reasons.Add(reasonOf(rt.reason))
+		r.deps.Reasons.Add(message.ReasonOf(rt.reason))
 	} else {
 		r.stats.routed.Add(1)
 	}
@@ -63,7 +65,7 @@ func (r *Router) deadLetterInvalid(rt *routing, reason error) {
 	}
 	r.logger.Log(context.Background(), logLevel, "dead-lettering invalid message", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
 	rt.w, rt.reason = nil, reason
-	rt.out = deadLetterMsg(m.Subject, maps.Clone(m.Header), m.Data, reason, r.ingressRef(rt.seq))
+	rt.out = message.DeadLetterMsg(m.Subject, maps.Clone(m.Header), m.Data, reason, r.ingressRef(rt.seq))
 	fut, err := r.run.acks.Publish(rt.out)
 	if err != nil {
 		rt.err = err
@@ -117,7 +119,7 @@ func (r *Router) fail(rt *routing) {
 // added) is dead-lettered; any other failure is retried, with capped
 // backoff, until it is stored or ctx is done.
 func (r *Router) retryFailed(ctx context.Context) error {
-	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
+	retry := backoff.New(50*time.Millisecond, 5*time.Second)
 	// The failure clocks run from the first failure (fail) until a write is
 	// confirmed: a retry round, even one whose writes are all sent, is not
 	// progress (they may fail again in the acker).
@@ -125,7 +127,7 @@ func (r *Router) retryFailed(ctx context.Context) error {
 		r.pipe.drain()
 		if !r.run.term.Held() {
 			r.noteFenced(ctx)
-			return errNotOwner // the failed writes stay unacked, for the next owner
+			return ownership.ErrNotOwner // the failed writes stay unacked, for the next owner
 		}
 		failed := r.pipe.takeFailed()
 		if len(failed) == 0 {
@@ -136,7 +138,7 @@ func (r *Router) retryFailed(ctx context.Context) error {
 			rt.inProgress() // keep the ack wait from redelivering them meanwhile
 		}
 		r.logger.Warn("level writes failed; retrying in order", slog.Int("count", len(failed)), slog.Any("error", failed[0].err))
-		if round > 0 && !backoff.Sleep(ctx) {
+		if round > 0 && !retry.Sleep(ctx) {
 			r.pipe.requeue(failed)
 			return ctx.Err()
 		}
@@ -160,7 +162,7 @@ func (r *Router) retryFailed(ctx context.Context) error {
 			// every write expecting them.
 			r.pipe.requeue(failed)
 			r.noteFenced(ctx)
-			return errNotOwner
+			return ownership.ErrNotOwner
 		}
 		for i, rt := range failed {
 			if r.pipe.broken.Load() {
@@ -169,7 +171,7 @@ func (r *Router) retryFailed(ctx context.Context) error {
 				r.pipe.requeue(failed[i:])
 				break
 			}
-			if rt.w == nil || tooLarge(rt.err) {
+			if rt.w == nil || message.TooLarge(rt.err) {
 				// A dead letter of a message placed in a level's order, or
 				// a level write refused for its size: nothing of its level
 				// behind it may be written before it is stored.
@@ -207,7 +209,7 @@ func (r *Router) retryFailed(ctx context.Context) error {
 // at the last sequence it expected, where the stream's newest epoch marker
 // is a newer term's (checkMarker counts it). Once, at the first such level
 // stream; nothing if none. It reads even once ctx is done (the term's
-// end may have cancelled it), each read bounded by opTimeout.
+// end may have cancelled it), each read bounded by jswire.OpTimeout.
 func (r *Router) noteFenced(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
 	checked := make(map[*levelWriter]bool)
@@ -257,10 +259,10 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 		// from the untouched ingress message.
 		reason = fmt.Errorf("%w: the level-stream write was refused: %v", message.ErrTooLarge, rt.err)
 		rt.reason = reason
-		rt.out = deadLetterMsg(m.Subject, maps.Clone(m.Header), m.Data, reason, r.ingressRef(rt.seq))
+		rt.out = message.DeadLetterMsg(m.Subject, maps.Clone(m.Header), m.Data, reason, r.ingressRef(rt.seq))
 		r.logger.Warn("dead-lettering message too large for its level stream", slog.String("subject", m.Subject), slog.Uint64("ingress_seq", rt.seq), slog.String("error", reason.Error()))
 	}
-	if err := publishDeadLetter(ctx, r.deps.js, rt.out); err != nil {
+	if err := message.PublishDeadLetter(ctx, r.deps.js, rt.out); err != nil {
 		return err
 	}
 	if rt.nRecords > 0 {
@@ -274,7 +276,7 @@ func (r *Router) deadLetterSync(ctx context.Context, rt *routing) error {
 		r.confirmMerges(rt, true)
 	}
 	r.stats.deadLettered.Add(1)
-	r.deps.Reasons.Add(reasonOf(reason))
+	r.deps.Reasons.Add(message.ReasonOf(reason))
 	rt.w = nil
 	rt.ack()
 	return nil

@@ -11,7 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/deliver/internal/resource"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -37,7 +39,7 @@ func TestRouterLostPubAckRetried(t *testing.T) {
 	}
 	t.Cleanup(nc.Close)
 	r, err := New(mustJS(nc, 0), Config{Prefix: "delay", Levels: table},
-		Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopSecret})
+		Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: hopSecret})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +107,7 @@ func TestRouterLostPubAckRetried(t *testing.T) {
 		t.Errorf("%s holds %d level messages %q;\nwant each of the %d once, in order %q", stream, len(got), got, n, want)
 	}
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
-		in, err := b.js.Stream(ctx, ingressStream)
+		in, err := b.js.Stream(ctx, resource.IngressStream)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +115,7 @@ func TestRouterLostPubAckRetried(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s still holds %d messages a minute after every write was settled", ingressStream, in.CachedInfo().State.Msgs)
+			t.Fatalf("%s still holds %d messages a minute after every write was settled", resource.IngressStream, in.CachedInfo().State.Msgs)
 		}
 	}
 }

@@ -106,7 +106,7 @@ func (r *Router) place(ctx context.Context, rt *routing, w *levelWriter, h heldM
 	var due time.Time
 	rt.out, due = levelMessage(m.Header, m.Data, p, w.subject, meta.Stored, r.ingressRef(rt.seq))
 	if partKey != "" {
-		rt.out.Header[hdrPartKey] = []string{partKey} // a hop keeps it (forward)
+		rt.out.Header[message.HdrPartKey] = []string{partKey} // a hop keeps it (forward)
 	}
 	rt.setRecords(w.stream, p, due)
 	r.submit(rt)
@@ -143,8 +143,8 @@ func headerFold(h nats.Header, name string) string {
 // is set when the write is sent): by id (the publisher's, else the first
 // ingress sequence) and by merge key.
 func (rt *routing) setRecords(stream string, p placement, due time.Time) {
-	_, hops := rt.out.Header[hdrHopDue]
-	rt.records[0] = index.Record{Key: levelKey(rt.out.Header), Stream: stream, Hop: hops, Due: due, Target: p.Target}
+	_, hops := rt.out.Header[message.HdrHopDue]
+	rt.records[0] = index.Record{Key: message.LevelKey(rt.out.Header), Stream: stream, Hop: hops, Due: due, Target: p.Target}
 	rt.nRecords = 1
 	if p.Merge != "" {
 		rt.records[1] = index.Record{Key: index.MergeKey(p.Target, p.Merge), Stream: stream, Hop: hops, Due: due, Target: p.Target}

@@ -14,8 +14,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/deliver/internal/resource"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -128,15 +131,15 @@ func (c *Config) validate() error {
 type Wiring struct {
 	// Reasons counts dead letters by reason, shared with the scanners.
 	// Required.
-	Reasons *reasonCounts
+	Reasons *message.ReasonCounts
 
 	// Refused tracks the dead letters DELAYD_DLQ refused, shared with the
 	// scanners. Required.
-	Refused *dlqRefusals
+	Refused *message.Refusals
 
 	// HopKey authenticates hops: only a message whose hop MAC it verifies
 	// keeps its first id, enqueue time and hop count. Required.
-	HopKey hopKey
+	HopKey hop.Key
 
 	// Owners is the router's view of the level owners. Optional: nil
 	// merges nothing (no owner can say a message is pending).
@@ -272,7 +275,7 @@ type routerHealth struct {
 // by New, never written after.
 type ingressShare struct {
 	// part is the ingress partition routed, parts the ingress partition
-	// count; refusal prefixes this router's keys in dlqRefusals.
+	// count; refusal prefixes this router's keys in message.Refusals.
 	part, parts int
 	refusal     string
 }
@@ -363,9 +366,9 @@ func (c *failClock) failingFor(epoch time.Time) time.Duration {
 // deliver.Service builds its router with its hop key and scanners. tails,
 // if not nil, is told what the level streams hold ([Wiring].Tails).
 func NewStandalone(js jetstream.JetStream, cfg Config, tails Tails) (*Router, error) {
-	key := make(hopKey, hopKeySize)
+	key := make(hop.Key, hop.KeySize)
 	_, _ = rand.Read(key) // never fails (crypto/rand)
-	return New(js, cfg, Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: key, Tails: tails})
+	return New(js, cfg, Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: key, Tails: tails})
 }
 
 // New returns a router wired to the rest of delayd.
@@ -391,12 +394,12 @@ func New(js jetstream.JetStream, cfg Config, wiring Wiring) (*Router, error) {
 		cfg: cfg, deps: routerDeps{js: js, Wiring: wiring}, logger: cfg.Logger,
 		classifier: classifier{prefix: cfg.Prefix, levels: cfg.Levels, targets: cfg.Targets, maxDelay: cfg.MaxDelay},
 		merges:     merges,
-		hooks:      testHooks{ackTimeout: writeAttempt},
+		hooks:      testHooks{ackTimeout: jswire.WriteAttempt},
 		health:     routerHealth{epoch: time.Now()},
-		share:      ingressShare{part: cfg.IngressPartition, parts: cfg.Partitions.Ingress(), refusal: routerRefusal},
+		share:      ingressShare{part: cfg.IngressPartition, parts: cfg.Partitions.Ingress(), refusal: message.RouterRefusal},
 	}
 	if r.share.parts > 1 {
-		r.share.refusal = routerRefusal + strconv.Itoa(r.share.part) + ":"
+		r.share.refusal = message.RouterRefusal + strconv.Itoa(r.share.part) + ":"
 	}
 	r.pipe = newWritePipeline(js, cfg.Logger, r, cfg.MaxInFlight)
 	all := append([]levels.Level{{}}, cfg.Levels.Levels()...)
@@ -411,7 +414,7 @@ func New(js jetstream.JetStream, cfg Config, wiring Wiring) (*Router, error) {
 				continue // another ingress partition's router writes it
 			}
 			name := strings.TrimPrefix(stream, levels.StreamPrefix)
-			w := &levelWriter{level: l, stream: stream, subject: levelSubjects + name + ".", marker: markerSubject(name)}
+			w := &levelWriter{level: l, stream: stream, subject: contract.LevelSubjectPrefix + name + ".", marker: markerSubject(name)}
 			r.writers.all = append(r.writers.all, w)
 			parts = append(parts, w)
 		}
@@ -473,6 +476,6 @@ func (r *Router) Stats() Stats {
 	for _, w := range r.writers.all {
 		count(w.stream, w.fenced.Load())
 	}
-	count(ingressStream, r.stats.fencedIngress.Load())
+	count(resource.IngressStream, r.stats.fencedIngress.Load())
 	return st
 }

@@ -6,7 +6,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -22,10 +25,10 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 	k := index.MergeKey(target, key)
 	rec, inFlight, ok := r.merges.lookupFlight(k)
 	if !ok {
-		ctx, cancel := context.WithTimeout(ctx, opTimeout)
+		ctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 		defer cancel()
 		var err error
-		rec, ok, err = index.Lookup(ctx, r.run.ids, k, opTimeout)
+		rec, ok, err = index.Lookup(ctx, r.run.ids, k, jswire.OpTimeout)
 		if err == nil && ok && rec.Stream != "" && !rec.Gone {
 			ok, err = r.placed(ctx, rec, target, key)
 		}
@@ -53,7 +56,7 @@ func (r *Router) mergeInto(ctx context.Context, target, key string) (bool, error
 		// leader's last record, tells (docs/guarantees.md#delivered-xor-cancelled).
 		// (A placement in flight has no record yet: the index's latest
 		// is an older message's.)
-		latest, found, err := index.LookupLatest(ctx, cmp.Or(r.deps.LookupConn, r.deps.js.Conn()), r.run.ids, k, opTimeout, nil)
+		latest, found, err := index.LookupLatest(ctx, cmp.Or(r.deps.LookupConn, r.deps.js.Conn()), r.run.ids, k, jswire.OpTimeout, nil)
 		if err != nil {
 			return false, err
 		}
@@ -77,7 +80,7 @@ func (r *Router) placed(ctx context.Context, rec index.Record, target, key strin
 	if err != nil {
 		return false, err
 	}
-	if len(msgs) == 0 || msgs[0].Header.Get(hdrJSSequence) != strconv.FormatUint(rec.Seq, 10) {
+	if len(msgs) == 0 || msgs[0].Header.Get(message.HdrJSSequence) != strconv.FormatUint(rec.Seq, 10) {
 		if !rec.Hop || r.deps.Owners == nil {
 			return false, nil
 		}
@@ -87,7 +90,7 @@ func (r *Router) placed(ctx context.Context, rec index.Record, target, key strin
 		}
 		return rec.Seq <= passed, nil
 	}
-	prefix := levelSubjects + strings.TrimPrefix(rec.Stream, levels.StreamPrefix) + "."
-	subject := msgs[0].Header.Get(hdrJSSubject)
-	return msgs[0].Header.Get(hdrMerge) == key && strings.HasPrefix(subject, prefix) && subject[len(prefix):] == target, nil
+	prefix := contract.LevelSubjectPrefix + strings.TrimPrefix(rec.Stream, levels.StreamPrefix) + "."
+	subject := msgs[0].Header.Get(message.HdrJSSubject)
+	return msgs[0].Header.Get(message.HdrMerge) == key && strings.HasPrefix(subject, prefix) && subject[len(prefix):] == target, nil
 }

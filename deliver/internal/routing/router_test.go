@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/delayd/delayd/deliver/internal/hop"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -13,8 +15,8 @@ import (
 func TestRouterWiringRequired(t *testing.T) {
 	t.Parallel()
 	cfg := Config{Prefix: "delay", Levels: levels.MustParse("1s")}
-	key := hopKey("0123456789abcdef0123456789abcdef")
-	full := Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: key}
+	key := hop.Key("0123456789abcdef0123456789abcdef")
+	full := Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: key}
 	if _, err := New(nil, cfg, full); err != nil {
 		t.Fatalf("complete wiring refused: %v", err)
 	}
@@ -39,7 +41,7 @@ func TestRouterWiringRequired(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.deps.HopKey) != hopKeySize || r.deps.Owners != nil || r.deps.Offsets != nil {
-		t.Errorf("NewStandalone: hop key of %d bytes, Owners %v, Offsets %v; want %d bytes and none", len(r.deps.HopKey), r.deps.Owners, r.deps.Offsets, hopKeySize)
+	if len(r.deps.HopKey) != hop.KeySize || r.deps.Owners != nil || r.deps.Offsets != nil {
+		t.Errorf("NewStandalone: hop key of %d bytes, Owners %v, Offsets %v; want %d bytes and none", len(r.deps.HopKey), r.deps.Owners, r.deps.Offsets, hop.KeySize)
 	}
 }

@@ -12,9 +12,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/backoff"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/deliver/internal/resource"
 )
 
 // RunTerm routes for one term of the router lease: until ctx is done (a
@@ -62,7 +64,7 @@ func (r *Router) Run(ctx context.Context) error {
 	}
 	defer lookups.Close()
 	r.run.ids = lookups
-	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	retry := backoff.New(100*time.Millisecond, 5*time.Second)
 	for {
 		began := time.Now()
 		err := r.session(ctx)
@@ -82,10 +84,10 @@ func (r *Router) Run(ctx context.Context) error {
 		r.health.failing.fail(r.health.epoch)
 		r.run.term.Recovering(true)
 		if time.Since(began) > time.Minute {
-			backoff.Reset() // a long healthy session: start the backoff afresh
+			retry.Reset() // a long healthy session: start the backoff afresh
 		}
 		r.logger.Warn("router restarting", slog.Any("error", err))
-		if !backoff.Sleep(ctx) {
+		if !retry.Sleep(ctx) {
 			return nil
 		}
 	}
@@ -120,9 +122,9 @@ func (c *closers) close() {
 // it starts is added to opened, which the session closes when it ends.
 func (r *Router) open(ctx context.Context, opened *closers) (*jswire.Pull, error) {
 	if !r.run.term.Held() {
-		return nil, errNotOwner // a stale router recreates no stream and writes no index record
+		return nil, ownership.ErrNotOwner // a stale router recreates no stream and writes no index record
 	}
-	info, err := streamInfo(ctx, r.deps.js, ingressStream)
+	info, err := jswire.StreamInfo(ctx, r.deps.js, resource.IngressStream)
 	if err != nil {
 		return nil, fmt.Errorf("ingress stream: %w", err)
 	}
@@ -154,7 +156,7 @@ func (r *Router) open(ctx context.Context, opened *closers) (*jswire.Pull, error
 	// stale router can neither delete the new router's consumer nor ack
 	// into it.
 	if !r.run.term.Held() {
-		return nil, errNotOwner
+		return nil, ownership.ErrNotOwner
 	}
 	opened.add(r.startSyncs(ctx, info.CachedInfo().State))
 	if err := r.awaitSyncs(ctx); err != nil {
@@ -166,9 +168,9 @@ func (r *Router) open(ctx context.Context, opened *closers) (*jswire.Pull, error
 	}
 	var filter string
 	if r.share.parts > 1 {
-		filter = ingressPartitionSubject(r.share.part) + ">"
+		filter = resource.IngressPartitionSubject(r.share.part) + ">"
 	}
-	_, err = r.deps.js.CreateOrUpdateConsumer(ctx, ingressStream, jetstream.ConsumerConfig{
+	_, err = r.deps.js.CreateOrUpdateConsumer(ctx, resource.IngressStream, jetstream.ConsumerConfig{
 		Durable:       consumer,
 		FilterSubject: filter,
 		Description:   "delayd router: ingress to level streams",
@@ -181,7 +183,7 @@ func (r *Router) open(ctx context.Context, opened *closers) (*jswire.Pull, error
 	if err != nil {
 		return nil, fmt.Errorf("create ingress consumer: %w", err)
 	}
-	pull, err := jswire.NewPull(r.deps.js.Conn(), ingressStream, consumer, r.cfg.Batch, 0)
+	pull, err := jswire.NewPull(r.deps.js.Conn(), resource.IngressStream, consumer, r.cfg.Batch, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -259,12 +261,12 @@ func (r *Router) consume(ctx context.Context, pull *jswire.Pull) error {
 		if !r.run.term.Held() {
 			// Checked before each message's level write (a mutex and a
 			// monotonic clock read): m stays unacked, for the next owner.
-			return errNotOwner
+			return ownership.ErrNotOwner
 		}
 		if r.share.parts > 1 {
 			// Stored as "delayd.in.<i>.<target>": routed, indexed and
 			// dead-lettered under the subject it was published to.
-			if rest, ok := strings.CutPrefix(m.Subject, ingressPartitionSubject(r.share.part)); ok {
+			if rest, ok := strings.CutPrefix(m.Subject, resource.IngressPartitionSubject(r.share.part)); ok {
 				m.Subject = r.cfg.Prefix + "." + rest
 			}
 		}

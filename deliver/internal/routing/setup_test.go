@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/resource"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
@@ -70,7 +71,7 @@ func (b *serverBundle) publishTo(target, payload string, h nats.Header) {
 // setupStreams creates every resource of a delayd of table (ingress prefix
 // "delay", no partitions, one replica) with [resource.Setup], as a
 // deliver.Service's setup does, and returns its hop secret.
-func setupStreams(t testing.TB, ctx context.Context, nc *nats.Conn, table levels.Table) hopKey {
+func setupStreams(t testing.TB, ctx context.Context, nc *nats.Conn, table levels.Table) hop.Key {
 	t.Helper()
 	st, err := resource.Setup(ctx, mustJS(nc, 0), resource.Config{
 		Prefix: contract.PrefixDefault, Levels: table, IngressPartitions: 1, Replicas: 1,

@@ -17,7 +17,9 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/deliver/internal/resource"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
 )
@@ -49,7 +51,7 @@ func TestStaleRouterPipelinedWrites(t *testing.T) {
 	hopSecret := setupStreams(t, ctx, nc, table)
 	level, _ := table.Level(1)
 	stream := level.Stream()
-	trigger := []byte(levelSubjects + level.Name() + ".orders.close")
+	trigger := []byte(contract.LevelSubjectPrefix + level.Name() + ".orders.close")
 	startRouter := func(epoch uint64) (*holdProxy, func()) {
 		p := newHoldProxy(t, srv.Addr().String(), trigger)
 		rnc, err := nats.Connect("nats://"+p.ln.Addr().String(), nats.NoReconnect())
@@ -58,7 +60,7 @@ func TestStaleRouterPipelinedWrites(t *testing.T) {
 		}
 		t.Cleanup(rnc.Close)
 		r, err := New(mustJS(rnc, 0), Config{Prefix: "delay", Levels: table},
-			Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: hopSecret})
+			Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: hopSecret})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,7 +102,7 @@ func TestStaleRouterPipelinedWrites(t *testing.T) {
 	defer reader.Close()
 	var got []string
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		in, err := js.Stream(ctx, ingressStream)
+		in, err := js.Stream(ctx, resource.IngressStream)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,7 +113,7 @@ func TestStaleRouterPipelinedWrites(t *testing.T) {
 		got = got[:0]
 		for _, m := range msgs {
 			if isMarkerMsg(m) {
-				got = append(got, "marker "+m.Header.Get(hdrRouterEpoch))
+				got = append(got, "marker "+m.Header.Get(message.HdrRouterEpoch))
 			} else {
 				got = append(got, string(m.Data))
 			}
@@ -131,7 +133,7 @@ func TestStaleRouterPipelinedWrites(t *testing.T) {
 func waitConsumer(t *testing.T, ctx context.Context, js jetstream.JetStream, name string) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		c, err := js.Consumer(ctx, ingressStream, name)
+		c, err := js.Consumer(ctx, resource.IngressStream, name)
 		if err == nil && c.CachedInfo().NumWaiting > 0 {
 			return
 		}

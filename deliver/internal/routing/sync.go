@@ -16,8 +16,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/backoff"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
+	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/deliver/internal/resource"
 	"github.com/delayd/delayd/internal/hedge"
 )
 
@@ -153,7 +157,7 @@ func (r *Router) readLevel(ctx context.Context, w *levelWriter) (tailState, erro
 	}
 	defer lookups.Close()
 	lookups.ResendUnanswered() // the re-index reads the level stream, which any replica answers
-	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	retry := backoff.New(100*time.Millisecond, 5*time.Second)
 	for {
 		st, err := r.readTail(ctx, w, tails)
 		if err == nil {
@@ -165,7 +169,7 @@ func (r *Router) readLevel(ctx context.Context, w *levelWriter) (tailState, erro
 		w.failing.fail(r.health.epoch)
 		r.logger.Warn("level stream not synced yet; its messages are held, the other levels route",
 			slog.String("stream", w.stream), slog.Any("error", err))
-		if !backoff.Sleep(ctx) {
+		if !retry.Sleep(ctx) {
 			return st, ctx.Err()
 		}
 	}
@@ -232,7 +236,7 @@ func (r *Router) settleSyncs(ctx context.Context) error {
 				return nil // retried first; the held stay first in line
 			}
 			if !r.run.term.Held() {
-				return errNotOwner
+				return ownership.ErrNotOwner
 			}
 			h := w.held[0]
 			w.held[0] = heldMsg{}
@@ -284,7 +288,7 @@ func (r *Router) applySync(res syncResult) error {
 		return nil
 	}
 	if !r.run.term.Held() {
-		return errNotOwner
+		return ownership.ErrNotOwner
 	}
 	fut, err := r.deps.js.PublishMsgAsync(r.markerMsg(w))
 	if err != nil {
@@ -298,7 +302,7 @@ func (r *Router) applySync(res syncResult) error {
 	go func() {
 		defer s.wg.Done()
 		res := syncResult{w: w, marker: true}
-		t := time.NewTimer(opTimeout)
+		t := time.NewTimer(jswire.OpTimeout)
 		defer t.Stop()
 		select {
 		case res.ack = <-fut.Ok():
@@ -307,7 +311,7 @@ func (r *Router) applySync(res syncResult) error {
 				res.err = fmt.Errorf("%w (written to since the tail sync)", res.err)
 			}
 		case <-t.C:
-			res.err = fmt.Errorf("no PubAck within %s", opTimeout)
+			res.err = fmt.Errorf("no PubAck within %s", jswire.OpTimeout)
 		case <-ctx.Done():
 			return
 		}
@@ -380,11 +384,11 @@ func (r *Router) readTail(ctx context.Context, w *levelWriter, tails *jswire.Bat
 			return out, fmt.Errorf("level stream %s tail: %w", w.stream, err)
 		}
 	}
-	s, err := streamInfo(ctx, r.deps.js, w.stream)
+	s, err := jswire.StreamInfo(ctx, r.deps.js, w.stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		// Deleted while delayd ran: without it no level could be routed.
 		r.logger.Warn("level stream missing; recreating it", slog.String("stream", w.stream))
-		if err = ensureLevelStream(ctx, r.deps.js, w.stream, w.level.Delay, max(r.cfg.Replicas, 1)); err == nil {
+		if err = resource.EnsureLevelStream(ctx, r.deps.js, w.stream, w.level.Delay, max(r.cfg.Replicas, 1)); err == nil {
 			s, err = r.deps.js.Stream(ctx, w.stream)
 		}
 	}
@@ -433,28 +437,28 @@ func (r *Router) lastIngressRef(ctx context.Context, tails *jswire.BatchReader, 
 		if to-first >= tailBatch {
 			from = to - tailBatch + 1
 		}
-		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		rctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 		var err error
 		buf, err = tails.Read(rctx, stream, buf[:0], from, int(to-from+1), 1<<20)
 		cancel()
 		if err != nil {
 			return "", 0, fmt.Errorf("level stream %s tail: %w", stream, err)
 		}
-		if to == st.LastSeq && (len(buf) == 0 || buf[len(buf)-1].Header.Get(hdrJSSequence) != strconv.FormatUint(st.LastSeq, 10)) {
+		if to == st.LastSeq && (len(buf) == 0 || buf[len(buf)-1].Header.Get(message.HdrJSSequence) != strconv.FormatUint(st.LastSeq, 10)) {
 			r.logger.Warn("level stream tail missing; redelivered ingress messages may be written twice", slog.String("stream", stream))
 			return "", 0, nil
 		}
 		for i := len(buf) - 1; i >= 0; i-- {
 			m := buf[i]
-			seq, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
+			seq, _ := strconv.ParseUint(m.Header.Get(message.HdrJSSequence), 10, 64)
 			if seq > to {
 				continue // past this read's range (a byte-limited read returns fewer)
 			}
-			ref, marker := m.Header.Get(hdrIngress), isMarkerMsg(m)
+			ref, marker := m.Header.Get(message.HdrIngress), isMarkerMsg(m)
 			if marker {
-				ref = m.Header.Get(hdrRouterTail)
+				ref = m.Header.Get(message.HdrRouterTail)
 			}
-			id, ingressSeq, ok := parseIngressRef(ref)
+			id, ingressSeq, ok := message.ParseIngressRef(ref)
 			if ok || marker {
 				if foreign {
 					r.logger.Warn("level stream's last messages have no valid ingress reference (not written by delayd); synced to the last one that has",
@@ -473,7 +477,7 @@ func (r *Router) lastIngressRef(ctx context.Context, tails *jswire.BatchReader, 
 		if len(buf) == 0 {
 			break
 		}
-		lowest, _ := strconv.ParseUint(buf[0].Header.Get(hdrJSSequence), 10, 64)
+		lowest, _ := strconv.ParseUint(buf[0].Header.Get(message.HdrJSSequence), 10, 64)
 		if lowest <= first {
 			break
 		}
@@ -508,7 +512,7 @@ func (r *Router) reindex(ctx context.Context, w *levelWriter, st tailState, look
 		from = max(from, r.deps.Offsets.Committed(ctx, w.stream)+1)
 	}
 	for from <= st.expected {
-		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		rctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 		var err error
 		buf, err = lookups.Read(rctx, w.stream, buf[:0], from, index.Batch, 1<<20)
 		cancel()
@@ -519,19 +523,19 @@ func (r *Router) reindex(ctx context.Context, w *levelWriter, st tailState, look
 			break
 		}
 		for _, m := range buf {
-			seq, _ := strconv.ParseUint(m.Header.Get(hdrJSSequence), 10, 64)
+			seq, _ := strconv.ParseUint(m.Header.Get(message.HdrJSSequence), 10, 64)
 			from = max(from, seq+1)
-			_, ing, ok := parseIngressRef(m.Header.Get(hdrIngress))
+			_, ing, ok := message.ParseIngressRef(m.Header.Get(message.HdrIngress))
 			if !ok || isMarkerMsg(m) || ing < ingress.FirstSeq || seq > st.expected {
 				continue
 			}
 			due, _ := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
-			_, hop := m.Header[hdrHopDue]
-			target := strings.TrimPrefix(m.Header.Get(hdrJSSubject), w.subject)
-			if key := levelKey(m.Header); key != "" {
+			_, hop := m.Header[message.HdrHopDue]
+			target := strings.TrimPrefix(m.Header.Get(message.HdrJSSubject), w.subject)
+			if key := message.LevelKey(m.Header); key != "" {
 				g.Add(index.Record{Key: key, Stream: w.stream, Seq: seq, Hop: hop, Due: due, Target: target})
 			}
-			if mk := m.Header.Get(hdrMerge); mk != "" {
+			if mk := m.Header.Get(message.HdrMerge); mk != "" {
 				rec := index.Record{Key: index.MergeKey(target, mk), Stream: w.stream, Seq: seq, Hop: hop, Due: due, Target: target}
 				g.Add(rec)
 				r.merges.remember(rec)

@@ -3,6 +3,8 @@ package routing
 import (
 	"strconv"
 	"testing"
+
+	"github.com/delayd/delayd/deliver/internal/message"
 )
 
 func TestParseIngressRef(t *testing.T) {
@@ -21,7 +23,7 @@ func TestParseIngressRef(t *testing.T) {
 		if want := "delayd-" + tt.id + "-" + strconv.FormatUint(tt.seq, 10); ref != want {
 			t.Errorf("ingressRef(%d) = %q, want %q", tt.seq, ref, want)
 		}
-		id, seq, ok := parseIngressRef(ref)
+		id, seq, ok := message.ParseIngressRef(ref)
 		if !ok || id != tt.id || seq != tt.seq {
 			t.Errorf("parseIngressRef(%q) = %q, %d, %v; want %q, %d, true", ref, id, seq, ok, tt.id, tt.seq)
 		}
@@ -38,7 +40,7 @@ func TestParseIngressRef(t *testing.T) {
 		"Delayd-123-4",
 		"123-4",
 	} {
-		if id, seq, ok := parseIngressRef(bad); ok {
+		if id, seq, ok := message.ParseIngressRef(bad); ok {
 			t.Errorf("parseIngressRef(%q) = %q, %d, true; want not ok", bad, id, seq)
 		}
 	}
