@@ -209,10 +209,10 @@ func (s *owner) commit(ctx context.Context) {
 // fenced stops the level: an offset commit failed its compare-and-set, so
 // another owner wrote the offset. Logged and counted once per term.
 func (s *owner) fence() {
-	if s.fenced {
+	if s.fenced.Load() {
 		return
 	}
-	s.fenced = true
+	s.fenced.Store(true)
 	s.stats.fencedWrites.Add(1)
 	s.logger.Warn("level stopped: its offset was written by another owner (fenced)", slog.Uint64("epoch", s.term.Epoch), slog.Uint64("offset", s.pos.offset))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -22,8 +23,11 @@ import (
 // between this check and the publish, one per level;
 // docs/guarantees.md#a-restart-after-a-crash states that bounded
 // duplicate window. The offset cannot go wrong even then: every commit is
-// a compare-and-set.
-func (s *owner) owns() bool { return !s.fenced && s.term.Held() }
+// a compare-and-set. Safe from any goroutine: the answers to askers
+// (pendingAt, passedNow) make the same check, so that an owner whose term
+// ended or that was fenced, still in the term slot until its loop returns,
+// answers as no owner does.
+func (s *owner) owns() bool { return !s.fenced.Load() && s.term.Held() }
 
 // owner owns the level for one lease term (docs/reshape.md 2.1): what is
 // fresh each term. [Level.RunTerm] builds it when the term begins and drops
@@ -39,7 +43,7 @@ type owner struct {
 	pos    position       // offset, next, purges, reload
 	head   headState      // the head message and the feed's state
 	conf   confirmation   // window, core flushes, backoff
-	fenced bool           // an offset commit failed its compare-and-set: the level stops
+	fenced atomic.Bool    // an offset commit failed its compare-and-set: the level stops (read by askers too, through owns)
 	asks   chan cancelReq // cancel and status requests, sent by any goroutine, decided on the loop (no I/O there)
 	wake   chan struct{}  // wakes the loop from a wait to decide them (capacity 1; any goroutine sends)
 	done   chan struct{}  // closed when run has returned; askers stop waiting on it
@@ -122,7 +126,7 @@ func (s *owner) run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ownership.ErrNotOwner) || s.fenced {
+		if errors.Is(err, ownership.ErrNotOwner) || s.fenced.Load() {
 			return nil // logged where it was found
 		}
 		if err != nil {

@@ -9,6 +9,8 @@ import (
 	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
+	"github.com/delayd/delayd/internal/lease"
+	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -146,9 +148,9 @@ func TestOwnerFreshPerTerm(t *testing.T) {
 	// A fresh owner's groups are empty, its channels new.
 	f := newOwner(l, ownership.Term{Epoch: 2})
 	if f.pos != (position{}) || f.life != (streamLife{}) || f.head != (headState{}) || f.io != (ioSet{}) ||
-		f.fenced || f.view.passed.Load() != 0 || f.view.ready.done() || len(f.conf.win.inflight) != 0 {
+		f.fenced.Load() || f.view.passed.Load() != 0 || f.view.ready.done() || len(f.conf.win.inflight) != 0 {
 		t.Fatalf("a new owner's groups are not empty: pos %+v life %+v head %+v io %+v fenced %v passed %d ready %v in flight %d",
-			f.pos, f.life, f.head, f.io, f.fenced, f.view.passed.Load(), f.view.ready.done(), len(f.conf.win.inflight))
+			f.pos, f.life, f.head, f.io, f.fenced.Load(), f.view.passed.Load(), f.view.ready.done(), len(f.conf.win.inflight))
 	}
 
 	o2, stop2 := runTerm(2)
@@ -169,4 +171,82 @@ func TestOwnerFreshPerTerm(t *testing.T) {
 		t.Fatal("term 2's owner shares term 1's reader, or never loaded")
 	}
 	l.cancel.book.release(r)
+}
+
+// TestAnswersOnlyWhileOwned: an owner answers the merge questions (Pending,
+// Passed, and the decide server's pendingNow and passedNow) only while it
+// owns the level. Once its lease term has ended, or it was fenced, it may
+// still be in the term slot until its loop returns; it then answers as no
+// owner does ("not pending", 0), never from a view going stale.
+func TestAnswersOnlyWhileOwned(t *testing.T) {
+	t.Parallel()
+	_, js := natstest.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	bucket, err := lease.OpenBucket(ctx, js, lease.BucketConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const stream = "DELAYD_5S"
+	e, err := ownership.New(ownership.Config{Bucket: bucket, Key: ownership.LevelKey(stream), Holder: lease.NewHolderID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	terms := make(chan ownership.Term, 1)
+	ectx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() {
+		ran <- e.Run(ectx, func(wctx context.Context, term ownership.Term) error {
+			terms <- term
+			<-wctx.Done()
+			return nil
+		})
+	}()
+	var term ownership.Term
+	select {
+	case term = <-terms:
+	case <-ctx.Done():
+		t.Fatal("no lease term gained")
+	}
+
+	rec := index.Record{Key: "ix", Stream: stream, Seq: 5} // not passed: pending
+	ask := func(l *Level, o *owner) (pending, pendingNow bool, passed, passedNow uint64) {
+		here := local{l}
+		return here.Pending(ctx, rec), o.pendingNow(rec), here.Passed(ctx, stream), o.passedNow()
+	}
+	newLoaded := func(term ownership.Term) (*Level, *owner) {
+		l := &Level{
+			cancel: cancelState{book: newCancelBook()},
+			clock:  levelClock{srv: &serverClock{clock: SystemClock}},
+		}
+		o := newOwner(l, term)
+		o.view.passed.Store(3) // as a load sets it
+		o.view.ready.set()
+		l.slot.begin(o)
+		return l, o
+	}
+
+	l, o := newLoaded(term)
+	if p, pn, s, sn := ask(l, o); !p || !pn || s != 3 || sn != 3 {
+		t.Fatalf("while the term is held: pending %v, pendingNow %v, passed %d, passedNow %d; want true, true, 3, 3", p, pn, s, sn)
+	}
+	stop()
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	if term.Held() {
+		t.Fatal("the term is still held after its elector stopped")
+	}
+	if p, pn, s, sn := ask(l, o); !l.Owned() || p || pn || s != 0 || sn != 0 {
+		t.Fatalf("after the term ended, still in the slot (owned %v): pending %v, pendingNow %v, passed %d, passedNow %d; want false, false, 0, 0",
+			l.Owned(), p, pn, s, sn)
+	}
+
+	// Fenced: the zero Term is always held, the fence alone stops it.
+	l, o = newLoaded(ownership.Term{})
+	o.fenced.Store(true) // as fence sets it on a commit refused as fenced
+	if p, pn, s, sn := ask(l, o); !l.Owned() || p || pn || s != 0 || sn != 0 {
+		t.Fatalf("fenced, still in the slot (owned %v): pending %v, pendingNow %v, passed %d, passedNow %d; want false, false, 0, 0",
+			l.Owned(), p, pn, s, sn)
+	}
 }

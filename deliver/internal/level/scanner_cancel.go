@@ -415,9 +415,14 @@ func (s *owner) dropTombstones(acked uint64) {
 // writes a newer "cancelled" record). The router calls it to merge; the
 // answer may be overtaken by the loop at once, which is the merge's
 // semantics: the later message arrived while the first was pending. It
-// reads the owner's published view only (any goroutine).
+// reads the owner's published view only (any goroutine). An owner that no
+// longer owns the level (its term ended, or it was fenced) answers "not
+// pending", as no owner does: it may still be in the term slot, its view
+// going stale, until its loop returns.
 func (s *owner) pendingAt(rec index.Record) bool {
 	switch {
+	case !s.owns():
+		return false
 	case s.cancel.book.cancelled(rec.Seq):
 		return false
 	case rec.Seq > s.view.passed.Load():
@@ -458,10 +463,15 @@ func (s *owner) pending(ctx context.Context, rec index.Record) bool {
 func (s *owner) pendingNow(rec index.Record) bool { return s.view.ready.done() && s.pendingAt(rec) }
 
 // passedNow returns the highest sequence the owner handed off once its
-// load has loaded the offset; 0 before (any goroutine).
+// load has loaded the offset; 0 before, and 0 once it no longer owns the
+// level (its term ended, or it was fenced), as no owner answers (any
+// goroutine).
 func (s *owner) passedNow() uint64 {
 	if !s.view.ready.done() {
 		return 0 // its term's load has not loaded the offset yet
+	}
+	if !s.owns() {
+		return 0 // its term ended or it was fenced: no owner's answer
 	}
 	return s.view.passed.Load()
 }
