@@ -1,6 +1,7 @@
 package level
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/internal/lease"
 )
 
 // CancelAnswer is a scanner's decision on a cancel.
@@ -105,7 +107,8 @@ type OwnersConfig struct {
 	// among them is unknown (not pending, nothing passed, AnswerGone).
 	Levels map[string]*Level
 	// LeaseTTL is the levels' lease TTL: a cancel or status request finds
-	// no owner for up to twice it before it gives up. Required.
+	// no owner for up to twice it before it gives up. Optional. Default
+	// [lease.TTLDefault], the service's (a zero TTL would make one try).
 	LeaseTTL time.Duration
 }
 
@@ -123,7 +126,7 @@ var _ Asker = (*Owners)(nil)
 
 // NewOwners returns the Owners of cfg.Levels.
 func NewOwners(cfg OwnersConfig) *Owners {
-	return &Owners{levels: cfg.Levels, remote: newRemote(cfg.Conn), leaseTTL: cfg.LeaseTTL}
+	return &Owners{levels: cfg.Levels, remote: newRemote(cfg.Conn), leaseTTL: cmp.Or(cfg.LeaseTTL, lease.TTLDefault)}
 }
 
 // Pending reports the owner's answer to "is the message rec places

@@ -16,6 +16,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
+	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -155,5 +156,17 @@ func TestAskerLocalEqualsRemote(t *testing.T) {
 	same("Passed", func(a Asker) string { return strconv.FormatUint(a.Passed(ctx, stream), 10) })
 	if !owning.Cancelled(recs["f2"].Seq) || !owning.Cancelled(recs["f3"].Seq) || owning.Cancelled(recs["f1"].Seq) {
 		t.Error("the owner's book: f2 and f3 not both cancelled, or f1 cancelled")
+	}
+}
+
+// TestOwnersLeaseTTLDefault: Owners without a lease TTL waits for an owner
+// as long as the service's default lease TTL allows, not zero (one try).
+func TestOwnersLeaseTTLDefault(t *testing.T) {
+	t.Parallel()
+	if got := NewOwners(OwnersConfig{}).leaseTTL; got != lease.TTLDefault {
+		t.Fatalf("NewOwners without LeaseTTL: lease TTL %s, want lease.TTLDefault %s", got, lease.TTLDefault)
+	}
+	if got := NewOwners(OwnersConfig{LeaseTTL: 5 * time.Second}).leaseTTL; got != 5*time.Second {
+		t.Fatalf("NewOwners with LeaseTTL 5s: lease TTL %s", got)
 	}
 }
