@@ -96,8 +96,11 @@ func (r *retirer) retire(ctx context.Context, reader *jswire.BatchReader, rt ret
 	}
 	from := rt.from
 	if from == nil {
-		// Handed over before the owner's load opened the stream (a
-		// shutdown after a failed load drops what the committer stored).
+		// The handing owner had no tombstones stream: its load set a
+		// position, then failed to look the stream up (which leaves
+		// io.tombstones nil, a reload's too), and the owner's shutdown
+		// dropped what the acknowledged offset passed anyway. A load
+		// that never set a position drops nothing (owner.shutdown).
 		var err error
 		if from, err = jswire.StreamInfo(ctx, l.deps.js, index.CancelStream); err != nil {
 			return err
