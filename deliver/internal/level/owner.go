@@ -44,7 +44,7 @@ type owner struct {
 	head   headState      // the head message and the feed's state
 	conf   confirmation   // window, core flushes, backoff
 	fenced atomic.Bool    // an offset commit failed its compare-and-set: the level stops (read by askers too, through owns)
-	asks   chan cancelReq // cancel and status requests, sent by any goroutine, decided on the loop (no I/O there)
+	asks   chan request   // cancel and status requests, sent by any goroutine, decided on the loop (no I/O there)
 	wake   chan struct{}  // wakes the loop from a wait to decide them (capacity 1; any goroutine sends)
 	done   chan struct{}  // closed when run has returned; askers stop waiting on it
 	view   published      // read by any goroutine without the loop's turn: passed, ready
@@ -60,7 +60,7 @@ func newOwner(l *Level, t ownership.Term) *owner {
 			win:     newWindow(l.cfg.Window),
 			backoff: backoff.New(100*time.Millisecond, 5*time.Second),
 		},
-		asks: make(chan cancelReq, 64),
+		asks: make(chan request, 64),
 		wake: make(chan struct{}, 1),
 		done: make(chan struct{}),
 	}

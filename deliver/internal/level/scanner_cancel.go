@@ -17,13 +17,15 @@ import (
 	"github.com/delayd/delayd/deliver/internal/ownership"
 )
 
-type cancelReq struct {
+// request is a question another goroutine asks the owner's loop, on
+// owner.asks: a cancel to decide (and reserve for), or a status.
+type request struct {
 	rec    index.Record
 	status bool // a status request: decide, reserve nothing
 	reply  chan cancelDecision
 }
 
-// cancelDecision is the scanner goroutine's answer to a cancelReq. With
+// cancelDecision is the scanner goroutine's answer to a request. With
 // answerReserved, res is the sequence's reservation, and loadTail and
 // loadedAt are the scanner's, to tell a message perhaps delivered before
 // a crash (see [Level.completeCancel]). With AnswerRetry and a non-nil
@@ -87,7 +89,7 @@ func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec ind
 func (s *owner) ask(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (CancelAnswer, error) {
 	stopped := fmt.Errorf("level stream %s: %w; send the cancel again", s.cfg.Stream, ownership.ErrNotOwner)
 	for {
-		req := cancelReq{rec: rec, status: status, reply: make(chan cancelDecision, 1)}
+		req := request{rec: rec, status: status, reply: make(chan cancelDecision, 1)}
 		select {
 		case s.asks <- req:
 		case <-ctx.Done():
