@@ -16,9 +16,11 @@ import (
 
 // TestPendingWaitsForLoad: a merge question asked of this replica's owner
 // while its term's load runs (readiness open) waits for the load: it
-// answers "not pending" after DecidePendingWait if the load never
-// finishes, answers as soon as the load finishes, and once it has, at
-// once. A term that ends while it waits answers "not pending" at once.
+// answers "not pending" once DecidePendingWait has run out if the load
+// never finishes, answers when the load finishes, and once it has,
+// without a wait. A term that ends while it waits answers "not pending".
+// Orderings only: past the first case the wait is an hour, so an answer
+// that comes at all was caused by the load or by the term's end.
 // Between terms there is no owner here: ask the one elsewhere.
 func TestPendingWaitsForLoad(t *testing.T) {
 	t.Parallel()
@@ -44,26 +46,29 @@ func TestPendingWaitsForLoad(t *testing.T) {
 			pending, owned, took, DecidePendingWait)
 	}
 
-	// The load finishes while it waits.
+	// From here on the wait cannot run out (an hour): an answer that comes
+	// at all came from the load, or from the term's end.
+	l.hooks.pendingWait = time.Hour
+
+	// The load finishes while it waits: "pending", after the load.
 	setAt := make(chan time.Time, 1)
 	go func() {
 		time.Sleep(DecidePendingWait / 5)
 		setAt <- time.Now()
 		o.view.ready.set()
 	}()
-	pending, owned = here.Pending(ctx, rec), l.Owned()
+	pending, owned = answerWithin(t, func() bool { return here.Pending(ctx, rec) }), l.Owned()
 	answered := time.Now()
 	set := <-setAt
-	if !owned || !pending || answered.Before(set) || answered.Sub(set) > DecidePendingWait/2 {
-		t.Fatalf("Pending while the load finishes: pending %v owned %v, answered %s after the load finished; want true, true, soon after",
+	if !owned || !pending || answered.Before(set) {
+		t.Fatalf("Pending while the load finishes: pending %v owned %v, answered %s after the load finished; want true, true, after it",
 			pending, owned, answered.Sub(set))
 	}
 
-	// Loaded: at once.
-	start = time.Now()
-	pending, owned = here.Pending(ctx, rec), l.Owned()
-	if took := time.Since(start); !owned || !pending || took > DecidePendingWait/5 {
-		t.Fatalf("Pending once loaded: pending %v owned %v after %s; want true, true at once", pending, owned, took)
+	// Loaded: answered without a wait.
+	pending, owned = answerWithin(t, func() bool { return here.Pending(ctx, rec) }), l.Owned()
+	if !owned || !pending {
+		t.Fatalf("Pending once loaded: pending %v owned %v; want true, true", pending, owned)
 	}
 	if passed, owned := here.Passed(ctx, rec.Stream), l.Owned(); passed != 3 || !owned {
 		t.Fatalf("Passed once loaded: %d, %v; want 3, true", passed, owned)
@@ -78,15 +83,29 @@ func TestPendingWaitsForLoad(t *testing.T) {
 		time.Sleep(DecidePendingWait / 5)
 		close(o.done)
 	}()
-	start = time.Now()
-	pending, owned = here.Pending(ctx, rec), l.Owned()
-	if took := time.Since(start); !owned || pending || took > DecidePendingWait*4/5 {
-		t.Fatalf("Pending as the term ends during a reload: pending %v owned %v after %s; want false, true before %s",
-			pending, owned, took, DecidePendingWait)
+	pending, owned = answerWithin(t, func() bool { return here.Pending(ctx, rec) }), l.Owned()
+	if !owned || pending {
+		t.Fatalf("Pending as the term ends during a reload: pending %v owned %v; want false, true", pending, owned)
 	}
 	l.slot.end(o)
 	if l.Owned() || here.Pending(ctx, rec) {
 		t.Fatal("Pending after the term: owned or pending, want no owner here")
+	}
+}
+
+// answerWithin returns ask's answer, failing the test if it has none
+// within a minute: a liveness bound, far beyond any wait ask can have
+// but the hour the test sets, never a timing property.
+func answerWithin(t *testing.T, ask func() bool) bool {
+	t.Helper()
+	ch := make(chan bool, 1)
+	go func() { ch <- ask() }()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(time.Minute):
+		t.Fatal("no answer within a minute: it waited for its (hour-long) wait to run out")
+		return false
 	}
 }
 

@@ -1,6 +1,7 @@
 package level
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -447,7 +448,7 @@ func (s *owner) pending(ctx context.Context, rec index.Record) bool {
 		return s.pendingAt(rec)
 	default:
 	}
-	t := time.NewTimer(DecidePendingWait)
+	t := time.NewTimer(cmp.Or(s.hooks.pendingWait, DecidePendingWait))
 	defer t.Stop()
 	select {
 	case <-ready:
