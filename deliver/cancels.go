@@ -9,6 +9,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/cancelapi"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/level"
 )
 
 // CancelLookupShareDefault is [Config].CancelLookupShare's default: a
@@ -54,7 +55,7 @@ func (s *Service) newCancelAPI(js jetstream.JetStream) *cancelapi.API {
 
 // decideID is the cancel API's [cancelapi.API.DecideID] (the Service's
 // tests ask it directly); Run must have built the API.
-func (s *Service) decideID(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time, status bool) (cancelAnswer, time.Time, error) {
+func (s *Service) decideID(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time, status bool) (level.CancelAnswer, time.Time, error) {
 	return s.parts.cancelAPI.DecideID(ctx, reader, id, scope, notAfter, status)
 }
 

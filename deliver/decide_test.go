@@ -15,6 +15,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/level"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/levels"
 )
@@ -378,8 +379,8 @@ func TestDecideSubjectOwnerOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if body := string(first.Data); body != decidePending && body != decideNotPending {
-		t.Errorf("pending question answered %q, want %q or %q", body, decidePending, decideNotPending)
+	if body := string(first.Data); body != level.ReplyPending && body != level.ReplyNotPending {
+		t.Errorf("pending question answered %q, want %q or %q", body, level.ReplyPending, level.ReplyNotPending)
 	}
 	if extra, err := sub.NextMsg(time.Second); err == nil {
 		t.Errorf("a second replica answered on %s: %q", contract.DecideSubject(stream), extra.Data)

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -74,7 +75,7 @@ func (s *Service) subscribeInfo(ctx context.Context) (*nats.Subscription, error)
 	if err != nil {
 		return nil, fmt.Errorf("subscribe %s: %w", contract.InfoSubject, err)
 	}
-	fctx, cancel := context.WithTimeout(ctx, opTimeout)
+	fctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	if err := s.nc.FlushWithContext(fctx); err != nil {
 		s.logger.Warn("info API subscription not confirmed yet", slog.Any("error", err))

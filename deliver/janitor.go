@@ -14,6 +14,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/level"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/offsets"
 )
@@ -32,7 +33,7 @@ func (s *Service) runJanitor(ctx context.Context, store *offsets.Store, members 
 				return
 			case <-t.C:
 			}
-			sctx, cancel := context.WithTimeout(ctx, opTimeout)
+			sctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 			n, err := members.Sweep(sctx, memberSweepAfter)
 			cancel()
 			if err != nil && ctx.Err() == nil {
@@ -116,7 +117,7 @@ func (s *Service) trimIndex(ctx context.Context, store *offsets.Store) error {
 				return s.answerBeforeTrim(ctx, answerJS, reader, cutoff, first, end)
 			}
 		}
-		tctx, cancel := context.WithTimeout(ctx, s.answers.work.bounds.passMax+2*opTimeout)
+		tctx, cancel := context.WithTimeout(ctx, s.answers.work.bounds.passMax+2*jswire.OpTimeout)
 		err = index.Trim(tctx, js, cutoff, indexStoreSkew, before)
 		cancel()
 		if err != nil && ctx.Err() == nil {
@@ -139,7 +140,7 @@ const indexStoreSkew = 5 * time.Second
 // is read first, so a message stored during the reads is newer than it.
 // It costs a stream info, an offset read and a direct get per level.
 func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, store *offsets.Store) (time.Time, error) {
-	nctx, cancel := context.WithTimeout(ctx, opTimeout)
+	nctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	oldest := index.ServerNow(nctx, js)
 	cancel()
 	if oldest.IsZero() {
@@ -157,7 +158,7 @@ func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, rea
 		// The committed offset as stored: the janitor's replica scans
 		// only its share of the levels, and its own view of the others'
 		// offsets is stale. A level it owns counts its latest commit.
-		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		rctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 		committed, err := store.Load(rctx, stream)
 		if errors.Is(err, offsets.ErrNotFound) {
 			committed, err = 0, nil // never committed: from the first message
@@ -175,7 +176,7 @@ func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, rea
 			return time.Time{}, err
 		}
 		if len(buf) == 1 {
-			if at, err := time.Parse(time.RFC3339Nano, buf[0].Header.Get(hdrJSTimeStamp)); err == nil && at.Before(oldest) {
+			if at, err := time.Parse(time.RFC3339Nano, buf[0].Header.Get(message.HdrJSTimeStamp)); err == nil && at.Before(oldest) {
 				oldest = at
 			}
 		}

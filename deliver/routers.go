@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/offsets"
 )
@@ -66,7 +67,7 @@ func (o routerOwners) Passed(ctx context.Context, stream string) uint64 {
 type storeOffsets struct{ store *offsets.Store }
 
 func (o storeOffsets) Committed(ctx context.Context, stream string) uint64 {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	ctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	off, err := o.store.Load(ctx, stream)
 	if err != nil {

@@ -9,7 +9,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/level"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
 	"github.com/delayd/delayd/offsets"
@@ -167,9 +169,9 @@ type Scanner struct {
 // only in [Scanner.Stats]. A [Service] builds its scanners with its hop
 // key, dead-letter accounting and router.
 func NewScanner(nc *nats.Conn, js jetstream.JetStream, cfg ScannerConfig) (*Scanner, error) {
-	key := make(hopKey, hopKeySize)
+	key := make(hop.Key, hop.KeySize)
 	_, _ = rand.Read(key) // never fails (crypto/rand)
-	return newScanner(nc, js, cfg, level.Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: key})
+	return newScanner(nc, js, cfg, level.Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: key})
 }
 
 // newScanner returns a scanner wired to the rest of delayd.

@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/deliver/internal/cancelapi"
+	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 )
 
@@ -15,8 +17,8 @@ import (
 // routers and scanners (routing.Wiring, level.Wiring): each writes them on
 // its own goroutine when it dead-letters or DELAYD_DLQ refuses.
 type deadLetters struct {
-	reasons reasonCounts
-	refused dlqRefusals // dead letters DELAYD_DLQ refused, not stored yet
+	reasons message.ReasonCounts
+	refused message.Refusals // dead letters DELAYD_DLQ refused, not stored yet
 }
 
 // serviceParts are the parts setup and Run build, on Run's goroutine:
@@ -26,7 +28,7 @@ type serviceParts struct {
 	routers  []*Router // by ingress partition
 	scanners map[string]*Scanner
 
-	hopKey hopKey // set by setup
+	hopKey hop.Key // set by setup
 	// boundaries are, by level delay, the boundaries of its streams at
 	// the last change of its partition count, while old messages may be
 	// pending (docs/operations.md#partitions-for-hot-levels); set by setup.
