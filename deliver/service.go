@@ -361,13 +361,15 @@ func (s *Service) Run(ctx context.Context) error {
 	if err := cancels.Subscribe(ctx); err != nil {
 		return err
 	}
-	infoSub, err := s.subscribeInfo(ctx)
+	// The info API answers from before ready (its subscription
+	// confirmed) until the group's context ends.
+	info, err := s.subscribeInfo(ctx)
 	if err != nil {
 		cancels.Unsubscribe()
 		return err
 	}
-	defer func() { _ = infoSub.Unsubscribe() }()
 	g := supervise.New(ctx, s.logger)
+	g.Go("info API", info)
 	g.Go("targets", supervise.Func(targets.Run))
 	g.Go("lease log", supervise.Func(s.own.gains.run))
 	g.Go("ownership", own.Plan(plan))
@@ -427,10 +429,7 @@ func (s *Service) leasePlan(own *ownership.Service, st *setupState, scanners map
 		}
 	}
 	// The singleton jobs run in one replica at a time.
-	store, members := st.store, own.Members()
-	if err := addLease(&plan.First, ownership.JanitorKey, func(ctx context.Context, _ ownership.Term) error {
-		return s.runJanitor(ctx, store, members)
-	}); err != nil {
+	if err := addLease(&plan.First, ownership.JanitorKey, s.newJanitor(st.store, own.Members(), scanners).RunTerm); err != nil {
 		return plan, err
 	}
 	s.own.balancer.Store(own.Balancer())
