@@ -2,11 +2,9 @@ package deliver
 
 import (
 	"cmp"
-	"context"
 	"log/slog"
 	"time"
 
-	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/level"
 	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/internal/lease"
@@ -53,29 +51,34 @@ func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *T
 	return scanners, nil
 }
 
-// levelOwners returns the [level.Owners] of scanners' levels: this
-// replica's owner of a level while a term of its lease runs here, the
-// owner on another replica otherwise.
-func (s *Service) levelOwners(scanners map[string]*Scanner) *level.Owners {
-	levels := make(map[string]*level.Level, len(scanners))
+// levelSet is a Service's levels by stream name, whether this replica
+// owns them now or not. As the routers' [routing.Tails] it tells each
+// level what a router wrote there (the pending count of its stats); the
+// router's acker calls it.
+type levelSet map[string]*level.Level
+
+// levelsOf returns the levels of scanners.
+func levelsOf(scanners map[string]*Scanner) levelSet {
+	levels := make(levelSet, len(scanners))
 	for name, sc := range scanners {
 		levels[name] = sc.l
 	}
-	return level.NewOwners(level.OwnersConfig{Conn: s.nc, Levels: levels, LeaseTTL: cmp.Or(s.cfg.LeaseTTL, lease.TTLDefault)})
+	return levels
 }
 
-// serviceScanners is the router's view of a Service's levels
-// ([routing.Owners], through routerOwners): their owners' answers.
-type serviceScanners struct {
-	owners *level.Owners
+// Written is [level.Level.Written] of stream's level, if this replica
+// knows it.
+func (ls levelSet) Written(stream string, seq uint64) {
+	if l := ls[stream]; l != nil {
+		l.Written(seq)
+	}
 }
 
-// pendingAt is [level.Owners.Pending].
-func (v serviceScanners) pendingAt(ctx context.Context, rec index.Record) bool {
-	return v.owners.Pending(ctx, rec)
-}
-
-// passed is [level.Owners.Passed].
-func (v serviceScanners) passed(ctx context.Context, stream string) uint64 {
-	return v.owners.Passed(ctx, stream)
+// levelOwners returns the [level.Owners] of scanners' levels: this
+// replica's owner of a level while a term of its lease runs here, the
+// owner on another replica otherwise. The routers ask them whether a
+// merge key's message is pending ([routing.Owners]), the cancel API
+// decides through them.
+func (s *Service) levelOwners(scanners map[string]*Scanner) *level.Owners {
+	return level.NewOwners(level.OwnersConfig{Conn: s.nc, Levels: levelsOf(scanners), LeaseTTL: cmp.Or(s.cfg.LeaseTTL, lease.TTLDefault)})
 }

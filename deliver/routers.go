@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 
-	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/offsets"
@@ -12,7 +11,7 @@ import (
 
 // buildRouters builds Run's routers, one per ingress partition; each
 // tells the scanners what it wrote and asks them, or the levels' owners
-// elsewhere, whether a merge key's message is pending ([serviceScanners]).
+// elsewhere, whether a merge key's message is pending ([level.Owners]).
 // Router i places with merges' cache of ingress partition i.
 func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Store, merges *routing.MergeCaches) ([]*Router, error) {
 	rc := s.cfg.Router
@@ -24,7 +23,7 @@ func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Stor
 	}
 	// One router per ingress partition (docs/operations.md#ingress-partitions).
 	routers := make([]*Router, s.cfg.IngressPartitions)
-	owners := s.levelOwners(scanners)
+	owners, tails := s.levelOwners(scanners), levelsOf(scanners)
 	for i := range routers {
 		rc := rc
 		rc.IngressPartition = i
@@ -35,9 +34,9 @@ func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Stor
 		// Every level write is followed by one or two index writes.
 		router, err := newRouter(mustJS(s.nc, 3*inflight+16), rc, routing.Wiring{
 			Reasons: &s.dead.reasons, Refused: &s.dead.refused, HopKey: s.parts.hopKey,
-			Owners:     routerOwners{serviceScanners{owners: owners}},
+			Owners:     owners,
 			Offsets:    storeOffsets{store},
-			Tails:      levelTails(scanners),
+			Tails:      tails,
 			Merges:     merges,
 			LookupConn: s.cfg.LookupConn,
 		})
@@ -48,18 +47,6 @@ func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Stor
 		routers[i] = router
 	}
 	return routers, nil
-}
-
-// routerOwners is [serviceScanners] as the router asks it
-// ([routing.Owners]).
-type routerOwners struct{ v serviceScanners }
-
-func (o routerOwners) Pending(ctx context.Context, rec index.Record) bool {
-	return o.v.pendingAt(ctx, rec)
-}
-
-func (o routerOwners) Passed(ctx context.Context, stream string) uint64 {
-	return o.v.passed(ctx, stream)
 }
 
 // storeOffsets reads the level streams' committed offsets from the
@@ -74,14 +61,4 @@ func (o storeOffsets) Committed(ctx context.Context, stream string) uint64 {
 		return 0
 	}
 	return off
-}
-
-// levelTails tells this replica's scanner of each level stream what the
-// router wrote there ([routing.Tails]); the router's acker calls it.
-type levelTails map[string]*Scanner
-
-func (t levelTails) Written(stream string, seq uint64) {
-	if sc := t[stream]; sc != nil {
-		sc.Written(seq)
-	}
 }
