@@ -44,7 +44,7 @@ const _ = uint(CancelQueueMax-cancelapi.QueueMax) + uint(cancelapi.QueueMax-Canc
 // Run calls it once setup has loaded the hop key and built the scanners.
 func (s *Service) newCancelAPI(js jetstream.JetStream) *cancelapi.API {
 	s.mu.Lock()
-	owners := s.levelOwners(s.parts.scanners)
+	owners := s.levelOwners(s.parts.levels)
 	s.mu.Unlock()
 	return cancelapi.New(cancelapi.Config{
 		Conn: s.nc, LookupConn: s.cfg.LookupConn, JS: js, LookupShare: s.cfg.CancelLookupShare, HopKey: s.parts.hopKey,

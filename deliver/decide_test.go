@@ -204,10 +204,10 @@ func TestMergeAcrossReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.svc.mu.Lock()
-	sc := a.svc.parts.scanners[stream]
+	sc := a.svc.parts.levels[stream]
 	a.svc.mu.Unlock()
 	passed, err := strconv.ParseUint(string(m.Data), 10, 64)
-	if owner := sc.l.Passed(); err != nil || passed == 0 || passed > owner {
+	if owner := sc.Passed(); err != nil || passed == 0 || passed > owner {
 		t.Errorf("passed of %s answered %q; want A's handed-off sequence (%d now), not 0 once the first was delivered", stream, m.Data, owner)
 	}
 }
@@ -255,9 +255,9 @@ func TestMergeNotIntoRetiredCancelledHop(t *testing.T) {
 		t.Fatalf("cancel of the first: %v, %v; want %q", m, err, contract.CancelReplyCancelled)
 	}
 	a.svc.mu.Lock()
-	sc := a.svc.parts.scanners[rec.Stream]
+	sc := a.svc.parts.levels[rec.Stream]
 	a.svc.mu.Unlock()
-	for deadline := time.Now().Add(time.Minute); sc.l.Cancelled(rec.Seq) || sc.l.Passed() < rec.Seq; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); sc.Cancelled(rec.Seq) || sc.Passed() < rec.Seq; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the first's tombstone (sequence %d) still held a minute after the cancel", rec.Seq)
 		}
@@ -332,12 +332,12 @@ func TestCancelAnsweredAfterTombstoneRetired(t *testing.T) {
 	// x is skipped when due, the offset passes it, and the janitor deletes
 	// its tombstone: the owner's book no longer holds it.
 	a.svc.mu.Lock()
-	sc := a.svc.parts.scanners[rec.Stream]
+	sc := a.svc.parts.levels[rec.Stream]
 	a.svc.mu.Unlock()
-	for deadline := time.Now().Add(time.Minute); sc.l.Cancelled(rec.Seq) || sc.l.Passed() < rec.Seq; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); sc.Cancelled(rec.Seq) || sc.Passed() < rec.Seq; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			close(release)
-			t.Fatalf("x's tombstone (sequence %d) still held a minute after the cancel (passed %d)", rec.Seq, sc.l.Passed())
+			t.Fatalf("x's tombstone (sequence %d) still held a minute after the cancel (passed %d)", rec.Seq, sc.Passed())
 		}
 	}
 	close(release)

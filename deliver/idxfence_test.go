@@ -55,8 +55,8 @@ func TestCancelAfterStaleRouterWrite(t *testing.T) {
 		t.Cleanup(nc.Close)
 		return nc
 	}
-	newRouterT := func(gate *heldOwners) *Router {
-		r, err := newRouter(mustJS(connect(), 0), RouterConfig{Prefix: "delay", Levels: table},
+	newRouterT := func(gate *heldOwners) *routing.Router {
+		r, err := routing.New(mustJS(connect(), 0), RouterConfig{Prefix: "delay", Levels: table}.routing(),
 			routing.Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: svc.parts.hopKey, Owners: gate})
 		if err != nil {
 			t.Fatal(err)
@@ -74,12 +74,12 @@ func TestCancelAfterStaleRouterWrite(t *testing.T) {
 	// run runs r for a term of epoch (a Term without a lease: held for
 	// ever, as a router paused past its fence believes); stop ends it and
 	// waits for it.
-	run := func(r *Router, epoch uint64, gate *heldOwners) (done chan struct{}, stop func()) {
+	run := func(r *routing.Router, epoch uint64, gate *heldOwners) (done chan struct{}, stop func()) {
 		rctx, cancel := context.WithCancel(ctx)
 		done = make(chan struct{})
 		go func() {
 			defer close(done)
-			_ = r.runTerm(rctx, ownership.Term{Epoch: epoch})
+			_ = r.RunTerm(rctx, ownership.Term{Epoch: epoch})
 		}()
 		stop = func() {
 			cancel()

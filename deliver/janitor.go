@@ -13,7 +13,6 @@ import (
 
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
-	"github.com/delayd/delayd/deliver/internal/level"
 	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/internal/lease"
@@ -28,16 +27,12 @@ type janitor struct {
 	s       *Service
 	store   *offsets.Store    // the committed offsets, as stored
 	members *lease.Membership // the membership keys it sweeps
-	levels  []*level.Level    // every level stream this replica knows, owned here or not
+	levels  levelSet          // every level stream this replica knows, owned here or not
 }
 
-// newJanitor returns the janitor of the levels of scanners.
-func (s *Service) newJanitor(store *offsets.Store, members *lease.Membership, scanners map[string]*Scanner) *janitor {
-	levels := make([]*level.Level, 0, len(scanners))
-	for _, sc := range scanners {
-		levels = append(levels, sc.l)
-	}
-	return &janitor{s: s, store: store, members: members, levels: levels}
+// newJanitor returns the janitor of lvls.
+func (s *Service) newJanitor(store *offsets.Store, members *lease.Membership, lvls levelSet) *janitor {
+	return &janitor{s: s, store: store, members: members, levels: lvls}
 }
 
 // RunTerm runs the singleton jobs for one term of the janitor lease, until

@@ -13,7 +13,7 @@ import (
 // tells the scanners what it wrote and asks them, or the levels' owners
 // elsewhere, whether a merge key's message is pending ([level.Owners]).
 // Router i places with merges' cache of ingress partition i.
-func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Store, merges *routing.MergeCaches) ([]*Router, error) {
+func (s *Service) buildRouters(lvls levelSet, store *offsets.Store, merges *routing.MergeCaches) ([]*routing.Router, error) {
 	rc := s.cfg.Router
 	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas, rc.MaxDelay = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas, s.cfg.MaxDelay
 	rc.Partitions = s.cfg.Partitions
@@ -22,8 +22,8 @@ func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Stor
 		inflight = RouterMaxInFlightDefault
 	}
 	// One router per ingress partition (docs/operations.md#ingress-partitions).
-	routers := make([]*Router, s.cfg.IngressPartitions)
-	owners, tails := s.levelOwners(scanners), levelsOf(scanners)
+	routers := make([]*routing.Router, s.cfg.IngressPartitions)
+	owners := s.levelOwners(lvls)
 	for i := range routers {
 		rc := rc
 		rc.IngressPartition = i
@@ -32,18 +32,18 @@ func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Stor
 			rc.Logger = rc.Logger.With(slog.Int("ingress_partition", i))
 		}
 		// Every level write is followed by one or two index writes.
-		router, err := newRouter(mustJS(s.nc, 3*inflight+16), rc, routing.Wiring{
+		router, err := routing.New(mustJS(s.nc, 3*inflight+16), rc.routing(), routing.Wiring{
 			Reasons: &s.dead.reasons, Refused: &s.dead.refused, HopKey: s.parts.hopKey,
 			Owners:     owners,
 			Offsets:    storeOffsets{store},
-			Tails:      tails,
+			Tails:      lvls,
 			Merges:     merges,
 			LookupConn: s.cfg.LookupConn,
 		})
 		if err != nil {
 			return nil, err
 		}
-		router.r.SetTailHook(s.hooks.tailHook)
+		router.SetTailHook(s.hooks.tailHook)
 		routers[i] = router
 	}
 	return routers, nil
