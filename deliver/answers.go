@@ -84,7 +84,7 @@ func (s *Service) keepAnswers(ctx context.Context, js jetstream.JetStream, reade
 		var order []string // keys in the order of their latest record
 		next := first
 		for next < end && len(order) < answerChunk {
-			rctx, cancel := context.WithTimeout(ctx, opTimeout)
+			rctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 			var err error
 			buf, err = reader.Read(rctx, IndexStream, buf[:0], next, index.Batch, 1<<20)
 			cancel()
@@ -197,7 +197,7 @@ func (s *Service) answerBeforeTrim(ctx context.Context, js jetstream.JetStream, 
 	if end-from > s.answers.work.bounds.rangeMax {
 		floor = end - s.answers.work.bounds.rangeMax
 	}
-	sctx, cancel := context.WithTimeout(ctx, opTimeout)
+	sctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	old, err := index.SeqAt(sctx, js, cutoff.Add(-indexStoreSkew-s.answers.work.bounds.lagMax))
 	cancel()
 	if err != nil {

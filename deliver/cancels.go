@@ -9,6 +9,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/cancelapi"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/level"
 )
 
 // CancelLookupShareDefault is [Config].CancelLookupShare's default: a
@@ -43,7 +44,7 @@ const _ = uint(CancelQueueMax-cancelapi.QueueMax) + uint(cancelapi.QueueMax-Canc
 // Run calls it once setup has loaded the hop key and built the scanners.
 func (s *Service) newCancelAPI(js jetstream.JetStream) *cancelapi.API {
 	s.mu.Lock()
-	owners := s.levelOwners(s.parts.scanners)
+	owners := s.levelOwners(s.parts.levels)
 	s.mu.Unlock()
 	return cancelapi.New(cancelapi.Config{
 		Conn: s.nc, LookupConn: s.cfg.LookupConn, JS: js, LookupShare: s.cfg.CancelLookupShare, HopKey: s.parts.hopKey,
@@ -54,7 +55,7 @@ func (s *Service) newCancelAPI(js jetstream.JetStream) *cancelapi.API {
 
 // decideID is the cancel API's [cancelapi.API.DecideID] (the Service's
 // tests ask it directly); Run must have built the API.
-func (s *Service) decideID(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time, status bool) (cancelAnswer, time.Time, error) {
+func (s *Service) decideID(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time, status bool) (level.CancelAnswer, time.Time, error) {
 	return s.parts.cancelAPI.DecideID(ctx, reader, id, scope, notAfter, status)
 }
 

@@ -38,9 +38,9 @@ func TestCancelNotAnsweredAfterFence(t *testing.T) {
 	key := ownership.LevelKey(stream)
 	first := a.waitEvent(t, key, ownership.Gained, 20*time.Second)
 	a.svc.mu.Lock()
-	sc := a.svc.parts.scanners[stream]
+	sc := a.svc.parts.levels[stream]
 	a.svc.mu.Unlock()
-	for deadline := time.Now().Add(20 * time.Second); !sc.l.Loaded(); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); !sc.Loaded(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s's scanner not started in 20 s", stream)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/level"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/levels"
 )
@@ -203,10 +204,10 @@ func TestMergeAcrossReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.svc.mu.Lock()
-	sc := a.svc.parts.scanners[stream]
+	sc := a.svc.parts.levels[stream]
 	a.svc.mu.Unlock()
 	passed, err := strconv.ParseUint(string(m.Data), 10, 64)
-	if owner := sc.l.Passed(); err != nil || passed == 0 || passed > owner {
+	if owner := sc.Passed(); err != nil || passed == 0 || passed > owner {
 		t.Errorf("passed of %s answered %q; want A's handed-off sequence (%d now), not 0 once the first was delivered", stream, m.Data, owner)
 	}
 }
@@ -254,9 +255,9 @@ func TestMergeNotIntoRetiredCancelledHop(t *testing.T) {
 		t.Fatalf("cancel of the first: %v, %v; want %q", m, err, contract.CancelReplyCancelled)
 	}
 	a.svc.mu.Lock()
-	sc := a.svc.parts.scanners[rec.Stream]
+	sc := a.svc.parts.levels[rec.Stream]
 	a.svc.mu.Unlock()
-	for deadline := time.Now().Add(time.Minute); sc.l.Cancelled(rec.Seq) || sc.l.Passed() < rec.Seq; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); sc.Cancelled(rec.Seq) || sc.Passed() < rec.Seq; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the first's tombstone (sequence %d) still held a minute after the cancel", rec.Seq)
 		}
@@ -331,12 +332,12 @@ func TestCancelAnsweredAfterTombstoneRetired(t *testing.T) {
 	// x is skipped when due, the offset passes it, and the janitor deletes
 	// its tombstone: the owner's book no longer holds it.
 	a.svc.mu.Lock()
-	sc := a.svc.parts.scanners[rec.Stream]
+	sc := a.svc.parts.levels[rec.Stream]
 	a.svc.mu.Unlock()
-	for deadline := time.Now().Add(time.Minute); sc.l.Cancelled(rec.Seq) || sc.l.Passed() < rec.Seq; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); sc.Cancelled(rec.Seq) || sc.Passed() < rec.Seq; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			close(release)
-			t.Fatalf("x's tombstone (sequence %d) still held a minute after the cancel (passed %d)", rec.Seq, sc.l.Passed())
+			t.Fatalf("x's tombstone (sequence %d) still held a minute after the cancel (passed %d)", rec.Seq, sc.Passed())
 		}
 	}
 	close(release)
@@ -378,8 +379,8 @@ func TestDecideSubjectOwnerOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if body := string(first.Data); body != decidePending && body != decideNotPending {
-		t.Errorf("pending question answered %q, want %q or %q", body, decidePending, decideNotPending)
+	if body := string(first.Data); body != level.ReplyPending && body != level.ReplyNotPending {
+		t.Errorf("pending question answered %q, want %q or %q", body, level.ReplyPending, level.ReplyNotPending)
 	}
 	if extra, err := sub.NextMsg(time.Second); err == nil {
 		t.Errorf("a second replica answered on %s: %q", contract.DecideSubject(stream), extra.Data)

@@ -1,7 +1,7 @@
-// Package deliver moves delayed messages through delayd: the [Router] reads the
-// ingress stream and writes each message to its level stream, and one
-// [Scanner] per level stream waits for the head's due time and hands due
-// messages to their target subject.
+// Package deliver moves delayed messages through delayd: the router reads
+// the ingress stream and writes each message to its level stream, and one
+// scanner per level stream (its level owner, deliver/internal/level) waits
+// for the head's due time and hands due messages to their target subject.
 //
 // The design follows RocketMQ 4's ScheduleMessageService: every message in a
 // level has the same delay, so ingress order is due order and a scanner only

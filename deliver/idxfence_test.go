@@ -10,6 +10,7 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/internal/lease"
@@ -54,9 +55,9 @@ func TestCancelAfterStaleRouterWrite(t *testing.T) {
 		t.Cleanup(nc.Close)
 		return nc
 	}
-	newRouterT := func(gate *heldOwners) *Router {
-		r, err := newRouter(mustJS(connect(), 0), RouterConfig{Prefix: "delay", Levels: table},
-			routing.Wiring{Reasons: &reasonCounts{}, Refused: &dlqRefusals{}, HopKey: svc.parts.hopKey, Owners: gate})
+	newRouterT := func(gate *heldOwners) *routing.Router {
+		r, err := routing.New(mustJS(connect(), 0), RouterConfig{Prefix: "delay", Levels: table}.routing(),
+			routing.Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: svc.parts.hopKey, Owners: gate})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -73,12 +74,12 @@ func TestCancelAfterStaleRouterWrite(t *testing.T) {
 	// run runs r for a term of epoch (a Term without a lease: held for
 	// ever, as a router paused past its fence believes); stop ends it and
 	// waits for it.
-	run := func(r *Router, epoch uint64, gate *heldOwners) (done chan struct{}, stop func()) {
+	run := func(r *routing.Router, epoch uint64, gate *heldOwners) (done chan struct{}, stop func()) {
 		rctx, cancel := context.WithCancel(ctx)
 		done = make(chan struct{})
 		go func() {
 			defer close(done)
-			_ = r.runTerm(rctx, ownership.Term{Epoch: epoch})
+			_ = r.RunTerm(rctx, ownership.Term{Epoch: epoch})
 		}()
 		stop = func() {
 			cancel()
@@ -137,7 +138,7 @@ func TestCancelAfterStaleRouterWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reader.Close()
-	rec, ok, err := index.Lookup(ctx, reader, index.UserKey("m2"), opTimeout)
+	rec, ok, err := index.Lookup(ctx, reader, index.UserKey("m2"), jswire.OpTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +147,7 @@ func TestCancelAfterStaleRouterWrite(t *testing.T) {
 		if len(msgs) > 0 {
 			got = string(msgs[0].Data)
 			if isMarkerMsg(msgs[0]) {
-				got = "epoch marker " + msgs[0].Header.Get(hdrRouterEpoch)
+				got = "epoch marker " + msgs[0].Header.Get(message.HdrRouterEpoch)
 			}
 		}
 		t.Errorf("latest index record of m2: %s sequence %d (found %v, error %v), which holds %s; want m2's level message", rec.Stream, rec.Seq, ok, err, got)
@@ -201,3 +202,13 @@ func (g *heldOwners) Pending(_ context.Context, rec index.Record) bool {
 }
 
 func (g *heldOwners) Passed(context.Context, string) uint64 { return 0 }
+
+// isMarkerMsg reports whether m, as read by direct get (its subject in the
+// Nats-Subject header) or from a consumer (its own subject), is a router's
+// epoch marker, for a failure message.
+func isMarkerMsg(m *nats.Msg) bool {
+	if s := m.Header.Get(message.HdrJSSubject); s != "" {
+		return message.IsMarker(s)
+	}
+	return message.IsMarker(m.Subject)
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -56,12 +57,25 @@ func version() string {
 	return v
 }
 
+// infoAPI is the info API's component: subscribeInfo makes its
+// subscription, before the Service reports ready, and Run ends it when
+// its context ends.
+type infoAPI struct{ sub *nats.Subscription }
+
+// Run waits until ctx is done, then unsubscribes; it returns nil.
+func (a infoAPI) Run(ctx context.Context) error {
+	<-ctx.Done()
+	_ = a.sub.Unsubscribe()
+	return nil
+}
+
 // subscribeInfo answers [contract.InfoSubject] requests with the service's
 // [contract.InfoReply] and waits until the server has the subscription.
-func (s *Service) subscribeInfo(ctx context.Context) (*nats.Subscription, error) {
+// The returned component's Run unsubscribes.
+func (s *Service) subscribeInfo(ctx context.Context) (infoAPI, error) {
 	b, err := json.Marshal(s.Info())
 	if err != nil { // cannot happen: strings and numbers
-		return nil, fmt.Errorf("info API: encode reply: %w", err)
+		return infoAPI{}, fmt.Errorf("info API: encode reply: %w", err)
 	}
 	sub, err := s.nc.Subscribe(contract.InfoSubject, func(m *nats.Msg) {
 		if m.Reply == "" {
@@ -72,14 +86,14 @@ func (s *Service) subscribeInfo(ctx context.Context) (*nats.Subscription, error)
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("subscribe %s: %w", contract.InfoSubject, err)
+		return infoAPI{}, fmt.Errorf("subscribe %s: %w", contract.InfoSubject, err)
 	}
-	fctx, cancel := context.WithTimeout(ctx, opTimeout)
+	fctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	if err := s.nc.FlushWithContext(fctx); err != nil {
 		s.logger.Warn("info API subscription not confirmed yet", slog.Any("error", err))
 	}
-	return sub, nil
+	return infoAPI{sub: sub}, nil
 }
 
 // precisionSetting is DELAYD_PRECISION's value for a level table: "on"

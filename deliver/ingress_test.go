@@ -13,6 +13,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/deliver/internal/resource"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -122,7 +123,7 @@ func TestIngressPartitions(t *testing.T) {
 
 	want := make([]uint64, 4) // messages by ingress partition
 	for _, m := range msgs {
-		want[ingressPartitionOf("delay."+m.target, 4)]++
+		want[resource.IngressPartitionOf("delay."+m.target, 4)]++
 	}
 	var got [4]uint64
 	for _, r := range []*replica{a, c} {
@@ -180,7 +181,7 @@ func TestIngressPartitions(t *testing.T) {
 			target := strings.TrimPrefix(m.Subject, prefix)
 			key, _, _ := strings.Cut(string(m.Data), "|") // the payload names the partition key
 
-			i := ingressPartitionOf("delay."+target, 4)
+			i := resource.IngressPartitionOf("delay."+target, 4)
 			if wantJ := i + 4*levels.PartitionOf(key, 2); j != wantJ {
 				t.Errorf("%s (target %s, key %s, ingress partition %d) in %s, want partition %d", m.Data, target, key, i, stream, wantJ)
 			}

@@ -13,39 +13,61 @@ import (
 
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
-	"github.com/delayd/delayd/deliver/internal/level"
+	"github.com/delayd/delayd/deliver/internal/message"
+	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/offsets"
 )
 
-// runJanitor runs the singleton jobs while this replica holds the janitor
+// janitor runs the singleton jobs while this replica holds the janitor
 // lease: the id index trim, and the sweep of membership keys left by
-// replicas that stopped without leaving (a crash).
-func (s *Service) runJanitor(ctx context.Context, store *offsets.Store, members *lease.Membership) error {
+// replicas that stopped without leaving (a crash). Run builds it, values
+// only; its elector runs [janitor.RunTerm] for each term of the lease.
+type janitor struct {
+	s       *Service
+	store   *offsets.Store    // the committed offsets, as stored
+	members *lease.Membership // the membership keys it sweeps
+	levels  levelSet          // every level stream this replica knows, owned here or not
+}
+
+// newJanitor returns the janitor of lvls.
+func (s *Service) newJanitor(store *offsets.Store, members *lease.Membership, lvls levelSet) *janitor {
+	return &janitor{s: s, store: store, members: members, levels: lvls}
+}
+
+// RunTerm runs the singleton jobs for one term of the janitor lease, until
+// ctx is done: the trim on this goroutine, the member sweep on one of its
+// own that RunTerm starts and waits for, so nothing it started outlives
+// the term.
+func (j *janitor) RunTerm(ctx context.Context, _ ownership.Term) error {
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(memberSweepEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			sctx, cancel := context.WithTimeout(ctx, opTimeout)
-			n, err := members.Sweep(sctx, memberSweepAfter)
-			cancel()
-			if err != nil && ctx.Err() == nil {
-				s.logger.Warn("membership sweep failed", slog.Any("error", err))
-			}
-			if n > 0 {
-				s.logger.Info("membership keys of stopped replicas deleted", slog.Int("keys", n))
-			}
-		}
-	})
-	err := s.trimIndex(ctx, store)
+	wg.Go(func() { j.sweepMembers(ctx) })
+	err := j.trimIndex(ctx)
 	wg.Wait()
 	return err
+}
+
+// sweepMembers deletes, every memberSweepEvery until ctx is done, the
+// membership keys seen unchanged for memberSweepAfter.
+func (j *janitor) sweepMembers(ctx context.Context) {
+	t := time.NewTicker(memberSweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
+		n, err := j.members.Sweep(sctx, memberSweepAfter)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			j.s.logger.Warn("membership sweep failed", slog.Any("error", err))
+		}
+		if n > 0 {
+			j.s.logger.Info("membership keys of stopped replicas deleted", slog.Int("keys", n))
+		}
+	}
 }
 
 // A membership key seen unchanged for memberSweepAfter (its replica
@@ -60,7 +82,8 @@ const (
 // IndexKeep ago: a message that left its level (delivered or cancelled)
 // within the last IndexKeep was at or behind a head then, so its records
 // are kept, and a cancel still gets its true answer.
-func (s *Service) trimIndex(ctx context.Context, store *offsets.Store) error {
+func (j *janitor) trimIndex(ctx context.Context) error {
+	s := j.s
 	js := mustJS(s.nc, 0)
 	answerJS := mustJS(s.nc, answerInFlight)
 	reader, err := jswire.NewBatchReader(s.nc, index.Batch)
@@ -83,7 +106,7 @@ func (s *Service) trimIndex(ctx context.Context, store *offsets.Store) error {
 		case <-t.C:
 		}
 		s.hooks.trimPasses.Add(1)
-		cutoff, err := s.oldestPending(ctx, js, reader, store)
+		cutoff, err := j.oldestPending(ctx, js, reader)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.logger.Warn("id index trim skipped", slog.Any("error", err))
@@ -116,7 +139,7 @@ func (s *Service) trimIndex(ctx context.Context, store *offsets.Store) error {
 				return s.answerBeforeTrim(ctx, answerJS, reader, cutoff, first, end)
 			}
 		}
-		tctx, cancel := context.WithTimeout(ctx, s.answers.work.bounds.passMax+2*opTimeout)
+		tctx, cancel := context.WithTimeout(ctx, s.answers.work.bounds.passMax+2*jswire.OpTimeout)
 		err = index.Trim(tctx, js, cutoff, indexStoreSkew, before)
 		cancel()
 		if err != nil && ctx.Err() == nil {
@@ -138,27 +161,21 @@ const indexStoreSkew = 5 * time.Second
 // index record of a message not yet handed off is older. The server's time
 // is read first, so a message stored during the reads is newer than it.
 // It costs a stream info, an offset read and a direct get per level.
-func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, store *offsets.Store) (time.Time, error) {
-	nctx, cancel := context.WithTimeout(ctx, opTimeout)
+func (j *janitor) oldestPending(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader) (time.Time, error) {
+	nctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	oldest := index.ServerNow(nctx, js)
 	cancel()
 	if oldest.IsZero() {
 		return oldest, errors.New("no server time")
 	}
-	s.mu.Lock()
-	levels := make([]*level.Level, 0, len(s.parts.scanners))
-	for _, sc := range s.parts.scanners {
-		levels = append(levels, sc.l)
-	}
-	s.mu.Unlock()
 	var buf []*nats.Msg
-	for _, lvl := range levels {
+	for _, lvl := range j.levels {
 		stream := lvl.Stream()
 		// The committed offset as stored: the janitor's replica scans
 		// only its share of the levels, and its own view of the others'
 		// offsets is stale. A level it owns counts its latest commit.
-		rctx, cancel := context.WithTimeout(ctx, opTimeout)
-		committed, err := store.Load(rctx, stream)
+		rctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
+		committed, err := j.store.Load(rctx, stream)
 		if errors.Is(err, offsets.ErrNotFound) {
 			committed, err = 0, nil // never committed: from the first message
 		}
@@ -175,7 +192,7 @@ func (s *Service) oldestPending(ctx context.Context, js jetstream.JetStream, rea
 			return time.Time{}, err
 		}
 		if len(buf) == 1 {
-			if at, err := time.Parse(time.RFC3339Nano, buf[0].Header.Get(hdrJSTimeStamp)); err == nil && at.Before(oldest) {
+			if at, err := time.Parse(time.RFC3339Nano, buf[0].Header.Get(message.HdrJSTimeStamp)); err == nil && at.Before(oldest) {
 				oldest = at
 			}
 		}

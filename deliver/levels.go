@@ -2,38 +2,40 @@ package deliver
 
 import (
 	"cmp"
-	"context"
 	"log/slog"
 	"time"
 
-	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/level"
 	"github.com/delayd/delayd/deliver/internal/routing"
+	"github.com/delayd/delayd/deliver/internal/target"
 	"github.com/delayd/delayd/internal/lease"
 	"github.com/delayd/delayd/levels"
 	"github.com/delayd/delayd/offsets"
 )
 
-// buildLevels builds Run's scanners, one per level stream of streams, by
-// stream name. Their mergeGone forgets a merge key in every router's cache
-// of merges.
-func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *TargetIndex, merges *routing.MergeCaches) (map[string]*Scanner, error) {
+// buildLevels builds Run's levels, one per level stream of streams, by
+// stream name, each tuned by Config.Scanner. Their mergeGone forgets a
+// merge key in every router's cache of merges.
+func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *target.Bindings, merges *routing.MergeCaches) (levelSet, error) {
 	start := time.Now()
-	scanners := make(map[string]*Scanner, len(streams))
+	var clock level.Clock
+	if s.cfg.Clock != nil {
+		clock = s.cfg.Clock
+	}
+	knobs := s.cfg.Scanner
+	out := make(levelSet, len(streams))
 	for _, name := range streams {
-		sc := s.cfg.Scanner
-		sc.Stream, sc.Offsets, sc.Targets, sc.Prefix = name, store, targets, s.cfg.Prefix
+		lc := level.Config{
+			Stream: name, Offsets: store, Targets: targets, Prefix: s.cfg.Prefix,
+			Logger: s.logger.With(slog.String("component", "scanner")), Clock: clock, StartGrace: s.cfg.StartGrace,
+			Batch: knobs.Batch, BatchBytes: knobs.BatchBytes, Window: knobs.Window, PurgeEvery: knobs.PurgeEvery, MaxAttempts: knobs.MaxAttempts,
+		}
 		if s.cfg.OnDelivery != nil {
 			stream := name
-			sc.OnDelivery = func(l time.Duration) { s.cfg.OnDelivery(stream, l) }
+			lc.OnDelivery = func(l time.Duration) { s.cfg.OnDelivery(stream, l) }
 		}
-		sc.Logger = s.logger.With(slog.String("component", "scanner"))
-		if s.cfg.Clock != nil {
-			sc.Clock = s.cfg.Clock
-		}
-		sc.StartGrace = s.cfg.StartGrace
 		if s.cfg.GraceAtStart {
-			sc.StartedAt = start
+			lc.StartedAt = start
 		}
 		var gate *level.OrderGate
 		if d, ok := levels.ParseStreamName(name); ok && s.parts.boundaries[d] != nil {
@@ -41,41 +43,37 @@ func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *T
 		}
 		// The level publishes synchronously (its deliveries go through its
 		// own PubAck tracker on nc): no async-publish sizing.
-		scanner, err := newScanner(s.nc, mustJS(s.nc, 0), sc, level.Wiring{
+		l, err := level.New(s.nc, mustJS(s.nc, 0), lc, level.Wiring{
 			Reasons: &s.dead.reasons, Refused: &s.dead.refused, HopKey: s.parts.hopKey, Fenced: true, Gate: gate,
 			MergeGone: merges.Forget,
 		})
 		if err != nil {
 			return nil, err
 		}
-		scanners[name] = scanner
+		out[name] = l
 	}
-	return scanners, nil
+	return out, nil
 }
 
-// levelOwners returns the [level.Owners] of scanners' levels: this
+// levelSet is a Service's levels by stream name, whether this replica
+// owns them now or not. As the routers' [routing.Tails] it tells each
+// level what a router wrote there (the pending count of its stats); the
+// router's acker calls it.
+type levelSet map[string]*level.Level
+
+// Written is [level.Level.Written] of stream's level, if this replica
+// knows it.
+func (ls levelSet) Written(stream string, seq uint64) {
+	if l := ls[stream]; l != nil {
+		l.Written(seq)
+	}
+}
+
+// levelOwners returns the [level.Owners] of levels: this
 // replica's owner of a level while a term of its lease runs here, the
-// owner on another replica otherwise.
-func (s *Service) levelOwners(scanners map[string]*Scanner) *level.Owners {
-	levels := make(map[string]*level.Level, len(scanners))
-	for name, sc := range scanners {
-		levels[name] = sc.l
-	}
+// owner on another replica otherwise. The routers ask them whether a
+// merge key's message is pending ([routing.Owners]), the cancel API
+// decides through them.
+func (s *Service) levelOwners(levels levelSet) *level.Owners {
 	return level.NewOwners(level.OwnersConfig{Conn: s.nc, Levels: levels, LeaseTTL: cmp.Or(s.cfg.LeaseTTL, lease.TTLDefault)})
-}
-
-// serviceScanners is the router's view of a Service's levels
-// ([routing.Owners], through routerOwners): their owners' answers.
-type serviceScanners struct {
-	owners *level.Owners
-}
-
-// pendingAt is [level.Owners.Pending].
-func (v serviceScanners) pendingAt(ctx context.Context, rec index.Record) bool {
-	return v.owners.Pending(ctx, rec)
-}
-
-// passed is [level.Owners.Passed].
-func (v serviceScanners) passed(ctx context.Context, stream string) uint64 {
-	return v.owners.Passed(ctx, stream)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/levels"
 )
@@ -154,7 +155,7 @@ func (b *ownerBundle) levelMsgs(stream string) []*jetstream.RawStreamMsg {
 		if err != nil {
 			continue // purged or deleted
 		}
-		if !isMarker(m.Subject) {
+		if !message.IsMarker(m.Subject) {
 			out = append(out, m)
 		}
 	}
@@ -321,13 +322,13 @@ func TestPartitionRouting(t *testing.T) {
 // store time + delay.
 func forwardLateness(t testing.TB, m *jetstream.RawStreamMsg, first, delay time.Duration) time.Duration {
 	t.Helper()
-	enqueued, err := parseTime(m.Header.Get(contract.HeaderEnqueuedAt))
+	enqueued, err := message.ParseTime(m.Header.Get(contract.HeaderEnqueuedAt))
 	if err != nil {
 		t.Fatalf("%s: %s: %v", m.Data, contract.HeaderEnqueuedAt, err)
 	}
-	hopDue, err := parseTime(m.Header.Get(hdrHopDue))
+	hopDue, err := message.ParseTime(m.Header.Get(message.HdrHopDue))
 	if err != nil {
-		t.Fatalf("%s: %s %q: %v", m.Data, hdrHopDue, m.Header.Get(hdrHopDue), err)
+		t.Fatalf("%s: %s %q: %v", m.Data, message.HdrHopDue, m.Header.Get(message.HdrHopDue), err)
 	}
 	return hopDue.Add(-delay).Sub(enqueued.Add(first))
 }

@@ -8,7 +8,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
-	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/levels"
 )
@@ -174,25 +173,6 @@ func NewRouter(js jetstream.JetStream, cfg RouterConfig) (*Router, error) {
 	return &Router{r: r}, nil
 }
 
-// newRouter returns a router wired to the rest of delayd.
-func newRouter(js jetstream.JetStream, cfg RouterConfig, wiring routing.Wiring) (*Router, error) {
-	r, err := routing.New(js, cfg.routing(), wiring)
-	if err != nil {
-		return nil, err
-	}
-	return &Router{r: r}, nil
-}
-
-// Healthy reports whether the router has made progress within
-// [ScannerStallAfterDefault] of its first failure: a level write confirmed,
-// or nothing left to route. Retries, session restarts and reconnects are not
-// progress.
-func (r *Router) Healthy() bool { return r.r.Healthy() }
-
-// Unhealthy returns why the router is not healthy, naming the level stream
-// whose writes keep failing; "" if it is healthy.
-func (r *Router) Unhealthy() string { return r.r.Unhealthy() }
-
 // Stats returns the router's counters.
 func (r *Router) Stats() RouterStats { return RouterStats(r.r.Stats()) }
 
@@ -201,14 +181,6 @@ func (r *Router) Stats() RouterStats { return RouterStats(r.r.Stats()) }
 // without duplicates, on the next start) and returns nil. It survives server
 // restarts and reconnects; it returns an error only for a bad setup.
 func (r *Router) Run(ctx context.Context) error { return r.r.Run(ctx) }
-
-// LeaseKey returns the key of the router's lease: "router", or
-// "router.<ingress partition>" when ingress is partitioned.
-func (r *Router) LeaseKey() string { return r.r.LeaseKey() }
-
-// runTerm routes for one term of the router lease
-// ([routing.Router.RunTerm]).
-func (r *Router) runTerm(ctx context.Context, t ownership.Term) error { return r.r.RunTerm(ctx, t) }
 
 // RouterConsumerName returns the durable name of the router's ingress
 // consumer in a term of epoch: "delayd-router-<epoch>", or [RouterConsumer]

@@ -4,16 +4,16 @@ import (
 	"context"
 	"log/slog"
 
-	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/offsets"
 )
 
 // buildRouters builds Run's routers, one per ingress partition; each
 // tells the scanners what it wrote and asks them, or the levels' owners
-// elsewhere, whether a merge key's message is pending ([serviceScanners]).
+// elsewhere, whether a merge key's message is pending ([level.Owners]).
 // Router i places with merges' cache of ingress partition i.
-func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Store, merges *routing.MergeCaches) ([]*Router, error) {
+func (s *Service) buildRouters(lvls levelSet, store *offsets.Store, merges *routing.MergeCaches) ([]*routing.Router, error) {
 	rc := s.cfg.Router
 	rc.Prefix, rc.Levels, rc.Targets, rc.Replicas, rc.MaxDelay = s.cfg.Prefix, s.cfg.Levels, s.cfg.Targets, s.cfg.Replicas, s.cfg.MaxDelay
 	rc.Partitions = s.cfg.Partitions
@@ -22,8 +22,8 @@ func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Stor
 		inflight = RouterMaxInFlightDefault
 	}
 	// One router per ingress partition (docs/operations.md#ingress-partitions).
-	routers := make([]*Router, s.cfg.IngressPartitions)
-	owners := s.levelOwners(scanners)
+	routers := make([]*routing.Router, s.cfg.IngressPartitions)
+	owners := s.levelOwners(lvls)
 	for i := range routers {
 		rc := rc
 		rc.IngressPartition = i
@@ -32,33 +32,21 @@ func (s *Service) buildRouters(scanners map[string]*Scanner, store *offsets.Stor
 			rc.Logger = rc.Logger.With(slog.Int("ingress_partition", i))
 		}
 		// Every level write is followed by one or two index writes.
-		router, err := newRouter(mustJS(s.nc, 3*inflight+16), rc, routing.Wiring{
+		router, err := routing.New(mustJS(s.nc, 3*inflight+16), rc.routing(), routing.Wiring{
 			Reasons: &s.dead.reasons, Refused: &s.dead.refused, HopKey: s.parts.hopKey,
-			Owners:     routerOwners{serviceScanners{owners: owners}},
+			Owners:     owners,
 			Offsets:    storeOffsets{store},
-			Tails:      levelTails(scanners),
+			Tails:      lvls,
 			Merges:     merges,
 			LookupConn: s.cfg.LookupConn,
 		})
 		if err != nil {
 			return nil, err
 		}
-		router.r.SetTailHook(s.hooks.tailHook)
+		router.SetTailHook(s.hooks.tailHook)
 		routers[i] = router
 	}
 	return routers, nil
-}
-
-// routerOwners is [serviceScanners] as the router asks it
-// ([routing.Owners]).
-type routerOwners struct{ v serviceScanners }
-
-func (o routerOwners) Pending(ctx context.Context, rec index.Record) bool {
-	return o.v.pendingAt(ctx, rec)
-}
-
-func (o routerOwners) Passed(ctx context.Context, stream string) uint64 {
-	return o.v.passed(ctx, stream)
 }
 
 // storeOffsets reads the level streams' committed offsets from the
@@ -66,21 +54,11 @@ func (o routerOwners) Passed(ctx context.Context, stream string) uint64 {
 type storeOffsets struct{ store *offsets.Store }
 
 func (o storeOffsets) Committed(ctx context.Context, stream string) uint64 {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	ctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	off, err := o.store.Load(ctx, stream)
 	if err != nil {
 		return 0
 	}
 	return off
-}
-
-// levelTails tells this replica's scanner of each level stream what the
-// router wrote there ([routing.Tails]); the router's acker calls it.
-type levelTails map[string]*Scanner
-
-func (t levelTails) Written(stream string, seq uint64) {
-	if sc := t[stream]; sc != nil {
-		sc.Written(seq)
-	}
 }

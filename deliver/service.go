@@ -17,6 +17,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/deliver/internal/supervise"
+	"github.com/delayd/delayd/deliver/internal/target"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -140,17 +141,20 @@ type Config struct {
 	// Logger is optional. Default discards.
 	Logger *slog.Logger
 
-	// Clock is the scanners' local clock ([ScannerConfig].Clock). Optional.
-	// Default [SystemClock]. Due-ness is decided by an estimate of the
-	// server's clock, never by Clock.Now.
+	// Clock is the scanners' local clock. Optional. Default [SystemClock].
+	// Due times are server times (store time + delay): due-ness is decided
+	// by an estimate of the server's clock (server timestamps plus
+	// monotonic time elapsed since), never by Clock.Now. Tests inject a
+	// clock whose wall reading is skewed or steps.
 	Clock Clock
 
 	// OnDelivery is called for every delivery with its level stream and
 	// lateness, on the scanner's goroutine (a metrics histogram). Optional.
 	OnDelivery func(stream string, lateness time.Duration)
 
-	// Router and Scanner tune the router and every scanner; their required
-	// fields are filled in by the service. Optional.
+	// Router and Scanner tune the routers and every scanner. Of Router
+	// only MaxInFlight and Batch count: the service fills in the rest from
+	// this Config. Optional.
 	Router  RouterConfig
 	Scanner ScannerConfig
 }
@@ -176,11 +180,11 @@ type Service struct {
 	cfg    Config
 	logger *slog.Logger
 
-	targets *TargetIndex
+	targets *target.Bindings
 
 	dead deadLetters
 
-	// mu guards parts.routers, parts.scanners, own.leases and own.holder,
+	// mu guards parts.routers, parts.levels, own.leases and own.holder,
 	// which Run sets together under it.
 	mu    sync.Mutex
 	parts serviceParts
@@ -192,7 +196,7 @@ type Service struct {
 
 	answers serviceAnswers
 	own     serviceLeases
-	hooks   serviceHooks // tests only; set before Run
+	hooks   testHooks // tests only; set before Run
 }
 
 // New returns a service on nc. Nothing touches the server until Run.
@@ -239,7 +243,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if err := cfg.Targets.Validate(); err != nil {
 		return nil, fmt.Errorf("deliver: target policy: %w", err)
 	}
-	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger, targets: NewTargetIndex(nc, mustJS(nc, 0), cfg.Logger), partitionsSetting: setting,
+	return &Service{nc: nc, cfg: cfg, logger: cfg.Logger, targets: target.New(nc, mustJS(nc, 0), cfg.Logger), partitionsSetting: setting,
 		answers: serviceAnswers{work: answerWork{bounds: answerBounds{passMax: answerPassMax, lagMax: answerLagMax, rangeMax: answerRangeMax}}}}, nil
 }
 
@@ -287,8 +291,8 @@ func (s *Service) DLQRefusals() DLQRefusals { return DLQRefusals(s.dead.refused.
 func (s *Service) HandleReconnect() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, sc := range s.parts.scanners {
-		sc.Reconnected()
+	for _, l := range s.parts.levels {
+		l.Reconnected()
 	}
 }
 
@@ -309,8 +313,8 @@ func (s *Service) Stalled() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
-	for name, sc := range s.parts.scanners {
-		if sc.Stalled() {
+	for name, l := range s.parts.levels {
+		if l.Stalled() {
 			out = append(out, name)
 		}
 	}
@@ -342,16 +346,16 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 
 	merges := routing.NewMergeCaches(s.cfg.IngressPartitions) // the routers' merge caches, where the scanners forget
-	scanners, err := s.buildLevels(streams, store, targets, merges)
+	lvls, err := s.buildLevels(streams, store, targets, merges)
 	if err != nil {
 		return err
 	}
-	routers, err := s.buildRouters(scanners, store, merges)
+	routers, err := s.buildRouters(lvls, store, merges)
 	if err != nil {
 		return err
 	}
 
-	plan, err := s.leasePlan(own, st, scanners, routers)
+	plan, err := s.leasePlan(own, st, lvls, routers)
 	if err != nil {
 		return err
 	}
@@ -361,13 +365,15 @@ func (s *Service) Run(ctx context.Context) error {
 	if err := cancels.Subscribe(ctx); err != nil {
 		return err
 	}
-	infoSub, err := s.subscribeInfo(ctx)
+	// The info API answers from before ready (its subscription
+	// confirmed) until the group's context ends.
+	info, err := s.subscribeInfo(ctx)
 	if err != nil {
 		cancels.Unsubscribe()
 		return err
 	}
-	defer func() { _ = infoSub.Unsubscribe() }()
 	g := supervise.New(ctx, s.logger)
+	g.Go("info API", info)
 	g.Go("targets", supervise.Func(targets.Run))
 	g.Go("lease log", supervise.Func(s.own.gains.run))
 	g.Go("ownership", own.Plan(plan))
@@ -389,12 +395,12 @@ func (s *Service) Run(ctx context.Context) error {
 // (s.own, and s.parts with routers and scanners under s.mu) and returns
 // the order they start in: the routers after every level's and the
 // janitor's first bid ([ownership.Plan]).
-func (s *Service) leasePlan(own *ownership.Service, st *setupState, scanners map[string]*Scanner, routers []*Router) (ownership.Plan, error) {
+func (s *Service) leasePlan(own *ownership.Service, st *setupState, lvls levelSet, routers []*routing.Router) (ownership.Plan, error) {
 	var plan ownership.Plan
 	if err := own.Open(st.bucket); err != nil {
 		return plan, err
 	}
-	leases := make(map[string]*leaseState, len(scanners)+2)
+	leases := make(map[string]*leaseState, len(lvls)+2)
 	s.own.gains = newGainLog(s.logger.With(slog.String("component", "lease")), func() int {
 		n := 0
 		for _, st := range leases {
@@ -417,25 +423,22 @@ func (s *Service) leasePlan(own *ownership.Service, st *setupState, scanners map
 		return nil
 	}
 	for _, router := range routers {
-		if err := addLease(&plan.Then, router.LeaseKey(), router.runTerm); err != nil {
+		if err := addLease(&plan.Then, router.LeaseKey(), router.RunTerm); err != nil {
 			return plan, err
 		}
 	}
 	for _, name := range st.streams {
-		if err := addLease(&plan.First, ownership.LevelKey(name), scanners[name].runTerm); err != nil {
+		if err := addLease(&plan.First, ownership.LevelKey(name), lvls[name].RunTerm); err != nil {
 			return plan, err
 		}
 	}
 	// The singleton jobs run in one replica at a time.
-	store, members := st.store, own.Members()
-	if err := addLease(&plan.First, ownership.JanitorKey, func(ctx context.Context, _ ownership.Term) error {
-		return s.runJanitor(ctx, store, members)
-	}); err != nil {
+	if err := addLease(&plan.First, ownership.JanitorKey, s.newJanitor(st.store, own.Members(), lvls).RunTerm); err != nil {
 		return plan, err
 	}
 	s.own.balancer.Store(own.Balancer())
 	s.mu.Lock()
-	s.parts.routers, s.parts.scanners, s.own.leases, s.own.holder = routers, scanners, leases, own.Holder()
+	s.parts.routers, s.parts.levels, s.own.leases, s.own.holder = routers, lvls, leases, own.Holder()
 	s.mu.Unlock()
 	return plan, nil
 }

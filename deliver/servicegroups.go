@@ -5,8 +5,11 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/deliver/internal/cancelapi"
+	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/index"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/deliver/internal/routing"
 )
 
 // The value-typed groups of [Service]'s fields (docs/reshape.md#42-structs-over-20-fields).
@@ -15,18 +18,18 @@ import (
 // routers and scanners (routing.Wiring, level.Wiring): each writes them on
 // its own goroutine when it dead-letters or DELAYD_DLQ refuses.
 type deadLetters struct {
-	reasons reasonCounts
-	refused dlqRefusals // dead letters DELAYD_DLQ refused, not stored yet
+	reasons message.ReasonCounts
+	refused message.Refusals // dead letters DELAYD_DLQ refused, not stored yet
 }
 
 // serviceParts are the parts setup and Run build, on Run's goroutine:
-// routers and scanners under [Service].mu, the others before they are
+// routers and levels under [Service].mu, the others before they are
 // read.
 type serviceParts struct {
-	routers  []*Router // by ingress partition
-	scanners map[string]*Scanner
+	routers []*routing.Router // by ingress partition
+	levels  levelSet
 
-	hopKey hopKey // set by setup
+	hopKey hop.Key // set by setup
 	// boundaries are, by level delay, the boundaries of its streams at
 	// the last change of its partition count, while old messages may be
 	// pending (docs/operations.md#partitions-for-hot-levels); set by setup.
@@ -59,10 +62,10 @@ type serviceLeases struct {
 	holder string
 }
 
-// serviceHooks are a Service's test hooks and test-only counters, set
+// testHooks are a Service's test hooks and test-only counters, set
 // before Run: each hook, if set, runs at one point of the Service's work,
 // on the goroutine doing it.
-type serviceHooks struct {
+type testHooks struct {
 	// ingressChanging runs in setup between the check that
 	// DELAYD_INGRESS is empty and the update of its transform at a
 	// change of the ingress partition count.

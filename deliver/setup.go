@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/backoff"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/resource"
 	"github.com/delayd/delayd/internal/lease"
@@ -22,7 +23,7 @@ import (
 // backoff until it succeeds. ok is false when Run must return err: nil if
 // ctx ended, an error wrapping [ErrReplicaMismatch], or a permanent one.
 func (s *Service) joinUntilOK(ctx context.Context, own *ownership.Service) (ok bool, err error) {
-	backoff := newBackoff(200*time.Millisecond, 5*time.Second)
+	retry := backoff.New(200*time.Millisecond, 5*time.Second)
 	for {
 		err := own.Join(ctx, mustJS(s.nc, 0), lease.BucketConfig{Replicas: s.cfg.Replicas}, s.sharedSettings())
 		if err == nil {
@@ -38,7 +39,7 @@ func (s *Service) joinUntilOK(ctx context.Context, own *ownership.Service) (ok b
 			return false, err
 		}
 		s.logger.Warn("joining the replicas failed; retrying", slog.Any("error", err))
-		if !backoff.Sleep(ctx) {
+		if !retry.Sleep(ctx) {
 			return false, nil
 		}
 	}
@@ -58,7 +59,7 @@ type setupState struct {
 // an error no retry can mend (a foreign hop secret, a changed ingress
 // partition count, a permanent one).
 func (s *Service) setupUntilOK(ctx context.Context, own *ownership.Service) (*setupState, error) {
-	backoff := newBackoff(200*time.Millisecond, 5*time.Second)
+	retry := backoff.New(200*time.Millisecond, 5*time.Second)
 	for {
 		var st setupState
 		err := own.SetupTurn(ctx, mustJS(s.nc, 0), lease.BucketConfig{Replicas: s.cfg.Replicas}, func(ctx context.Context) error {
@@ -79,7 +80,7 @@ func (s *Service) setupUntilOK(ctx context.Context, own *ownership.Service) (*se
 			return nil, err
 		}
 		s.logger.Warn("setup failed; retrying", slog.Any("error", err))
-		if !backoff.Sleep(ctx) {
+		if !retry.Sleep(ctx) {
 			return nil, nil
 		}
 	}
@@ -118,6 +119,10 @@ func (s *Service) setup(ctx context.Context) ([]string, *offsets.Store, *lease.B
 	s.parts.hopKey, s.parts.boundaries = st.HopKey, st.Boundaries
 	return st.Streams, st.Offsets, st.Leases, nil
 }
+
+// resource keeps its own copies of these names; this fails to compile (a
+// duplicate key false in the map literal) if they differ.
+var _ = map[bool]int{false: 0, IngressStream == resource.IngressStream && RouterConsumer == resource.RouterConsumer: 1}
 
 // mustJS returns a JetStream context with its own async-publish window, so
 // that one level's slow target never stalls another's publishes.

@@ -85,7 +85,7 @@ func (s *Service) Stats() (RouterStats, []ScannerStats) {
 	switch len(s.parts.routers) {
 	case 0:
 	case 1:
-		rs = s.parts.routers[0].Stats()
+		rs = RouterStats(s.parts.routers[0].Stats())
 	default:
 		for _, r := range s.parts.routers {
 			st := r.Stats()
@@ -106,8 +106,8 @@ func (s *Service) Stats() (RouterStats, []ScannerStats) {
 		}
 	}
 	var ss []ScannerStats
-	for _, sc := range s.parts.scanners {
-		ss = append(ss, sc.Stats())
+	for _, l := range s.parts.levels {
+		ss = append(ss, ScannerStats(l.Stats()))
 	}
 	slices.SortFunc(ss, func(a, b ScannerStats) int { return strings.Compare(a.Stream, b.Stream) })
 	return rs, ss
@@ -121,7 +121,7 @@ func (s *Service) RouterStats() []RouterStats {
 	defer s.mu.Unlock()
 	out := make([]RouterStats, 0, len(s.parts.routers))
 	for _, r := range s.parts.routers {
-		out = append(out, r.Stats())
+		out = append(out, RouterStats(r.Stats()))
 	}
 	return out
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/level"
 	"github.com/delayd/delayd/deliver/internal/message"
 )
 
@@ -206,19 +207,19 @@ func (s *Service) CancelledPending() map[string]uint64 {
 // tail.
 func (s *Service) cancelledPending(keep int) map[string]cancelledView {
 	s.mu.Lock()
-	scanners := make([]*Scanner, 0, len(s.parts.scanners))
-	for _, sc := range s.parts.scanners {
-		scanners = append(scanners, sc)
+	lvls := make([]*level.Level, 0, len(s.parts.levels))
+	for _, l := range s.parts.levels {
+		lvls = append(lvls, l)
 	}
 	s.mu.Unlock()
-	out := make(map[string]cancelledView, len(scanners))
-	for _, sc := range scanners {
-		if !sc.l.Owned() {
+	out := make(map[string]cancelledView, len(lvls))
+	for _, l := range lvls {
+		if !l.Owned() {
 			continue
 		}
-		n, lowest := sc.l.PendingTombs(keep)
+		n, lowest := l.PendingTombs(keep)
 		if n > 0 {
-			out[sc.l.Stream()] = cancelledView{n: n, lowest: lowest}
+			out[l.Stream()] = cancelledView{n: n, lowest: lowest}
 		}
 	}
 	return out

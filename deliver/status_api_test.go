@@ -9,8 +9,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/hop"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/level"
 )
 
 // TestStatusDecidedByOwner: a status request taken by a replica that owns
@@ -33,25 +35,25 @@ func TestStatusDecidedByOwner(t *testing.T) {
 	defer reader.Close()
 	published := time.Now()
 	answer, due, err := c.svc.decideID(ctx, reader, "s-pending", "tgt.s", time.Time{}, true)
-	if err != nil || answer != answerPending {
-		t.Fatalf("status of s-pending through B (no level owned): %v %v, want pending", answerText[answer], err)
+	if err != nil || answer != level.AnswerPending {
+		t.Fatalf("status of s-pending through B (no level owned): %v %v, want pending", answer, err)
 	}
 	// Level 2 is 5 s: due about 5 s after the publish, by the server's clock.
 	if lo, hi := published.Add(3*time.Second), published.Add(7*time.Second); due.Before(lo) || due.After(hi) {
 		t.Errorf("status of s-pending: due %s, want between %s and %s", due, lo, hi)
 	}
-	if answer, _, err := c.svc.decideID(ctx, reader, "s-cancelled", "tgt.s", time.Time{}, false); err != nil || answer != answerCancelled {
-		t.Fatalf("cancel of s-cancelled through B: %v %v", answerText[answer], err)
+	if answer, _, err := c.svc.decideID(ctx, reader, "s-cancelled", "tgt.s", time.Time{}, false); err != nil || answer != level.AnswerCancelled {
+		t.Fatalf("cancel of s-cancelled through B: %v %v", answer, err)
 	}
-	if answer, _, err := c.svc.decideID(ctx, reader, "s-cancelled", "tgt.s", time.Time{}, true); err != nil || answer != answerCancelled {
-		t.Errorf("status of s-cancelled through B: %v %v, want cancelled", answerText[answer], err)
+	if answer, _, err := c.svc.decideID(ctx, reader, "s-cancelled", "tgt.s", time.Time{}, true); err != nil || answer != level.AnswerCancelled {
+		t.Errorf("status of s-cancelled through B: %v %v, want cancelled", answer, err)
 	}
 	got := b.waitPayload("stays", time.Minute)
 	if contains(got, "goes") {
 		t.Errorf("the cancelled message was delivered: TGT holds %q", got)
 	}
-	if answer, _, err := c.svc.decideID(ctx, reader, "s-pending", "tgt.s", time.Time{}, true); err != nil || answer != answerDelivered {
-		t.Errorf("status of s-pending after its delivery: %v %v, want delivered", answerText[answer], err)
+	if answer, _, err := c.svc.decideID(ctx, reader, "s-pending", "tgt.s", time.Time{}, true); err != nil || answer != level.AnswerDelivered {
+		t.Errorf("status of s-pending after its delivery: %v %v, want delivered", answer, err)
 	}
 }
 
@@ -80,7 +82,7 @@ func TestDeliveredIDOtherIngressLife(t *testing.T) {
 	// The key as the Service reads it, so the MAC is valid: only the life
 	// differs, as a delivered id kept from before the stream was created
 	// again.
-	key, err := loadHopKey(ctx, b.js, nil)
+	key, err := hop.Load(ctx, b.js, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,14 +94,14 @@ func TestDeliveredIDOtherIngressLife(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reader.Close()
-	if answer, _, err := c.svc.decideID(ctx, reader, old, "tgt.s", time.Time{}, true); err != nil || answer != answerGone {
-		t.Errorf("status of %q (another ingress life): %v %v, want not found", old, answerText[answer], err)
+	if answer, _, err := c.svc.decideID(ctx, reader, old, "tgt.s", time.Time{}, true); err != nil || answer != level.AnswerGone {
+		t.Errorf("status of %q (another ingress life): %v %v, want not found", old, answer, err)
 	}
-	if answer, _, err := c.svc.decideID(ctx, reader, old, "tgt.s", time.Time{}, false); err != nil || answer != answerGone {
-		t.Errorf("cancel of %q (another ingress life): %v %v, want not found", old, answerText[answer], err)
+	if answer, _, err := c.svc.decideID(ctx, reader, old, "tgt.s", time.Time{}, false); err != nil || answer != level.AnswerGone {
+		t.Errorf("cancel of %q (another ingress life): %v %v, want not found", old, answer, err)
 	}
-	if answer, _, err := c.svc.decideID(ctx, reader, own, "tgt.s", time.Time{}, true); err != nil || answer != answerPending {
-		t.Errorf("status of %q (this ingress life): %v %v, want pending", own, answerText[answer], err)
+	if answer, _, err := c.svc.decideID(ctx, reader, own, "tgt.s", time.Time{}, true); err != nil || answer != level.AnswerPending {
+		t.Errorf("status of %q (this ingress life): %v %v, want pending", own, answer, err)
 	}
 	b.waitPayload("kept", time.Minute)
 }

@@ -39,6 +39,11 @@ func (r *Router) RunTerm(ctx context.Context, t ownership.Term) error {
 	defer func() {
 		r.stats.owner.Store(false)
 		r.progress() // not routing is not failing: no failure clock runs
+		// Every session's pipeline has stopped, its writes confirmed or
+		// abandoned: the async publisher's reply subscription and its
+		// reconnect listener go with the term (the next term's first
+		// async publish makes them again).
+		r.deps.js.CleanupPublisher()
 	}()
 	return r.Run(ctx)
 }
