@@ -49,7 +49,7 @@ func balanced(rs ...*replica) error {
 }
 
 // waitBalanced waits (two minutes at most) until [balanced] holds for rs.
-// With [handoverTTL] the last hand-overs wait for the leases to settle (no
+// With [ownerTTL] the last hand-overs wait for the leases to settle (no
 // change of live replicas for a TTL, 15 s): a join takes about 30 s.
 func (b *ownerBundle) waitBalanced(rs ...*replica) {
 	b.t.Helper()
@@ -143,17 +143,17 @@ func (b *ownerBundle) startBalanced(n int, ttl time.Duration) []*replica {
 // leases: each holds within 1 of ceil(leases/3), every lease is held by
 // exactly one, and once spread nothing moves for 4.5 s (three default
 // TTLs: no flapping). The first one took every lease alone and handed the
-// surplus over: no replica lost a lease. The TTL is [handoverTTL], so that
+// surplus over: no replica lost a lease. The TTL is [ownerTTL], so that
 // a renewal stalled under -race does not expire a lease.
 func TestBalanceSpread(t *testing.T) {
 	// Not parallel (see startBalanced).
 	b := setupOwners(t)
-	rs := b.startBalanced(3, handoverTTL)
+	rs := b.startBalanced(3, ownerTTL)
 	before := map[string]string{}
 	for _, k := range leaseKeys() {
 		before[k] = holderOf(k, rs...).name
 	}
-	for end := time.Now().Add(3 * ownerTTL); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+	for end := time.Now().Add(3 * lease.TTLDefault); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 		for _, k := range leaseKeys() {
 			if h := holderOf(k, rs...); h == nil || h.name != before[k] {
 				t.Fatalf("%s moved from %s while three replicas ran at their shares", k, before[k])
@@ -172,11 +172,11 @@ func TestBalanceSpread(t *testing.T) {
 // stops gracefully; the other two take each of its leases by its release,
 // before its fence (no TTL wait), each no more than its share (no
 // hand-over between them), and no replica loses a lease. The TTL is
-// [handoverTTL]: every lease changes hands by a release, none may expire.
+// [ownerTTL]: every lease changes hands by a release, none may expire.
 func TestBalanceGracefulStop(t *testing.T) {
 	// Not parallel (see startBalanced).
 	b := setupOwners(t)
-	rs := b.startBalanced(3, handoverTTL)
+	rs := b.startBalanced(3, ownerTTL)
 	gone := rs[0].held()
 	stopped := time.Now()
 	rs[0].stopGracefully(t)
@@ -204,7 +204,7 @@ func TestBalanceGracefulStop(t *testing.T) {
 func TestBalanceKilled(t *testing.T) {
 	// Not parallel (see startBalanced).
 	b := setupOwners(t)
-	rs := b.startBalanced(3, ownerTTL) // the default: expiry is the subject
+	rs := b.startBalanced(3, expiryTTL) // the default: expiry is the subject
 	crashed := rs[0].held()
 	killed := time.Now()
 	rs[0].nc.Close()
@@ -235,13 +235,13 @@ func TestBalanceKilled(t *testing.T) {
 // TestBalanceJoin: a fourth replica joining three that share the leases
 // gets its share by hand-over: the others release their surplus one lease
 // at a time, and it gains each before the releasing term's fence; no
-// replica loses a lease. The TTL is [handoverTTL]: every lease changes
+// replica loses a lease. The TTL is [ownerTTL]: every lease changes
 // hands by a release, none may expire.
 func TestBalanceJoin(t *testing.T) {
 	// Not parallel (see startBalanced).
 	b := setupOwners(t)
-	rs := b.startBalanced(3, handoverTTL)
-	d := b.start("R3", handoverTTL)
+	rs := b.startBalanced(3, ownerTTL)
+	d := b.start("R3", ownerTTL)
 	b.waitBalanced(append(rs, d)...)
 	got := d.held()
 	if len(got) == 0 {
@@ -275,8 +275,9 @@ func TestBalanceJoin(t *testing.T) {
 func TestLevelTableMismatch(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
-	a := b.start("A", ownerTTL)
-	other := Config{Levels: levels.MustParse("200ms 500ms 2s"), LeaseTTL: ownerTTL}
+	// expiryTTL: C waits for A's membership key to expire.
+	a := b.start("A", expiryTTL)
+	other := Config{Levels: levels.MustParse("200ms 500ms 2s"), LeaseTTL: expiryTTL}
 	c := b.launch("B", other)
 	select {
 	case <-c.done:
@@ -298,7 +299,7 @@ func TestLevelTableMismatch(t *testing.T) {
 	d := b.launch("C", other)
 	waitReady(t, d)
 	d.stopGracefully(t) // deletes its membership key: no wait for the next
-	e := b.launch("D", Config{Levels: levels.MustParse(ownerLevels), LeaseTTL: ownerTTL})
+	e := b.launch("D", Config{Levels: levels.MustParse(ownerLevels), LeaseTTL: expiryTTL})
 	waitReady(t, e)
 }
 
@@ -372,7 +373,7 @@ func BenchmarkLeaseTraffic(bm *testing.B) {
 	b := setupOwners(bm)
 	var rs []*replica
 	for _, n := range []string{"A", "B", "C"} {
-		r := b.launch(n, Config{})
+		r := b.launch(n, Config{LeaseTTL: lease.TTLDefault}) // the traffic at the default TTL
 		waitReady(bm, r)
 		rs = append(rs, r)
 	}

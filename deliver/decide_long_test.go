@@ -33,7 +33,8 @@ func TestCancelNotAnsweredAfterFence(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
 	b.targetStream()
-	a := b.start("A", ownerTTL, func(s *Service) { s.cfg.Levels = levels.MustParse(decideLevels) })
+	// expiryTTL: A gives the lease up and takes it again after a TTL.
+	a := b.start("A", expiryTTL, func(s *Service) { s.cfg.Levels = levels.MustParse(decideLevels) })
 	stream := levels.MustParse(decideLevels).Levels()[1].Stream() // DELAYD_5S
 	key := ownership.LevelKey(stream)
 	first := a.waitEvent(t, key, ownership.Gained, 20*time.Second)

@@ -28,12 +28,15 @@ const decideLevels = "1s 5s"
 // splitOwners starts two replicas with the level table decideLevels: A
 // bids for every level stream's lease and not the router's, B for the
 // router's only. So every level is owned by A, and every request that B
-// takes (a cancel, the router's merge check) needs A's decision.
+// takes (a cancel, the router's merge check) needs A's decision. The TTL
+// is [expiryTTL]: B bids for none of the levels, so a level A hands over to
+// balance stays free until A bids for it again after the balancer's idle
+// bid (2 TTLs).
 func (b *ownerBundle) splitOwners() (a, c *replica) {
 	b.t.Helper()
 	table := func(s *Service) { s.cfg.Levels = levels.MustParse(decideLevels) }
-	a = b.start("A", ownerTTL, table, func(s *Service) { s.hooks.noBid = func(key string) bool { return key == ownership.RouterKey } })
-	c = b.start("B", ownerTTL, table, func(s *Service) { s.hooks.noBid = func(key string) bool { return key != ownership.RouterKey } })
+	a = b.start("A", expiryTTL, table, func(s *Service) { s.hooks.noBid = func(key string) bool { return key == ownership.RouterKey } })
+	c = b.start("B", expiryTTL, table, func(s *Service) { s.hooks.noBid = func(key string) bool { return key != ownership.RouterKey } })
 	streams := []string{levels.Level{}.Stream()}
 	t := levels.MustParse(decideLevels)
 	for _, l := range append(t.Levels(), t.PrecisionLevels()...) {

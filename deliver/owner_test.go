@@ -70,7 +70,7 @@ type replica struct {
 const ownerLevels = "200ms 500ms 1s"
 
 // start runs a Service with the tests' level table and lease TTL ttl (0:
-// the default) and waits until it is ready. mods change the Service
+// [ownerTTL]) and waits until it is ready. mods change the Service
 // before it runs (decide_test.go pins ownership with noBid).
 func (b *ownerBundle) start(name string, ttl time.Duration, mods ...func(*Service)) *replica {
 	b.t.Helper()
@@ -95,7 +95,8 @@ func (b *ownerBundle) startConfig(name string, cfg Config, mods ...func(*Service
 	return r
 }
 
-// launch runs a Service with cfg (its logger set here) on a connection
+// launch runs a Service with cfg (its logger set here, and its lease TTL
+// if cfg sets none: [ownerTTL]) on a connection
 // of its own, as cmd/delayd connects (no reconnect buffer), and returns at
 // once; r.done is closed when Run returned, with its error in r.err.
 func (b *ownerBundle) launch(name string, cfg Config, mods ...func(*Service)) *replica {
@@ -109,6 +110,7 @@ func (b *ownerBundle) launch(name string, cfg Config, mods ...func(*Service)) *r
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With(slog.String("replica", name))
 	}
 	cfg.Logger = logger
+	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, ownerTTL)
 	// Cancel lookups unpaced, as integration's harness runs delayd: the
 	// pacing (a tenth of a core by default) answers busy or lets the due time
 	// pass on a starved machine, and no test here is about it (the lookup
@@ -300,11 +302,11 @@ func checkNoOverlap(t *testing.T, rs ...*replica) {
 func TestOwnersExclusive(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
-	// handoverTTL: every lease changes hands by a release (the balancing,
+	// ownerTTL: every lease changes hands by a release (the balancing,
 	// the graceful stop), and a renewal stalled under -race must not
 	// expire one mid-sampling.
-	a := b.start("A", handoverTTL)
-	c := b.start("B", handoverTTL)
+	a := b.start("A", ownerTTL)
+	c := b.start("B", ownerTTL)
 	keys := leaseKeys()
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
@@ -347,7 +349,7 @@ func TestOwnersExclusive(t *testing.T) {
 	b.waitBalanced(a, c)
 	// Sample for 4.5 s (three default lease TTLs): renewals keep each
 	// holder; never both.
-	for end := time.Now().Add(3 * ownerTTL); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+	for end := time.Now().Add(3 * lease.TTLDefault); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		ha, hb := a.held(), c.held()
 		for _, k := range keys {
 			if ha[k] && hb[k] {
@@ -376,13 +378,20 @@ func TestOwnersExclusive(t *testing.T) {
 	}
 }
 
-// ownerTTL is the lease TTL the tests run with: the default.
-const ownerTTL = 1500 * time.Millisecond
+// ownerTTL is the harness's lease TTL, for every test in which no lease
+// expires (leases change hands by a release, or not at all), and what
+// [ownerBundle.launch] sets where a test's Config sets none: one that CPU
+// starvation cannot expire (renewals stalled 1.35 s at once under -race on
+// a busy 2-core machine, and a lease that expired instead of being
+// released broke a hand-over's or an exact count's assertion).
+const ownerTTL = 15 * time.Second
 
-// handoverTTL is the lease TTL of tests in which every lease changes hands
-// by a release and none may expire: one that CPU starvation cannot expire
-// (renewals stalled 1.35 s at once under load).
-const handoverTTL = 15 * time.Second
+// expiryTTL is the lease TTL of the tests that wait for a lease to expire
+// or to be bid for again after a TTL (a crash, a membership key left
+// behind, a fenced or given-up term, a lease free for the balancer's idle
+// bid of 2 TTLs): the default, 1.5 s, so that the wait stays short. Each
+// such test sets it explicitly.
+const expiryTTL = lease.TTLDefault
 
 // targetStream creates the stream-bound target of the load tests: TGT on
 // "tgt.>", with JetStream's default duplicate window.
@@ -516,7 +525,7 @@ func (b *ownerBundle) waitHoldsAll(r *replica) {
 // gracefully mid-load and replica B takes over. Nothing
 // is lost, early or stored twice, and B gained each of A's leases before
 // A's fence would have passed: A's release handed them over, B did not
-// wait for the TTL. The TTL is [handoverTTL]: nothing here waits for a
+// wait for the TTL. The TTL is [ownerTTL]: nothing here waits for a
 // lease to expire, and with the default 1.5 s a starved run (the whole
 // package on a busy 2-core machine) saw A's renewals stall past it, its
 // leases expire instead of being released.
@@ -527,9 +536,9 @@ func TestHandoverUnderLoad(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
 	b.targetStream()
-	a := b.start("A", handoverTTL)
+	a := b.start("A", ownerTTL)
 	b.waitHoldsAll(a)
-	c := b.start("B", handoverTTL)
+	c := b.start("B", ownerTTL)
 	if err := b.publishLoad(0, 1000); err != nil {
 		t.Fatal(err)
 	}
@@ -561,9 +570,9 @@ func TestCrashTakeover(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
 	b.targetStream()
-	a := b.start("A", ownerTTL)
+	a := b.start("A", expiryTTL) // A's leases expire: expiry is the subject
 	b.waitHoldsAll(a)
-	c := b.start("B", ownerTTL)
+	c := b.start("B", expiryTTL)
 	b.waitBalanced(a, c) // A handed half of its leases over to B
 	if err := b.publishLoad(0, 600); err != nil {
 		t.Fatal(err)
@@ -605,7 +614,7 @@ func TestFencedCommitStopsLevel(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
 	b.targetStream()
-	a := b.start("A", ownerTTL)
+	a := b.start("A", expiryTTL) // it takes the lease again after a TTL
 	b.waitHoldsAll(a)
 	ctx := context.Background()
 	store, err := offsets.New(ctx, b.js, offsets.Config{})

@@ -129,7 +129,7 @@ func secRunDelayd(t *testing.T, nc *nats.Conn, policy contract.TargetPolicy) *de
 // secRunDelaydTable is secRunDelayd with the level table table.
 func secRunDelaydTable(t *testing.T, nc *nats.Conn, policy contract.TargetPolicy, table string) *deliver.Service {
 	t.Helper()
-	svc, err := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse(table), Targets: policy, Logger: itest.Logger(t)})
+	svc, err := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse(table), Targets: policy, Logger: itest.Logger(t), LeaseTTL: itest.LeaseTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -716,7 +716,7 @@ func TestAuthREADMECancelScope(t *testing.T) {
 		"DELAYD_NATS_URL": srv.ClientURL(), "DELAYD_NATS_USER": "delayd", "DELAYD_NATS_PASSWORD": delaydPassword,
 	})
 	svc, err := deliver.New(dnc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("1s 1h"),
-		Targets: contract.TargetPolicy{Allow: []string{"orders.>", "billing.>"}}, Logger: itest.Logger(t)})
+		Targets: contract.TargetPolicy{Allow: []string{"orders.>", "billing.>"}}, Logger: itest.Logger(t), LeaseTTL: itest.LeaseTTL})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,7 +45,7 @@ func TestPermissionDeniedTarget(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(dnc.Close)
-	svc, err := deliver.New(dnc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("100ms"), Logger: itest.Logger(t)})
+	svc, err := deliver.New(dnc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("100ms"), Logger: itest.Logger(t), LeaseTTL: itest.LeaseTTL})
 	if err != nil {
 		t.Fatal(err)
 	}

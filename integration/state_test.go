@@ -200,7 +200,7 @@ func TestHopKeyDamagedStopsDelayd(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer nc.Close()
-			svc, err := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("100ms"), Logger: itest.Logger(t)})
+			svc, err := deliver.New(nc, deliver.Config{Prefix: "delay", Levels: levels.MustParse("100ms"), Logger: itest.Logger(t), LeaseTTL: itest.LeaseTTL})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,11 @@
 // (lower its entry to its new size) and on a listed one that is now within its limit (delete its entry): each entry is
 // pinned to its current size, so nothing can grow back unnoticed. The reshape of issue 20 shrinks the list;
 // when it is empty the limits hold everywhere, and the list stays empty.
+//
+// Two more checks of the reshape's shape live here: [TestPackagesApart] fails when the router's package and the
+// level owner's import each other (either way, directly or through another package of the module), and
+// [TestLongFunctions] logs every non-test function of the service packages over [longFunc] lines (a report for
+// the notes, never a failure).
 package codesize_test
 
 import (
@@ -44,11 +49,10 @@ type violation struct {
 	at    string // file:line
 }
 
-// measure returns every violation in the service packages under root.
-func measure(t *testing.T, root string) []violation {
+// eachFile parses every non-test Go file of the service packages under root and calls fn with its path from root
+// (slash-separated) and its syntax tree.
+func eachFile(t *testing.T, root string, fset *token.FileSet, fn func(rel string, f *ast.File)) {
 	t.Helper()
-	var out []violation
-	fset := token.NewFileSet()
 	for _, dir := range servicePackages {
 		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
@@ -71,35 +75,44 @@ func measure(t *testing.T, root string) []violation {
 			if err != nil {
 				return err
 			}
-			rel = filepath.ToSlash(rel)
-			if n := fset.File(f.Pos()).LineCount(); n > maxLines {
-				out = append(out, violation{key: rel, size: n, limit: maxLines, what: "lines", at: rel})
-			}
-			ast.Inspect(f, func(n ast.Node) bool {
-				ts, ok := n.(*ast.TypeSpec)
-				if !ok {
-					return true
-				}
-				st, ok := ts.Type.(*ast.StructType)
-				if !ok {
-					return true
-				}
-				names := 0
-				for _, fl := range st.Fields.List {
-					names += max(len(fl.Names), 1) // an embedded field is one name
-				}
-				if names > maxFields {
-					out = append(out, violation{key: filepath.ToSlash(filepath.Dir(rel)) + "." + ts.Name.Name, size: names,
-						limit: maxFields, what: "fields", at: fmt.Sprintf("%s:%d", rel, fset.Position(ts.Pos()).Line)})
-				}
-				return true
-			})
+			fn(filepath.ToSlash(rel), f)
 			return nil
 		})
 		if err != nil {
 			t.Fatalf("walking %s: %v", dir, err)
 		}
 	}
+}
+
+// measure returns every violation in the service packages under root.
+func measure(t *testing.T, root string) []violation {
+	t.Helper()
+	var out []violation
+	fset := token.NewFileSet()
+	eachFile(t, root, fset, func(rel string, f *ast.File) {
+		if n := fset.File(f.Pos()).LineCount(); n > maxLines {
+			out = append(out, violation{key: rel, size: n, limit: maxLines, what: "lines", at: rel})
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok {
+				return true
+			}
+			st, ok := ts.Type.(*ast.StructType)
+			if !ok {
+				return true
+			}
+			names := 0
+			for _, fl := range st.Fields.List {
+				names += max(len(fl.Names), 1) // an embedded field is one name
+			}
+			if names > maxFields {
+				out = append(out, violation{key: filepath.ToSlash(filepath.Dir(rel)) + "." + ts.Name.Name, size: names,
+					limit: maxFields, what: "fields", at: fmt.Sprintf("%s:%d", rel, fset.Position(ts.Pos()).Line)})
+			}
+			return true
+		})
+	})
 	return out
 }
 
