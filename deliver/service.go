@@ -365,15 +365,16 @@ func (s *Service) Run(ctx context.Context) error {
 	if err := cancels.Subscribe(ctx); err != nil {
 		return err
 	}
-	// The info API answers from before ready (its subscription
-	// confirmed) until the group's context ends.
+	// The info API is not in the group: it answers from before ready (its
+	// subscription confirmed) until the group has stopped, so a stopping
+	// delayd still answers `delayctl info` through its drain (the group's
+	// context ends at the drain's start).
 	info, err := s.subscribeInfo(ctx)
 	if err != nil {
 		cancels.Unsubscribe()
 		return err
 	}
 	g := supervise.New(ctx, s.logger)
-	g.Go("info API", info)
 	g.Go("targets", supervise.Func(targets.Run))
 	g.Go("lease log", supervise.Func(s.own.gains.run))
 	g.Go("ownership", own.Plan(plan))
@@ -385,6 +386,7 @@ func (s *Service) Run(ctx context.Context) error {
 
 	err = g.Wait()
 	s.ready.Store(false)
+	_ = info.Unsubscribe()
 	return err
 }
 
