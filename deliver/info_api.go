@@ -57,25 +57,13 @@ func version() string {
 	return v
 }
 
-// infoAPI is the info API's component: subscribeInfo makes its
-// subscription, before the Service reports ready, and Run ends it when
-// its context ends.
-type infoAPI struct{ sub *nats.Subscription }
-
-// Run waits until ctx is done, then unsubscribes; it returns nil.
-func (a infoAPI) Run(ctx context.Context) error {
-	<-ctx.Done()
-	_ = a.sub.Unsubscribe()
-	return nil
-}
-
 // subscribeInfo answers [contract.InfoSubject] requests with the service's
 // [contract.InfoReply] and waits until the server has the subscription.
-// The returned component's Run unsubscribes.
-func (s *Service) subscribeInfo(ctx context.Context) (infoAPI, error) {
+// Run unsubscribes once it has stopped everything else.
+func (s *Service) subscribeInfo(ctx context.Context) (*nats.Subscription, error) {
 	b, err := json.Marshal(s.Info())
 	if err != nil { // cannot happen: strings and numbers
-		return infoAPI{}, fmt.Errorf("info API: encode reply: %w", err)
+		return nil, fmt.Errorf("info API: encode reply: %w", err)
 	}
 	sub, err := s.nc.Subscribe(contract.InfoSubject, func(m *nats.Msg) {
 		if m.Reply == "" {
@@ -86,14 +74,14 @@ func (s *Service) subscribeInfo(ctx context.Context) (infoAPI, error) {
 		}
 	})
 	if err != nil {
-		return infoAPI{}, fmt.Errorf("subscribe %s: %w", contract.InfoSubject, err)
+		return nil, fmt.Errorf("subscribe %s: %w", contract.InfoSubject, err)
 	}
 	fctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	if err := s.nc.FlushWithContext(fctx); err != nil {
 		s.logger.Warn("info API subscription not confirmed yet", slog.Any("error", err))
 	}
-	return infoAPI{sub: sub}, nil
+	return sub, nil
 }
 
 // precisionSetting is DELAYD_PRECISION's value for a level table: "on"

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/cancelapi"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/routing"
 	"github.com/delayd/delayd/deliver/internal/supervise"
@@ -338,54 +339,69 @@ func (s *Service) Run(ctx context.Context) error {
 	if st == nil {
 		return err
 	}
-	streams, store := st.streams, st.store
-
-	targets := s.targets
-	if err := targets.Refresh(ctx); err != nil {
+	if err := s.targets.Refresh(ctx); err != nil {
 		s.logger.Warn("target index refresh failed", slog.Any("error", err))
 	}
-
-	merges := routing.NewMergeCaches(s.cfg.IngressPartitions) // the routers' merge caches, where the scanners forget
-	lvls, err := s.buildLevels(streams, store, targets, merges)
+	p, err := s.build(own, st)
 	if err != nil {
 		return err
 	}
-	routers, err := s.buildRouters(lvls, store, merges)
-	if err != nil {
+	if err := p.cancels.Subscribe(ctx); err != nil {
 		return err
 	}
-
-	plan, err := s.leasePlan(own, st, lvls, routers)
-	if err != nil {
-		return err
-	}
-
-	cancelJS := mustJS(s.nc, 0)
-	cancels := s.newCancelAPI(cancelJS)
-	if err := cancels.Subscribe(ctx); err != nil {
-		return err
-	}
-	// The info API answers from before ready (its subscription
-	// confirmed) until the group's context ends.
+	// The info API is not in the group: it answers from before ready (its
+	// subscription confirmed) until the group has stopped, so a stopping
+	// delayd still answers `delayctl info` through its drain (the group's
+	// context ends at the drain's start).
 	info, err := s.subscribeInfo(ctx)
 	if err != nil {
-		cancels.Unsubscribe()
+		p.cancels.Unsubscribe()
 		return err
 	}
 	g := supervise.New(ctx, s.logger)
-	g.Go("info API", info)
-	g.Go("targets", supervise.Func(targets.Run))
+	g.Go("targets", supervise.Func(s.targets.Run))
 	g.Go("lease log", supervise.Func(s.own.gains.run))
-	g.Go("ownership", own.Plan(plan))
-	s.parts.cancelAPI = cancels
-	g.Go("cancel API", cancels)
+	g.Go("ownership", own.Plan(p.plan))
+	g.Go("cancel API", p.cancels)
 	own.Bidding() // the others count this replica in their shares from now on
 	s.ready.Store(true)
-	s.logger.Info("delayd scheduling", slog.String("ingress", s.cfg.Prefix+".>"), slog.Int("level_streams", len(streams)), slog.String("holder", own.Holder()))
+	s.logger.Info("delayd scheduling", slog.String("ingress", s.cfg.Prefix+".>"), slog.Int("level_streams", len(st.streams)), slog.String("holder", own.Holder()))
 
 	err = g.Wait()
 	s.ready.Store(false)
+	_ = info.Unsubscribe()
 	return err
+}
+
+// built is what [Service.build] made for Run: values only, nothing runs
+// yet.
+type built struct {
+	plan    ownership.Plan // every lease's elector, in the order they start
+	cancels *cancelapi.API // the cancel and status APIs, not subscribed yet
+}
+
+// build makes Run's parts from what setup made, values only (no goroutine,
+// no subscription): the routers' merge caches, the levels, the routers
+// (with their level owners), the lease plan with the janitor, and the
+// cancel API (with its own level owners). It publishes them for the
+// Service's readers (s.parts and s.own, the routers and levels under s.mu).
+func (s *Service) build(own *ownership.Service, st *setupState) (built, error) {
+	merges := routing.NewMergeCaches(s.cfg.IngressPartitions) // the routers' merge caches, where the scanners forget
+	lvls, err := s.buildLevels(st.streams, st.store, s.targets, merges)
+	if err != nil {
+		return built{}, err
+	}
+	routers, err := s.buildRouters(lvls, st.store, merges)
+	if err != nil {
+		return built{}, err
+	}
+	plan, err := s.leasePlan(own, st, lvls, routers)
+	if err != nil {
+		return built{}, err
+	}
+	cancels := s.newCancelAPI(mustJS(s.nc, 0))
+	s.parts.cancelAPI = cancels
+	return built{plan: plan, cancels: cancels}, nil
 }
 
 // leasePlan makes one elector per lease, values only (no goroutine): the

@@ -26,8 +26,8 @@ func ambiguous(id string) error {
 	return fmt.Errorf("%w %q: it names two messages (a publisher's Nats-Msg-Id, and an ingress sequence or a prefixed id); send seq:N for ingress sequence N, id:X for the publisher's id X", ErrAmbiguousID, id)
 }
 
-// sleepCtx waits d, or until ctx is done (its error). deliver and level
-// keep copies of their own (deliver/compat.go, level.sleepWake).
+// sleepCtx waits d, or until ctx is done (its error). jswire and level
+// keep copies of their own (jswire.sleepCtx, level.sleepWake).
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return nil
