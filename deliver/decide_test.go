@@ -262,7 +262,7 @@ func TestMergeNotIntoRetiredCancelledHop(t *testing.T) {
 	a.svc.mu.Unlock()
 	for deadline := time.Now().Add(time.Minute); sc.Cancelled(rec.Seq) || sc.Passed() < rec.Seq; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the first's tombstone (sequence %d) still held a minute after the cancel", rec.Seq)
+			t.Fatalf("the first's tombstone (sequence %d) still held a minute after the cancel (held %t, passed %d)", rec.Seq, sc.Cancelled(rec.Seq), sc.Passed())
 		}
 	}
 	b.publishTo("tgt.h", "second", nats.Header{contract.HeaderDuration: {"1s"}, contract.HeaderMergeKey: {"k"}})

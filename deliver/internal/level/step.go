@@ -83,8 +83,13 @@ func (s *owner) readHead(ctx context.Context) error {
 		if !s.quiesce(ctx, !s.conf.win.probing) {
 			return nil // a delivery failed and was rewound
 		}
-		if s.commits.Committed() > s.pos.purgedTo {
-			// A purge is due once the level has been quiet a moment.
+		if c := s.commits.Committed(); c > s.pos.purgedTo || c > s.pos.tombsAcked {
+			// A purge is due once the level has been quiet a moment,
+			// and so is the drop of the tombstones the commit passed
+			// (awaitCommit's noteAcked): the purged prefix may reach the
+			// committed offset already (a new stream's first sequence,
+			// or a purge that read the acknowledgement first), and no
+			// later commit may come to drop them.
 			if m, meta, err = s.io.feed.next(ctx, s.wake, true, s.cfg.PurgeEvery); err == nil && m == nil {
 				s.awaitCommit(ctx) // acknowledged by now, normally: the purge goes up to it
 				s.purge(ctx, true)
