@@ -25,6 +25,8 @@ import (
 // term) and over NATS (another replica's Level of the stream, which owns
 // nothing, through its decide subject): the answers must be the same.
 // A cancel asked twice, once each way, answers "cancelled" both times.
+// A hop not yet due is pending though passed: its Hop and Due go over
+// the wire.
 func TestAskerLocalEqualsRemote(t *testing.T) {
 	t.Parallel()
 	b := setupScanner(t)
@@ -53,6 +55,12 @@ func TestAskerLocalEqualsRemote(t *testing.T) {
 		recs[m.id] = index.Record{Key: index.UserKey(m.id), Stream: stream, Seq: ack.Sequence, Target: "tgt.x"}
 	}
 	recs["unstored"] = index.Record{Key: index.UserKey("unstored"), Stream: stream, Seq: 99, Target: "tgt.x"}
+	// d placed as a hop forwarded to its next level, due in an hour: passed
+	// here, yet pending until its due (the record's Hop and Due must reach a
+	// remote owner).
+	dHop := recs["d"]
+	dHop.Hop, dHop.Due = true, time.Now().Add(time.Hour)
+	recs["d hop"] = dHop
 
 	newLevel := func(nc *nats.Conn, js jetstream.JetStream) *Level {
 		l, err := New(nc, js, Config{Stream: stream, Offsets: store, Targets: target.New(nc, js, nil)},
@@ -138,6 +146,7 @@ func TestAskerLocalEqualsRemote(t *testing.T) {
 
 	same("Passed", func(a Asker) string { return strconv.FormatUint(a.Passed(ctx, stream), 10) })
 	same("Pending d", pendingOf("d"))
+	same("Pending d hop", pendingOf("d hop"))
 	same("Pending f1", pendingOf("f1"))
 	same("Status d", statusOf("d"))
 	same("Status f1", statusOf("f1"))
