@@ -17,6 +17,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
 	"github.com/delayd/delayd/internal/lease"
+	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -169,7 +170,9 @@ func TestAskerLocalEqualsRemote(t *testing.T) {
 }
 
 // TestOwnersLeaseTTLDefault: Owners without a lease TTL waits for an owner
-// as long as the service's default lease TTL allows, not zero (one try).
+// as long as the service's default lease TTL allows, not zero (one try):
+// a decision whose first answer is "not owner" (a term ending) is asked
+// again, and the next owner's answer returned.
 func TestOwnersLeaseTTLDefault(t *testing.T) {
 	t.Parallel()
 	if got := NewOwners(OwnersConfig{}).leaseTTL; got != lease.TTLDefault {
@@ -177,5 +180,27 @@ func TestOwnersLeaseTTLDefault(t *testing.T) {
 	}
 	if got := NewOwners(OwnersConfig{LeaseTTL: 5 * time.Second}).leaseTTL; got != 5*time.Second {
 		t.Fatalf("NewOwners with LeaseTTL 5s: lease TTL %s", got)
+	}
+
+	nc, _ := natstest.Connect(t)
+	const stream = "DELAYD_5S"
+	asked := 0 // touched by the subscription's goroutine only
+	sub, err := nc.Subscribe(contract.DecideSubject(stream), func(m *nats.Msg) {
+		asked++
+		if asked == 1 {
+			_ = m.Respond([]byte(decideNotOwner)) // the old owner's term ended
+			return
+		}
+		_ = m.Respond([]byte(decidePending)) // the next owner's answer
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w := NewOwners(OwnersConfig{Conn: nc, Levels: map[string]*Level{stream: {}}}) // owned elsewhere
+	if a, err := w.Status(ctx, index.Record{Key: "ix", Stream: stream, Seq: 5}); err != nil || a != AnswerPending {
+		t.Fatalf("Status through a change of owner, without LeaseTTL: %v, %v; want %v, nil (asked again)", a, err, AnswerPending)
 	}
 }
