@@ -52,8 +52,8 @@ func serve(dir string) int {
 		return 1
 	}
 	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		fmt.Fprintln(os.Stderr, "nats-server not ready for connections")
+	if !srv.ReadyForConnections(time.Minute) {
+		fmt.Fprintln(os.Stderr, "nats-server not ready for connections within a minute")
 		return 1
 	}
 	fmt.Println(srv.ClientURL())
@@ -104,7 +104,7 @@ func connect(t *testing.T, url string) *nats.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	if _, err := nc.Request("lifecycletest.warmup", nil, time.Second); !errors.Is(err, nats.ErrNoResponders) {
+	if _, err := nc.Request("lifecycletest.warmup", nil, time.Minute); !errors.Is(err, nats.ErrNoResponders) {
 		t.Fatalf("warm-up request: %v, want no responders", err)
 	}
 	return nc
@@ -172,7 +172,7 @@ func exercise(t *testing.T, cl *nats.Conn, target *nats.Subscription, round stri
 	if _, err := delayd.FetchInfo(ctx, cl); err != nil {
 		t.Fatalf("info: %v", err)
 	}
-	if _, err := cl.Request(contract.StatsSubject, nil, 10*time.Second); err != nil {
+	if _, err := cl.RequestWithContext(ctx, contract.StatsSubject, nil); err != nil {
 		t.Fatalf("stats: %v", err)
 	}
 	subject := target.Subject
@@ -195,7 +195,7 @@ func exercise(t *testing.T, cl *nats.Conn, target *nats.Subscription, round stri
 		t.Fatal(err)
 	}
 	for {
-		m, err := target.NextMsg(30 * time.Second)
+		m, err := target.NextMsg(time.Minute)
 		if err != nil {
 			t.Fatalf("waiting for %q: %v", "deliver "+round, err)
 		}

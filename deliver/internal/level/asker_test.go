@@ -17,6 +17,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
 	"github.com/delayd/delayd/internal/lease"
+	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -25,6 +26,8 @@ import (
 // term) and over NATS (another replica's Level of the stream, which owns
 // nothing, through its decide subject): the answers must be the same.
 // A cancel asked twice, once each way, answers "cancelled" both times.
+// A hop not yet due is pending though passed: its Hop and Due go over
+// the wire.
 func TestAskerLocalEqualsRemote(t *testing.T) {
 	t.Parallel()
 	b := setupScanner(t)
@@ -53,6 +56,12 @@ func TestAskerLocalEqualsRemote(t *testing.T) {
 		recs[m.id] = index.Record{Key: index.UserKey(m.id), Stream: stream, Seq: ack.Sequence, Target: "tgt.x"}
 	}
 	recs["unstored"] = index.Record{Key: index.UserKey("unstored"), Stream: stream, Seq: 99, Target: "tgt.x"}
+	// d placed as a hop forwarded to its next level, due in an hour: passed
+	// here, yet pending until its due (the record's Hop and Due must reach a
+	// remote owner).
+	dHop := recs["d"]
+	dHop.Hop, dHop.Due = true, time.Now().Add(time.Hour)
+	recs["d hop"] = dHop
 
 	newLevel := func(nc *nats.Conn, js jetstream.JetStream) *Level {
 		l, err := New(nc, js, Config{Stream: stream, Offsets: store, Targets: target.New(nc, js, nil)},
@@ -138,6 +147,7 @@ func TestAskerLocalEqualsRemote(t *testing.T) {
 
 	same("Passed", func(a Asker) string { return strconv.FormatUint(a.Passed(ctx, stream), 10) })
 	same("Pending d", pendingOf("d"))
+	same("Pending d hop", pendingOf("d hop"))
 	same("Pending f1", pendingOf("f1"))
 	same("Status d", statusOf("d"))
 	same("Status f1", statusOf("f1"))
@@ -160,7 +170,9 @@ func TestAskerLocalEqualsRemote(t *testing.T) {
 }
 
 // TestOwnersLeaseTTLDefault: Owners without a lease TTL waits for an owner
-// as long as the service's default lease TTL allows, not zero (one try).
+// as long as the service's default lease TTL allows, not zero (one try):
+// a decision whose first answer is "not owner" (a term ending) is asked
+// again, and the next owner's answer returned.
 func TestOwnersLeaseTTLDefault(t *testing.T) {
 	t.Parallel()
 	if got := NewOwners(OwnersConfig{}).leaseTTL; got != lease.TTLDefault {
@@ -168,5 +180,27 @@ func TestOwnersLeaseTTLDefault(t *testing.T) {
 	}
 	if got := NewOwners(OwnersConfig{LeaseTTL: 5 * time.Second}).leaseTTL; got != 5*time.Second {
 		t.Fatalf("NewOwners with LeaseTTL 5s: lease TTL %s", got)
+	}
+
+	nc, _ := natstest.Connect(t)
+	const stream = "DELAYD_5S"
+	asked := 0 // touched by the subscription's goroutine only
+	sub, err := nc.Subscribe(contract.DecideSubject(stream), func(m *nats.Msg) {
+		asked++
+		if asked == 1 {
+			_ = m.Respond([]byte(decideNotOwner)) // the old owner's term ended
+			return
+		}
+		_ = m.Respond([]byte(decidePending)) // the next owner's answer
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w := NewOwners(OwnersConfig{Conn: nc, Levels: map[string]*Level{stream: {}}}) // owned elsewhere
+	if a, err := w.Status(ctx, index.Record{Key: "ix", Stream: stream, Seq: 5}); err != nil || a != AnswerPending {
+		t.Fatalf("Status through a change of owner, without LeaseTTL: %v, %v; want %v, nil (asked again)", a, err, AnswerPending)
 	}
 }

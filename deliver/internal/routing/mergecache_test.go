@@ -10,7 +10,7 @@ import (
 )
 
 // TestMergeCaches: the router of ingress partition i places with the
-// cache of partition i, and Forget frees a merge key in every partition's
+// cache of partition i, which holds its placements only, and Forget frees a merge key in every partition's
 // cache, as a level owner's cancel must reach every router.
 func TestMergeCaches(t *testing.T) {
 	t.Parallel()
@@ -32,6 +32,11 @@ func TestMergeCaches(t *testing.T) {
 	k := index.MergeKey("tgt.x", "k1")
 	for i, r := range routers {
 		r.merges.remember(index.Record{Key: k, Stream: "DELAYD_1S", Seq: uint64(i + 1)})
+	}
+	for i, r := range routers { // each partition's placements in its own cache
+		if rec, ok := r.merges.lookup(k); !ok || rec.Seq != uint64(i+1) {
+			t.Errorf("partition %d's cache holds %+v (found %v); want its own placement, seq %d", i, rec, ok, i+1)
+		}
 	}
 	merges.Forget(index.Record{Key: k, Gone: true, Target: "tgt.x"})
 	for i, r := range routers {

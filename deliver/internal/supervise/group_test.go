@@ -22,6 +22,23 @@ func blockUntilDone(started chan<- struct{}) Func {
 	}
 }
 
+// waitWithin returns g.Wait(), failing the test if it has not returned
+// within a minute (a liveness bound: a component its context's end did
+// not reach never returns, and the test would hang until go test's
+// timeout).
+func waitWithin(t *testing.T, g *Group) error {
+	t.Helper()
+	ch := make(chan error, 1)
+	go func() { ch <- g.Wait() }()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatalf("Wait did not return within a minute; running %v", g.Running())
+		return nil
+	}
+}
+
 // TestGroupCleanStop: components that return nil at their context's end
 // all return once the parent context ends, Wait returns nil, and no
 // goroutine is left.
@@ -38,7 +55,7 @@ func TestGroupCleanStop(t *testing.T) {
 		t.Fatalf("running %v, want [a b]", got)
 	}
 	cancel()
-	if err := g.Wait(); err != nil {
+	if err := waitWithin(t, g); err != nil {
 		t.Fatalf("Wait: %v, want nil", err)
 	}
 	if got := g.Running(); len(got) != 0 {
@@ -62,7 +79,7 @@ func TestGroupFirstErrorCancels(t *testing.T) {
 	}))
 	<-started
 	g.Go("failer", Func(func(context.Context) error { return errFirst }))
-	if err := g.Wait(); !errors.Is(err, errFirst) {
+	if err := waitWithin(t, g); !errors.Is(err, errFirst) {
 		t.Fatalf("Wait: %v, want %v", err, errFirst)
 	}
 	select {
@@ -99,8 +116,8 @@ func TestGroupNestedFailsParent(t *testing.T) {
 	}))
 	select {
 	case <-sibling:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the outer sibling was not stopped by the nested Group's error")
+	case <-time.After(time.Minute):
+		t.Fatal("the outer sibling was not stopped by the nested Group's error within a minute")
 	}
 	close(release)
 	if err := outer.Wait(); !errors.Is(err, errInner) {
