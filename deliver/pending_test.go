@@ -1,6 +1,7 @@
 package deliver
 
 import (
+	"context"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/level"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -214,5 +217,35 @@ func TestListCancelledAndDelivered(t *testing.T) {
 		if got := ids(b.listAll("tgt.list.a", limit)); !slices.Equal(got, want) {
 			t.Errorf("pages of %d after a3's cancel and soon's delivery: %q, want %q", limit, got, want)
 		}
+	}
+}
+
+// TestListDecidedByOwner: a list taken by a replica that owns no level
+// asks the levels' owner on the other replica to sift (decide op "sift"):
+// a message cancelled there is not listed, the others are.
+func TestListDecidedByOwner(t *testing.T) {
+	t.Parallel()
+	b := setupOwners(t)
+	b.targetStream()
+	_, c := b.splitOwners(listLevels)
+	for _, id := range []string{"r1", "r2", "r3"} {
+		b.publishTo("tgt.r", "payload "+id, nats.Header{contract.HeaderLevel: {"2"}, contract.HeaderNatsMsgID: {id}})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reader, err := jswire.NewBatchReader(c.nc, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	if answer, _, err := c.svc.decideID(ctx, reader, "r2", "tgt.r", time.Time{}, false); err != nil || answer != level.AnswerCancelled {
+		t.Fatalf("cancel of r2 through B: %v %v", answer, err)
+	}
+	r, err := c.svc.parts.cancelAPI.List(ctx, reader, "tgt.r", nil, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(r.Items); !slices.Equal(got, []string{"r1", "r3"}) {
+		t.Errorf("list of tgt.r through B: %q, want r1 r3", got)
 	}
 }

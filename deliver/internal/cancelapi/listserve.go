@@ -63,13 +63,7 @@ func (a *API) runLists(ctx context.Context, wg *sync.WaitGroup, rnc *nats.Conn) 
 func (a *API) serveList(ctx context.Context, reader *jswire.BatchReader, q queued) {
 	m := q.m
 	target := strings.TrimPrefix(m.Subject, contract.PendingSubject+".")
-	lq, err := parseList(target, m.Data)
-	var reply contract.PendingReply
-	if err == nil {
-		wctx, cancel := context.WithTimeout(ctx, 2*cancelWaitRouted)
-		reply, err = a.walk(wctx, reader, lq, q.at.Add(listWait))
-		cancel()
-	}
+	reply, err := a.List(ctx, reader, target, m.Data, q.at.Add(listWait))
 	if err != nil {
 		if ctx.Err() != nil {
 			return
@@ -86,6 +80,20 @@ func (a *API) serveList(ctx context.Context, reader *jswire.BatchReader, q queue
 		return
 	}
 	_ = m.RespondMsg(&nats.Msg{Data: data, Header: nats.Header{contract.HeaderStatus: {strconv.Itoa(contract.PendingStatusOK)}}})
+}
+
+// List answers one list request for target with payload data (a
+// [contract.PendingRequest] as JSON, or empty), reading with reader; the
+// paced reads give up past notAfter with [level.ErrCancelBusy]. An error
+// of the request's own making wraps errBadList (code 400).
+func (a *API) List(ctx context.Context, reader *jswire.BatchReader, target string, data []byte, notAfter time.Time) (contract.PendingReply, error) {
+	q, err := parseList(target, data)
+	if err != nil {
+		return contract.PendingReply{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*cancelWaitRouted)
+	defer cancel()
+	return a.walk(ctx, reader, q, notAfter)
 }
 
 // listErrorMsg is a list error answer: "error: " and the reason, with
