@@ -363,6 +363,12 @@ func (a *API) page(ctx context.Context, k *walker) (contract.PendingReply, error
 			continue // delivered, cancelled or forwarded since it was read
 		}
 		b, _ := json.Marshal(c.item) // cannot fail
+		if len(b) > room && last == nil && c.item.Data != nil {
+			// A payload too large for any reply: the item without it
+			// (its size says how large).
+			c.item.Data = nil
+			b, _ = json.Marshal(c.item)
+		}
 		if room -= len(b) + 1; room < 0 && last != nil {
 			for _, rest := range cands[i:] {
 				k.notReturned(rest)
