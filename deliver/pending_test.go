@@ -3,6 +3,7 @@ package deliver
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -247,5 +248,47 @@ func TestListDecidedByOwner(t *testing.T) {
 	}
 	if got := ids(r.Items); !slices.Equal(got, []string{"r1", "r3"}) {
 		t.Errorf("list of tgt.r through B: %q, want r1 r3", got)
+	}
+}
+
+// TestListGuideForms sends the `nats req` forms of docs/guide.md's
+// "Pending messages" section, as written there: each is answered 200 and
+// lists the one message pending for orders.remind.
+func TestListGuideForms(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../docs/guide.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ := strings.Cut(string(doc), "\n## Pending messages\n")
+	section, _, _ = strings.Cut(section, "\n## ")
+	var forms [][2]string // subject, payload
+	for line := range strings.Lines(section) {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "nats req ")
+		if !ok {
+			continue
+		}
+		subject, quoted, _ := strings.Cut(rest, " ")
+		payload, ok := strings.CutPrefix(quoted, "'")
+		if payload, ok = strings.CutSuffix(payload, "'"); !ok {
+			t.Fatalf("guide form %q: want nats req SUBJECT 'PAYLOAD'", line)
+		}
+		forms = append(forms, [2]string{subject, payload})
+	}
+	if len(forms) < 2 {
+		t.Fatalf("docs/guide.md#pending-messages: %d nats req forms, want the plain one and one with options", len(forms))
+	}
+	b := setupOwners(t)
+	b.startConfig("A", Config{Levels: levels.MustParse(listLevels), LeaseTTL: ownerTTL})
+	b.publishTo("orders.remind", "meeting", nats.Header{contract.HeaderLevel: {"2"}, contract.HeaderNatsMsgID: {"remind-42"}})
+	for _, f := range forms {
+		m, err := b.nc.Request(f[0], []byte(f[1]), 30*time.Second)
+		if err != nil {
+			t.Fatalf("nats req %s '%s': %v", f[0], f[1], err)
+		}
+		var r contract.PendingReply
+		if code := m.Header.Get(contract.HeaderStatus); code != "200" || json.Unmarshal(m.Data, &r) != nil || len(r.Items) != 1 || r.Items[0].ID != "remind-42" {
+			t.Errorf("nats req %s '%s': code %s, %s", f[0], f[1], code, m.Data)
+		}
 	}
 }
