@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/jswire"
@@ -219,6 +220,16 @@ func (a *API) walkStream(ctx context.Context, reader *jswire.BatchReader, k *wal
 	// One message first: a stream without the target's messages costs the
 	// server one subject lookup, and its owner is not asked.
 	buf, err := a.readPaced(ctx, reader, w.name, subject, nil, from, 1, notAfter)
+	if errors.Is(err, nats.ErrNoResponders) {
+		// The stream is gone (a drained level deleted: nothing waits
+		// there), or no server answers for it (an error).
+		ictx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
+		_, serr := a.cfg.JS.Stream(ictx, w.name)
+		cancel()
+		if errors.Is(serr, jetstream.ErrStreamNotFound) {
+			return nil
+		}
+	}
 	if err != nil || len(buf) == 0 {
 		return err
 	}
