@@ -31,14 +31,18 @@ const decideLevels = "1s 5s"
 // takes (a cancel, the router's merge check) needs A's decision. The TTL
 // is [expiryTTL]: B bids for none of the levels, so a level A hands over to
 // balance stays free until A bids for it again after the balancer's idle
-// bid (2 TTLs).
-func (b *ownerBundle) splitOwners() (a, c *replica) {
+// bid (2 TTLs). A table given replaces decideLevels.
+func (b *ownerBundle) splitOwners(tables ...string) (a, c *replica) {
 	b.t.Helper()
-	table := func(s *Service) { s.cfg.Levels = levels.MustParse(decideLevels) }
+	text := decideLevels
+	if len(tables) > 0 {
+		text = tables[0]
+	}
+	table := func(s *Service) { s.cfg.Levels = levels.MustParse(text) }
 	a = b.start("A", expiryTTL, table, func(s *Service) { s.hooks.noBid = func(key string) bool { return key == ownership.RouterKey } })
 	c = b.start("B", expiryTTL, table, func(s *Service) { s.hooks.noBid = func(key string) bool { return key != ownership.RouterKey } })
 	streams := []string{levels.Level{}.Stream()}
-	t := levels.MustParse(decideLevels)
+	t := levels.MustParse(text)
 	for _, l := range append(t.Levels(), t.PrecisionLevels()...) {
 		streams = append(streams, l.Stream())
 	}

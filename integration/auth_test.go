@@ -797,6 +797,14 @@ func TestAuthREADMECancelScope(t *testing.T) {
 			t.Errorf("orders asking the status of billing's %q in its scope: %q, want not found", id, st)
 		}
 	}
+	// Its list of orders.close holds its own two messages, none of billing's.
+	page, err := delayd.ListPending(rctx, orders, "orders.close")
+	if err != nil {
+		t.Fatalf("orders listing orders.close: %v", err)
+	}
+	if len(page.Items) != 2 || page.Items[0].Target != "orders.close" || page.Items[1].Target != "orders.close" {
+		t.Errorf("orders listing orders.close: %+v, want its own two messages", page.Items)
+	}
 	// Within its own scope, the orders user finds nothing of billing's.
 	for _, id := range []string{"seq:" + b1, b2, "id:" + b2, b3, "seq:" + b3} {
 		if r := cancelAs(orders, "orders.close", id); r != delayd.NotFound {
@@ -825,7 +833,7 @@ func TestAuthREADMECancelScope(t *testing.T) {
 
 	// The server refuses the orders user's requests to billing's scope and to the unscoped form.
 	for _, subject := range []string{delayd.CancelSubjectFor("billing.charge"), delayd.CancelSubject,
-		delayd.StatusSubjectFor("billing.charge"), delayd.StatusSubject} {
+		delayd.StatusSubjectFor("billing.charge"), delayd.StatusSubject, delayd.PendingSubjectFor("billing.charge")} {
 		if err := orders.PublishRequest(subject, orders.NewInbox(), []byte(b1)); err != nil {
 			t.Fatal(err)
 		}

@@ -568,6 +568,26 @@ func TestDelayctlStatus(t *testing.T) {
 	itest.Delayctl(t, url, "status", "ctl.status.x").Want(t, 2, "TARGET and ID")
 }
 
+// TestDelayctlLs: delayctl ls lists one target's pending messages in due
+// order across pages (--limit 1), with the count, and none of another
+// target's; a bad limit is a usage error.
+func TestDelayctlLs(t *testing.T) {
+	t.Parallel()
+	b := itest.Setup(t)
+	b.StartDelayd("200ms 2s 1h 2h")
+	url := b.Srv.ClientURL()
+	itest.Delayctl(t, url, "pub", "ctl.ls.x", "late", "--level", "4", "--id", "ls-late").Want(t, 0, "ls-late")
+	itest.Delayctl(t, url, "pub", "ctl.ls.y", "other", "--level", "3", "--id", "ls-other").Want(t, 0, "ls-other")
+	itest.Delayctl(t, url, "pub", "ctl.ls.x", "early", "--level", "3", "--id", "ls-early").Want(t, 0, "ls-early")
+	r := itest.Delayctl(t, url, "ls", "ctl.ls.x", "--limit", "1")
+	r.Want(t, 0, "2 pending")
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "  ls-early  1h  5") || !strings.Contains(lines[1], "  ls-late  2h  4") {
+		t.Errorf("ls ctl.ls.x: %q, want ls-early, ls-late, the count", lines)
+	}
+	itest.Delayctl(t, url, "ls", "ctl.ls.x", "--limit", "0").Want(t, 2, "--limit 0")
+}
+
 // TestDelayctlLevelsMessages: `levels` counts the messages a level stream holds without the routers' epoch markers
 // (every level stream holds one from the router's start): an empty level shows 0, not 1, and a level holding one
 // message shows 1, in the table and in JSON.

@@ -136,7 +136,7 @@ type app struct {
 func (a *app) rootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "delayctl",
-		Short: "Operate a running delayd: levels, stats, publish, cancel, status, dead letters",
+		Short: "Operate a running delayd: levels, stats, publish, cancel, status, list pending, dead letters",
 		Long: `delayctl is the operator CLI of delayd, delayed delivery for NATS JetStream.
 
 It connects to delayd's NATS server as delayd does: DELAYD_NATS_URL (when empty:
@@ -170,7 +170,7 @@ Flags override the variables.
 	f.StringVar(&a.levels, "levels", "", "delayd's level table (env DELAYD_LEVELS; default delayd's 18 levels)")
 	f.DurationVar(&a.timeout, "timeout", 5*time.Second, "timeout of each request to the server or delayd")
 
-	root.AddCommand(a.levelsCmd(), a.statsCmd(), a.watchCmd(), a.pubCmd(), a.cancelCmd(), a.statusCmd(), a.dlqCmd())
+	root.AddCommand(a.levelsCmd(), a.statsCmd(), a.watchCmd(), a.pubCmd(), a.cancelCmd(), a.statusCmd(), a.lsCmd(), a.dlqCmd())
 	return root
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/level"
+	"github.com/delayd/delayd/levels"
 )
 
 // Config configures an [API]: the Service's settings and the values it
@@ -51,6 +52,9 @@ type Config struct {
 	// Cancels and Statuses count the cancel and the status APIs' answers
 	// (the Service's, read by its CancelStats and StatusStats). Required.
 	Cancels, Statuses *Counts
+	// Levels is the level table (the list API's walk bounds a stream's
+	// reads by it). Required for the list API.
+	Levels levels.Table
 	// Logger is required (the Service's).
 	Logger *slog.Logger
 	// Hooks are tests' hooks; zero in production.
@@ -74,6 +78,11 @@ type Decider interface {
 	// asking worker's, for the reads the decision costs. A level stream
 	// this replica does not know answers [level.AnswerGone].
 	Decide(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (level.CancelAnswer, error)
+	// Sift has the owner of a level stream tell which of seqs are still
+	// pending (the list API's question; [level.Owners.Sift]).
+	Sift(ctx context.Context, stream string, seqs []uint64) (level.Sifted, error)
+	// Streams returns the level streams this replica knows.
+	Streams() []string
 }
 
 // Counts counts one request API's answers by kind (the cancel API leaves
@@ -91,8 +100,9 @@ type API struct {
 	routed  *routedWait  // shared by the workers (and their own goroutine, Run's)
 	lookups *lookupPacer // paces the workers' index lookups; its own mutex
 
-	subs []*nats.Subscription // set by Subscribe, unsubscribed by Run
-	ch   chan queued          // the queue: the subscriptions send, the workers receive
+	subs  []*nats.Subscription // set by Subscribe, unsubscribed by Run
+	ch    chan queued          // the queue: the subscriptions send, the workers receive
+	lists chan queued          // the list API's queue, its own workers'
 }
 
 // New returns the API of cfg. Nothing touches the server until Subscribe.
@@ -140,6 +150,12 @@ func (a *API) Run(ctx context.Context) error {
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	if err := a.runLists(ctx, &wg, rnc); err != nil {
+		for _, r := range readers {
+			r.Close()
+		}
+		return err
+	}
 	for _, reader := range readers {
 		wg.Go(func() {
 			defer reader.Close()
@@ -219,14 +235,19 @@ type queued struct {
 
 // Subscribe subscribes to [contract.CancelSubject] and the scoped
 // "delayd.api.cancel.>" ([contract.CancelSubjectFor]), and to the status
-// API's [contract.StatusSubject] and "delayd.api.status.>", queue group "delayd", and
+// API's [contract.StatusSubject] and "delayd.api.status.>", and to the list
+// API's "delayd.api.pending.>" ([contract.PendingSubjectFor]), queue group "delayd", and
 // waits until the server has the subscriptions, so a request sent once the
 // service is ready finds a responder. Requests go to the API's queue,
-// at most [QueueMax], which Run serves; the subscriptions' goroutines
+// at most [QueueMax] (list requests to their own, at most listQueueMax), which Run serves; the subscriptions' goroutines
 // answer the rest busy. Call it once, before Run.
 func (a *API) Subscribe(ctx context.Context) error {
-	ch := make(chan queued, QueueMax)
+	ch, lists := make(chan queued, QueueMax), make(chan queued, listQueueMax)
 	enqueue := func(m *nats.Msg) {
+		if strings.HasPrefix(m.Subject, contract.PendingSubject+".") {
+			a.enqueueList(lists, m)
+			return
+		}
 		select {
 		case ch <- queued{m: m, at: time.Now()}:
 		default:
@@ -239,7 +260,7 @@ func (a *API) Subscribe(ctx context.Context) error {
 		}
 	}
 	var subs []*nats.Subscription
-	for _, subject := range []string{contract.CancelSubject, contract.CancelSubject + ".>", contract.StatusSubject, contract.StatusSubject + ".>"} {
+	for _, subject := range []string{contract.CancelSubject, contract.CancelSubject + ".>", contract.StatusSubject, contract.StatusSubject + ".>", contract.PendingSubject + ".>"} {
 		sub, err := a.cfg.Conn.QueueSubscribe(subject, "delayd", enqueue)
 		if err != nil {
 			for _, sub := range subs {
@@ -255,7 +276,7 @@ func (a *API) Subscribe(ctx context.Context) error {
 		// Disconnected: the client subscribes again when it reconnects.
 		a.logger.Warn("cancel API subscription not confirmed yet", slog.Any("error", err))
 	}
-	a.subs, a.ch = subs, ch
+	a.subs, a.ch, a.lists = subs, ch, lists
 	return nil
 }
 

@@ -37,6 +37,7 @@ const (
 	decideOpPending = "pending" // is the message the record places pending (local.Pending)?
 	decideOpPassed  = "passed"  // the highest sequence the owner handed off (decimal reply); no record
 	decideOpStatus  = "status"  // the status of the message the record places (local.Status)
+	decideOpSift    = "sift"    // which of seqs are pending (Owners.Sift; JSON Sifted reply); no record
 )
 
 // decideRequest is a request on a level stream's decide subject, as JSON:
@@ -49,6 +50,7 @@ type decideRequest struct {
 	Hop    bool      `json:"hop,omitempty"`
 	Due    time.Time `json:"due,omitzero"`
 	Target string    `json:"target,omitempty"`
+	Seqs   []uint64  `json:"seqs,omitempty"` // sift's
 }
 
 func newDecideRequest(op string, rec index.Record) decideRequest {
@@ -186,7 +188,7 @@ func (d *decideServer) handle(m *nats.Msg) {
 		return
 	}
 	var req decideRequest
-	if err := json.Unmarshal(m.Data, &req); err != nil || (req.Key == "" && req.Op != decideOpPassed) {
+	if err := json.Unmarshal(m.Data, &req); err != nil || (req.Key == "" && req.Op != decideOpPassed && req.Op != decideOpSift) {
 		d.respond(m, contract.CancelReplyErrorPrefix+"bad decide request: want JSON with op, key and seq")
 		return
 	}
@@ -197,6 +199,8 @@ func (d *decideServer) handle(m *nats.Msg) {
 	switch req.Op {
 	case decideOpPassed:
 		d.respond(m, strconv.FormatUint(s.passedNow(), 10))
+	case decideOpSift:
+		d.respond(m, d.serveSift(req))
 	case decideOpPending:
 		// No I/O: answered on the subscription's goroutine.
 		if s.pendingNow(req.record(s.cfg.Stream)) {

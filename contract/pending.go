@@ -1,0 +1,88 @@
+package contract
+
+import "time"
+
+// The list API (docs/guide.md#pending-messages): a request to
+// [PendingSubjectFor](target) answers a [PendingReply] as JSON, the
+// messages pending for exactly that target, in due order, a page at a
+// time. Its errors are the cancel API's: a body of
+// [CancelReplyErrorPrefix] and a reason, with the code in [HeaderStatus]
+// (400 for a request that cannot be answered as sent, 429, 500, 503).
+const (
+	// PendingSubject is the root of the list API's subjects. Only the
+	// scoped form [PendingSubjectFor] is served.
+	PendingSubject = InternalPrefix + ".api.pending"
+
+	// PendingLimitDefault is the page size of a request that gives no
+	// limit.
+	PendingLimitDefault = 100
+	// PendingLimitMax is the largest limit a request may give; a larger
+	// one is answered 400.
+	PendingLimitMax = 1000
+	// PendingStatusOK is the code of a list answer ([HeaderStatus]).
+	PendingStatusOK = 200
+)
+
+// PendingSubjectFor returns the list API subject of target,
+// "delayd.api.pending.<target>": a request there lists only messages
+// whose target subject is target, so a NATS user allowed to publish to
+// "delayd.api.pending.orders.>" can list only messages bound for orders.>.
+func PendingSubjectFor(target string) string { return PendingSubject + "." + target }
+
+// PendingRequest is a list request's payload, as JSON; an empty payload
+// is the zero request (the first page, [PendingLimitDefault] items, no
+// filter, no payloads).
+type PendingRequest struct {
+	// Limit is the most items of the page: 0 is [PendingLimitDefault],
+	// above [PendingLimitMax] is refused.
+	Limit int `json:"limit,omitempty"`
+	// Cursor is the previous page's [PendingReply].Next: the page after
+	// it. Opaque; send it with the same filter.
+	Cursor string `json:"cursor,omitempty"`
+	// DueAfter and DueBefore, if set, are exclusive bounds on an item's
+	// due.
+	DueAfter  time.Time `json:"due_after,omitzero"`
+	DueBefore time.Time `json:"due_before,omitzero"`
+	// Payload asks for each item's payload ([PendingItem].Data).
+	Payload bool `json:"payload,omitempty"`
+}
+
+// PendingReply is a list answer: a page of the target's pending messages,
+// in due order (ties by id).
+type PendingReply struct {
+	Target string        `json:"target"`
+	Items  []PendingItem `json:"items"`
+	// Next is the cursor of the next page ([PendingRequest].Cursor); ""
+	// when this page is the last. A page may hold fewer items than the
+	// limit and still have a next one (its reply reached the size bound,
+	// or items read for it were delivered or cancelled meanwhile).
+	Next string `json:"next,omitempty"`
+}
+
+// PendingItem is one pending message of a [PendingReply].
+type PendingItem struct {
+	// ID is the id cancel and status accept: the publisher's Nats-Msg-Id,
+	// else "seq:<ingress sequence>".
+	ID string `json:"id"`
+	// Due is when it will be delivered (not its next cascade hop): its
+	// Delay-Due-At.
+	Due time.Time `json:"due"`
+	// Enqueued is when delayd first stored it (Delay-Enqueued-At).
+	Enqueued time.Time `json:"enqueued,omitzero"`
+	Target   string    `json:"target"`
+	// Level is the level it waits in now, Stream and Seq its place there.
+	Level  string `json:"level"`
+	Stream string `json:"stream"`
+	Seq    uint64 `json:"seq"`
+	// Hops is how many times it cascaded to a shorter level so far.
+	Hops int `json:"hops,omitempty"`
+	// Size is the payload's size in bytes.
+	Size     int    `json:"size"`
+	MergeKey string `json:"merge_key,omitempty"`
+	// Headers are the publisher's headers as the target will receive
+	// them, without delayd's and JetStream's own.
+	Headers map[string][]string `json:"headers,omitempty"`
+	// Data is the payload (base64 in JSON), only when the request asked
+	// for it.
+	Data []byte `json:"data,omitempty"`
+}

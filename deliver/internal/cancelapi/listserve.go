@@ -1,0 +1,110 @@
+package cancelapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/deliver/internal/level"
+)
+
+// enqueueList queues a list request for the list workers, or answers it
+// busy at once when listQueueMax wait already.
+func (a *API) enqueueList(lists chan queued, m *nats.Msg) {
+	select {
+	case lists <- queued{m: m, at: time.Now()}:
+	default:
+		_ = m.RespondMsg(listErrorMsg(level.ErrCancelBusy))
+	}
+}
+
+// runLists starts the list workers on wg, each with a reader on rnc, until
+// ctx is done (docs/guide.md#pending-messages).
+func (a *API) runLists(ctx context.Context, wg *sync.WaitGroup, rnc *nats.Conn) error {
+	var readers []*jswire.BatchReader
+	for range listWorkers {
+		reader, err := jswire.NewBatchReader(rnc, listBatch)
+		if err != nil {
+			for _, r := range readers {
+				r.Close()
+			}
+			return err
+		}
+		readers = append(readers, reader)
+	}
+	for _, reader := range readers {
+		wg.Go(func() {
+			defer reader.Close()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case q := <-a.lists:
+					a.serveList(ctx, reader, q)
+				}
+			}
+		})
+	}
+	return nil
+}
+
+// serveList answers one list request: a [contract.PendingReply] as JSON
+// with [contract.PendingStatusOK], or an error answer with the cancel
+// API's codes.
+func (a *API) serveList(ctx context.Context, reader *jswire.BatchReader, q queued) {
+	m := q.m
+	target := strings.TrimPrefix(m.Subject, contract.PendingSubject+".")
+	reply, err := a.List(ctx, reader, target, m.Data, q.at.Add(listWait))
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		if !errors.Is(err, errBadList) && !errors.Is(err, level.ErrCancelBusy) {
+			a.logger.Warn("list failed", slog.String("target", target), slog.Any("error", err))
+		}
+		_ = m.RespondMsg(listErrorMsg(err))
+		return
+	}
+	data, err := json.Marshal(reply)
+	if err != nil {
+		_ = m.RespondMsg(listErrorMsg(err))
+		return
+	}
+	_ = m.RespondMsg(&nats.Msg{Data: data, Header: nats.Header{contract.HeaderStatus: {strconv.Itoa(contract.PendingStatusOK)}}})
+}
+
+// List answers one list request for target with payload data (a
+// [contract.PendingRequest] as JSON, or empty), reading with reader; the
+// paced reads give up past notAfter with [level.ErrCancelBusy]. An error
+// of the request's own making wraps errBadList (code 400).
+func (a *API) List(ctx context.Context, reader *jswire.BatchReader, target string, data []byte, notAfter time.Time) (contract.PendingReply, error) {
+	q, err := parseList(target, data)
+	if err != nil {
+		return contract.PendingReply{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*cancelWaitRouted)
+	defer cancel()
+	return a.walk(ctx, reader, q, notAfter)
+}
+
+// listErrorMsg is a list error answer: "error: " and the reason, with
+// the cancel API's code (400 for the request's own fault).
+func listErrorMsg(err error) *nats.Msg {
+	if errors.Is(err, level.ErrCancelBusy) {
+		err = level.ErrCancelBusy // the answer's text, not the path to it
+	}
+	m := replyMsg(contract.CancelReplyErrorPrefix+err.Error(), err)
+	if errors.Is(err, errBadList) {
+		m.Header.Set(contract.HeaderStatus, strconv.Itoa(contract.CancelStatusBadRequest))
+	}
+	return m
+}

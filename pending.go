@@ -1,0 +1,181 @@
+package delayd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/contract"
+)
+
+// PendingSubjectFor returns the list API subject of a target,
+// "delayd.api.pending.<target>": a request there lists only messages bound
+// for target, so a server permission on "delayd.api.pending.orders.>" lets
+// a user list only messages bound for orders.>.
+func PendingSubjectFor(target string) string { return contract.PendingSubjectFor(target) }
+
+// The list API's page sizes: the default, and the largest [WithLimit]
+// delayd accepts.
+const (
+	PendingLimitDefault = contract.PendingLimitDefault
+	PendingLimitMax     = contract.PendingLimitMax
+)
+
+// ErrBadPendingRequest is matched by the [*PendingError] of a list
+// request delayd refused as sent (code 400: a bad limit or cursor).
+var ErrBadPendingRequest = errors.New("delayd: pending: bad request")
+
+// PendingOpt is an option of [ListPending].
+type PendingOpt func(*contract.PendingRequest) error
+
+// WithLimit sets the most messages of the page: 1..[PendingLimitMax];
+// default [PendingLimitDefault].
+func WithLimit(n int) PendingOpt {
+	return func(r *contract.PendingRequest) error {
+		if n < 1 || n > PendingLimitMax {
+			return fmt.Errorf("%w: limit %d is not in 1..%d", ErrBadPendingRequest, n, PendingLimitMax)
+		}
+		r.Limit = n
+		return nil
+	}
+}
+
+// WithCursor asks for the page after the one whose [PendingPage].Next is
+// cursor. Give the same due filter as for that page.
+func WithCursor(cursor string) PendingOpt {
+	return func(r *contract.PendingRequest) error { r.Cursor = cursor; return nil }
+}
+
+// WithDueAfter lists only messages due after t (exclusive).
+func WithDueAfter(t time.Time) PendingOpt {
+	return func(r *contract.PendingRequest) error { r.DueAfter = t; return nil }
+}
+
+// WithDueBefore lists only messages due before t (exclusive).
+func WithDueBefore(t time.Time) PendingOpt {
+	return func(r *contract.PendingRequest) error { r.DueBefore = t; return nil }
+}
+
+// WithPayload asks for each message's payload ([PendingMsg].Data).
+func WithPayload() PendingOpt {
+	return func(r *contract.PendingRequest) error { r.Payload = true; return nil }
+}
+
+// PendingPage is one page of a target's pending messages, in due order.
+type PendingPage struct {
+	Items []PendingMsg
+	// Next is the cursor of the next page ([WithCursor]); "" when this
+	// page is the last. A page may be shorter than the limit and still
+	// have a next one.
+	Next string
+}
+
+// PendingMsg is one pending message.
+type PendingMsg struct {
+	// ID is the id [Cancel] takes: the publisher's Nats-Msg-Id, else
+	// "seq:<ingress sequence>".
+	ID string
+	// Due is when it will be delivered (not its next cascade hop).
+	Due time.Time
+	// Enqueued is when delayd first stored it.
+	Enqueued time.Time
+	Target   string
+	// Level is the level it waits in now, Stream and Seq its place there.
+	Level  string
+	Stream string
+	Seq    uint64
+	// Hops is how many times it cascaded to a shorter level so far.
+	Hops int
+	// Size is its payload's size in bytes.
+	Size     int
+	MergeKey string
+	// Header holds the publisher's headers, as the target will receive
+	// them without delayd's own.
+	Header nats.Header
+	// Data is the payload, with [WithPayload] only.
+	Data []byte
+}
+
+// ListPending lists a page of the messages pending for target (the subject
+// given to [Publish]), in due order: a request to
+// [PendingSubjectFor](target) (docs/guide.md#pending-messages). (It is not
+// named Pending: that is the status API's [State].) Follow
+// [PendingPage].Next with [WithCursor] for the next page.
+//
+// Errors: an error wrapping [ErrInvalidTarget] or [ErrForbiddenTarget] for
+// a target no message can have, or [ErrBadPendingRequest] for a bad
+// option; nats.ErrNoResponders when no delayd is running on nc's server;
+// a timeout when nc's user may not publish to the subject; a
+// [*PendingError] for an error answer, which [errors.Is] matches against
+// [ErrBadPendingRequest] (400), [ErrCancelBusy] (429), [ErrRouterBehind]
+// (503) or [ErrCancelFailed] (any other).
+func ListPending(ctx context.Context, nc *nats.Conn, target string, opts ...PendingOpt) (*PendingPage, error) {
+	if err := contract.ValidateTarget(target, contract.InternalPrefix); err != nil {
+		return nil, fmt.Errorf("delayd: pending: %w", err)
+	}
+	var req contract.PendingRequest
+	for _, opt := range opts {
+		if err := opt(&req); err != nil {
+			return nil, err
+		}
+	}
+	data, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("delayd: pending: %w", err)
+	}
+	m, err := nc.RequestWithContext(ctx, PendingSubjectFor(target), data)
+	if err != nil {
+		return nil, fmt.Errorf("delayd: pending %s: %w", target, err)
+	}
+	if code, _ := strconv.Atoi(m.Header.Get(contract.HeaderStatus)); code != contract.PendingStatusOK {
+		return nil, &PendingError{Status: code, Reply: string(m.Data)}
+	}
+	var reply contract.PendingReply
+	if err := json.Unmarshal(m.Data, &reply); err != nil {
+		return nil, fmt.Errorf("delayd: pending %s: reply is not JSON: %w", target, err)
+	}
+	page := &PendingPage{Items: make([]PendingMsg, 0, len(reply.Items)), Next: reply.Next}
+	for _, it := range reply.Items {
+		page.Items = append(page.Items, PendingMsg{
+			ID: it.ID, Due: it.Due, Enqueued: it.Enqueued, Target: it.Target, Level: it.Level, Stream: it.Stream,
+			Seq: it.Seq, Hops: it.Hops, Size: it.Size, MergeKey: it.MergeKey, Header: nats.Header(it.Headers), Data: it.Data,
+		})
+	}
+	return page, nil
+}
+
+// PendingError is the error [ListPending] returns for an error answer of the
+// list API.
+type PendingError struct {
+	// Status is the answer's code (0 for a reply without one).
+	Status int
+	// Reply is the reply's body: "error: " and the reason.
+	Reply string
+}
+
+// Error returns "delayd: pending: " and the quoted reply.
+func (e *PendingError) Error() string { return fmt.Sprintf("delayd: pending: %q", e.Reply) }
+
+// Is reports whether target is the sentinel of e's Status.
+func (e *PendingError) Is(target error) bool {
+	switch target {
+	case ErrBadPendingRequest:
+		return e.Status == contract.CancelStatusBadRequest
+	case ErrRouterBehind:
+		return e.Status == contract.CancelStatusRouterBehind
+	case ErrCancelBusy:
+		return e.Status == contract.CancelStatusBusy
+	case ErrCancelFailed:
+		switch e.Status {
+		case contract.CancelStatusBadRequest, contract.CancelStatusRouterBehind, contract.CancelStatusBusy:
+			return false
+		}
+		return true
+	}
+	return false
+}
