@@ -86,6 +86,11 @@ func (j *janitor) trimIndex(ctx context.Context) error {
 	s := j.s
 	js := mustJS(s.nc, 0)
 	answerJS := mustJS(s.nc, answerInFlight)
+	// Each pass's answer writes are confirmed (or given up) before the
+	// next tick, so at the term's end none is in flight: the async
+	// publisher's reply subscription and its reconnect listener go with
+	// the term.
+	defer answerJS.CleanupPublisher()
 	reader, err := jswire.NewBatchReader(s.nc, index.Batch)
 	if err != nil {
 		return err

@@ -120,14 +120,15 @@ type running struct {
 
 // start runs a Service on nc, with every kind of part: two levels, a
 // partitioned one, two ingress partitions, and the stats API; it waits
-// until the Service is ready.
+// until the Service is ready. Its id index keeps records for 400ms only,
+// so that the janitor's trim passes keep answers within the test.
 func start(t *testing.T, nc *nats.Conn) *running {
 	t.Helper()
 	parts, err := levels.ParsePartitions("1s=2")
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := deliver.New(nc, deliver.Config{Levels: levels.MustParse("200ms 1s"), Partitions: parts, IngressPartitions: 2})
+	svc, err := deliver.New(nc, deliver.Config{Levels: levels.MustParse("200ms 1s"), Partitions: parts, IngressPartitions: 2, IndexKeep: 400 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +233,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // before, and no goroutine is left: not the electors, levels, retirers,
 // decide workers, routers' ackers, committers, lease renewals, membership,
 // the cancel API's workers, nor a JetStream publisher's reply
-// subscription.
+// subscription (the routers' level writes, the janitor's kept answers:
+// the test waits until the janitor kept some).
 func TestNothingOutlivesStop(t *testing.T) {
 	url := startServer(t)
 	nc := connect(t, url) // the Service's
@@ -245,6 +247,7 @@ func TestNothingOutlivesStop(t *testing.T) {
 
 	r := start(t, nc)
 	exercise(t, cl, target, "one")
+	waitFor(t, "the janitor keeping answers", func() bool { return r.svc.AnswerStats().Kept > 0 })
 	r.shutdown(t)
 	noLeftovers(t, []*nats.Conn{nc}, []int{base}, opts)
 }
