@@ -57,14 +57,18 @@ type Asker interface {
 	// cancel is decided but reserving nothing: AnswerPending for a
 	// message neither handed off nor cancelled.
 	Status(ctx context.Context, rec index.Record) (CancelAnswer, error)
+	// Sift answers which of seqs the owner of stream still holds pending
+	// ([Sifted]), for the list API; an error without an answer (never a
+	// guess).
+	Sift(ctx context.Context, stream string, seqs []uint64) (Sifted, error)
 }
 
 // local asks this replica's owner of the level, the one its term slot
 // holds: without one it answers as no owner does (not pending, 0, an error
 // wrapping ownership.ErrNotOwner). Pending and Passed read the owner's published
 // view on the caller's goroutine, without the loop's turn (docs/reshape.md
-// R6); Cancel and Status send a request to the loop and do a reserved
-// cancel's I/O on the caller's goroutine.
+// R6), and so does Sift; Cancel and Status send a request to the loop and
+// do a reserved cancel's I/O on the caller's goroutine.
 type local struct{ l *Level }
 
 var _ Asker = local{}

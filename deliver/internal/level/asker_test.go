@@ -2,6 +2,7 @@ package level
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,8 +22,8 @@ import (
 	"github.com/delayd/delayd/levels"
 )
 
-// TestAskerLocalEqualsRemote asks the same Pending, Passed, Status and
-// Cancel questions of a level's owner locally (the replica running its
+// TestAskerLocalEqualsRemote asks the same Pending, Passed, Status,
+// Cancel and Sift questions of a level's owner locally (the replica running its
 // term) and over NATS (another replica's Level of the stream, which owns
 // nothing, through its decide subject): the answers must be the same.
 // A cancel asked twice, once each way, answers "cancelled" both times.
@@ -145,7 +146,23 @@ func TestAskerLocalEqualsRemote(t *testing.T) {
 		return func(a Asker) string { return answer(a.Cancel(ctx, reader, recs[id])) }
 	}
 
+	siftOf := func(ids ...string) func(Asker) string {
+		var seqs []uint64
+		for _, id := range ids {
+			seqs = append(seqs, recs[id].Seq)
+		}
+		return func(a Asker) string {
+			f, err := a.Sift(ctx, stream, seqs)
+			if err != nil {
+				return "error " + err.Error()
+			}
+			return fmt.Sprintf("passed %d gone %v", f.Passed, f.Gone)
+		}
+	}
+
 	same("Passed", func(a Asker) string { return strconv.FormatUint(a.Passed(ctx, stream), 10) })
+	same("Sift none", siftOf())
+	same("Sift all", siftOf("d", "f1", "f2", "f3", "f4", "unstored"))
 	same("Pending d", pendingOf("d"))
 	same("Pending d hop", pendingOf("d hop"))
 	same("Pending f1", pendingOf("f1"))
@@ -163,6 +180,8 @@ func TestAskerLocalEqualsRemote(t *testing.T) {
 	same("Status f3 cancelled", statusOf("f3"))
 	same("Pending f1", pendingOf("f1"))
 	same("Pending f4", pendingOf("f4"))
+	same("Sift all cancelled", siftOf("d", "f1", "f2", "f3", "f4", "unstored"))
+	same("Sift f3 f2", siftOf("f3", "f2"))
 	same("Passed", func(a Asker) string { return strconv.FormatUint(a.Passed(ctx, stream), 10) })
 	if !owning.Cancelled(recs["f2"].Seq) || !owning.Cancelled(recs["f3"].Seq) || owning.Cancelled(recs["f1"].Seq) {
 		t.Error("the owner's book: f2 and f3 not both cancelled, or f1 cancelled")

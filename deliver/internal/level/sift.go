@@ -91,11 +91,11 @@ func (w *Owners) Sift(ctx context.Context, stream string, seqs []uint64) (Sifted
 			f   Sifted
 			err error
 		)
-		if o := l.slot.get(); o != nil {
-			if f, err = o.sift(ctx, seqs); !errors.Is(err, ownership.ErrNotOwner) {
+		if l.Owned() {
+			if f, err = (local{l}).Sift(ctx, stream, seqs); !errors.Is(err, ownership.ErrNotOwner) {
 				return f, err
 			}
-		} else if f, err = w.remote.sift(ctx, stream, seqs); !errors.Is(err, ErrNoOwner) {
+		} else if f, err = w.remote.Sift(ctx, stream, seqs); !errors.Is(err, ErrNoOwner) {
 			return f, err
 		}
 		if ctx.Err() != nil {
@@ -122,8 +122,20 @@ func (w *Owners) Streams() []string {
 	return out
 }
 
-// sift asks the owner of stream on another replica ([decideOpSift]).
-func (p *remote) sift(ctx context.Context, stream string, seqs []uint64) (Sifted, error) {
+// Sift is the current owner's sift ([owner.sift]: it waits for the term's
+// load up to [DecidePendingWait]); an error wrapping
+// [ownership.ErrNotOwner] without an owner here.
+func (a local) Sift(ctx context.Context, _ string, seqs []uint64) (Sifted, error) {
+	o := a.l.slot.get()
+	if o == nil {
+		return Sifted{}, fmt.Errorf("level stream %s: %w", a.l.cfg.Stream, ownership.ErrNotOwner)
+	}
+	return o.sift(ctx, seqs)
+}
+
+// Sift asks the owner of stream on another replica ([decideOpSift]); an
+// error wrapping [ErrNoOwner] when none answers as the owner.
+func (p *remote) Sift(ctx context.Context, stream string, seqs []uint64) (Sifted, error) {
 	body, err := askOwner(ctx, p.nc, stream, decideRequest{Op: decideOpSift, Seqs: seqs}, decideCancelWait)
 	if err != nil {
 		return Sifted{}, err
