@@ -76,7 +76,8 @@ const (
 // after the placement, an id placed again) is itself answered when it is
 // trimmed, overwriting this answer, and meanwhile the index answers for
 // it. It runs on the janitor's trim goroutine, with reader its own.
-func (s *Service) keepAnswers(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, first, end uint64) (uint64, error) {
+func (j *janitor) keepAnswers(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, first, end uint64) (uint64, error) {
+	s := j.s
 	deadline := time.Now().Add(s.answers.work.bounds.passMax)
 	var buf []*nats.Msg
 	for first < end && time.Now().Before(deadline) {
@@ -192,7 +193,8 @@ func (s *Service) AnswerStats() AnswerStats {
 // and all but the newest rangeMax, may go unanswered; so may the rest
 // if writing answers fails, beyond what was written. What went
 // unanswered is counted and logged once.
-func (s *Service) answerBeforeTrim(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, cutoff time.Time, from, end uint64) (uint64, error) {
+func (j *janitor) answerBeforeTrim(ctx context.Context, js jetstream.JetStream, reader *jswire.BatchReader, cutoff time.Time, from, end uint64) (uint64, error) {
+	s := j.s
 	floor := from // below it, purged unanswered
 	if end-from > s.answers.work.bounds.rangeMax {
 		floor = end - s.answers.work.bounds.rangeMax
@@ -204,7 +206,7 @@ func (s *Service) answerBeforeTrim(ctx context.Context, js jetstream.JetStream, 
 		return from, fmt.Errorf("answers: %w", err)
 	}
 	floor = min(max(floor, old), end)
-	done, err := s.keepAnswers(ctx, js, reader, floor, end)
+	done, err := j.keepAnswers(ctx, js, reader, floor, end)
 	if err != nil && ctx.Err() == nil {
 		s.logger.Warn("kept answers failed", slog.Any("error", err))
 	}

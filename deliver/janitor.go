@@ -141,7 +141,7 @@ func (j *janitor) trimIndex(ctx context.Context) error {
 		var before func(ctx context.Context, first, end uint64) (uint64, error)
 		if s.cfg.AnswerKeep != AnswerKeepOff {
 			before = func(ctx context.Context, first, end uint64) (uint64, error) {
-				return s.answerBeforeTrim(ctx, answerJS, reader, cutoff, first, end)
+				return j.answerBeforeTrim(ctx, answerJS, reader, cutoff, first, end)
 			}
 		}
 		tctx, cancel := context.WithTimeout(ctx, s.answers.work.bounds.passMax+2*jswire.OpTimeout)
