@@ -330,7 +330,7 @@ func (s *Service) Stalled() []string {
 // bucket that delayd did not write stops it at once with an error wrapping
 // [ErrHopKey].
 func (s *Service) Run(ctx context.Context) error {
-	own := ownership.NewService(ownership.ServiceConfig{TTL: s.cfg.LeaseTTL, OnEvent: s.leaseEvent, Logger: s.logger})
+	own := ownership.NewService(ownership.ServiceConfig{TTL: s.cfg.LeaseTTL, OnEvent: s.own.event, Logger: s.logger})
 	defer own.Leave() // the membership key deleted (bounded: 5 s)
 	if ok, err := s.joinUntilOK(ctx, own); !ok {
 		return err
@@ -417,6 +417,7 @@ func (s *Service) leasePlan(own *ownership.Service, st *setupState, lvls levelSe
 		return plan, err
 	}
 	leases := make(map[string]*leaseState, len(lvls)+2)
+	s.own.onLease = s.hooks.onLease
 	s.own.gains = newGainLog(s.logger.With(slog.String("component", "lease")), func() int {
 		n := 0
 		for _, st := range leases {

@@ -46,8 +46,9 @@ type serviceAnswers struct {
 }
 
 // serviceLeases are this Service's side of the leases, all set by Run on
-// its goroutine: leases and holder under [Service].mu, gains and balancer
-// before the electors start.
+// its goroutine: leases and holder under [Service].mu, gains, balancer
+// and onLease before the electors start. The electors report their
+// events to [serviceLeases.event]; the Service only reads.
 type serviceLeases struct {
 	// leases are the electors' counters by lease key, filled by Run before
 	// the electors start and read-only after.
@@ -55,6 +56,9 @@ type serviceLeases struct {
 	// gains logs this replica's lease gains in one line per burst; set
 	// by Run before the electors start.
 	gains *gainLog
+	// onLease is [testHooks].onLease, set by Run before the electors
+	// start (tests set their hooks before Run).
+	onLease func(ownership.Event)
 
 	balancer atomic.Pointer[ownership.Balancer] // set by Run
 

@@ -58,19 +58,22 @@ func (s *Service) Balance() (live, share, held int) {
 	return 0, 0, 0
 }
 
-// leaseEvent counts an elector's event; it runs on the elector's goroutine.
-func (s *Service) leaseEvent(ev ownership.Event) {
-	if st := s.own.leases[ev.Key]; st != nil {
+// event counts an elector's event (every elector's [ownership.Event],
+// through the ownership Service's OnEvent); it runs on the elector's
+// goroutine. It writes only the leases' atomic counters and the gain
+// log, which the Service reads.
+func (l *serviceLeases) event(ev ownership.Event) {
+	if st := l.leases[ev.Key]; st != nil {
 		switch ev.Kind {
 		case ownership.Gained:
 			st.gained.Add(1)
-			s.own.gains.gained(ev)
+			l.gains.gained(ev)
 		case ownership.Lost:
 			st.failovers.Add(1)
 		}
 	}
-	if s.hooks.onLease != nil {
-		s.hooks.onLease(ev)
+	if l.onLease != nil {
+		l.onLease(ev)
 	}
 }
 
