@@ -74,6 +74,9 @@ type testHooks struct {
 	// status request's id and the owner's decision, with the record
 	// found.
 	looked func(index.Record)
+	// cancelAllCut runs in a cancel-all once its cut (the ingress
+	// sequence above which messages are not cancelled) is fixed.
+	cancelAllCut func(cut uint64)
 	// onLease sees every elector's events, on the elector's goroutine.
 	onLease func(ownership.Event)
 	// tailHook is called before each tail read of a level stream by a

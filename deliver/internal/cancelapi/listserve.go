@@ -96,14 +96,14 @@ func (a *API) List(ctx context.Context, reader *jswire.BatchReader, target strin
 	return a.walk(ctx, reader, q, notAfter)
 }
 
-// listErrorMsg is a list error answer: "error: " and the reason, with
+// listErrorMsg is a list (or cancel-all) error answer: "error: " and the reason, with
 // the cancel API's code (400 for the request's own fault).
 func listErrorMsg(err error) *nats.Msg {
 	if errors.Is(err, level.ErrCancelBusy) {
 		err = level.ErrCancelBusy // the answer's text, not the path to it
 	}
 	m := replyMsg(contract.CancelReplyErrorPrefix+err.Error(), err)
-	if errors.Is(err, errBadList) {
+	if errors.Is(err, errBadList) || errors.Is(err, errBadCancelAll) {
 		m.Header.Set(contract.HeaderStatus, strconv.Itoa(contract.CancelStatusBadRequest))
 	}
 	return m
