@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -173,5 +174,45 @@ func TestCancelAllDecidedByOwner(t *testing.T) {
 	m, err := b.nc.Request(contract.CancelSubjectFor("tgt.r"), []byte("r2"), 30*time.Second)
 	if err != nil || string(m.Data) != contract.CancelReplyCancelled {
 		t.Errorf("cancel of r2 after the cancel-all: %v %v, want cancelled", m, err)
+	}
+}
+
+// TestCancelAllGuideForm sends the `nats req` form of docs/guide.md's
+// "Cancel everything pending for a target" section, as written there: it
+// cancels the one message pending for orders.remind and answers so.
+func TestCancelAllGuideForm(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../docs/guide.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ := strings.Cut(string(doc), "\n## Cancel everything pending for a target\n")
+	section, _, _ = strings.Cut(section, "\n## ")
+	var forms [][2]string // subject, payload
+	for line := range strings.Lines(section) {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "nats req ")
+		if !ok {
+			continue
+		}
+		subject, quoted, _ := strings.Cut(rest, " ")
+		payload, ok := strings.CutPrefix(quoted, "'")
+		if payload, ok = strings.CutSuffix(payload, "'"); !ok {
+			t.Fatalf("guide form %q: want nats req SUBJECT 'PAYLOAD'", line)
+		}
+		forms = append(forms, [2]string{subject, payload})
+	}
+	if len(forms) != 1 {
+		t.Fatalf("docs/guide.md#cancel-everything-pending-for-a-target: %d nats req forms, want 1", len(forms))
+	}
+	b := setupOwners(t)
+	b.startConfig("A", Config{Levels: levels.MustParse(listLevels), LeaseTTL: ownerTTL})
+	b.publishTo("orders.remind", "meeting", nats.Header{contract.HeaderLevel: {"2"}, contract.HeaderNatsMsgID: {"remind-42"}})
+	m, err := b.nc.Request(forms[0][0], []byte(forms[0][1]), time.Minute)
+	if err != nil {
+		t.Fatalf("nats req %s '%s': %v", forms[0][0], forms[0][1], err)
+	}
+	var r contract.CancelAllReply
+	if code := m.Header.Get(contract.HeaderStatus); code != "200" || json.Unmarshal(m.Data, &r) != nil || r != (contract.CancelAllReply{Cancelled: 1, Complete: true}) {
+		t.Errorf("nats req %s '%s': code %s, %s", forms[0][0], forms[0][1], code, m.Data)
 	}
 }
