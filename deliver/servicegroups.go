@@ -42,7 +42,10 @@ type serviceParts struct {
 // New, counters written by the janitor's trim goroutine).
 type serviceAnswers struct {
 	cancels, statuses answerCounts // the cancel and status APIs' answers (CancelStats, StatusStats)
-	work              answerWork   // the kept answers' bounds and counters
+	// lists, cancelAlls are the list and cancel-all APIs' answers
+	// (ListStats, CancelAllStats).
+	lists, cancelAlls cancelapi.RequestCounts
+	work              answerWork // the kept answers' bounds and counters
 }
 
 // serviceLeases are this Service's side of the leases, all set by Run on

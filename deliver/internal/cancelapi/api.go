@@ -52,6 +52,10 @@ type Config struct {
 	// Cancels and Statuses count the cancel and the status APIs' answers
 	// (the Service's, read by its CancelStats and StatusStats). Required.
 	Cancels, Statuses *Counts
+	// Lists and CancelAlls count the list and the cancel-all APIs' answers
+	// by result (the Service's, read by its ListStats and CancelAllStats).
+	// Optional: nil counts nothing.
+	Lists, CancelAlls *RequestCounts
 	// Levels is the level table (the list API's walk bounds a stream's
 	// reads by it). Required for the list API.
 	Levels levels.Table
@@ -93,6 +97,28 @@ type Decider interface {
 // Pending at zero). Safe for concurrent use.
 type Counts struct {
 	Pending, Cancelled, NotFound, Delivered, Busy atomic.Uint64
+}
+
+// RequestCounts counts one request API's answers by result: answered
+// (200), refused as sent (400), busy (429), failed (any other error). Safe
+// for concurrent use; a nil *RequestCounts counts nothing.
+type RequestCounts struct {
+	OK, BadRequest, Busy, Failed atomic.Uint64
+}
+
+// count counts one answer: err nil is OK, else by its code.
+func (c *RequestCounts) count(err error) {
+	switch {
+	case c == nil:
+	case err == nil:
+		c.OK.Add(1)
+	case errors.Is(err, errBadList), errors.Is(err, errBadCancelAll):
+		c.BadRequest.Add(1)
+	case errors.Is(err, level.ErrCancelBusy):
+		c.Busy.Add(1)
+	default:
+		c.Failed.Add(1)
+	}
 }
 
 // API is the cancel and status APIs (docs/guide.md#cancel): the

@@ -43,6 +43,7 @@ func (a *API) enqueueCancelAll(ch chan queued, m *nats.Msg) {
 	select {
 	case ch <- queued{m: m, at: time.Now()}:
 	default:
+		a.cfg.CancelAlls.count(level.ErrCancelBusy)
 		_ = m.RespondMsg(listErrorMsg(level.ErrCancelBusy))
 	}
 }
@@ -70,10 +71,11 @@ func (a *API) serveCancelAll(ctx context.Context, reader *jswire.BatchReader, q 
 	m := q.m
 	target := strings.TrimPrefix(m.Subject, contract.CancelAllSubject+".")
 	reply, err := a.CancelAll(ctx, reader, target, m.Data, q.at.Add(cancelAllBudget))
+	if err != nil && ctx.Err() != nil {
+		return
+	}
+	a.cfg.CancelAlls.count(err)
 	if err != nil {
-		if ctx.Err() != nil {
-			return
-		}
 		if !errors.Is(err, errBadCancelAll) && !errors.Is(err, level.ErrCancelBusy) {
 			a.logger.Warn("cancel-all failed", slog.String("target", target), slog.Int("cancelled", reply.Cancelled), slog.Any("error", err))
 		}

@@ -23,6 +23,7 @@ func (a *API) enqueueList(lists chan queued, m *nats.Msg) {
 	select {
 	case lists <- queued{m: m, at: time.Now()}:
 	default:
+		a.cfg.Lists.count(level.ErrCancelBusy)
 		_ = m.RespondMsg(listErrorMsg(level.ErrCancelBusy))
 	}
 }
@@ -68,6 +69,7 @@ func (a *API) serveList(ctx context.Context, reader *jswire.BatchReader, q queue
 		if ctx.Err() != nil {
 			return
 		}
+		a.cfg.Lists.count(err)
 		if !errors.Is(err, errBadList) && !errors.Is(err, level.ErrCancelBusy) {
 			a.logger.Warn("list failed", slog.String("target", target), slog.Any("error", err))
 		}
@@ -75,6 +77,7 @@ func (a *API) serveList(ctx context.Context, reader *jswire.BatchReader, q queue
 		return
 	}
 	data, err := json.Marshal(reply)
+	a.cfg.Lists.count(err)
 	if err != nil {
 		_ = m.RespondMsg(listErrorMsg(err))
 		return
