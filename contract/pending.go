@@ -86,3 +86,40 @@ type PendingItem struct {
 	// for it.
 	Data []byte `json:"data,omitempty"`
 }
+
+// The cancel-all API (docs/guide.md#cancel-everything-pending-for-a-target):
+// a request to [CancelAllSubjectFor](target) cancels every message pending
+// for target that was published before the request, and answers a
+// [CancelAllReply] as JSON with [CancelAllStatusOK]. Its errors are the
+// cancel API's, as the list API's are.
+const (
+	// CancelAllSubject is the root of the cancel-all API's subjects. Only
+	// the scoped form [CancelAllSubjectFor] is served. It is not under
+	// [CancelSubject]: "delayd.api.cancel.all.x" is a cancel of the target
+	// "all.x", and a subject of its own lets a permission grant single
+	// cancels without granting cancel-all.
+	CancelAllSubject = InternalPrefix + ".api.cancelall"
+	// CancelAllStatusOK is the code of a cancel-all answer ([HeaderStatus]).
+	CancelAllStatusOK = 200
+)
+
+// CancelAllSubjectFor returns the cancel-all API subject of target,
+// "delayd.api.cancelall.<target>": a request there cancels only messages
+// whose target subject is target, so a NATS user allowed to publish to
+// "delayd.api.cancelall.orders.>" can cancel only messages bound for
+// orders.>.
+func CancelAllSubjectFor(target string) string { return CancelAllSubject + "." + target }
+
+// CancelAllReply is a cancel-all answer.
+type CancelAllReply struct {
+	// Cancelled is how many messages this request cancelled: each one its
+	// level owner's "cancelled" answer, so none of them is delivered.
+	Cancelled int `json:"cancelled"`
+	// AlreadyDelivered is how many messages pending when the request read
+	// them were delivered before their owner decided.
+	AlreadyDelivered int `json:"already_delivered"`
+	// Complete is false when the request's budget ran out before every
+	// message was decided: send it again (what is cancelled stays
+	// cancelled and is not counted again).
+	Complete bool `json:"complete"`
+}

@@ -31,6 +31,34 @@ func (s *Service) StatusStats() StatusStats {
 		AlreadyDelivered: s.answers.statuses.Delivered.Load(), Busy: s.answers.statuses.Busy.Load()}
 }
 
+// RequestStats counts a request API's answers by result: the list API's
+// ([Service.ListStats], docs/guide.md#pending-messages) and the cancel-all
+// API's ([Service.CancelAllStats]).
+type RequestStats struct {
+	// OK counts answers with code 200 (a page; a cancel-all's counts,
+	// complete or not).
+	OK uint64
+	// BadRequest counts requests refused as sent (400).
+	BadRequest uint64
+	// Busy counts requests answered [ErrCancelBusy] (429): their queue was
+	// full, or their paced reads would have waited too long.
+	Busy uint64
+	// Failed counts the other error answers (500, 503).
+	Failed uint64
+}
+
+func requestStats(c *cancelapi.RequestCounts) RequestStats {
+	return RequestStats{OK: c.OK.Load(), BadRequest: c.BadRequest.Load(), Busy: c.Busy.Load(), Failed: c.Failed.Load()}
+}
+
+// ListStats returns the list API's answers since start.
+func (s *Service) ListStats() RequestStats { return requestStats(&s.answers.lists) }
+
+// CancelAllStats returns the cancel-all API's answers since start (the
+// messages they cancelled are counted by level, as every cancel's:
+// [LevelStats]'s cancelled counter).
+func (s *Service) CancelAllStats() RequestStats { return requestStats(&s.answers.cancelAlls) }
+
 // answerCounts counts one request API's answers by kind
 // (deliver/internal/cancelapi, which counts them).
 type answerCounts = cancelapi.Counts

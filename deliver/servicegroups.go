@@ -42,7 +42,10 @@ type serviceParts struct {
 // New, counters written by the janitor's trim goroutine).
 type serviceAnswers struct {
 	cancels, statuses answerCounts // the cancel and status APIs' answers (CancelStats, StatusStats)
-	work              answerWork   // the kept answers' bounds and counters
+	// lists, cancelAlls are the list and cancel-all APIs' answers
+	// (ListStats, CancelAllStats).
+	lists, cancelAlls cancelapi.RequestCounts
+	work              answerWork // the kept answers' bounds and counters
 }
 
 // serviceLeases are this Service's side of the leases, all set by Run on
@@ -78,6 +81,9 @@ type testHooks struct {
 	// status request's id and the owner's decision, with the record
 	// found.
 	looked func(index.Record)
+	// cancelAllCut runs in a cancel-all once its cut (the ingress
+	// sequence above which messages are not cancelled) is fixed.
+	cancelAllCut func(cut uint64)
 	// onLease sees every elector's events, on the elector's goroutine.
 	onLease func(ownership.Event)
 	// tailHook is called before each tail read of a level stream by a

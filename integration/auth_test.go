@@ -708,8 +708,9 @@ func TestAuthREADMEPermissions(t *testing.T) {
 // cancel answers "not found" exactly as for an unknown id, and the message is still pending (billing cancels it) or
 // delivered. An orders message whose id has the same text as a billing sequence does not make that id ambiguous.
 // The status API, granted in the same scope, tells the orders user its own message's state and billing's as "not
-// found". The server refuses the orders user's requests to billing's scope and to the unscoped operator forms, of
-// cancel and status, and the orders user can still cancel its own messages.
+// found". A cancel-all of its own target cancels its own message only. The server refuses the orders user's requests
+// to billing's scope (cancel, status, list, cancel-all) and to the unscoped operator forms, of cancel and status, and
+// the orders user can still cancel its own messages.
 func TestAuthREADMECancelScope(t *testing.T) {
 	srv := secReadmeServer(t)
 	dnc := secMustConnect(t, map[string]string{
@@ -816,6 +817,11 @@ func TestAuthREADMECancelScope(t *testing.T) {
 	if r := cancelAs(orders, "orders.close", b1); r != delayd.Cancelled {
 		t.Errorf("orders cancelling %q (its o2, and billing's sequence): %q, want cancelled", b1, r)
 	}
+	// Cancel-all of its own target cancels its own pending message (o1; o2 is cancelled already), none of
+	// billing's.
+	if res, err := delayd.CancelAll(rctx, orders, "orders.close"); err != nil || res != (delayd.CancelAllResult{Cancelled: 1, Complete: true}) {
+		t.Errorf("orders cancelling all of orders.close: %+v %v, want its one pending message cancelled", res, err)
+	}
 	// Billing's messages are untouched: billing itself cancels b1 and b2 now.
 	for _, id := range []string{"seq:" + b1, b2} {
 		if r := cancelAs(billing, "billing.charge", id); r != delayd.Cancelled {
@@ -833,7 +839,8 @@ func TestAuthREADMECancelScope(t *testing.T) {
 
 	// The server refuses the orders user's requests to billing's scope and to the unscoped form.
 	for _, subject := range []string{delayd.CancelSubjectFor("billing.charge"), delayd.CancelSubject,
-		delayd.StatusSubjectFor("billing.charge"), delayd.StatusSubject, delayd.PendingSubjectFor("billing.charge")} {
+		delayd.StatusSubjectFor("billing.charge"), delayd.StatusSubject, delayd.PendingSubjectFor("billing.charge"),
+		delayd.CancelAllSubjectFor("billing.charge")} {
 		if err := orders.PublishRequest(subject, orders.NewInbox(), []byte(b1)); err != nil {
 			t.Fatal(err)
 		}

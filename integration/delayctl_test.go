@@ -588,6 +588,25 @@ func TestDelayctlLs(t *testing.T) {
 	itest.Delayctl(t, url, "ls", "ctl.ls.x", "--limit", "0").Want(t, 2, "--limit 0")
 }
 
+// TestDelayctlCancelAll: `cancel --all TARGET` cancels the target's two pending messages and prints the count;
+// the other target's message stays listed; a second run cancels none; --all with an ID, or with --any, is a
+// usage error.
+func TestDelayctlCancelAll(t *testing.T) {
+	t.Parallel()
+	b := itest.Setup(t)
+	b.StartDelayd("200ms 2s 1h 2h")
+	url := b.Srv.ClientURL()
+	itest.Delayctl(t, url, "pub", "ctl.ca.x", "one", "--level", "3", "--id", "ca-1").Want(t, 0, "ca-1")
+	itest.Delayctl(t, url, "pub", "ctl.ca.y", "other", "--level", "3", "--id", "ca-other").Want(t, 0, "ca-other")
+	itest.Delayctl(t, url, "pub", "ctl.ca.x", "two", "--level", "4").Want(t, 0)
+	itest.Delayctl(t, url, "cancel", "--all", "ctl.ca.x").Want(t, 0, "cancelled 2 (already delivered 0)")
+	itest.Delayctl(t, url, "ls", "ctl.ca.x").Want(t, 0, "0 pending")
+	itest.Delayctl(t, url, "ls", "ctl.ca.y").Want(t, 0, "ca-other")
+	itest.Delayctl(t, url, "cancel", "--all", "ctl.ca.x").Want(t, 0, "cancelled 0 (already delivered 0)")
+	itest.Delayctl(t, url, "cancel", "--all", "ctl.ca.x", "ca-1").Want(t, 2, "one TARGET")
+	itest.Delayctl(t, url, "cancel", "--all", "--any", "ctl.ca.x").Want(t, 2, "not both")
+}
+
 // TestDelayctlLevelsMessages: `levels` counts the messages a level stream holds without the routers' epoch markers
 // (every level stream holds one from the router's start): an empty level shows 0, not 1, and a level holding one
 // message shows 1, in the table and in JSON.

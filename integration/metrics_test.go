@@ -70,6 +70,20 @@ func TestMetrics(t *testing.T) {
 			t.Fatalf("status %d: %+v, %v; want %q", id, r, err, want)
 		}
 	}
+	// A list, a refused list and a cancel-all (of a target with nothing pending), counted by result.
+	{
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if page, err := delayd.ListPending(ctx, b.NC, "met.later"); err != nil || len(page.Items) != 2 {
+			t.Fatalf("list met.later: %+v %v, want its two pending", page, err)
+		}
+		if m, err := b.NC.RequestWithContext(ctx, delayd.PendingSubjectFor("met.later"), []byte(`{"limit":5000}`)); err != nil || m.Header.Get(delayd.HeaderStatus) != "400" {
+			t.Fatalf("list with limit 5000: %v %v, want a 400 answer", m, err)
+		}
+		if res, err := delayd.CancelAll(ctx, b.NC, "met.none"); err != nil || res != (delayd.CancelAllResult{Complete: true}) {
+			t.Fatalf("cancel-all met.none: %+v %v", res, err)
+		}
+		cancel()
+	}
 
 	var fams map[string]*dto.MetricFamily
 	value := func(name string, labels map[string]string) float64 {
@@ -142,6 +156,16 @@ func TestMetrics(t *testing.T) {
 	for result, want := range map[string]float64{"pending": 1, "cancelled": 1, "not_found": 1, "already_delivered": 1, "busy": 0} {
 		if got := value("delayd_status_requests_total", map[string]string{"result": result}); got != want {
 			t.Errorf("delayd_status_requests_total{result=%q} = %v, want %v", result, got, want)
+		}
+	}
+	for name, want := range map[string]map[string]float64{
+		"delayd_pending_requests_total":   {"ok": 1, "bad_request": 1, "busy": 0, "error": 0},
+		"delayd_cancelall_requests_total": {"ok": 1, "bad_request": 0, "busy": 0, "error": 0},
+	} {
+		for result, w := range want {
+			if got := value(name, map[string]string{"result": result}); got != w {
+				t.Errorf("%s{result=%q} = %v, want %v", name, result, got, w)
+			}
 		}
 	}
 	if got := value("delayd_cancelled_total", map[string]string{"stream": "DELAYD_1H"}); got != 1 {

@@ -42,6 +42,7 @@ type Metrics struct {
 	answersKept, answersSkipped                       *prometheus.Desc
 	leaseHeld, leaseEpoch, failovers, fencedWrites    *prometheus.Desc
 	replicasLive, leaseShare                          *prometheus.Desc
+	lists, cancelAlls                                 *prometheus.Desc
 }
 
 // New returns the collector for svc, whose connection is nc.
@@ -65,9 +66,11 @@ func New(svc *deliver.Service, nc *nats.Conn) *Metrics {
 		deadLettered:     prometheus.NewDesc("delayd_dead_lettered_total", "Messages written to DELAYD_DLQ, by reason.", []string{"reason"}, nil),
 		reconnects:       prometheus.NewDesc("delayd_nats_reconnects_total", "Reconnections of delayd's NATS connection.", nil, nil),
 		ready:            prometheus.NewDesc("delayd_ready", "1 when /readyz would answer 200.", nil, nil),
-		cancelled:        prometheus.NewDesc("delayd_cancelled_total", "Pending messages cancelled through the cancel API (delayd.api.cancel.<target>, delayd.api.cancel), by the level that held them.", lv, nil),
+		cancelled:        prometheus.NewDesc("delayd_cancelled_total", "Pending messages cancelled through the cancel API (delayd.api.cancel.<target>, delayd.api.cancel) or the cancel-all API (delayd.api.cancelall.<target>), by the level that held them.", lv, nil),
 		cancels:          prometheus.NewDesc("delayd_cancel_requests_total", "Answers of the cancel API, by result: cancelled, not_found, already_delivered, busy (answered 429 at once: too many waiting).", []string{"result"}, nil),
 		statuses:         prometheus.NewDesc("delayd_status_requests_total", "Answers of the status API (delayd.api.status.<target>, delayd.api.status), by result: pending, cancelled, not_found, already_delivered, busy (answered 429 at once: too many waiting, the cancel API's queue).", []string{"result"}, nil),
+		lists:            prometheus.NewDesc("delayd_pending_requests_total", "Answers of the list API (delayd.api.pending.<target>), by result: ok, bad_request (400), busy (429: its queue full, or its paced reads would wait past 10 s), error.", []string{"result"}, nil),
+		cancelAlls:       prometheus.NewDesc("delayd_cancelall_requests_total", "Answers of the cancel-all API (delayd.api.cancelall.<target>), by result: ok (complete or not), bad_request (400), busy (429), error; the messages they cancelled count in delayd_cancelled_total.", []string{"result"}, nil),
 		merged:           prometheus.NewDesc("delayd_merged_total", "Messages merged into a pending message with the same Delay-Merge-Key and target (their payloads dropped).", nil, nil),
 		indexErrors:      prometheus.NewDesc("delayd_index_errors_total", "Id index writes that failed: those messages answer \"not found\" to a cancel.", nil, nil),
 		answersKept:      prometheus.NewDesc("delayd_answers_kept_total", "Final answers (delivered, cancelled) written to DELAYD_ANSWERS before the id index trim purged their records.", nil, nil),
@@ -99,7 +102,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		m.pending, m.cancelledPending, m.oldestDue, m.delivered, m.retries, m.commitLag, m.routed, m.clamped, m.deadLettered, m.reconnects, m.ready,
 		m.cancelled, m.cancels, m.statuses, m.merged, m.indexErrors, m.dlqFailures, m.dlqWaiting, m.answersKept, m.answersSkipped,
-		m.leaseHeld, m.leaseEpoch, m.failovers, m.fencedWrites, m.replicasLive, m.leaseShare,
+		m.leaseHeld, m.leaseEpoch, m.failovers, m.fencedWrites, m.replicasLive, m.leaseShare, m.lists, m.cancelAlls,
 	} {
 		ch <- d
 	}
@@ -148,6 +151,12 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.statuses, prometheus.CounterValue, float64(st.NotFound), "not_found")
 	ch <- prometheus.MustNewConstMetric(m.statuses, prometheus.CounterValue, float64(st.AlreadyDelivered), "already_delivered")
 	ch <- prometheus.MustNewConstMetric(m.statuses, prometheus.CounterValue, float64(st.Busy), "busy")
+	for desc, rs := range map[*prometheus.Desc]deliver.RequestStats{m.lists: m.svc.ListStats(), m.cancelAlls: m.svc.CancelAllStats()} {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(rs.OK), "ok")
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(rs.BadRequest), "bad_request")
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(rs.Busy), "busy")
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(rs.Failed), "error")
+	}
 	as := m.svc.AnswerStats()
 	ch <- prometheus.MustNewConstMetric(m.answersKept, prometheus.CounterValue, float64(as.Kept))
 	ch <- prometheus.MustNewConstMetric(m.answersSkipped, prometheus.CounterValue, float64(as.Skipped))

@@ -163,9 +163,9 @@ with code 7. Give each new message a new id (to move a message: cancel it, publi
 }
 
 func (a *app) cancelCmd() *cobra.Command {
-	var anyTarget bool
+	var anyTarget, all bool
 	cmd := &cobra.Command{
-		Use:   "cancel TARGET ID | cancel --any ID",
+		Use:   "cancel TARGET ID | cancel --any ID | cancel --all TARGET",
 		Short: "Cancel a pending delayed message by its target and id",
 		Long: `cancel asks delayd (request to delayd.api.cancel.TARGET) to cancel the delayed message bound for the
 target subject TARGET (as given to pub, e.g. orders.close) with id ID: the id pub printed, the publisher's
@@ -177,9 +177,25 @@ delayd's answer:
   already delivered  exit 6: it was handed to its target before the cancel
 
 --any ID uses the unscoped operator form (request to delayd.api.cancel): a message of any target.
+
+--all TARGET cancels every message pending for TARGET that was published before the request (one request to
+delayd.api.cancelall.TARGET), each decided as a single cancel is, and prints how many:
+
+  cancelled N (already delivered M)               exit 0
+  cancelled N (already delivered M), incomplete   exit 0: delayd's budget (20 s) ran out; run it again for the rest
+
 If no delayd answers, it exits 1.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			switch {
+			case all && anyTarget:
+				return withCode(exitUsage, "cancel takes --all or --any, not both")
+			case all && len(args) != 1:
+				return withCode(exitUsage, "cancel --all takes one TARGET, got %d arguments", len(args))
+			case all:
+				if err := contract.ValidateTarget(args[0], contract.InternalPrefix); err != nil {
+					return withCode(exitUsage, "bad target: %v", err)
+				}
+				return nil
 			case anyTarget && len(args) != 1:
 				return withCode(exitUsage, "cancel --any takes one ID, got %d arguments", len(args))
 			case !anyTarget && len(args) != 2:
@@ -194,6 +210,9 @@ If no delayd answers, it exits 1.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.connect(); err != nil {
 				return err
+			}
+			if all {
+				return a.cancelAll(cmd.Context(), args[0])
 			}
 			// delayd may wait up to 25 s for its router to catch up, and
 			// answers "error: ..." then: give it that long at least.
@@ -229,8 +248,36 @@ If no delayd answers, it exits 1.`,
 		},
 	}
 	cmd.Flags().BoolVar(&anyTarget, "any", false, "the unscoped operator form: cancel a message of any target by ID alone")
+	cmd.Flags().BoolVar(&all, "all", false, "cancel every message pending for TARGET (published before the request)")
 	return cmd
 }
+
+// cancelAll runs `cancel --all TARGET`: one cancel-all request, its counts printed.
+func (a *app) cancelAll(ctx context.Context, target string) error {
+	// delayd may wait up to 25 s for its router, then work up to 20 s.
+	wait := max(a.timeout, cancelAllTimeout)
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	subject := delayd.CancelAllSubjectFor(target)
+	res, err := delayd.CancelAll(ctx, a.nc, target)
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return fmt.Errorf("no delayd answered on %s: is delayd running (a version with cancel-all)?", subject)
+	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("no answer on %s within %s: is delayd overloaded or stuck, or may this NATS user not publish there?", subject, wait)
+	case err != nil:
+		return err
+	}
+	line := fmt.Sprintf("cancelled %d (already delivered %d)", res.Cancelled, res.AlreadyDelivered)
+	if !res.Complete {
+		line += ", incomplete"
+	}
+	fmt.Fprintln(a.stdout, line)
+	return nil
+}
+
+// cancelAllTimeout is how long `cancel --all` waits for its answer at least.
+const cancelAllTimeout = time.Minute
 
 // errSilent is an error whose message was already printed (an answer with its own exit code).
 var errSilent = errors.New("")

@@ -52,6 +52,10 @@ type Config struct {
 	// Cancels and Statuses count the cancel and the status APIs' answers
 	// (the Service's, read by its CancelStats and StatusStats). Required.
 	Cancels, Statuses *Counts
+	// Lists and CancelAlls count the list and the cancel-all APIs' answers
+	// by result (the Service's, read by its ListStats and CancelAllStats).
+	// Optional: nil counts nothing.
+	Lists, CancelAlls *RequestCounts
 	// Levels is the level table (the list API's walk bounds a stream's
 	// reads by it). Required for the list API.
 	Levels levels.Table
@@ -67,6 +71,10 @@ type Hooks struct {
 	// Looked runs in DecideID between the index lookup of a cancel's or
 	// status request's id and the owner's decision, with the record found.
 	Looked func(index.Record)
+	// CancelAllCut runs in CancelAll once its cut (the ingress sequence
+	// above which messages count as published after the request) is
+	// fixed, before the first walk.
+	CancelAllCut func(cut uint64)
 }
 
 // Decider has the owner of a record's level decide: the one place where
@@ -91,6 +99,28 @@ type Counts struct {
 	Pending, Cancelled, NotFound, Delivered, Busy atomic.Uint64
 }
 
+// RequestCounts counts one request API's answers by result: answered
+// (200), refused as sent (400), busy (429), failed (any other error). Safe
+// for concurrent use; a nil *RequestCounts counts nothing.
+type RequestCounts struct {
+	OK, BadRequest, Busy, Failed atomic.Uint64
+}
+
+// count counts one answer: err nil is OK, else by its code.
+func (c *RequestCounts) count(err error) {
+	switch {
+	case c == nil:
+	case err == nil:
+		c.OK.Add(1)
+	case errors.Is(err, errBadList), errors.Is(err, errBadCancelAll):
+		c.BadRequest.Add(1)
+	case errors.Is(err, level.ErrCancelBusy):
+		c.Busy.Add(1)
+	default:
+		c.Failed.Add(1)
+	}
+}
+
 // API is the cancel and status APIs (docs/guide.md#cancel): the
 // subscriptions, the bounded queue, the workers, the routed wait and the
 // lookup pacer. New builds it; Subscribe, then Run, serve it.
@@ -103,6 +133,8 @@ type API struct {
 	subs  []*nats.Subscription // set by Subscribe, unsubscribed by Run
 	ch    chan queued          // the queue: the subscriptions send, the workers receive
 	lists chan queued          // the list API's queue, its own workers'
+	// cancelAlls is the cancel-all API's queue, its own worker's.
+	cancelAlls chan queued
 }
 
 // New returns the API of cfg. Nothing touches the server until Subscribe.
@@ -138,7 +170,7 @@ func (a *API) Run(ctx context.Context) error {
 	// reading connection).
 	rnc := a.readConn()
 	var readers []*jswire.BatchReader
-	for range cancelWorkers {
+	for range cancelWorkers + 1 { // the last is the cancel-all worker's
 		reader, err := jswire.NewBatchReader(rnc, index.Batch)
 		if err != nil {
 			for _, r := range readers {
@@ -156,7 +188,8 @@ func (a *API) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	for _, reader := range readers {
+	a.runCancelAlls(ctx, &wg, readers[cancelWorkers])
+	for _, reader := range readers[:cancelWorkers] {
 		wg.Go(func() {
 			defer reader.Close()
 			for {
@@ -236,16 +269,22 @@ type queued struct {
 // Subscribe subscribes to [contract.CancelSubject] and the scoped
 // "delayd.api.cancel.>" ([contract.CancelSubjectFor]), and to the status
 // API's [contract.StatusSubject] and "delayd.api.status.>", and to the list
-// API's "delayd.api.pending.>" ([contract.PendingSubjectFor]), queue group "delayd", and
+// API's "delayd.api.pending.>" ([contract.PendingSubjectFor]) and the cancel-all API's
+// "delayd.api.cancelall.>" ([contract.CancelAllSubjectFor]), queue group "delayd", and
 // waits until the server has the subscriptions, so a request sent once the
 // service is ready finds a responder. Requests go to the API's queue,
-// at most [QueueMax] (list requests to their own, at most listQueueMax), which Run serves; the subscriptions' goroutines
+// at most [QueueMax] (list requests to their own, at most listQueueMax, and cancel-alls to
+// theirs, at most cancelAllQueueMax), which Run serves; the subscriptions' goroutines
 // answer the rest busy. Call it once, before Run.
 func (a *API) Subscribe(ctx context.Context) error {
-	ch, lists := make(chan queued, QueueMax), make(chan queued, listQueueMax)
+	ch, lists, cancelAlls := make(chan queued, QueueMax), make(chan queued, listQueueMax), make(chan queued, cancelAllQueueMax)
 	enqueue := func(m *nats.Msg) {
 		if strings.HasPrefix(m.Subject, contract.PendingSubject+".") {
 			a.enqueueList(lists, m)
+			return
+		}
+		if strings.HasPrefix(m.Subject, contract.CancelAllSubject+".") {
+			a.enqueueCancelAll(cancelAlls, m)
 			return
 		}
 		select {
@@ -260,7 +299,7 @@ func (a *API) Subscribe(ctx context.Context) error {
 		}
 	}
 	var subs []*nats.Subscription
-	for _, subject := range []string{contract.CancelSubject, contract.CancelSubject + ".>", contract.StatusSubject, contract.StatusSubject + ".>", contract.PendingSubject + ".>"} {
+	for _, subject := range []string{contract.CancelSubject, contract.CancelSubject + ".>", contract.StatusSubject, contract.StatusSubject + ".>", contract.PendingSubject + ".>", contract.CancelAllSubject + ".>"} {
 		sub, err := a.cfg.Conn.QueueSubscribe(subject, "delayd", enqueue)
 		if err != nil {
 			for _, sub := range subs {
@@ -276,7 +315,7 @@ func (a *API) Subscribe(ctx context.Context) error {
 		// Disconnected: the client subscribes again when it reconnects.
 		a.logger.Warn("cancel API subscription not confirmed yet", slog.Any("error", err))
 	}
-	a.subs, a.ch, a.lists = subs, ch, lists
+	a.subs, a.ch, a.lists, a.cancelAlls = subs, ch, lists, cancelAlls
 	return nil
 }
 

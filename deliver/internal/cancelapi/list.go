@@ -114,6 +114,8 @@ func parseList(target string, data []byte) (listQuery, error) {
 type candidate struct {
 	item contract.PendingItem
 	key  string // its index key: ties of due are ordered by it
+	ref  string // its first ingress reference (Delayd-Origin, else Delayd-Ingress)
+	hop  bool   // its placement ends in a hop (Delayd-Hop-Due), not a delivery
 }
 
 func (c *candidate) less(o *candidate) bool {
@@ -152,20 +154,27 @@ type streamWalk struct {
 // (bound: docs/pending.md#13-the-walk-top-k-by-final-due-with-a-per-stream-lower-bound).
 // It returns the reply.
 func (a *API) walk(ctx context.Context, reader *jswire.BatchReader, q listQuery, notAfter time.Time) (contract.PendingReply, error) {
+	reply, _, err := a.walkPage(ctx, reader, q, notAfter)
+	return reply, err
+}
+
+// walkPage is [API.walk] that also returns the page's candidates, one per
+// item of the reply, in its order.
+func (a *API) walkPage(ctx context.Context, reader *jswire.BatchReader, q listQuery, notAfter time.Time) (contract.PendingReply, []*candidate, error) {
 	// Every message published before the request is in a level stream
 	// once the router has acked it.
 	switch caughtUp, err := a.routed.wait(ctx); {
 	case err != nil:
-		return contract.PendingReply{}, err
+		return contract.PendingReply{}, nil, err
 	case !caughtUp:
-		return contract.PendingReply{}, ErrRouterBehind
+		return contract.PendingReply{}, nil, ErrRouterBehind
 	}
 	k := &walker{q: q, walks: make(map[string]*streamWalk)}
 	for _, name := range a.cfg.Decider.Streams() {
 		w := a.streamWalk(name)
 		k.walks[name] = w
 		if err := a.walkStream(ctx, reader, k, w, notAfter); err != nil {
-			return contract.PendingReply{}, err
+			return contract.PendingReply{}, nil, err
 		}
 	}
 	return a.page(ctx, k)
@@ -305,9 +314,9 @@ func decodeCandidate(m *nats.Msg, seq uint64, stream, levelName string, q listQu
 	if err != nil || key == "" {
 		return nil, false
 	}
+	ref := cmp.Or(m.Header.Get(message.HdrOrigin), m.Header.Get(message.HdrIngress))
 	id := m.Header.Get(message.HdrMsgID)
 	if id == "" {
-		ref := cmp.Or(m.Header.Get(message.HdrOrigin), m.Header.Get(message.HdrIngress))
 		_, first, _ := message.ParseIngressRef(ref)
 		id = "seq:" + strconv.FormatUint(first, 10)
 	}
@@ -332,7 +341,7 @@ func decodeCandidate(m *nats.Msg, seq uint64, stream, levelName string, q listQu
 	if q.payload {
 		it.Data = m.Data
 	}
-	return &candidate{item: it, key: key}, true
+	return &candidate{item: it, key: key, ref: ref, hop: m.Header.Get(message.HdrHopDue) != ""}, true
 }
 
 // page builds the reply from a walk's candidates: in (due, key) order,
@@ -341,7 +350,7 @@ func decodeCandidate(m *nats.Msg, seq uint64, stream, levelName string, q listQu
 // two levels as it cascaded: the later placement), cut to fit the
 // connection's max payload, and the cursor of the next page when more may
 // follow.
-func (a *API) page(ctx context.Context, k *walker) (contract.PendingReply, error) {
+func (a *API) page(ctx context.Context, k *walker) (contract.PendingReply, []*candidate, error) {
 	cands := make([]*candidate, len(k.h))
 	copy(cands, k.h)
 	slices.SortFunc(cands, func(x, y *candidate) int {
@@ -358,7 +367,7 @@ func (a *API) page(ctx context.Context, k *walker) (contract.PendingReply, error
 	for stream, seqs := range byStream {
 		f, err := a.cfg.Decider.Sift(ctx, stream, seqs)
 		if err != nil {
-			return contract.PendingReply{}, err
+			return contract.PendingReply{}, nil, err
 		}
 		sifted[stream] = f
 	}
@@ -368,7 +377,10 @@ func (a *API) page(ctx context.Context, k *walker) (contract.PendingReply, error
 	}
 	reply := contract.PendingReply{Target: k.q.target, Items: []contract.PendingItem{}}
 	room := int(a.cfg.Conn.MaxPayload()) - listReplySlack
-	var last *candidate
+	var (
+		last *candidate
+		kept []*candidate
+	)
 	for i, c := range cands {
 		if !sifted[c.item.Stream].Pending(c.item.Seq) || c.item.Hops < latest[c.key] {
 			continue // delivered, cancelled or forwarded since it was read
@@ -387,6 +399,7 @@ func (a *API) page(ctx context.Context, k *walker) (contract.PendingReply, error
 			break
 		}
 		reply.Items = append(reply.Items, c.item)
+		kept = append(kept, c)
 		last = c
 	}
 	more := false
@@ -410,5 +423,5 @@ func (a *API) page(ctx context.Context, k *walker) (contract.PendingReply, error
 	if more {
 		reply.Next = next.encode()
 	}
-	return reply, nil
+	return reply, kept, nil
 }

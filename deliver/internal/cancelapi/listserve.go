@@ -23,6 +23,7 @@ func (a *API) enqueueList(lists chan queued, m *nats.Msg) {
 	select {
 	case lists <- queued{m: m, at: time.Now()}:
 	default:
+		a.cfg.Lists.count(level.ErrCancelBusy)
 		_ = m.RespondMsg(listErrorMsg(level.ErrCancelBusy))
 	}
 }
@@ -68,6 +69,7 @@ func (a *API) serveList(ctx context.Context, reader *jswire.BatchReader, q queue
 		if ctx.Err() != nil {
 			return
 		}
+		a.cfg.Lists.count(err)
 		if !errors.Is(err, errBadList) && !errors.Is(err, level.ErrCancelBusy) {
 			a.logger.Warn("list failed", slog.String("target", target), slog.Any("error", err))
 		}
@@ -75,6 +77,7 @@ func (a *API) serveList(ctx context.Context, reader *jswire.BatchReader, q queue
 		return
 	}
 	data, err := json.Marshal(reply)
+	a.cfg.Lists.count(err)
 	if err != nil {
 		_ = m.RespondMsg(listErrorMsg(err))
 		return
@@ -96,14 +99,14 @@ func (a *API) List(ctx context.Context, reader *jswire.BatchReader, target strin
 	return a.walk(ctx, reader, q, notAfter)
 }
 
-// listErrorMsg is a list error answer: "error: " and the reason, with
+// listErrorMsg is a list (or cancel-all) error answer: "error: " and the reason, with
 // the cancel API's code (400 for the request's own fault).
 func listErrorMsg(err error) *nats.Msg {
 	if errors.Is(err, level.ErrCancelBusy) {
 		err = level.ErrCancelBusy // the answer's text, not the path to it
 	}
 	m := replyMsg(contract.CancelReplyErrorPrefix+err.Error(), err)
-	if errors.Is(err, errBadList) {
+	if errors.Is(err, errBadList) || errors.Is(err, errBadCancelAll) {
 		m.Header.Set(contract.HeaderStatus, strconv.Itoa(contract.CancelStatusBadRequest))
 	}
 	return m

@@ -50,6 +50,15 @@ func newRoutedWait(js jetstream.JetStream, waiting func() int) *routedWait {
 // answer is not known yet), or until ctx is done (ctx's error). An error
 // reading the ingress stream is returned as is.
 func (g *routedWait) wait(ctx context.Context) (bool, error) {
+	_, caughtUp, err := g.waitBound(ctx)
+	return caughtUp, err
+}
+
+// waitBound is [routedWait.wait] that also returns the waiter's bound
+// once the router caught up: the ingress stream's last sequence in the
+// first stream info requested after the call (every message published
+// before the call is at or below it).
+func (g *routedWait) waitBound(ctx context.Context) (upTo uint64, caughtUp bool, err error) {
 	w := &routedWaiter{done: make(chan error, 1)}
 	g.mu.Lock()
 	w.gen = g.gen
@@ -63,13 +72,14 @@ func (g *routedWait) wait(ctx context.Context) (bool, error) {
 	defer timer.Stop()
 	select {
 	case err := <-w.done:
-		return err == nil, err
+		// settle set upTo before it sent on done.
+		return w.upTo, err == nil, err
 	case <-timer.C:
 		g.drop(w)
-		return false, nil
+		return 0, false, nil
 	case <-ctx.Done():
 		g.drop(w)
-		return false, ctx.Err()
+		return 0, false, ctx.Err()
 	}
 }
 
