@@ -56,7 +56,7 @@ type writePipeline struct {
 
 	pending   sync.WaitGroup // writes sent and not settled by the confirmer
 	inflightN atomic.Int64   // the same, readable from anywhere
-	kick      chan struct{}  // wakes the submitting goroutine when a write failed
+	kick      chan struct{}  // wakes the submitting goroutine (nudge): a write failed, a level sync reported, held messages are due their progress acks
 
 	groupsOut atomic.Int64  // index groups handed to the confirmer and not settled
 	settled   chan struct{} // the confirmer settled a group (capacity 1)
@@ -311,14 +311,17 @@ func (p *writePipeline) fail(rt *routing) {
 	p.failed = append(p.failed, rt)
 	p.mu.Unlock()
 	p.broken.Store(true)
-	p.wake()
+	nudge(p.kick)
 }
 
-// wake wakes the submitting goroutine (its pull, or its wait for held
-// messages' levels).
-func (p *writePipeline) wake() {
+// nudge wakes the submitting goroutine (its pull, or its wait for held
+// messages' levels) through kick, the pipeline's kick channel, without
+// waiting: kick holds one wake, and one already pending is enough. The
+// confirmer (a failed write), the sync helpers (a report) and the
+// progress ticker send on it directly; none calls the pipeline.
+func nudge(kick chan<- struct{}) {
 	select {
-	case p.kick <- struct{}{}:
+	case kick <- struct{}{}:
 	default:
 	}
 }

@@ -94,6 +94,7 @@ func (r *Router) startSyncs(ctx context.Context, ingress jetstream.StreamState) 
 		w.ready, w.held = false, nil
 		r.syncLevel(w)
 	}
+	kick := r.pipe.kick
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -105,7 +106,7 @@ func (r *Router) startSyncs(ctx context.Context, ingress jetstream.StreamState) 
 				return
 			case <-t.C:
 				s.progressDue.Store(true)
-				r.pipe.wake()
+				nudge(kick)
 			}
 		}
 	}()
@@ -120,7 +121,7 @@ func (r *Router) startSyncs(ctx context.Context, ingress jetstream.StreamState) 
 func (r *Router) syncLevel(w *levelWriter) {
 	s := &r.run.sync
 	ctx := s.ctx
-	t := r.tailSync(w)
+	t, kick := r.tailSync(w), r.pipe.kick
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -128,7 +129,7 @@ func (r *Router) syncLevel(w *levelWriter) {
 		res.tail, res.err = t.readLevel(ctx)
 		select {
 		case s.results <- res: // room for one per level stream: one sync or marker at a time each
-			r.pipe.wake()
+			nudge(kick)
 		case <-ctx.Done():
 		}
 	}()
@@ -256,7 +257,7 @@ func (r *Router) applySync(res syncResult) error {
 		return nil
 	}
 	s := &r.run.sync
-	ctx := s.ctx
+	ctx, kick := s.ctx, r.pipe.kick
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -276,7 +277,7 @@ func (r *Router) applySync(res syncResult) error {
 		}
 		select {
 		case s.results <- res:
-			r.pipe.wake()
+			nudge(kick)
 		case <-ctx.Done():
 		}
 	}()
