@@ -192,7 +192,7 @@ func (r *Router) settleSyncs(ctx context.Context) error {
 	}
 	for _, w := range r.writers.all {
 		for w.ready && len(w.held) > 0 {
-			if r.pipe.broken.Load() {
+			if r.pipe.retry.broken.Load() {
 				return nil // retried first; the held stay first in line
 			}
 			if !r.run.term.Held() {
