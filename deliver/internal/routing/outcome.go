@@ -18,7 +18,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/ownership"
 )
 
-// writeConfirmed is the acker's report of a stored write ([ackSink]).
+// writeConfirmed is the confirmer's report of a stored write ([ackSink]).
 func (r *Router) writeConfirmed(rt *routing, ack *jetstream.PubAck) {
 	r.confirmMerges(rt, true)
 	// Counted before the ack: once the ingress stream no longer holds the
@@ -40,7 +40,7 @@ func (r *Router) writeConfirmed(rt *routing, ack *jetstream.PubAck) {
 	r.deps.Tails.Written(rt.w.stream, ack.Sequence)
 }
 
-// writeRefused is the acker's report of a failed write ([ackSink]).
+// writeRefused is the confirmer's report of a failed write ([ackSink]).
 func (r *Router) writeRefused(rt *routing) {
 	r.confirmMerges(rt, false)
 	if rt.invalid {
@@ -50,7 +50,7 @@ func (r *Router) writeRefused(rt *routing) {
 	r.fail(rt)
 }
 
-// tailSynced is the acker's report of a tail sync ([ackSink]).
+// tailSynced is the confirmer's report of a tail sync ([ackSink]).
 func (r *Router) tailSynced(stream string, seq uint64) { r.deps.Tails.Written(stream, seq) }
 
 // deadLetterInvalid sends the write of an ingress message that cannot be
