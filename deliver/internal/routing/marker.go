@@ -4,14 +4,12 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/contract"
-	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 )
@@ -81,10 +79,10 @@ func wrongLastSeq(err error) bool {
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
-// checkMarker is [Router.readMarker] on the router's goroutine: this
+// checkMarker is [tailSync.readMarker] on the router's goroutine: this
 // term's own marker marks the level as done for the term.
 func (r *Router) checkMarker(ctx context.Context, w *levelWriter) error {
-	own, err := r.readMarker(ctx, w)
+	own, err := r.tailSync(w).readMarker(ctx)
 	if own {
 		w.marked = r.run.term.Epoch
 	}
@@ -99,39 +97,6 @@ func (r *Router) countFence(w *levelWriter, err error) {
 	if errors.Is(err, errRouterFenced) {
 		w.fenced.Add(1)
 	}
-}
-
-// readMarker reads the newest marker of w's level stream: a newer epoch
-// than this router's term fences the router; own reports this term's own
-// (a marker whose PubAck was lost is not written twice). A router on its
-// own (epoch 0) writes and checks no markers. Epochs are per lease: a
-// marker of another router lease (written under another ingress partition
-// count, whose routers all stopped before this count started: a shared
-// setting) fences nothing, and this term writes its own after it. Any
-// goroutine: it changes nothing of w's (the caller counts a fence).
-func (r *Router) readMarker(ctx context.Context, w *levelWriter) (own bool, err error) {
-	if r.run.term.Epoch == 0 {
-		return false, nil
-	}
-	rctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
-	h, seq, _, err := jswire.LastOnSubject(rctx, r.deps.js.Conn(), w.stream, w.marker)
-	cancel()
-	switch {
-	case err != nil:
-		return false, fmt.Errorf("level stream %s: epoch marker: %w", w.stream, err)
-	case h == nil:
-		return false, nil
-	}
-	epoch, ok := markerEpoch(h)
-	switch {
-	case !ok || markerLease(h) != r.LeaseKey():
-	case epoch > r.run.term.Epoch:
-		return false, fmt.Errorf("%w: level stream %s holds the epoch marker of term %d at sequence %d, this router's term is %d",
-			errRouterFenced, w.stream, epoch, seq, r.run.term.Epoch)
-	case epoch == r.run.term.Epoch:
-		return true, nil
-	}
-	return false, nil
 }
 
 // markerMsg returns this term's epoch marker for w's level stream, to be

@@ -16,9 +16,14 @@ const mergeCacheMax = 1 << 16
 // The router is the only writer of placements, so a key it placed is
 // current here until evicted (oldest first, beyond mergeCacheMax keys).
 //
-// It is safe for concurrent use, guarded by its own mutex: the router's
-// session goroutine adds and looks up keys, the write pipeline's acker
-// confirms them, and the scanners free the keys of cancelled messages.
+// It is a lock-guarded shared value, safe for concurrent use: the router's
+// session goroutine adds and looks up keys (and resets it at each term),
+// the write pipeline's confirmer confirms them, the level streams' sync
+// helpers remember the keys they re-index (tailSync.reindex), and the
+// level owners free the keys of cancelled messages ([MergeCaches.Forget]).
+// The re-index remembers on its helper, not later on the session
+// goroutine: a key cached there is merged into without an index lookup,
+// so remembering it later would change which messages merge meanwhile.
 type mergeCache struct {
 	mu     sync.Mutex
 	flight map[string]index.Record // placements whose level write is not confirmed yet

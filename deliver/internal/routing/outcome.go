@@ -18,7 +18,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/ownership"
 )
 
-// writeConfirmed is the acker's report of a stored write ([ackSink]).
+// writeConfirmed is the confirmer's report of a stored write ([ackSink]).
 func (r *Router) writeConfirmed(rt *routing, ack *jetstream.PubAck) {
 	r.confirmMerges(rt, true)
 	// Counted before the ack: once the ingress stream no longer holds the
@@ -40,7 +40,7 @@ func (r *Router) writeConfirmed(rt *routing, ack *jetstream.PubAck) {
 	r.deps.Tails.Written(rt.w.stream, ack.Sequence)
 }
 
-// writeRefused is the acker's report of a failed write ([ackSink]).
+// writeRefused is the confirmer's report of a failed write ([ackSink]).
 func (r *Router) writeRefused(rt *routing) {
 	r.confirmMerges(rt, false)
 	if rt.invalid {
@@ -50,7 +50,7 @@ func (r *Router) writeRefused(rt *routing) {
 	r.fail(rt)
 }
 
-// tailSynced is the acker's report of a tail sync ([ackSink]).
+// tailSynced is the confirmer's report of a tail sync ([ackSink]).
 func (r *Router) tailSynced(stream string, seq uint64) { r.deps.Tails.Written(stream, seq) }
 
 // deadLetterInvalid sends the write of an ingress message that cannot be
@@ -110,7 +110,7 @@ func (r *Router) fail(rt *routing) {
 	} else {
 		r.health.failing.fail(r.health.epoch)
 	}
-	r.pipe.fail(rt)
+	r.pipe.retry.fail(rt)
 }
 
 // retryFailed redoes failed writes in ingress order after every in-flight
@@ -129,7 +129,7 @@ func (r *Router) retryFailed(ctx context.Context) error {
 			r.noteFenced(ctx)
 			return ownership.ErrNotOwner // the failed writes stay unacked, for the next owner
 		}
-		failed := r.pipe.takeFailed()
+		failed := r.pipe.retry.takeFailed()
 		if len(failed) == 0 {
 			return nil
 		}
@@ -139,7 +139,7 @@ func (r *Router) retryFailed(ctx context.Context) error {
 		}
 		r.logger.Warn("level writes failed; retrying in order", slog.Int("count", len(failed)), slog.Any("error", failed[0].err))
 		if round > 0 && !retry.Sleep(ctx) {
-			r.pipe.requeue(failed)
+			r.pipe.retry.requeue(failed)
 			return ctx.Err()
 		}
 		submitted := make([]uint64, len(r.writers.all))
@@ -147,11 +147,11 @@ func (r *Router) retryFailed(ctx context.Context) error {
 			submitted[i] = w.lastSubmitted // a level not synced yet is not resynced (syncTails)
 		}
 		if err := r.syncTails(ctx); err != nil {
-			r.pipe.requeue(failed)
+			r.pipe.retry.requeue(failed)
 			return err
 		}
 		if err := r.checkTails(submitted); err != nil {
-			r.pipe.requeue(failed)
+			r.pipe.retry.requeue(failed)
 			return err
 		}
 		if !r.run.term.Held() {
@@ -160,15 +160,15 @@ func (r *Router) retryFailed(ctx context.Context) error {
 			// not write at it. Held now, the tails it read were read
 			// before any newer term began, whose markers then refuse
 			// every write expecting them.
-			r.pipe.requeue(failed)
+			r.pipe.retry.requeue(failed)
 			r.noteFenced(ctx)
 			return ownership.ErrNotOwner
 		}
 		for i, rt := range failed {
-			if r.pipe.broken.Load() {
+			if r.pipe.retry.broken.Load() {
 				// A write failed before it was sent; submitting later
 				// messages of its level now would break ingress order.
-				r.pipe.requeue(failed[i:])
+				r.pipe.retry.requeue(failed[i:])
 				break
 			}
 			if rt.w == nil || message.TooLarge(rt.err) {
@@ -182,7 +182,7 @@ func (r *Router) retryFailed(ctx context.Context) error {
 						logLevel = slog.LevelDebug
 					}
 					r.logger.Log(ctx, logLevel, "dead-letter write failed; retrying", slog.Uint64("ingress_seq", rt.seq), slog.Any("error", err))
-					r.pipe.requeue(failed[i:])
+					r.pipe.retry.requeue(failed[i:])
 					break
 				}
 				r.deps.Refused.Stored(r.share.refusal + r.ingressRef(rt.seq))
@@ -213,7 +213,7 @@ func (r *Router) retryFailed(ctx context.Context) error {
 func (r *Router) noteFenced(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
 	checked := make(map[*levelWriter]bool)
-	for _, rt := range r.pipe.failedWrites() {
+	for _, rt := range r.pipe.retry.failedWrites() {
 		w := rt.w
 		if w == nil || checked[w] || !wrongLastSeq(rt.err) {
 			continue

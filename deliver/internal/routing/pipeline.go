@@ -35,20 +35,24 @@ type ackSink interface {
 // that points at a sequence the newer router's messages or marker took
 // (docs/guarantees.md#finding-the-message-without-per-message-memory).
 //
-// Three goroutines use it. The submitting goroutine (the router's session)
-// calls every method except the [ackSink] ones. The acker, which the
-// pipeline starts per session, takes the writes in order, waits for each
-// one's PubAck or error, packs the stored ones' records into an index
-// group, starts the group's writes and hands the batch to the confirmer;
-// the confirmer waits for the group to be stored and reports each write to
-// the sink (which may call fail). None waits for a goroutine before it in
-// that chain, so they cannot wait on each other.
+// Three goroutines run it, each on methods of its own. The submitting
+// goroutine (the router's session) calls writePipeline's methods but
+// acker. The acker (writePipeline.acker), which the pipeline starts per
+// session, takes the writes in order, waits for each one's PubAck or
+// error, packs the stored ones' records into an index group, starts the
+// group's writes and hands the batch to the confirmer; the [confirmer],
+// on a goroutine the acker starts, waits for the group to be stored and
+// reports each write to the sink, which adds a refused one to the
+// [retryQueue] (lock-guarded, shared with the submitting goroutine). None
+// waits for a goroutine before it in that chain, so they cannot wait on
+// each other. [Router.Stats] reads indexErrors only (an atomic), from any
+// goroutine.
 type writePipeline struct {
 	js       jetstream.JetStream
 	logger   *slog.Logger
-	sink     ackSink
-	groupMax int // placements one index group packs at most
-	queue    int // the acker queue's capacity
+	groupMax int       // placements one index group packs at most
+	queue    int       // the acker queue's capacity
+	confirm  confirmer // the last stage, on the confirmer's goroutine
 
 	// Submitting goroutine only.
 	toAcker chan<- ackItem  // the acker's queue
@@ -56,14 +60,12 @@ type writePipeline struct {
 
 	pending   sync.WaitGroup // writes sent and not settled by the confirmer
 	inflightN atomic.Int64   // the same, readable from anywhere
-	kick      chan struct{}  // wakes the submitting goroutine when a write failed
+	kick      chan struct{}  // wakes the submitting goroutine (nudge): a write failed, a level sync reported, held messages are due their progress acks
 
 	groupsOut atomic.Int64  // index groups handed to the confirmer and not settled
 	settled   chan struct{} // the confirmer settled a group (capacity 1)
 
-	mu     sync.Mutex
-	failed []*routing // writes to retry, in no particular order
-	broken atomic.Bool
+	retry retryQueue // failed writes, shared by the submitting goroutine and the confirmer (lock-guarded)
 
 	indexErrors atomic.Uint64 // writes whose index records failed
 }
@@ -86,11 +88,14 @@ type ackBatch struct {
 // newWritePipeline returns a pipeline for at most maxInFlight writes
 // awaiting their PubAck.
 func newWritePipeline(js jetstream.JetStream, logger *slog.Logger, sink ackSink, maxInFlight int) *writePipeline {
-	return &writePipeline{
-		js: js, logger: logger, sink: sink,
+	p := &writePipeline{
+		js: js, logger: logger,
 		groupMax: max(1, min(index.GroupMax, maxInFlight/2)), queue: max(0, maxInFlight-1),
 		kick: make(chan struct{}, 1), settled: make(chan struct{}, 1),
 	}
+	p.confirm = confirmer{sink: sink, logger: logger, p: p}
+	p.retry.kick = p.kick
+	return p
 }
 
 // start starts the acker and the confirmer for a session.
@@ -153,7 +158,7 @@ func (p *writePipeline) drain() { p.pending.Wait() }
 
 // idle reports whether no write is in flight and none failed. (In flight is
 // read first: the confirmer records a failure before it settles the write.)
-func (p *writePipeline) idle() bool { return p.inflightN.Load() == 0 && !p.broken.Load() }
+func (p *writePipeline) idle() bool { return p.inflightN.Load() == 0 && !p.retry.broken.Load() }
 
 // acker takes the writes in order and waits for each one's outcome. It
 // packs the records of the stored ones into an index group, starts the
@@ -166,7 +171,7 @@ func (p *writePipeline) acker(in <-chan ackItem, done chan<- struct{}) {
 	confirmed := make(chan struct{})
 	go func() {
 		defer close(confirmed)
-		p.confirm(batches)
+		p.confirm.run(batches)
 	}()
 	var (
 		b      ackBatch
@@ -266,9 +271,23 @@ func (it *ackItem) resolve() bool {
 	}
 }
 
-// confirm waits for each batch's index group to be stored and reports its
-// items to the sink, in order.
-func (p *writePipeline) confirm(batches <-chan ackBatch) {
+// confirmer is the write pipeline's last stage, on a goroutine of its
+// own that the acker starts per session and waits for: it waits for each
+// batch's index group to be stored, reports the batch's items to the sink
+// in order, and settles them in its pipeline's counters (pending,
+// inflightN, groupsOut, settled, indexErrors), which the submitting
+// goroutine and the acker read. The sink's methods run on its goroutine;
+// a write they find refused goes to the pipeline's retryQueue.
+type confirmer struct {
+	sink   ackSink
+	logger *slog.Logger
+	p      *writePipeline // whose writes it settles
+}
+
+// run waits for each batch's index group to be stored and reports its
+// items to the sink, in order, until batches is closed.
+func (c *confirmer) run(batches <-chan ackBatch) {
+	p := c.p
 	for b := range batches {
 		var err error
 		if b.group != nil {
@@ -279,22 +298,22 @@ func (p *writePipeline) confirm(batches <-chan ackBatch) {
 			rt := it.rt
 			switch {
 			case rt == nil:
-				p.sink.tailSynced(it.stream, it.seq)
+				c.sink.tailSynced(it.stream, it.seq)
 				continue
 			case it.ack == nil:
-				p.sink.writeRefused(rt)
+				c.sink.writeRefused(rt)
 			default:
 				if err != nil && rt.nRecords > 0 {
 					failed++
 				}
-				p.sink.writeConfirmed(rt, it.ack)
+				c.sink.writeConfirmed(rt, it.ack)
 			}
 			p.inflightN.Add(-1)
 			p.pending.Done()
 		}
 		if failed > 0 {
 			p.indexErrors.Add(uint64(failed))
-			p.logger.Warn("id index write failed; the messages cannot be cancelled", slog.Int("messages", failed), slog.Any("error", err))
+			c.logger.Warn("id index write failed; the messages cannot be cancelled", slog.Int("messages", failed), slog.Any("error", err))
 		}
 		p.groupsOut.Add(-1)
 		select {
@@ -304,46 +323,62 @@ func (p *writePipeline) confirm(batches <-chan ackBatch) {
 	}
 }
 
-// fail records rt's write as failed, to be retried, and wakes the
-// submitting goroutine.
-func (p *writePipeline) fail(rt *routing) {
-	p.mu.Lock()
-	p.failed = append(p.failed, rt)
-	p.mu.Unlock()
-	p.broken.Store(true)
-	p.wake()
+// retryQueue holds the pipeline's failed writes until the submitting
+// goroutine retries them (Router.retryFailed). Shared, guarded by its own
+// lock: the confirmer adds the writes the server refused (through the
+// sink), the submitting goroutine adds those that failed before they were
+// sent, and takes them to retry.
+type retryQueue struct {
+	kick chan<- struct{} // the pipeline's: wakes the submitting goroutine
+
+	mu     sync.Mutex
+	failed []*routing // writes to retry, in no particular order
+	broken atomic.Bool
 }
 
-// wake wakes the submitting goroutine (its pull, or its wait for held
-// messages' levels).
-func (p *writePipeline) wake() {
+// fail records rt's write as failed, to be retried, and wakes the
+// submitting goroutine.
+func (q *retryQueue) fail(rt *routing) {
+	q.mu.Lock()
+	q.failed = append(q.failed, rt)
+	q.mu.Unlock()
+	q.broken.Store(true)
+	nudge(q.kick)
+}
+
+// nudge wakes the submitting goroutine (its pull, or its wait for held
+// messages' levels) through kick, the pipeline's kick channel, without
+// waiting: kick holds one wake, and one already pending is enough. The
+// confirmer (a failed write), the sync helpers (a report) and the
+// progress ticker send on it directly; none calls the pipeline.
+func nudge(kick chan<- struct{}) {
 	select {
-	case p.kick <- struct{}{}:
+	case kick <- struct{}{}:
 	default:
 	}
 }
 
 // failedWrites returns the failed writes, leaving them to be retried.
-func (p *writePipeline) failedWrites() []*routing {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.Clone(p.failed)
+func (q *retryQueue) failedWrites() []*routing {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return slices.Clone(q.failed)
 }
 
 // takeFailed returns the failed writes and clears the broken state.
-func (p *writePipeline) takeFailed() []*routing {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	failed := p.failed
-	p.failed = nil
-	p.broken.Store(false)
+func (q *retryQueue) takeFailed() []*routing {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	failed := q.failed
+	q.failed = nil
+	q.broken.Store(false)
 	return failed
 }
 
 // requeue puts rts back, ahead of any failed since, to be retried.
-func (p *writePipeline) requeue(rts []*routing) {
-	p.mu.Lock()
-	p.failed = append(rts, p.failed...)
-	p.mu.Unlock()
-	p.broken.Store(true)
+func (q *retryQueue) requeue(rts []*routing) {
+	q.mu.Lock()
+	q.failed = append(rts, q.failed...)
+	q.mu.Unlock()
+	q.broken.Store(true)
 }

@@ -219,9 +219,23 @@ type Stats struct {
 //
 // Its parts: a pure classifier (classify.go) decides each message's
 // placement; the write pipeline (pipeline.go) sends the writes and confirms
-// them in order on its acker goroutine; the merge cache (mergecache.go)
-// remembers merge keys' placements under its own lock. The rest runs on
-// the goroutine that calls [Router.Run].
+// them in order on its acker and confirmer goroutines; the merge cache
+// (mergecache.go) remembers merge keys' placements under its own lock; a
+// tail sync (tailsync.go) reads a level stream's tail and re-indexes it.
+//
+// Goroutines. Router's methods run on two: the session goroutine, which
+// calls [Router.Run] (or [Router.RunTerm]), and the write pipeline's
+// confirmer, which runs the [ackSink] methods (writeConfirmed,
+// writeRefused, tailSynced) and what they call (confirmMerges,
+// deferDeadLetter, fail, ingressRef). [Router.Stats], [Router.Healthy],
+// [Router.Unhealthy] and [Router.LeaseKey] read atomics and values set by
+// [New] only, from any goroutine. A level stream's sync helper (sync.go)
+// runs a [tailSync] of its own, built on the session goroutine, and the
+// progress ticker only nudges the session goroutine: neither calls the
+// Router. Shared between goroutines, each guarded by its own lock: the
+// merge cache (the session goroutine, the confirmer, the sync helpers'
+// re-index, and the level owners' Forget) and the pipeline's [retryQueue]
+// (the session goroutine and the confirmer).
 type Router struct {
 	cfg    Config
 	deps   routerDeps
@@ -229,7 +243,7 @@ type Router struct {
 
 	classifier classifier
 	writers    levelWriters // every level stream written (built by New, never changed)
-	merges     *mergeCache
+	merges     *mergeCache  // lock-guarded, shared with the confirmer, the sync helpers and the level owners
 	pipe       *writePipeline
 
 	stats  routerCounters
@@ -247,7 +261,7 @@ type routerDeps struct {
 }
 
 // routerCounters groups the router's counters, read by [Router.Stats]
-// from any goroutine. Writers: the acker's reports (routed, deadLettered)
+// from any goroutine. Writers: the confirmer's reports (routed, deadLettered)
 // and the goroutine that runs the router (the rest, and deadLettered for
 // the dead letters it writes itself; owner and epoch in [Router.RunTerm]).
 type routerCounters struct {
@@ -264,7 +278,7 @@ type routerCounters struct {
 
 // routerHealth groups the router's own failure clock and the origin of
 // every failure clock it has (its level writers' too); see Healthy. epoch
-// is set by New; failing is written by Run's goroutine and the acker
+// is set by New; failing is written by Run's goroutine and the confirmer
 // (failClock is atomic), read by Healthy from any goroutine.
 type routerHealth struct {
 	failing failClock // sessions or dead letters of placed messages failing; see Healthy
@@ -314,7 +328,7 @@ type levelWriter struct {
 	expected      uint64        // the stream's last sequence before the next write (Run's goroutine)
 	lastSubmitted uint64        // highest ingress sequence written, confirmed or not (Run's goroutine)
 	lastRouted    atomic.Uint64 // highest ingress sequence confirmed in the stream
-	failing       failClock     // its writes failing since; reset only by a confirmed write
+	failing       failClock     // its writes failing since; reset only by a confirmed write (the session goroutine, the confirmer, its sync helper)
 
 	// tailRef is the Delayd-Ingress of the stream's last router write as
 	// the last tail sync found it ("" if none), which the epoch marker

@@ -35,7 +35,7 @@ func (r *Router) RunTerm(ctx context.Context, t ownership.Term) error {
 	}
 	// Writes an earlier term left failed are not retried: their ingress
 	// messages are unacked, and this term's consumer delivers them again.
-	r.pipe.takeFailed()
+	r.pipe.retry.takeFailed()
 	defer func() {
 		r.stats.owner.Store(false)
 		r.progress() // not routing is not failing: no failure clock runs
@@ -216,7 +216,7 @@ func (r *Router) consume(ctx context.Context, pull *jswire.Pull) error {
 	nextDelivery := uint64(1)
 	r.run.term.Recovering(false) // started; Run marks it recovering again if the session ends
 	for {
-		if r.pipe.broken.Load() {
+		if r.pipe.retry.broken.Load() {
 			if err := r.retryFailed(ctx); err != nil {
 				return err
 			}

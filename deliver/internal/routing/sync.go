@@ -1,13 +1,9 @@
 package routing
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,13 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/delayd/delayd/contract"
-	"github.com/delayd/delayd/deliver/internal/backoff"
-	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
-	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
-	"github.com/delayd/delayd/deliver/internal/resource"
 	"github.com/delayd/delayd/internal/hedge"
 )
 
@@ -103,6 +94,7 @@ func (r *Router) startSyncs(ctx context.Context, ingress jetstream.StreamState) 
 		w.ready, w.held = false, nil
 		r.syncLevel(w)
 	}
+	kick := r.pipe.kick
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -114,7 +106,7 @@ func (r *Router) startSyncs(ctx context.Context, ingress jetstream.StreamState) 
 				return
 			case <-t.C:
 				s.progressDue.Store(true)
-				r.pipe.wake()
+				nudge(kick)
 			}
 		}
 	}()
@@ -129,50 +121,18 @@ func (r *Router) startSyncs(ctx context.Context, ingress jetstream.StreamState) 
 func (r *Router) syncLevel(w *levelWriter) {
 	s := &r.run.sync
 	ctx := s.ctx
+	t, kick := r.tailSync(w), r.pipe.kick
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		res := syncResult{w: w}
-		res.tail, res.err = r.readLevel(ctx, w)
+		res.tail, res.err = t.readLevel(ctx)
 		select {
 		case s.results <- res: // room for one per level stream: one sync or marker at a time each
-			r.pipe.wake()
+			nudge(kick)
 		case <-ctx.Done():
 		}
 	}()
-}
-
-// readLevel reads w's tail and re-indexes it, on readers of its own,
-// retrying until it can, the router is fenced, or ctx is done.
-func (r *Router) readLevel(ctx context.Context, w *levelWriter) (tailState, error) {
-	tails, err := jswire.NewBatchReader(r.deps.js.Conn(), tailBatch)
-	if err != nil {
-		return tailState{}, err
-	}
-	defer tails.Close()
-	tails.ResendUnanswered() // see Run
-	lookups, err := jswire.NewBatchReader(cmp.Or(r.deps.LookupConn, r.deps.js.Conn()), index.Batch)
-	if err != nil {
-		return tailState{}, err
-	}
-	defer lookups.Close()
-	lookups.ResendUnanswered() // the re-index reads the level stream, which any replica answers
-	retry := backoff.New(100*time.Millisecond, 5*time.Second)
-	for {
-		st, err := r.readTail(ctx, w, tails)
-		if err == nil {
-			err = r.reindex(ctx, w, st, lookups)
-		}
-		if err == nil || errors.Is(err, errRouterFenced) || ctx.Err() != nil {
-			return st, err
-		}
-		w.failing.fail(r.health.epoch)
-		r.logger.Warn("level stream not synced yet; its messages are held, the other levels route",
-			slog.String("stream", w.stream), slog.Any("error", err))
-		if !retry.Sleep(ctx) {
-			return st, ctx.Err()
-		}
-	}
 }
 
 // syncStartWait is how long a session's start waits for its level
@@ -232,7 +192,7 @@ func (r *Router) settleSyncs(ctx context.Context) error {
 	}
 	for _, w := range r.writers.all {
 		for w.ready && len(w.held) > 0 {
-			if r.pipe.broken.Load() {
+			if r.pipe.retry.broken.Load() {
 				return nil // retried first; the held stay first in line
 			}
 			if !r.run.term.Held() {
@@ -297,7 +257,7 @@ func (r *Router) applySync(res syncResult) error {
 		return nil
 	}
 	s := &r.run.sync
-	ctx := s.ctx
+	ctx, kick := s.ctx, r.pipe.kick
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -317,7 +277,7 @@ func (r *Router) applySync(res syncResult) error {
 		}
 		select {
 		case s.results <- res:
-			r.pipe.wake()
+			nudge(kick)
 		case <-ctx.Done():
 		}
 	}()
@@ -354,7 +314,7 @@ func (r *Router) syncTails(ctx context.Context) error {
 // syncTail reads a level stream's last sequence and the ingress sequence of
 // its last message, on the router's goroutine.
 func (r *Router) syncTail(ctx context.Context, w *levelWriter) error {
-	st, err := r.readTail(ctx, w, r.run.sync.tails)
+	st, err := r.tailSync(w).readTail(ctx, r.run.sync.tails)
 	if err != nil {
 		r.countFence(w, err)
 		return err
@@ -372,184 +332,4 @@ func (r *Router) applyTail(w *levelWriter, st tailState) {
 		w.marked = r.run.term.Epoch
 	}
 	w.lastSubmitted = st.lastRouted
-}
-
-// readTail reads a level stream's last sequence and the ingress sequence
-// of its last message with tails; it changes nothing of w's (the caller
-// counts a fence).
-func (r *Router) readTail(ctx context.Context, w *levelWriter, tails *jswire.BatchReader) (tailState, error) {
-	var out tailState
-	if r.run.sync.hook != nil {
-		if err := r.run.sync.hook(w.stream); err != nil {
-			return out, fmt.Errorf("level stream %s tail: %w", w.stream, err)
-		}
-	}
-	s, err := jswire.StreamInfo(ctx, r.deps.js, w.stream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		// Deleted while delayd ran: without it no level could be routed.
-		r.logger.Warn("level stream missing; recreating it", slog.String("stream", w.stream))
-		if err = resource.EnsureLevelStream(ctx, r.deps.js, w.stream, w.level.Delay, max(r.cfg.Replicas, 1)); err == nil {
-			s, err = r.deps.js.Stream(ctx, w.stream)
-		}
-	}
-	if err != nil {
-		return out, fmt.Errorf("level stream %s: %w", w.stream, err)
-	}
-	st := s.CachedInfo().State
-	out.expected = st.LastSeq
-	if st.LastSeq > 0 {
-		// The newest epoch marker first: a newer router's fences this one
-		// before anything it wrote is taken for this router's.
-		if out.own, err = r.readMarker(ctx, w); err != nil {
-			return out, err
-		}
-		if out.tailRef, out.lastRouted, err = r.lastIngressRef(ctx, tails, w.stream, st); err != nil {
-			return out, err
-		}
-	}
-	return out, nil
-}
-
-// Tail sync reads back at most tailWalkBack messages of a level stream,
-// tailBatch at a time, for the last one the router wrote.
-const (
-	tailBatch    = 16
-	tailWalkBack = 256
-)
-
-// lastIngressRef returns, read with tails, the ingress reference (Delayd-Ingress) of the last
-// message of a level stream (state st) that a router wrote, and its
-// ingress sequence if it was written for this ingress stream's life (else
-// 0); "" and 0 when there is none. An epoch marker carries the reference
-// of the last router write before it (Delayd-Router-Tail), as its writer
-// synced it, or none: the walk ends at the newest marker, as at a router
-// write. A last message without a valid reference that is no marker was
-// not written by delayd (something else published to the level subject):
-// the router walks back over it, up to tailWalkBack messages, to its own
-// last write, and logs it. Found nowhere, ingress messages not yet acked
-// may be written to the level stream again, and that is logged too.
-func (r *Router) lastIngressRef(ctx context.Context, tails *jswire.BatchReader, stream string, st jetstream.StreamState) (string, uint64, error) {
-	var buf []*nats.Msg
-	foreign := false // walked back over a message delayd did not write
-	first := max(st.FirstSeq, 1)
-	for to := st.LastSeq; to >= first && st.LastSeq-to < tailWalkBack; {
-		from := first
-		if to-first >= tailBatch {
-			from = to - tailBatch + 1
-		}
-		rctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
-		var err error
-		buf, err = tails.Read(rctx, stream, buf[:0], from, int(to-from+1), 1<<20)
-		cancel()
-		if err != nil {
-			return "", 0, fmt.Errorf("level stream %s tail: %w", stream, err)
-		}
-		if to == st.LastSeq && (len(buf) == 0 || buf[len(buf)-1].Header.Get(message.HdrJSSequence) != strconv.FormatUint(st.LastSeq, 10)) {
-			r.logger.Warn("level stream tail missing; redelivered ingress messages may be written twice", slog.String("stream", stream))
-			return "", 0, nil
-		}
-		for i := len(buf) - 1; i >= 0; i-- {
-			m := buf[i]
-			seq, _ := strconv.ParseUint(m.Header.Get(message.HdrJSSequence), 10, 64)
-			if seq > to {
-				continue // past this read's range (a byte-limited read returns fewer)
-			}
-			ref, marker := m.Header.Get(message.HdrIngress), isMarkerMsg(m)
-			if marker {
-				ref = m.Header.Get(message.HdrRouterTail)
-			}
-			id, ingressSeq, ok := message.ParseIngressRef(ref)
-			if ok || marker {
-				if foreign {
-					r.logger.Warn("level stream's last messages have no valid ingress reference (not written by delayd); synced to the last one that has",
-						slog.String("stream", stream), slog.Uint64("last_seq", st.LastSeq), slog.Uint64("synced_seq", seq))
-				}
-				if !ok {
-					return "", 0, nil // a marker: no router write before it
-				}
-				if id != r.run.ingressID {
-					return ref, 0, nil // written for an earlier ingress stream
-				}
-				return ref, ingressSeq, nil
-			}
-			foreign = true
-		}
-		if len(buf) == 0 {
-			break
-		}
-		lowest, _ := strconv.ParseUint(buf[0].Header.Get(message.HdrJSSequence), 10, 64)
-		if lowest <= first {
-			break
-		}
-		to = lowest - 1
-	}
-	r.logger.Warn("no message at the end of the level stream has a valid ingress reference; redelivered ingress messages may be written twice",
-		slog.String("stream", stream), slog.Uint64("last_seq", st.LastSeq), slog.Int("read_back", tailWalkBack))
-	return "", 0, nil
-}
-
-// reindex writes the index records of w's level messages whose ingress
-// message is not acked yet (st: w's tail as read), with lookups. Their
-// records may have been lost: a crash between the level write and the
-// index write. Only ingress messages not acked can be such, and only the
-// last MaxAckPending of the level stream can hold them; messages the
-// level's committed offset has passed are left alone (a cancelled one's
-// "cancelled" record must stay the latest).
-func (r *Router) reindex(ctx context.Context, w *levelWriter, st tailState, lookups *jswire.BatchReader) error {
-	ingress := r.run.sync.ingress
-	if ingress.Msgs == 0 || st.expected == 0 || st.lastRouted < ingress.FirstSeq {
-		return nil // the level's last message was acked at ingress
-	}
-	window := uint64(r.cfg.MaxInFlight + 2*r.cfg.Batch + heldMax)
-	g := index.NewGroup()
-	n := 0
-	var buf []*nats.Msg
-	from := uint64(1)
-	if st.expected > window {
-		from = st.expected - window + 1
-	}
-	if r.deps.Offsets != nil {
-		from = max(from, r.deps.Offsets.Committed(ctx, w.stream)+1)
-	}
-	for from <= st.expected {
-		rctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
-		var err error
-		buf, err = lookups.Read(rctx, w.stream, buf[:0], from, index.Batch, 1<<20)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("re-index %s: %w", w.stream, err)
-		}
-		if len(buf) == 0 {
-			break
-		}
-		for _, m := range buf {
-			seq, _ := strconv.ParseUint(m.Header.Get(message.HdrJSSequence), 10, 64)
-			from = max(from, seq+1)
-			_, ing, ok := message.ParseIngressRef(m.Header.Get(message.HdrIngress))
-			if !ok || isMarkerMsg(m) || ing < ingress.FirstSeq || seq > st.expected {
-				continue
-			}
-			due, _ := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
-			_, hop := m.Header[message.HdrHopDue]
-			target := strings.TrimPrefix(m.Header.Get(message.HdrJSSubject), w.subject)
-			if key := message.LevelKey(m.Header); key != "" {
-				g.Add(index.Record{Key: key, Stream: w.stream, Seq: seq, Hop: hop, Due: due, Target: target})
-			}
-			if mk := m.Header.Get(message.HdrMerge); mk != "" {
-				rec := index.Record{Key: index.MergeKey(target, mk), Stream: w.stream, Seq: seq, Hop: hop, Due: due, Target: target}
-				g.Add(rec)
-				r.merges.remember(rec)
-			}
-			n++
-		}
-	}
-	if n == 0 {
-		return nil
-	}
-	g.Flush(r.deps.js)
-	if err := g.Stored(); err != nil {
-		return fmt.Errorf("re-index %s: %w", w.stream, err)
-	}
-	r.logger.Info("re-indexed level messages whose ingress message was not acked", slog.String("stream", w.stream), slog.Int("messages", n))
-	return nil
 }
