@@ -62,7 +62,10 @@ type PendingReply struct {
 // PendingItem is one pending message of a [PendingReply].
 type PendingItem struct {
 	// ID is the id cancel and status accept: the publisher's Nats-Msg-Id,
-	// else "seq:<ingress sequence>".
+	// else "seq:<ingress sequence>". A publisher's id cancel would also
+	// read as something else (decimal, "seq:"/"id:" prefixed, a delivered
+	// id) is "id:<the id>". An id ending in white space is given as
+	// stored; cancel trims its id and cannot name it.
 	ID string `json:"id"`
 	// Due is when it will be delivered (not its next cascade hop): its
 	// Delay-Due-At.

@@ -266,7 +266,7 @@ func (a *API) walkStream(ctx context.Context, reader *jswire.BatchReader, k *wal
 		for i, m := range buf {
 			seq := seqs[i]
 			from, w.last = seq+1, seq
-			if c, ok := decodeCandidate(m, seq, w.name, levelName, q); ok && sifted.Pending(seq) && q.cur.after(c.item.Due, c.key) && inFilter(q, c.item.Due) {
+			if c, ok := a.decodeCandidate(m, seq, w.name, levelName, q); ok && sifted.Pending(seq) && q.cur.after(c.item.Due, c.key) && inFilter(q, c.item.Due) {
 				k.keep(c)
 			}
 			if !w.bounded {
@@ -308,14 +308,14 @@ func (a *API) readPaced(ctx context.Context, reader *jswire.BatchReader, stream,
 
 // decodeCandidate reads a level message's item; false for one that is not
 // a delayd message (no due, no index key).
-func decodeCandidate(m *nats.Msg, seq uint64, stream, levelName string, q listQuery) (*candidate, bool) {
+func (a *API) decodeCandidate(m *nats.Msg, seq uint64, stream, levelName string, q listQuery) (*candidate, bool) {
 	due, err := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
 	key := message.LevelKey(m.Header)
 	if err != nil || key == "" {
 		return nil, false
 	}
 	ref := cmp.Or(m.Header.Get(message.HdrOrigin), m.Header.Get(message.HdrIngress))
-	id := m.Header.Get(message.HdrMsgID)
+	id := a.listedID(m.Header.Get(message.HdrMsgID))
 	if id == "" {
 		_, first, _ := message.ParseIngressRef(ref)
 		id = "seq:" + strconv.FormatUint(first, 10)
@@ -342,6 +342,23 @@ func decodeCandidate(m *nats.Msg, seq uint64, stream, levelName string, q listQu
 		it.Data = m.Data
 	}
 	return &candidate{item: it, key: key, ref: ref, hop: m.Header.Get(message.HdrHopDue) != ""}, true
+}
+
+// listedID is the id a list gives for a publisher's id: "id:" and the id
+// when cancel would also read it as something else ([API.idKeys]: a
+// decimal, "seq:"/"id:" and the rest, or a delivered id), so that a cancel
+// of the listed id names this message only and is never refused as
+// ambiguous; the id as is otherwise ("" stays "").
+func (a *API) listedID(id string) string {
+	if id == "" {
+		return ""
+	}
+	_, err := strconv.ParseUint(id, 10, 64)
+	_, _, delivered := a.cfg.HopKey.DeliveredSeq(id)
+	if err == nil || delivered || strings.HasPrefix(id, "seq:") || strings.HasPrefix(id, "id:") {
+		return "id:" + id
+	}
+	return id
 }
 
 // page builds the reply from a walk's candidates: in (due, key) order,
