@@ -170,7 +170,7 @@ func (a *API) walkPage(ctx context.Context, reader *jswire.BatchReader, q listQu
 		return contract.PendingReply{}, nil, ErrRouterBehind
 	}
 	k := &walker{q: q, walks: make(map[string]*streamWalk)}
-	for _, name := range a.cfg.Decider.Streams() {
+	for _, name := range walkOrder(a.cfg.Decider.Streams()) {
 		w := a.streamWalk(name)
 		k.walks[name] = w
 		if err := a.walkStream(ctx, reader, k, w, notAfter); err != nil {
@@ -178,6 +178,23 @@ func (a *API) walkPage(ctx context.Context, reader *jswire.BatchReader, q listQu
 		}
 	}
 	return a.page(ctx, k)
+}
+
+// walkOrder returns the level streams in the order a walk reads them:
+// longest delay first (partitions of one level by name), level 0 last. A
+// message only cascades to a shorter level, so one that moves after its
+// stream was read lands in a stream read later and is listed there; read
+// the other way, it would be missed.
+func walkOrder(streams []string) []string {
+	out := slices.Clone(streams)
+	delay := func(name string) time.Duration {
+		d, _, _ := levels.ParseStream(name) // not a level stream: 0, with level 0
+		return d
+	}
+	slices.SortStableFunc(out, func(x, y string) int {
+		return cmp.Or(cmp.Compare(delay(y), delay(x)), strings.Compare(x, y))
+	})
+	return out
 }
 
 // walker is one walk's state: the candidates kept and the streams'.
