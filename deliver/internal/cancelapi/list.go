@@ -410,32 +410,59 @@ func (a *API) page(ctx context.Context, k *walker) (contract.PendingReply, []*ca
 		latest[c.key] = max(latest[c.key], c.item.Hops)
 	}
 	reply := contract.PendingReply{Target: k.q.target, Items: []contract.PendingItem{}}
-	room := int(a.cfg.Conn.MaxPayload()) - listReplySlack
+	// The reply's JSON, its next included, is at most the max payload
+	// less listReplySlack (kept for its headers).
+	frame, _ := json.Marshal(reply) // cannot fail
+	room := int(a.cfg.Conn.MaxPayload()) - listReplySlack - len(frame)
 	var (
-		last *candidate
-		kept []*candidate
+		kept  []*candidate
+		sizes []int // each kept item's JSON and its comma
 	)
-	for i, c := range cands {
+	for _, c := range cands {
 		if !sifted[c.item.Stream].Pending(c.item.Seq) || c.item.Hops < latest[c.key] {
 			continue // delivered, cancelled or forwarded since it was read
 		}
 		b, _ := json.Marshal(c.item) // cannot fail
-		if len(b) > room && last == nil && c.item.Data != nil {
+		if len(b) > room && len(kept) == 0 && c.item.Data != nil {
 			// A payload too large for any reply: the item without it
 			// (its size says how large).
 			c.item.Data = nil
 			b, _ = json.Marshal(c.item)
 		}
-		if room -= len(b) + 1; room < 0 && last != nil {
-			for _, rest := range cands[i:] {
-				k.notReturned(rest)
-			}
+		kept = append(kept, c)
+		sizes = append(sizes, len(b)+1)
+	}
+	// The items in order while they fit (the first always), then fewer
+	// while the next cursor does not fit with them.
+	n, used := 0, 0
+	for n < len(kept) && (n == 0 || used+sizes[n] <= room) {
+		used += sizes[n]
+		n++
+	}
+	for {
+		for _, rest := range kept[n:] {
+			k.notReturned(rest)
+		}
+		var last *candidate
+		if n > 0 {
+			last = kept[n-1]
+		}
+		reply.Next = k.next(last)
+		if reply.Next == "" || n <= 1 || used+len(`,"next":""`)+len(reply.Next) <= room {
 			break
 		}
-		reply.Items = append(reply.Items, c.item)
-		kept = append(kept, c)
-		last = c
+		n--
+		used -= sizes[n]
 	}
+	for _, c := range kept[:n] {
+		reply.Items = append(reply.Items, c.item)
+	}
+	return reply, kept[:n], nil
+}
+
+// next returns the cursor of the page after one ending at last (nil: a
+// page without items), "" when no more may follow.
+func (k *walker) next(last *candidate) string {
 	more := false
 	next := listCursor{D: k.q.cur.D, K: k.q.cur.K, S: make(map[string]uint64)}
 	for name, seq := range k.q.cur.S {
@@ -454,8 +481,8 @@ func (a *API) page(ctx context.Context, k *walker) (contract.PendingReply, []*ca
 	if last != nil {
 		next.D, next.K = last.item.Due.UnixNano(), last.key
 	}
-	if more {
-		reply.Next = next.encode()
+	if !more {
+		return ""
 	}
-	return reply, kept, nil
+	return next.encode()
 }
