@@ -109,7 +109,9 @@ type PendingMsg struct {
 //
 // Errors: an error wrapping [ErrInvalidTarget] or [ErrForbiddenTarget] for
 // a target no message can have, or [ErrBadPendingRequest] for a bad
-// option; nats.ErrNoResponders when no delayd is running on nc's server;
+// option (a target under delayd's ingress prefix, which nc does not
+// know, is refused by delayd: a [*PendingError] matching
+// [ErrBadPendingRequest]); nats.ErrNoResponders when no delayd is running on nc's server;
 // a timeout when nc's user may not publish to the subject; a
 // [*PendingError] for an error answer, which [errors.Is] matches against
 // [ErrBadPendingRequest] (400), [ErrCancelBusy] (429), [ErrRouterBehind]

@@ -59,6 +59,11 @@ answers.`,
 				}
 				opts = append(opts, f.opt(t))
 			}
+			// The ingress prefix is known here, not in Args: a target under
+			// it is refused as delayd refuses it.
+			if err := contract.ValidateTarget(args[0], a.cfg.Prefix); err != nil {
+				return withCode(exitUsage, "bad target: %v", err)
+			}
 			if err := a.connect(); err != nil {
 				return err
 			}

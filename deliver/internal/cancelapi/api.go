@@ -56,6 +56,9 @@ type Config struct {
 	// by result (the Service's, read by its ListStats and CancelAllStats).
 	// Optional: nil counts nothing.
 	Lists, CancelAlls *RequestCounts
+	// Prefix is the ingress subject prefix (deliver's Config.Prefix): the
+	// list API refuses a target under it. "" is [contract.PrefixDefault].
+	Prefix string
 	// Levels is the level table (the list API's walk bounds a stream's
 	// reads by it). Required for the list API.
 	Levels levels.Table

@@ -79,16 +79,33 @@ func (c listCursor) encode() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// parseList parses a request on "delayd.api.pending.<target>".
-func parseList(target string, data []byte) (listQuery, error) {
+// errListBusy is a list's busy answer (code 429, as the cancel API's
+// [level.ErrCancelBusy], which it matches with errors.Is): the list queue
+// is full, or the walk could not get its reads in time.
+var errListBusy error = listBusy{}
+
+type listBusy struct{}
+
+func (listBusy) Error() string        { return "busy: too many list requests waiting; try again" }
+func (listBusy) Is(target error) bool { return target == level.ErrCancelBusy }
+
+// parseList parses a request on "delayd.api.pending.<target>"; prefix is
+// the ingress prefix (a target under it is refused, as a publish to it
+// is: [contract.ValidateTarget]).
+func parseList(target, prefix string, data []byte) (listQuery, error) {
 	q := listQuery{target: target, limit: contract.PendingLimitDefault}
-	if err := contract.ValidateTarget(target, contract.InternalPrefix); err != nil {
+	if err := contract.ValidateTarget(target, prefix); err != nil {
 		return q, fmt.Errorf("%w: %w", errBadList, err)
 	}
 	var req contract.PendingRequest
 	if len(strings.TrimSpace(string(data))) > 0 {
-		if err := json.Unmarshal(data, &req); err != nil {
+		dec := json.NewDecoder(strings.NewReader(string(data)))
+		dec.DisallowUnknownFields() // a misspelt option is refused, not ignored
+		if err := dec.Decode(&req); err != nil {
 			return q, fmt.Errorf("%w: payload is not a JSON list request: %w", errBadList, err)
+		}
+		if dec.More() {
+			return q, fmt.Errorf("%w: payload is not a JSON list request: data after its JSON object", errBadList)
 		}
 	}
 	switch {

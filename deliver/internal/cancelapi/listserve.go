@@ -1,6 +1,7 @@
 package cancelapi
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,8 +24,8 @@ func (a *API) enqueueList(lists chan queued, m *nats.Msg) {
 	select {
 	case lists <- queued{m: m, at: time.Now()}:
 	default:
-		a.cfg.Lists.count(level.ErrCancelBusy)
-		_ = m.RespondMsg(listErrorMsg(level.ErrCancelBusy))
+		a.cfg.Lists.count(errListBusy)
+		_ = m.RespondMsg(listAnswer(errListBusy))
 	}
 }
 
@@ -73,7 +74,7 @@ func (a *API) serveList(ctx context.Context, reader *jswire.BatchReader, q queue
 		if !errors.Is(err, errBadList) && !errors.Is(err, level.ErrCancelBusy) {
 			a.logger.Warn("list failed", slog.String("target", target), slog.Any("error", err))
 		}
-		_ = m.RespondMsg(listErrorMsg(err))
+		_ = m.RespondMsg(listAnswer(err))
 		return
 	}
 	data, err := json.Marshal(reply)
@@ -90,7 +91,7 @@ func (a *API) serveList(ctx context.Context, reader *jswire.BatchReader, q queue
 // paced reads give up past notAfter with [level.ErrCancelBusy]. An error
 // of the request's own making wraps errBadList (code 400).
 func (a *API) List(ctx context.Context, reader *jswire.BatchReader, target string, data []byte, notAfter time.Time) (contract.PendingReply, error) {
-	q, err := parseList(target, data)
+	q, err := parseList(target, cmp.Or(a.cfg.Prefix, contract.PrefixDefault), data)
 	if err != nil {
 		return contract.PendingReply{}, err
 	}
@@ -99,11 +100,23 @@ func (a *API) List(ctx context.Context, reader *jswire.BatchReader, target strin
 	return a.walk(ctx, reader, q, notAfter)
 }
 
+// listAnswer is a list's error answer: [listErrorMsg], busy with the
+// list's own text.
+func listAnswer(err error) *nats.Msg {
+	if errors.Is(err, level.ErrCancelBusy) {
+		err = errListBusy // a list's busy answer, not the cancel queue's
+	}
+	return listErrorMsg(err)
+}
+
 // listErrorMsg is a list (or cancel-all) error answer: "error: " and the reason, with
 // the cancel API's code (400 for the request's own fault).
 func listErrorMsg(err error) *nats.Msg {
-	if errors.Is(err, level.ErrCancelBusy) {
-		err = level.ErrCancelBusy // the answer's text, not the path to it
+	switch {
+	case errors.Is(err, errListBusy):
+		err = errListBusy // the answer's text, not the path to it
+	case errors.Is(err, level.ErrCancelBusy):
+		err = level.ErrCancelBusy
 	}
 	m := replyMsg(contract.CancelReplyErrorPrefix+err.Error(), err)
 	if errors.Is(err, errBadList) || errors.Is(err, errBadCancelAll) {
