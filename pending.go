@@ -75,30 +75,32 @@ type PendingPage struct {
 	Next string
 }
 
-// PendingMsg is one pending message.
+// PendingMsg is one pending message. Its JSON is the list API's item's
+// ([contract.PendingItem]: the same names), as delayctl ls --json prints
+// it.
 type PendingMsg struct {
 	// ID is the id [Cancel] takes: the publisher's Nats-Msg-Id, else
 	// "seq:<ingress sequence>".
-	ID string
+	ID string `json:"id"`
 	// Due is when it will be delivered (not its next cascade hop).
-	Due time.Time
+	Due time.Time `json:"due"`
 	// Enqueued is when delayd first stored it.
-	Enqueued time.Time
-	Target   string
+	Enqueued time.Time `json:"enqueued,omitzero"`
+	Target   string    `json:"target"`
 	// Level is the level it waits in now, Stream and Seq its place there.
-	Level  string
-	Stream string
-	Seq    uint64
+	Level  string `json:"level"`
+	Stream string `json:"stream"`
+	Seq    uint64 `json:"seq"`
 	// Hops is how many times it cascaded to a shorter level so far.
-	Hops int
+	Hops int `json:"hops,omitempty"`
 	// Size is its payload's size in bytes.
-	Size     int
-	MergeKey string
+	Size     int    `json:"size"`
+	MergeKey string `json:"merge_key,omitempty"`
 	// Header holds the publisher's headers, as the target will receive
 	// them without delayd's own.
-	Header nats.Header
+	Header nats.Header `json:"headers,omitempty"`
 	// Data is the payload, with [WithPayload] only.
-	Data []byte
+	Data []byte `json:"data,omitempty"`
 }
 
 // ListPending lists a page of the messages pending for target (the subject

@@ -30,7 +30,7 @@ TARGET, in due order, and prints one line per message:
 
 DUE is when it will be delivered (UTC), ID the id cancel and status take. It follows the pages to the end
 (--limit is the page size, default 100, at most 1000). --after and --before (RFC 3339) list only messages due
-after or before a time. --json prints each message as a JSON line (with its headers). Exit 0; 1 if no delayd
+after or before a time. --json prints each message as a JSON line, the list API's item (id, due, headers, …). Exit 0; 1 if no delayd
 answers.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
