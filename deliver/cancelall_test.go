@@ -139,6 +139,11 @@ func TestCancelAll(t *testing.T) {
 			t.Errorf("cancel-all with payload %s: %v %v, want a 400 error answer", bad, m, err)
 		}
 	}
+	// A target under the ingress prefix is refused, as a publish to it is.
+	m, err := b.nc.Request(contract.CancelAllSubjectFor(contract.PrefixDefault+".x"), nil, 30*time.Second)
+	if err != nil || m.Header.Get(contract.HeaderStatus) != "400" || !strings.Contains(string(m.Data), "prefix") {
+		t.Errorf("cancel-all of a target under the ingress prefix: %v %v, want a 400 error answer naming the prefix", m, err)
+	}
 }
 
 // TestCancelAllDecidedByOwner: a cancel-all taken by a replica that owns

@@ -1,6 +1,7 @@
 package cancelapi
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -108,7 +109,7 @@ func (a *API) serveCancelAll(ctx context.Context, reader *jswire.BatchReader, q 
 // Another error comes with the counts decided before it.
 func (a *API) CancelAll(ctx context.Context, reader *jswire.BatchReader, target string, data []byte, deadline time.Time) (contract.CancelAllReply, error) {
 	var reply contract.CancelAllReply
-	if err := contract.ValidateTarget(target, contract.InternalPrefix); err != nil {
+	if err := contract.ValidateTarget(target, cmp.Or(a.cfg.Prefix, contract.PrefixDefault)); err != nil {
 		return reply, fmt.Errorf("%w: %w", errBadCancelAll, err)
 	}
 	if strings.TrimSpace(string(data)) != "" {
