@@ -103,6 +103,15 @@ type PendingMsg struct {
 	Data []byte `json:"data,omitempty"`
 }
 
+// MarshalJSON writes m as the list API writes its item
+// ([contract.PendingItem]: the same names, times as the headers write them).
+func (m PendingMsg) MarshalJSON() ([]byte, error) {
+	return json.Marshal(contract.PendingItem{
+		ID: m.ID, Due: m.Due, Enqueued: m.Enqueued, Target: m.Target, Level: m.Level, Stream: m.Stream,
+		Seq: m.Seq, Hops: m.Hops, Size: m.Size, MergeKey: m.MergeKey, Headers: m.Header, Data: m.Data,
+	})
+}
+
 // ListPending lists a page of the messages pending for target (the subject
 // given to [Publish]), in due order: a request to
 // [PendingSubjectFor](target) (docs/guide.md#pending-messages). (It is not

@@ -1,6 +1,9 @@
 package contract
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // The list API (docs/guide.md#pending-messages): a request to
 // [PendingSubjectFor](target) answers a [PendingReply] as JSON, the
@@ -68,7 +71,8 @@ type PendingItem struct {
 	// stored; cancel trims its id and cannot name it.
 	ID string `json:"id"`
 	// Due is when it will be delivered (not its next cascade hop): its
-	// Delay-Due-At.
+	// Delay-Due-At. In JSON both times are written as the headers are
+	// ([TimeLayout]: UTC, nine fraction digits).
 	Due time.Time `json:"due"`
 	// Enqueued is when delayd first stored it (Delay-Enqueued-At).
 	Enqueued time.Time `json:"enqueued,omitzero"`
@@ -88,6 +92,31 @@ type PendingItem struct {
 	// Data is the payload (base64 in JSON), only when the request asked
 	// for it.
 	Data []byte `json:"data,omitempty"`
+}
+
+// MarshalJSON writes it with Due and Enqueued in [TimeLayout], as the
+// Delay-Due-At and Delay-Enqueued-At headers are (encoding/json's own
+// RFC 3339 drops trailing zero fraction digits). Decoding needs nothing
+// of its own: [TimeLayout] is RFC 3339.
+func (it PendingItem) MarshalJSON() ([]byte, error) {
+	out := struct {
+		ID       string              `json:"id"`
+		Due      string              `json:"due"`
+		Enqueued string              `json:"enqueued,omitempty"`
+		Target   string              `json:"target"`
+		Level    string              `json:"level"`
+		Stream   string              `json:"stream"`
+		Seq      uint64              `json:"seq"`
+		Hops     int                 `json:"hops,omitempty"`
+		Size     int                 `json:"size"`
+		MergeKey string              `json:"merge_key,omitempty"`
+		Headers  map[string][]string `json:"headers,omitempty"`
+		Data     []byte              `json:"data,omitempty"`
+	}{it.ID, FormatTime(it.Due), "", it.Target, it.Level, it.Stream, it.Seq, it.Hops, it.Size, it.MergeKey, it.Headers, it.Data}
+	if !it.Enqueued.IsZero() {
+		out.Enqueued = FormatTime(it.Enqueued)
+	}
+	return json.Marshal(out)
 }
 
 // The cancel-all API (docs/guide.md#cancel-everything-pending-for-a-target):
