@@ -50,7 +50,7 @@ type CancelAllResult struct {
 // [ErrCancelFailed]). After an error answer, some messages may have been
 // cancelled: a request sent again cancels the rest.
 func CancelAll(ctx context.Context, nc *nats.Conn, target string) (CancelAllResult, error) {
-	if err := contract.ValidateTarget(target, contract.InternalPrefix); err != nil {
+	if err := contract.ValidateTarget(target, "" /* the ingress prefix is the service's: only delayd's own subjects are refused here */); err != nil {
 		return CancelAllResult{}, fmt.Errorf("delayd: cancel-all: %w", err)
 	}
 	m, err := nc.RequestWithContext(ctx, CancelAllSubjectFor(target), nil)

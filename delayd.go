@@ -115,7 +115,7 @@ func (r CancelResult) Err() error {
 // errors: [CancelResult.Err] maps them to [ErrNotFound] and
 // [ErrAlreadyDelivered].
 func Cancel(ctx context.Context, nc *nats.Conn, target, id string) (CancelResult, error) {
-	if err := contract.ValidateTarget(target, contract.InternalPrefix); err != nil {
+	if err := contract.ValidateTarget(target, "" /* the ingress prefix is the service's: only delayd's own subjects are refused here */); err != nil {
 		return "", fmt.Errorf("delayd: cancel: %w", err)
 	}
 	return cancel(ctx, nc, CancelSubjectFor(target), id)

@@ -128,7 +128,7 @@ func (m PendingMsg) MarshalJSON() ([]byte, error) {
 // [ErrBadPendingRequest] (400), [ErrCancelBusy] (429), [ErrRouterBehind]
 // (503) or [ErrCancelFailed] (any other).
 func ListPending(ctx context.Context, nc *nats.Conn, target string, opts ...PendingOpt) (*PendingPage, error) {
-	if err := contract.ValidateTarget(target, contract.InternalPrefix); err != nil {
+	if err := contract.ValidateTarget(target, "" /* the ingress prefix is the service's: only delayd's own subjects are refused here */); err != nil {
 		return nil, fmt.Errorf("delayd: pending: %w", err)
 	}
 	var req contract.PendingRequest

@@ -65,7 +65,7 @@ type StatusResult struct {
 // and [ErrRouterBehind], [ErrCancelBusy], [ErrAmbiguousID] or
 // [ErrCancelFailed].
 func Status(ctx context.Context, nc *nats.Conn, target, id string) (StatusResult, error) {
-	if err := contract.ValidateTarget(target, contract.InternalPrefix); err != nil {
+	if err := contract.ValidateTarget(target, "" /* the ingress prefix is the service's: only delayd's own subjects are refused here */); err != nil {
 		return StatusResult{}, fmt.Errorf("delayd: status: %w", err)
 	}
 	return status(ctx, nc, StatusSubjectFor(target), id)

@@ -295,3 +295,17 @@ func TestTargetPolicy(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateTargetNoPrefix: a client that does not know the service's
+// ingress prefix passes "": a target under delayd's internal subjects is
+// refused as such (not as "under the ingress prefix"), any other literal
+// subject is accepted.
+func TestValidateTargetNoPrefix(t *testing.T) {
+	err := ValidateTarget("delayd.x", "")
+	if !errors.Is(err, ErrForbiddenTarget) || !strings.Contains(err.Error(), "internal subjects") {
+		t.Fatalf(`ValidateTarget("delayd.x", ""): %v; want forbidden, under delayd's internal subjects`, err)
+	}
+	if err := ValidateTarget("delay.x", ""); err != nil {
+		t.Fatalf(`ValidateTarget("delay.x", ""): %v; want nil`, err)
+	}
+}

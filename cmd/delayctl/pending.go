@@ -36,7 +36,7 @@ answers.`,
 			if len(args) != 1 {
 				return withCode(exitUsage, "ls takes TARGET, got %d arguments", len(args))
 			}
-			if err := contract.ValidateTarget(args[0], contract.InternalPrefix); err != nil {
+			if err := contract.ValidateTarget(args[0], "" /* the ingress prefix is the service's: only delayd's own subjects are refused here */); err != nil {
 				return withCode(exitUsage, "bad target: %v", err)
 			}
 			if limit < 1 || limit > delayd.PendingLimitMax {

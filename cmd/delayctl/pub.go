@@ -192,7 +192,7 @@ If no delayd answers, it exits 1.`,
 			case all && len(args) != 1:
 				return withCode(exitUsage, "cancel --all takes one TARGET, got %d arguments", len(args))
 			case all:
-				if err := contract.ValidateTarget(args[0], contract.InternalPrefix); err != nil {
+				if err := contract.ValidateTarget(args[0], "" /* the ingress prefix is the service's: only delayd's own subjects are refused here */); err != nil {
 					return withCode(exitUsage, "bad target: %v", err)
 				}
 				return nil
@@ -201,7 +201,7 @@ If no delayd answers, it exits 1.`,
 			case !anyTarget && len(args) != 2:
 				return withCode(exitUsage, "cancel takes TARGET and ID (or --any ID), got %d arguments", len(args))
 			case !anyTarget:
-				if err := contract.ValidateTarget(args[0], contract.InternalPrefix); err != nil {
+				if err := contract.ValidateTarget(args[0], "" /* the ingress prefix is the service's: only delayd's own subjects are refused here */); err != nil {
 					return withCode(exitUsage, "bad target: %v", err)
 				}
 			}
