@@ -155,3 +155,36 @@ type CancelAllReply struct {
 	// cancelled and is not counted again).
 	Complete bool `json:"complete"`
 }
+
+// The reschedule API (docs/pending.md#2-reschedule): a request to
+// [RescheduleSubjectFor](target), with the id as its payload and the new
+// delay as a publisher gives one ([HeaderLevel], [HeaderDuration] or
+// [HeaderDeliverAt] on the request), moves that pending message to its
+// new due. It answers exactly one of [RescheduleReplyRescheduled] (with
+// the new due in [HeaderDueAt]), [CancelReplyNotFound] or
+// [CancelReplyDelivered], with the cancel API's codes in [HeaderStatus]
+// ([RescheduleStatusRescheduled], [CancelStatusNotFound],
+// [CancelStatusDelivered]); its errors are the cancel API's. A
+// rescheduled message keeps its id, payload and user headers, and is
+// delivered once, never before its new due and never at its old one.
+const (
+	// RescheduleSubject is the root of the reschedule API's subjects.
+	RescheduleSubject = InternalPrefix + ".api.reschedule"
+	// RescheduleReplyRescheduled: the message was pending and is now
+	// delivered at the new due (and only then), given in [HeaderDueAt].
+	RescheduleReplyRescheduled = "rescheduled"
+	// RescheduleStatusRescheduled is the code of
+	// [RescheduleReplyRescheduled].
+	RescheduleStatusRescheduled = 200
+	// HeaderRescheduled is set on the delivery of a message that was
+	// rescheduled: how many times it was ("Delay-Rescheduled: 1"), as
+	// [HeaderHops] counts its cascade hops.
+	HeaderRescheduled = "Delay-Rescheduled"
+)
+
+// RescheduleSubjectFor returns the reschedule API subject of target,
+// "delayd.api.reschedule.<target>": a request there moves only a message
+// whose target subject is target, so a NATS user allowed to publish to
+// "delayd.api.reschedule.orders.>" can move only messages bound for
+// orders.>.
+func RescheduleSubjectFor(target string) string { return RescheduleSubject + "." + target }

@@ -84,11 +84,11 @@ type Hooks struct {
 // a cancel meets the level owners (deliver gives it its level.Owners;
 // docs/reshape.md#22-the-one-interface-for-other-goroutines).
 type Decider interface {
-	// Decide has the owner of rec's level decide the cancel (or, with
-	// status, tell the status) of the message rec places; reader is the
+	// Decide has the owner of rec's level decide ask about the message
+	// rec places (cancel it, tell its status; [level.Ask]); reader is the
 	// asking worker's, for the reads the decision costs. A level stream
 	// this replica does not know answers [level.AnswerGone].
-	Decide(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (level.CancelAnswer, error)
+	Decide(ctx context.Context, reader *jswire.BatchReader, rec index.Record, ask level.Ask) (level.CancelAnswer, error)
 	// Sift has the owner of a level stream tell which of seqs are still
 	// pending (the list API's question; [level.Owners.Sift]).
 	Sift(ctx context.Context, stream string, seqs []uint64) (level.Sifted, error)

@@ -172,7 +172,7 @@ func (a *API) cancelAllWalk(ctx context.Context, reader *jswire.BatchReader, tar
 				return decided, errBudgetSpent
 			}
 			rec := index.Record{Key: c.key, Stream: c.item.Stream, Seq: c.item.Seq, Hop: c.hop, Due: c.item.Due, Target: target}
-			answer, err := a.cfg.Decider.Decide(ctx, reader, rec, false)
+			answer, err := a.cfg.Decider.Decide(ctx, reader, rec, level.Ask{Op: level.AskCancel})
 			if err != nil {
 				return decided, err
 			}

@@ -68,7 +68,11 @@ func (a *API) DecideID(ctx context.Context, reader *jswire.BatchReader, id, scop
 	if a.cfg.Hooks.Looked != nil {
 		a.cfg.Hooks.Looked(rec)
 	}
-	return a.decideLoop(ctx, reader, rec, ok, scope, notAfter, status)
+	ask := level.Ask{Op: level.AskCancel}
+	if status {
+		ask.Op = level.AskStatus
+	}
+	return a.decideLoop(ctx, reader, rec, ok, scope, notAfter, ask)
 }
 
 // lookupAll looks up each of id's index keys and returns the one record in
@@ -98,12 +102,12 @@ func (a *API) lookupAll(ctx context.Context, reader *jswire.BatchReader, id stri
 	return rec, ok, nil
 }
 
-// decideLoop has rec's level owner decide it (ok false: no record in
+// decideLoop has rec's level owner decide ask (ok false: no record in
 // scope, AnswerGone), looking it up again while it is between two levels
 // (forwarded, or its level write not stored yet) until the router placed
 // it or cancelWaitRouted passed ([ErrRouterBehind]). An AnswerDelivered is
 // checked against the index's latest record, as [API.DecideID] says.
-func (a *API) decideLoop(ctx context.Context, reader *jswire.BatchReader, rec index.Record, ok bool, scope string, notAfter time.Time, status bool) (level.CancelAnswer, time.Time, error) {
+func (a *API) decideLoop(ctx context.Context, reader *jswire.BatchReader, rec index.Record, ok bool, scope string, notAfter time.Time, ask level.Ask) (level.CancelAnswer, time.Time, error) {
 	var (
 		seen uint64
 		err  error
@@ -118,7 +122,7 @@ func (a *API) decideLoop(ctx context.Context, reader *jswire.BatchReader, rec in
 			return level.AnswerGone, time.Time{}, nil
 		}
 		if rec.At > seen {
-			answer, err := a.cfg.Decider.Decide(ctx, reader, rec, status)
+			answer, err := a.cfg.Decider.Decide(ctx, reader, rec, ask)
 			if err != nil {
 				return 0, time.Time{}, err
 			}

@@ -19,13 +19,39 @@ import (
 type CancelAnswer int
 
 const (
-	AnswerCancelled CancelAnswer = iota // pending: now never delivered
-	AnswerDelivered                     // handed to its target already
-	AnswerForwarded                     // moved on to its next level: look again
-	AnswerGone                          // no such message at that sequence
-	AnswerRetry                         // not stored yet: look again
-	AnswerPending                       // a status request's: not handed off, not cancelled
+	AnswerCancelled   CancelAnswer = iota // pending: now never delivered
+	AnswerDelivered                       // handed to its target already
+	AnswerForwarded                       // moved on to its next level: look again
+	AnswerGone                            // no such message at that sequence
+	AnswerRetry                           // not stored yet: look again
+	AnswerPending                         // a status request's: not handed off, not cancelled
+	AnswerRescheduled                     // a reschedule's: pending, now delivered at the new due only
 )
+
+// AskOp is what an [Ask] asks of a level owner about one message.
+type AskOp int
+
+const (
+	// AskCancel cancels the message: AnswerCancelled if it was pending.
+	AskCancel AskOp = iota
+	// AskStatus tells, reserving nothing: AnswerPending if it is pending.
+	AskStatus
+	// AskReschedule moves the message to Ask.Due: AnswerRescheduled if it
+	// was pending (docs/pending.md#2-reschedule).
+	AskReschedule
+)
+
+// Ask is one question to a level owner about the message a record
+// places: a cancel, a status, or a reschedule to Due.
+type Ask struct {
+	Op AskOp
+	// Due is a reschedule's new due, a server time; zero for the others.
+	Due time.Time
+}
+
+// errRescheduleNotBuilt is a reschedule's answer until the owner's move
+// is built (docs/pending.md#7-progress): an error, never a guess.
+var errRescheduleNotBuilt = errors.New("reschedule is not available in this delayd")
 
 // ErrNoOwner: no replica answered for the level as its owner (none holds
 // its lease now, or the one that did is stopping or paused); the decision
@@ -48,15 +74,14 @@ type Asker interface {
 	// Passed returns the highest sequence the owner of stream handed off;
 	// 0 without an answer.
 	Passed(ctx context.Context, stream string) uint64
-	// Cancel decides a cancel of the message rec places: the owner
-	// reserves the sequence between two deliveries, and the caller does
-	// the I/O (read with reader, tombstone, PubAck, fenced owner check).
+	// Decide has the owner decide ask about the message rec places. A
+	// cancel (AskCancel): the owner reserves the sequence between two
+	// deliveries, and the caller does the I/O (read with reader,
+	// tombstone, PubAck, fenced owner check). A status (AskStatus) is
+	// decided as a cancel but reserves nothing: AnswerPending for a
+	// message neither handed off nor cancelled; reader may be nil.
 	// Asking again is safe.
-	Cancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record) (CancelAnswer, error)
-	// Status decides a status request of the message rec places, as a
-	// cancel is decided but reserving nothing: AnswerPending for a
-	// message neither handed off nor cancelled.
-	Status(ctx context.Context, rec index.Record) (CancelAnswer, error)
+	Decide(ctx context.Context, reader *jswire.BatchReader, rec index.Record, ask Ask) (CancelAnswer, error)
 	// Sift answers which of seqs the owner of stream still holds pending
 	// ([Sifted]), for the list API; an error without an answer (never a
 	// guess).
@@ -67,8 +92,8 @@ type Asker interface {
 // holds: without one it answers as no owner does (not pending, 0, an error
 // wrapping ownership.ErrNotOwner). Pending and Passed read the owner's published
 // view on the caller's goroutine, without the loop's turn (docs/reshape.md
-// R6), and so does Sift; Cancel and Status send a request to the loop and
-// do a reserved cancel's I/O on the caller's goroutine.
+// R6), and so does Sift; Decide sends a request to the loop and does a
+// reserved cancel's I/O on the caller's goroutine.
 type local struct{ l *Level }
 
 var _ Asker = local{}
@@ -92,14 +117,9 @@ func (a local) Passed(context.Context, string) uint64 {
 	return 0
 }
 
-// Cancel is the current owner's decision of a cancel ([Level.request]).
-func (a local) Cancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record) (CancelAnswer, error) {
-	return a.l.request(ctx, reader, rec, false)
-}
-
-// Status is the current owner's decision of a status request ([Level.request]).
-func (a local) Status(ctx context.Context, rec index.Record) (CancelAnswer, error) {
-	return a.l.request(ctx, nil, rec, true)
+// Decide is the current owner's decision of ask ([Level.request]).
+func (a local) Decide(ctx context.Context, reader *jswire.BatchReader, rec index.Record, ask Ask) (CancelAnswer, error) {
+	return a.l.request(ctx, reader, rec, ask)
 }
 
 // OwnersConfig configures [Owners].
@@ -164,20 +184,8 @@ func (w *Owners) Passed(ctx context.Context, stream string) uint64 {
 	return w.remote.Passed(ctx, stream)
 }
 
-// Cancel has the level's owner decide the cancel of the message rec
-// places ([Owners.Decide]).
-func (w *Owners) Cancel(ctx context.Context, reader *jswire.BatchReader, rec index.Record) (CancelAnswer, error) {
-	return w.Decide(ctx, reader, rec, false)
-}
-
-// Status has the level's owner decide the status of the message rec
-// places ([Owners.Decide]).
-func (w *Owners) Status(ctx context.Context, rec index.Record) (CancelAnswer, error) {
-	return w.Decide(ctx, nil, rec, true)
-}
-
-// Decide has the level's owner decide the cancel (or, with status, the
-// status) of the message rec places: this replica's owner if a term runs
+// Decide has the level's owner decide ask (a cancel, a status, a
+// reschedule) about the message rec places: this replica's owner if a term runs
 // here, else the owner, through the level's decide subject
 // ([contract.DecideSubject]). While no replica answers as the owner (the
 // lease is changing hands: a start, a crash, a pause), it asks again with
@@ -185,7 +193,7 @@ func (w *Owners) Status(ctx context.Context, rec index.Record) (CancelAnswer, er
 // send the request again. Asking again is safe: a sequence already
 // cancelled answers "cancelled". A level stream this replica does not
 // know answers AnswerGone.
-func (w *Owners) Decide(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (CancelAnswer, error) {
+func (w *Owners) Decide(ctx context.Context, reader *jswire.BatchReader, rec index.Record, ask Ask) (CancelAnswer, error) {
 	l := w.levels[rec.Stream]
 	if l == nil {
 		return AnswerGone, nil
@@ -198,23 +206,11 @@ func (w *Owners) Decide(ctx context.Context, reader *jswire.BatchReader, rec ind
 			err    error
 		)
 		if l.Owned() {
-			if status {
-				answer, err = local{l}.Status(ctx, rec)
-			} else {
-				answer, err = local{l}.Cancel(ctx, reader, rec)
-			}
-			if !errors.Is(err, ownership.ErrNotOwner) {
+			if answer, err = (local{l}).Decide(ctx, reader, rec, ask); !errors.Is(err, ownership.ErrNotOwner) {
 				return answer, err
 			}
-		} else {
-			if status {
-				answer, err = w.remote.Status(ctx, rec)
-			} else {
-				answer, err = w.remote.Cancel(ctx, reader, rec)
-			}
-			if !errors.Is(err, ErrNoOwner) {
-				return answer, err
-			}
+		} else if answer, err = w.remote.Decide(ctx, reader, rec, ask); !errors.Is(err, ErrNoOwner) {
+			return answer, err
 		}
 		if ctx.Err() != nil {
 			return 0, ctx.Err()

@@ -140,10 +140,10 @@ func TestAskerLocalEqualsRemote(t *testing.T) {
 		}
 	}
 	statusOf := func(id string) func(Asker) string {
-		return func(a Asker) string { return answer(a.Status(ctx, recs[id])) }
+		return func(a Asker) string { return answer(a.Decide(ctx, nil, recs[id], Ask{Op: AskStatus})) }
 	}
 	cancelOf := func(id string) func(Asker) string {
-		return func(a Asker) string { return answer(a.Cancel(ctx, reader, recs[id])) }
+		return func(a Asker) string { return answer(a.Decide(ctx, reader, recs[id], Ask{Op: AskCancel})) }
 	}
 
 	siftOf := func(ids ...string) func(Asker) string {
@@ -219,7 +219,7 @@ func TestOwnersLeaseTTLDefault(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	w := NewOwners(OwnersConfig{Conn: nc, Levels: map[string]*Level{stream: {}}}) // owned elsewhere
-	if a, err := w.Status(ctx, index.Record{Key: "ix", Stream: stream, Seq: 5}); err != nil || a != AnswerPending {
+	if a, err := w.Decide(ctx, nil, index.Record{Key: "ix", Stream: stream, Seq: 5}, Ask{Op: AskStatus}); err != nil || a != AnswerPending {
 		t.Fatalf("Status through a change of owner, without LeaseTTL: %v, %v; want %v, nil (asked again)", a, err, AnswerPending)
 	}
 }

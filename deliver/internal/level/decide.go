@@ -241,9 +241,9 @@ func (d *decideServer) work(reader *jswire.BatchReader) {
 			err    error
 		)
 		if req.Op == decideOpStatus {
-			answer, err = s.ask(d.ctx, nil, req.record(s.cfg.Stream), true)
+			answer, err = s.ask(d.ctx, nil, req.record(s.cfg.Stream), Ask{Op: AskStatus})
 		} else {
-			answer, err = s.ask(d.ctx, reader, req.record(s.cfg.Stream), false)
+			answer, err = s.ask(d.ctx, reader, req.record(s.cfg.Stream), Ask{Op: AskCancel})
 		}
 		switch {
 		case err == nil:
@@ -324,16 +324,16 @@ func newRemote(nc *nats.Conn) *remote {
 	return &remote{nc: nc, silent: make(map[string]time.Time)}
 }
 
-// Cancel sends the cancel of the message rec places to its level's owner
+// Decide sends ask about the message rec places to its level's owner
 // ([askDecision]); reader is not used: the owner reads.
-func (p *remote) Cancel(ctx context.Context, _ *jswire.BatchReader, rec index.Record) (CancelAnswer, error) {
-	return askDecision(ctx, p.nc, decideOpCancel, rec)
-}
-
-// Status sends the status request of the message rec places to its
-// level's owner ([askDecision]).
-func (p *remote) Status(ctx context.Context, rec index.Record) (CancelAnswer, error) {
-	return askDecision(ctx, p.nc, decideOpStatus, rec)
+func (p *remote) Decide(ctx context.Context, _ *jswire.BatchReader, rec index.Record, ask Ask) (CancelAnswer, error) {
+	switch ask.Op {
+	case AskCancel:
+		return askDecision(ctx, p.nc, decideOpCancel, rec)
+	case AskStatus:
+		return askDecision(ctx, p.nc, decideOpStatus, rec)
+	}
+	return 0, errRescheduleNotBuilt
 }
 
 // Pending reports the owner's answer to "is the message rec places

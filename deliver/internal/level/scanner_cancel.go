@@ -21,9 +21,9 @@ import (
 // request is a question another goroutine asks the owner's loop, on
 // owner.asks: a cancel to decide (and reserve for), or a status.
 type request struct {
-	rec    index.Record
-	status bool // a status request: decide, reserve nothing
-	reply  chan cancelDecision
+	rec   index.Record
+	ask   Ask // AskStatus: decide, reserve nothing
+	reply chan cancelDecision
 }
 
 // cancelDecision is the scanner goroutine's answer to a request. With
@@ -57,9 +57,9 @@ func clip(b []byte, n int) string {
 	return strconv.Quote(string(b))
 }
 
-// request cancels the message rec places in this level (or, with status,
-// tells its status), on the caller's goroutine (a cancel worker), reading
-// with reader ([local.Cancel], [local.Status]). It asks the current term's
+// request cancels the message rec places in this level (or, with
+// AskStatus, tells its status), on the caller's goroutine (a cancel
+// worker), reading with reader ([local.Decide]). It asks the current term's
 // owner (the term slot's): between terms it returns an error wrapping
 // ownership.ErrNotOwner, to send again.
 //
@@ -74,23 +74,26 @@ func clip(b []byte, n int) string {
 // and not cancelled answers AnswerPending and is delivered as usual; a
 // cancel in flight is waited for, and "cancelled" holds only after the
 // same fenced check as a cancel's.
-func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (CancelAnswer, error) {
+func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec index.Record, ask Ask) (CancelAnswer, error) {
 	o := s.slot.get()
 	if o == nil {
 		return 0, fmt.Errorf("level stream %s: %w; send the cancel again", s.cfg.Stream, ownership.ErrNotOwner)
 	}
-	return o.ask(ctx, reader, rec, status)
+	return o.ask(ctx, reader, rec, ask)
 }
 
-// ask has this owner's loop decide rec's cancel (or, with status, its
+// ask has this owner's loop decide rec's cancel (or, with AskStatus, its
 // status) and completes a reserved cancel on the caller's goroutine. An
 // owner whose term ends stops deciding: the asker sees its done channel
 // and gives up with an error wrapping ownership.ErrNotOwner, to send again (to the
 // next owner).
-func (s *owner) ask(ctx context.Context, reader *jswire.BatchReader, rec index.Record, status bool) (CancelAnswer, error) {
+func (s *owner) ask(ctx context.Context, reader *jswire.BatchReader, rec index.Record, ask Ask) (CancelAnswer, error) {
+	if ask.Op == AskReschedule {
+		return 0, errRescheduleNotBuilt
+	}
 	stopped := fmt.Errorf("level stream %s: %w; send the cancel again", s.cfg.Stream, ownership.ErrNotOwner)
 	for {
-		req := request{rec: rec, status: status, reply: make(chan cancelDecision, 1)}
+		req := request{rec: rec, ask: ask, reply: make(chan cancelDecision, 1)}
 		select {
 		case s.asks <- req:
 		case <-ctx.Done():
@@ -153,7 +156,7 @@ func (s *owner) serveCancels() {
 	for {
 		select {
 		case req := <-s.asks:
-			req.reply <- s.reserve(req.rec, req.status)
+			req.reply <- s.reserve(req.rec, req.ask)
 		default:
 			return
 		}
@@ -168,7 +171,7 @@ func (s *owner) serveCancels() {
 // scanner does not pass it until the requester's tombstone write has an
 // outcome ([Level.awaitCancel]); for a status request it answers
 // AnswerPending instead.
-func (s *owner) reserve(rec index.Record, status bool) cancelDecision {
+func (s *owner) reserve(rec index.Record, ask Ask) cancelDecision {
 	seq := rec.Seq
 	_, tombstoned, r := s.cancel.book.lookup(seq)
 	switch {
@@ -180,7 +183,7 @@ func (s *owner) reserve(rec index.Record, status bool) cancelDecision {
 	if seq < s.pos.next || s.conf.win.tried(seq) {
 		return cancelDecision{answer: handedOff(rec)}
 	}
-	if status {
+	if ask.Op == AskStatus {
 		return cancelDecision{answer: AnswerPending}
 	}
 	return cancelDecision{
