@@ -168,10 +168,10 @@ func (s *owner) serveCancels() {
 // next level); so may have one retried after an ambiguous failure: those
 // answer as handed off and are delivered (again) as usual. A cancelled,
 // moving, moved or reserved one answers from [cancelBook] (moving and
-// moved: AnswerForwarded, look again where its move placed it). Any other is reserved: the
-// scanner does not pass it until the requester's tombstone write has an
-// outcome ([Level.awaitCancel]); for a status request it answers
-// AnswerPending instead.
+// moved: AnswerForwarded, look again where its move placed it). Any other
+// is reserved: the scanner does not pass it until the requester's
+// tombstone write has an outcome ([Level.awaitCancel]); for a status
+// request it answers AnswerPending instead.
 func (s *owner) reserve(rec index.Record, ask Ask) cancelDecision {
 	seq := rec.Seq
 	switch st, _, r := s.cancel.book.state(seq); st {
@@ -472,9 +472,10 @@ func (s *owner) dropTombstones(acked uint64) {
 
 // pendingAt reports whether the message rec places in this level has not
 // been handed to its target and is not cancelled (a cancel in flight
-// counts as pending, and so does a move, in flight or done); a cascading message forwarded to its next level
-// counts as pending until its due time (a cancel of it on its next level
-// writes a newer "cancelled" record). The router calls it to merge; the
+// counts as pending, and so does a move, in flight or done); a cascading
+// message forwarded to its next level counts as pending until its due
+// time (a cancel of it on its next level writes a newer "cancelled"
+// record). The router calls it to merge; the
 // answer may be overtaken by the loop at once, which is the merge's
 // semantics: the later message arrived while the first was pending. It
 // reads the owner's published view only (any goroutine). An owner that no
