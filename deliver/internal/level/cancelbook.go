@@ -182,6 +182,19 @@ func (b *cancelBook) void(seq, intentAt uint64) bool {
 	return true
 }
 
+// movingAbove returns the intents of the moving sequences above offset.
+func (b *cancelBook) movingAbove(offset uint64) []index.Tombstone {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []index.Tombstone
+	for seq, e := range b.tombs {
+		if seq > offset && e.state() == stateMoving {
+			out = append(out, e.t)
+		}
+	}
+	return out
+}
+
 // intentOf returns the sequence moved by the intent stored at at in
 // index.CancelStream (the one a placed mark names); ok false if no move
 // in the book is that intent.

@@ -78,6 +78,7 @@ type ioSet struct {
 	feed       *feed
 	tombstones jetstream.Stream // CancelStream
 	idMAC      *hop.IDMAC       // derives delivery ids (the owner's loop)
+	mover      *mover           // settles loaded moves (opened by run)
 }
 
 // streamLife is the life of the level stream the position belongs to, as

@@ -98,6 +98,8 @@ func (s *owner) run(ctx context.Context) error {
 	defer s.io.feed.close()
 	retire := startRetirer(ctx, s.Level)
 	defer retire.Stop()
+	s.io.mover = startMover(ctx, s.Level)
+	defer s.io.mover.Stop()
 	defer s.shutdown()
 
 	retry := backoff.New(100*time.Millisecond, 5*time.Second)

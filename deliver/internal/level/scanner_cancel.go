@@ -436,7 +436,21 @@ func (s *owner) loadTombstones(ctx context.Context, offset uint64) error {
 	}
 	s.loadMarks(marks)
 	s.dropTombstones(offset)
+	s.handMoves(offset)
 	return nil
+}
+
+// handMoves hands the mover every loaded intent above offset whose new
+// message is not known to be stored (moving): until it settles them,
+// their heads are held.
+func (s *owner) handMoves(offset uint64) {
+	var jobs []moveJob
+	for _, t := range s.cancel.book.movingAbove(offset) {
+		jobs = append(jobs, moveJob{t: t, loadTail: s.life.loadTail, loadedAt: s.life.loadedAt, term: s.term})
+	}
+	if s.io.mover != nil {
+		s.io.mover.add(jobs...)
+	}
 }
 
 // loadMarks applies the placed marks read at the load, once every
