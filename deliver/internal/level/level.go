@@ -181,7 +181,8 @@ type Wiring struct {
 	// published before the call (caughtUp false: not yet, ask again), so
 	// the mover reads a move's new message's index record if it is stored
 	// (docs/pending.md#24-the-mover-finishing-an-intent-after-a-crash-or-failover).
-	// Optional: nil waits for nothing (a scanner without a router).
+	// Optional, but without it the mover settles nothing: a loaded move's
+	// head is held until a term with it loads it.
 	Routed func(ctx context.Context) (caughtUp bool, err error)
 }
 

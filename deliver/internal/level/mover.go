@@ -225,16 +225,17 @@ func (m *mover) settle(ctx context.Context, reader *jswire.BatchReader, j moveJo
 
 // newExists reports whether the new message of t's move is stored and
 // routed: once the router has placed everything published before now
-// (Wiring.Routed; without it, nothing is waited for), the id's latest
-// index record is another placement than the old one, or says it is gone
-// (cancelled, delivered): only the new message can have made it.
-// known is false when the router is behind.
+// (Wiring.Routed), the id's latest index record is another placement than
+// the old one, or says it is gone (cancelled, delivered): only the new
+// message can have made it. known is false when the router is behind, and
+// without Wiring.Routed: a record read before the router placed a stored
+// new message would void a move already made (two deliveries).
 func (s *Level) newExists(ctx context.Context, reader *jswire.BatchReader, t index.Tombstone) (exists, known bool, err error) {
-	if s.cfg.Routed != nil {
-		caughtUp, err := s.cfg.Routed(ctx)
-		if err != nil || !caughtUp {
-			return false, false, err
-		}
+	if s.cfg.Routed == nil {
+		return false, false, nil
+	}
+	if caughtUp, err := s.cfg.Routed(ctx); err != nil || !caughtUp {
+		return false, false, err
 	}
 	rec, ok, err := index.LookupLatest(ctx, s.deps.nc, reader, t.Key, jswire.OpTimeout, nil)
 	if err != nil {

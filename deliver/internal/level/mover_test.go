@@ -110,7 +110,8 @@ func TestMoverSettlesLoadedIntents(t *testing.T) {
 		t.Fatal(err)
 	}
 	l, err := New(b.nc, b.js, Config{Stream: stream, Offsets: store, Targets: target.New(b.nc, b.js, nil)},
-		Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: hopKey})
+		Wiring{Reasons: &message.ReasonCounts{}, Refused: &message.Refusals{}, HopKey: hopKey,
+			Routed: func(context.Context) (bool, error) { return true, nil }}) // no router: nothing to wait for
 	if err != nil {
 		t.Fatal(err)
 	}
