@@ -175,15 +175,17 @@ func (r *Router) open(ctx context.Context, opened *closers) (*jswire.Pull, error
 	if r.share.parts > 1 {
 		filter = resource.IngressPartitionSubject(r.share.part) + ">"
 	}
-	_, err = r.deps.js.CreateOrUpdateConsumer(ctx, resource.IngressStream, jetstream.ConsumerConfig{
-		Durable:       consumer,
-		FilterSubject: filter,
-		Description:   "delayd router: ingress to level streams",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       ingressAckWait,
-		MaxAckPending: r.cfg.MaxInFlight + 2*r.cfg.Batch + heldMax,
-		MaxDeliver:    -1,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+	_, err = ingressRequest(ctx, r, "create", func(ctx context.Context) (jetstream.Consumer, error) {
+		return r.deps.js.CreateOrUpdateConsumer(ctx, resource.IngressStream, jetstream.ConsumerConfig{
+			Durable:       consumer,
+			FilterSubject: filter,
+			Description:   "delayd router: ingress to level streams",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       ingressAckWait,
+			MaxAckPending: r.cfg.MaxInFlight + 2*r.cfg.Batch + heldMax,
+			MaxDeliver:    -1,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create ingress consumer: %w", err)
