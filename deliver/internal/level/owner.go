@@ -82,6 +82,9 @@ func (s *owner) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.hooks.loseReads != nil {
+		reader.LoseReplies(s.hooks.loseReads)
+	}
 	s.io.reader = reader
 	defer reader.Close()
 	acks, err := jswire.NewPubAcks(s.deps.nc, s.hooks.ackTimeout)
