@@ -39,13 +39,15 @@ type feed struct {
 	bytes   int
 	pull    *jswire.Pull
 	started bool
+	leader  string // the server the consumer was created on (its Cluster.Leader); "" unknown
+	suspect string // the server whose consumer went silent (jswire.ErrNoHeartbeat) until a reset placed it elsewhere
 
 	requests atomic.Uint64       // reset's requests sent, every copy counted (lose)
 	lose     func(n uint64) bool // tests: the answer to request n is lost (it waits for its context)
 }
 
-// feedPlaceTries bounds the consumer creates of one reset that go
-// unanswered.
+// feedPlaceTries bounds the consumer creates of one reset that land on
+// the suspected server (or go unanswered) before it takes the last one.
 const feedPlaceTries = 3
 
 // feedCreateTry bounds one create of a reset: a create placed on a server
@@ -66,8 +68,9 @@ func newFeed(nc *nats.Conn, js jetstream.JetStream, stream string, batch, bytes 
 // copy sent again reaches the new one. A delete answered "not found" is
 // done (the first copy, or an earlier reset, deleted it); a create sent
 // again with the same config is the same create. The consumer is one
-// replica, placed by the server among the stream's: one whose create is
-// not answered within feedCreateTry is deleted and created again, up to
+// replica, placed by the server among the stream's: one created on the
+// server whose consumer went silent, or whose create is not answered
+// within feedCreateTry, is deleted and created again, up to
 // feedPlaceTries creates.
 func (f *feed) reset(ctx context.Context, from uint64) error {
 	f.close()
@@ -80,12 +83,16 @@ func (f *feed) reset(ctx context.Context, from uint64) error {
 			return fmt.Errorf("reset level consumer: %w", err)
 		}
 		cctx, ccancel := context.WithTimeout(ctx, feedCreateTry)
-		_, err := hedged(cctx, f, func(ctx context.Context) (jetstream.Consumer, error) {
+		c, err := hedged(cctx, f, func(ctx context.Context) (jetstream.Consumer, error) {
 			return f.js.CreateConsumer(ctx, f.stream, f.config(from))
 		})
 		ccancel()
 		switch {
 		case err == nil:
+			f.leader = consumerLeader(c.CachedInfo(), f.nc)
+			if f.suspect != "" && f.leader == f.suspect && try < feedPlaceTries {
+				continue // on the server that went silent: place it again
+			}
 		case hedge.IsTimeout(err) && ctx.Err() == nil && try < feedPlaceTries:
 			continue // unanswered: perhaps placed on a server that hangs
 		default:
@@ -93,12 +100,16 @@ func (f *feed) reset(ctx context.Context, from uint64) error {
 		}
 		break
 	}
+	f.suspect = ""
 	// A pull's byte limit must leave room for the largest message the
 	// server accepts, or that message could never be pulled.
 	pull, err := jswire.NewPull(f.nc, f.stream, f.name, f.batch, max(f.bytes, 2*int(f.nc.MaxPayload())))
 	if err != nil {
 		return err
 	}
+	// A pull the consumer's server leaves unanswered ends in
+	// jswire.ErrNoHeartbeat (see next) instead of asking it for ever.
+	pull.FailUnanswered()
 	f.pull, f.started = pull, true
 	return nil
 }
@@ -132,13 +143,28 @@ func (f *feed) config(from uint64) jetstream.ConsumerConfig {
 	}
 }
 
+// consumerLeader is the server a consumer info names as the consumer's
+// leader. A server not in a cluster names none: the consumer is on the
+// server nc is connected to.
+func consumerLeader(info *jetstream.ConsumerInfo, nc *nats.Conn) string {
+	if info != nil && info.Cluster != nil && info.Cluster.Leader != "" {
+		return info.Cluster.Leader
+	}
+	return nc.ConnectedServerName()
+}
+
 // next returns the next message and its stream sequence and store time. A
-// receive on wake returns [jswire.ErrWoken]. With
+// receive on wake returns [jswire.ErrWoken]; a consumer whose server
+// answers nothing, [jswire.ErrNoHeartbeat] (the next reset places it
+// elsewhere). With
 // block unset it returns a nil message at once when none is buffered; with a
 // positive timeout it returns a nil message once that long has passed.
 func (f *feed) next(ctx context.Context, wake <-chan struct{}, block bool, timeout time.Duration) (*nats.Msg, jswire.AckMeta, error) {
 	for {
 		m, err := f.pull.Next(ctx, wake, block, timeout)
+		if errors.Is(err, jswire.ErrNoHeartbeat) {
+			f.suspect = f.leader
+		}
 		if err != nil || m == nil {
 			return nil, jswire.AckMeta{}, err
 		}

@@ -128,3 +128,38 @@ func TestFeedResetAnswersLost(t *testing.T) {
 		}
 	}
 }
+
+// TestFeedPlacedOffSuspect: a reset after the consumer went silent
+// (jswire.ErrNoHeartbeat: next names its server the suspect) does not
+// take a consumer created on that server while it may create again: on
+// one server every create lands there, so the reset creates
+// feedPlaceTries times, takes the last, and forgets the suspect. Seen to
+// fail without the check: one create.
+func TestFeedPlacedOffSuspect(t *testing.T) {
+	t.Parallel()
+	nc, js := natstest.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const stream = "DELAYD_FEEDSUSPECT"
+	feedStream(t, ctx, js, stream, "feedsuspect.x", 3)
+	f := newFeed(nc, js, stream, 4, 0)
+	defer f.close()
+	if err := f.reset(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if f.leader == "" {
+		t.Fatal("the created consumer's server is not known")
+	}
+	base := f.requests.Load()
+	f.suspect = f.leader // as next does on jswire.ErrNoHeartbeat
+	if err := f.reset(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.requests.Load() - base; n != 2*feedPlaceTries || f.suspect != "" {
+		t.Fatalf("reset off the suspected server: %d requests, suspect %q; want %d (a delete and a create per try), none",
+			n, f.suspect, 2*feedPlaceTries)
+	}
+	if m, meta, err := f.next(ctx, nil, true, 0); err != nil || m == nil || meta.StreamSeq != 2 {
+		t.Fatalf("after the reset: %v (sequence %d), %v; want sequence 2", m, meta.StreamSeq, err)
+	}
+}
