@@ -2,14 +2,20 @@ package level
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/target"
+	"github.com/delayd/delayd/internal/hedge"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -81,3 +87,37 @@ func (h *messageCounter) Handle(_ context.Context, r slog.Record) error {
 
 func (h *messageCounter) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *messageCounter) WithGroup(string) slog.Handler      { return h }
+
+// TestStartRetryCapped: the owner's wait before another try grows to the
+// backoff's 5 s cap for failures that were answered, and stays at most
+// hedge.AfterLeader for requests nobody answered (a timeout, no
+// responders, a leaderless stream, a silent consumer): an election's end
+// is noticed within a second. Seen to fail with one backoff for all: the
+// waits after timeouts grew past a second.
+func TestStartRetryCapped(t *testing.T) {
+	t.Parallel()
+	r := newStartRetry()
+	for _, err := range []error{
+		fmt.Errorf("level stream: %w", context.DeadlineExceeded),
+		fmt.Errorf("cancel tombstones: %w", nats.ErrNoResponders),
+		errLeaderless,
+		jswire.ErrNoHeartbeat,
+	} {
+		for i := range 20 {
+			if d := r.next(err); d > hedge.AfterLeader {
+				t.Fatalf("wait %d after %v: %s, want at most %s", i, err, d, hedge.AfterLeader)
+			}
+		}
+	}
+	var longest time.Duration
+	for range 20 {
+		longest = max(longest, r.next(errors.New("refused")))
+	}
+	if longest <= hedge.AfterLeader {
+		t.Fatalf("longest wait after answered failures %s, want the backoff to grow past %s", longest, hedge.AfterLeader)
+	}
+	r.reset()
+	if d := r.next(errors.New("refused")); d > 100*time.Millisecond {
+		t.Fatalf("after a success: %s, want the 100ms minimum", d)
+	}
+}
