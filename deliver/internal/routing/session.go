@@ -63,7 +63,6 @@ func (r *Router) Run(ctx context.Context) error {
 	// The tail sync's reads, which any replica answers, are sent again
 	// while unanswered: one lost to a hung replica would restart the
 	// router's whole start.
-	tails.ResendUnanswered()
 	r.run.sync.tails = tails
 	lookups, err := jswire.NewBatchReader(cmp.Or(r.deps.LookupConn, r.deps.js.Conn()), index.Batch)
 	if err != nil {
