@@ -56,20 +56,27 @@ type BalancerConfig struct {
 //     holds the last (or after IdleBid).
 //   - A replica at its share keeps what it holds.
 //
-// It implements [lease.Claimer].
+// It implements [lease.Claimer]: Claim is the one door every elector's
+// goroutine passes when it bids, by design, and mu serializes the bids so
+// that two electors bidding at once never both take the last place in the
+// share (docs/reshape.md, R4 goroutines). Run's goroutine (tick) takes mu
+// too, so a bid never sees half a hand-over.
 type Balancer struct {
-	members *lease.Membership
+	members *lease.Membership // its own lock
 	ttl     time.Duration
 	idleBid time.Duration
 	logger  *slog.Logger
 
+	// Guarded by mu: what the electors' bids and the hand-overs share.
 	mu       sync.Mutex
-	electors []*Elector
-	claims   int      // bids between Claim and their answer
-	yielding *Elector // handing over, until another replica holds its lease
-	yieldAt  time.Time
-	live     int       // at the last tick
-	liveAt   time.Time // when live last changed
+	electors []*Elector // added while the electors are built, before Run
+	claims   int        // bids between Claim and their answer
+	yielding *Elector   // handing over, until another replica holds its lease
+
+	// Run's goroutine's only (tick; written under mu, as tick holds it).
+	yieldAt time.Time // when yielding was set
+	live    int       // at the last tick
+	liveAt  time.Time // when live last changed
 }
 
 // NewBalancer returns a balancer over cfg.Members; electors join it
