@@ -144,14 +144,14 @@ type API struct {
 }
 
 // env is what every goroutine of an [API] reads: New sets it and nothing
-// writes it after. The routed wait and the lookup pacer it points to are
-// the two values the workers share by design (one stream info answers
-// every waiting request; one budget paces every lookup), each guarding its
-// own state with a mutex.
+// writes it after. The workers reach the routed wait's goroutine through
+// a channel (routed), and share the lookup pacer by design (one budget
+// paces every lookup; it guards its state with a mutex).
 type env struct {
 	cfg     Config       // immutable
 	logger  *slog.Logger // immutable
-	routed  *routedWait  // shared by the workers (and its own goroutine, Run's)
+	waits   *routedWait  // the routed wait; its goroutine is Run's child
+	routed  routedAsk    // the workers' side of waits (a channel into its goroutine)
 	lookups *lookupPacer // paces the workers' index lookups; its own mutex
 }
 
@@ -165,7 +165,8 @@ type worker struct{ *env }
 
 // New returns the API of cfg. Nothing touches the server until Subscribe.
 func New(cfg Config) *API {
-	return &API{env: &env{cfg: cfg, logger: cfg.Logger, routed: newRoutedWait(cfg.JS, cfg.RouterWaiting), lookups: newLookupPacer(cfg.LookupShare)}}
+	waits := newRoutedWait(cfg.JS, cfg.RouterWaiting)
+	return &API{env: &env{cfg: cfg, logger: cfg.Logger, waits: waits, routed: waits.ask(), lookups: newLookupPacer(cfg.LookupShare)}}
 }
 
 // Cancel, DecideID, List and CancelAll serve one request as a worker
@@ -212,7 +213,7 @@ func (a *API) Run(ctx context.Context) error {
 	// returns.
 	rctx, stop := context.WithCancel(ctx)
 	var routed sync.WaitGroup
-	routed.Go(func() { a.routed.run(rctx) })
+	routed.Go(func() { a.waits.run(rctx) })
 	defer routed.Wait()
 	defer stop()
 	// The workers read on the lookup connection when there is one

@@ -94,7 +94,7 @@ func (a *worker) serveCancelAll(ctx context.Context, reader *jswire.BatchReader,
 // reading with reader; its work stops at deadline with Complete false.
 //
 // The cut: the ingress stream's last sequence in the routed wait's first
-// stream info after the request arrived ([routedWait.waitBound]). A level
+// stream info after the request arrived ([routedAsk.waitBound]). A level
 // message whose first ingress sequence (Delayd-Origin, else
 // Delayd-Ingress) in the ingress stream's present life is above the cut
 // was published after the request, and is not touched; one of an earlier
