@@ -12,8 +12,10 @@ import (
 // [CancelReplyErrorPrefix] and a reason, with the code in [HeaderStatus]
 // (400 for a request that cannot be answered as sent, 429, 500, 503).
 const (
-	// PendingSubject is the root of the list API's subjects. Only the
-	// scoped form [PendingSubjectFor] is served.
+	// PendingSubject is the root of the list API's subjects, and the
+	// operator form's subject: a request there lists across targets, those
+	// matching [PendingRequest].Subject (grant it to operators only, as
+	// the unscoped [CancelSubject]).
 	PendingSubject = InternalPrefix + ".api.pending"
 
 	// PendingLimitDefault is the page size of a request that gives no
@@ -48,18 +50,48 @@ type PendingRequest struct {
 	DueBefore time.Time `json:"due_before,omitzero"`
 	// Payload asks for each item's payload ([PendingItem].Data).
 	Payload bool `json:"payload,omitempty"`
+	// Subject is the operator form's filter (a request to
+	// [PendingSubject] itself): the targets it lists, a subject with
+	// wildcards; "" is ">", every target. The scoped form refuses it.
+	Subject string `json:"subject,omitempty"`
 }
 
 // PendingReply is a list answer: a page of the target's pending messages,
 // in due order (ties by id).
 type PendingReply struct {
-	Target string        `json:"target"`
-	Items  []PendingItem `json:"items"`
+	// Target is the scoped form's target; "" in the operator form.
+	Target string `json:"target,omitempty"`
+	// Subject is the operator form's subject filter; "" in the scoped
+	// form.
+	Subject string        `json:"subject,omitempty"`
+	Items   []PendingItem `json:"items"`
+	// Total and NextDue are on the first page only (a request without a
+	// cursor), and ignore the due filter: how many messages are pending
+	// for the target (or the subject), and the least due among them
+	// (zero when none). Total may count a message cancelled by a
+	// tombstone the walk did not read, until its level passes it
+	// (docs/pending.md#14-request-and-answer).
+	Total   *int      `json:"total,omitempty"`
+	NextDue time.Time `json:"next_due,omitzero"`
 	// Next is the cursor of the next page ([PendingRequest].Cursor); ""
 	// when this page is the last. A page may hold fewer items than the
 	// limit and still have a next one (its reply reached the size bound,
 	// or items read for it were delivered or cancelled meanwhile).
 	Next string `json:"next,omitempty"`
+}
+
+// MarshalJSON writes it with NextDue in [TimeLayout], as the items'
+// times are.
+func (r PendingReply) MarshalJSON() ([]byte, error) {
+	type plain PendingReply
+	out := struct {
+		plain
+		NextDue string `json:"next_due,omitempty"`
+	}{plain: plain(r)}
+	if !r.NextDue.IsZero() {
+		out.NextDue = FormatTime(r.NextDue)
+	}
+	return json.Marshal(out)
 }
 
 // PendingItem is one pending message of a [PendingReply].

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -66,6 +67,14 @@ func (b *ownerBundle) listAll(target string, limit int) []contract.PendingItem {
 		}
 		cursor = r.Next
 	}
+}
+
+// totalOf is a reply's total as text, "none" when it has none.
+func totalOf(r contract.PendingReply) string {
+	if r.Total == nil {
+		return "none"
+	}
+	return strconv.Itoa(*r.Total)
 }
 
 func ids(items []contract.PendingItem) []string {
@@ -141,6 +150,20 @@ func TestListOneTarget(t *testing.T) {
 	}
 	if r.Next != "" {
 		t.Errorf("one page holds all: next %q, want none", r.Next)
+	}
+	// The first page counts the target's messages over every level, and
+	// gives the least due: list.a's only, not list.b's.
+	if r.Total == nil || *r.Total != len(want) || !r.NextDue.Equal(r.Items[0].Due) {
+		t.Errorf("first page: total %s, next_due %s; want %d and %s", totalOf(r), r.NextDue, len(want), r.Items[0].Due)
+	}
+	if r2 := b.list("tgt.list.a", contract.PendingRequest{Limit: 2}); r2.Total == nil || *r2.Total != len(want) || !r2.NextDue.Equal(r.Items[0].Due) {
+		t.Errorf("first page of 2: total %s, next_due %s; want %d and %s", totalOf(r2), r2.NextDue, len(want), r.Items[0].Due)
+	} else if r3 := b.list("tgt.list.a", contract.PendingRequest{Limit: 2, Cursor: r2.Next}); r3.Total != nil || !r3.NextDue.IsZero() {
+		t.Errorf("second page: total %s, next_due %s; want neither", totalOf(r3), r3.NextDue)
+	}
+	// The due filter does not change them.
+	if rf := b.list("tgt.list.a", contract.PendingRequest{DueAfter: r.Items[len(r.Items)-1].Due}); len(rf.Items) != 0 || rf.Total == nil || *rf.Total != len(want) || !rf.NextDue.Equal(r.Items[0].Due) {
+		t.Errorf("first page due after the last: %d items, total %s, next_due %s; want none, %d and %s", len(rf.Items), totalOf(rf), rf.NextDue, len(want), r.Items[0].Due)
 	}
 	byID := make(map[string]contract.PendingItem)
 	for _, it := range r.Items {
@@ -219,6 +242,11 @@ func TestListCancelledAndDelivered(t *testing.T) {
 			t.Errorf("pages of %d after a3's cancel and soon's delivery: %q, want %q", limit, got, want)
 		}
 	}
+	// The total counts neither: the delivered one is below its level's
+	// passed, the cancelled one's tombstone is subtracted.
+	if r := b.list("tgt.list.a", contract.PendingRequest{}); r.Total == nil || *r.Total != len(want) {
+		t.Errorf("total after a3's cancel and soon's delivery: %s, want %d", totalOf(r), len(want))
+	}
 }
 
 // TestListDecidedByOwner: a list taken by a replica that owns no level
@@ -289,6 +317,69 @@ func TestListGuideForms(t *testing.T) {
 		var r contract.PendingReply
 		if code := m.Header.Get(contract.HeaderStatus); code != "200" || json.Unmarshal(m.Data, &r) != nil || len(r.Items) != 1 || r.Items[0].ID != "remind-42" {
 			t.Errorf("nats req %s '%s': code %s, %s", f[0], f[1], code, m.Data)
+		}
+	}
+}
+
+// TestListOperatorForm: a request to delayd.api.pending itself (the
+// operator form) lists across the targets its subject matches: with
+// "orders.>", orders.a's and orders.b's messages in due order, each with
+// its target, and none of billing.x's; total and next_due over the
+// subject. Without a subject it lists every target, and its total counts
+// no router epoch marker. A bad subject filter, or a subject in the
+// scoped form, is refused.
+func TestListOperatorForm(t *testing.T) {
+	t.Parallel()
+	b := setupOwners(t)
+	b.targetStream()
+	b.startConfig("A", Config{Levels: levels.MustParse(listLevels), LeaseTTL: ownerTTL})
+	for _, m := range []struct{ target, id, level string }{
+		{"orders.a", "oa1", "3"}, {"billing.x", "bx1", "2"}, {"orders.b", "ob1", "2"},
+		{"orders.a", "oa2", "2"}, {"billing.x", "bx2", "3"},
+	} {
+		b.publishTo(m.target, "payload "+m.id, nats.Header{contract.HeaderLevel: {m.level}, contract.HeaderNatsMsgID: {m.id}})
+	}
+	any := func(req contract.PendingRequest) contract.PendingReply {
+		t.Helper()
+		data, _ := json.Marshal(req)
+		m, err := b.nc.Request(contract.PendingSubject, data, 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r contract.PendingReply
+		if code := m.Header.Get(contract.HeaderStatus); code != "200" || json.Unmarshal(m.Data, &r) != nil {
+			t.Fatalf("operator list %+v: code %s, %s", req, code, m.Data)
+		}
+		return r
+	}
+	r := any(contract.PendingRequest{Subject: "orders.>"})
+	targets := make(map[string]string)
+	for _, it := range r.Items {
+		targets[it.ID] = it.Target
+	}
+	if got := ids(r.Items); !slices.Equal(got, []string{"ob1", "oa2", "oa1"}) && !slices.Equal(got, []string{"oa2", "ob1", "oa1"}) {
+		t.Errorf("operator list of orders.>: %q, want ob1 and oa2 (due 1h), then oa1", got)
+	}
+	if targets["oa1"] != "orders.a" || targets["ob1"] != "orders.b" || r.Subject != "orders.>" || r.Target != "" {
+		t.Errorf("operator list of orders.>: targets %v, subject %q, target %q", targets, r.Subject, r.Target)
+	}
+	if r.Total == nil || *r.Total != 3 || len(r.Items) == 0 || !r.NextDue.Equal(r.Items[0].Due) {
+		t.Errorf("operator list of orders.>: total %s, next_due %s; want 3 and the first item's", totalOf(r), r.NextDue)
+	}
+	if r := any(contract.PendingRequest{}); len(r.Items) != 5 || r.Total == nil || *r.Total != 5 || r.Subject != ">" {
+		t.Errorf("operator list of every target: %q, total %s, subject %q; want 5 and 5, >", ids(r.Items), totalOf(r), r.Subject)
+	}
+	for _, c := range []struct{ subject, payload, reason string }{
+		{contract.PendingSubject, `{"subject":"orders.>.x"}`, "not the last token"},
+		{contract.PendingSubject, `{"subject":"orders.a*"}`, "wildcard inside"},
+		{contract.PendingSubjectFor("orders.a"), `{"subject":"orders.>"}`, "operator form"},
+	} {
+		m, err := b.nc.Request(c.subject, []byte(c.payload), 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := string(m.Data); m.Header.Get(contract.HeaderStatus) != "400" || !strings.Contains(body, c.reason) {
+			t.Errorf("%s %s: code %s, %q; want 400 naming %q", c.subject, c.payload, m.Header.Get(contract.HeaderStatus), body, c.reason)
 		}
 	}
 }

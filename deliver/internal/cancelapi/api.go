@@ -321,7 +321,7 @@ type queued struct {
 // Subscribe subscribes to [contract.CancelSubject] and the scoped
 // "delayd.api.cancel.>" ([contract.CancelSubjectFor]), and to the status
 // API's [contract.StatusSubject] and "delayd.api.status.>", and to the list
-// API's "delayd.api.pending.>" ([contract.PendingSubjectFor]) and the cancel-all API's
+// API's [contract.PendingSubject] and "delayd.api.pending.>" ([contract.PendingSubjectFor]) and the cancel-all API's
 // "delayd.api.cancelall.>" ([contract.CancelAllSubjectFor]), queue group "delayd", and
 // waits until the server has the subscriptions, so a request sent once the
 // service is ready finds a responder. Requests go to the API's queue,
@@ -331,7 +331,7 @@ type queued struct {
 func (a *API) Subscribe(ctx context.Context) error {
 	ch, lists, cancelAlls := make(chan queued, QueueMax), make(chan queued, listQueueMax), make(chan queued, cancelAllQueueMax)
 	enqueue := func(m *nats.Msg) {
-		if strings.HasPrefix(m.Subject, contract.PendingSubject+".") {
+		if m.Subject == contract.PendingSubject || strings.HasPrefix(m.Subject, contract.PendingSubject+".") {
 			enqueueList(lists, a.cfg.Lists, m)
 			return
 		}
@@ -351,7 +351,7 @@ func (a *API) Subscribe(ctx context.Context) error {
 		}
 	}
 	var subs []*nats.Subscription
-	for _, subject := range []string{contract.CancelSubject, contract.CancelSubject + ".>", contract.StatusSubject, contract.StatusSubject + ".>", contract.PendingSubject + ".>", contract.CancelAllSubject + ".>"} {
+	for _, subject := range []string{contract.CancelSubject, contract.CancelSubject + ".>", contract.StatusSubject, contract.StatusSubject + ".>", contract.PendingSubject, contract.PendingSubject + ".>", contract.CancelAllSubject + ".>"} {
 		sub, err := a.cfg.Conn.QueueSubscribe(subject, "delayd", enqueue)
 		if err != nil {
 			for _, sub := range subs {

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"container/heap"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,93 +38,6 @@ const (
 	// the reply's headers and the JSON around the items.
 	listReplySlack = 4 << 10
 )
-
-// errBadList wraps a list request's errors that are the request's fault
-// (code 400).
-var errBadList = errors.New("bad list request")
-
-// listQuery is one parsed list request.
-type listQuery struct {
-	target        string
-	limit         int
-	after, before time.Time // exclusive bounds on due; zero: none
-	payload       bool
-	cur           listCursor
-}
-
-// listCursor is the position a page ends at, sent to the client as the
-// reply's next (base64url of its JSON, opaque to clients): every item
-// before (D, K) in (due, key) order was returned, and every item of
-// stream s below S[s] was returned or is excluded
-// (docs/pending.md#13-the-walk-top-k-by-final-due-with-a-per-stream-lower-bound).
-type listCursor struct {
-	D int64             `json:"d"`
-	K string            `json:"k"`
-	S map[string]uint64 `json:"s,omitempty"`
-}
-
-func (c listCursor) set() bool { return c.K != "" }
-
-// after reports whether (due, key) comes after the cursor's position.
-func (c listCursor) after(due time.Time, key string) bool {
-	if !c.set() {
-		return true
-	}
-	return cmp.Or(cmp.Compare(due.UnixNano(), c.D), strings.Compare(key, c.K)) > 0
-}
-
-func (c listCursor) encode() string {
-	b, _ := json.Marshal(c) // cannot fail: numbers and strings
-	return base64.RawURLEncoding.EncodeToString(b)
-}
-
-// errListBusy is a list's busy answer (code 429, as the cancel API's
-// [level.ErrCancelBusy], which it matches with errors.Is): the list queue
-// is full, or the walk could not get its reads in time.
-var errListBusy error = listBusy{}
-
-type listBusy struct{}
-
-func (listBusy) Error() string        { return "busy: too many list requests waiting; try again" }
-func (listBusy) Is(target error) bool { return target == level.ErrCancelBusy }
-
-// parseList parses a request on "delayd.api.pending.<target>"; prefix is
-// the ingress prefix (a target under it is refused, as a publish to it
-// is: [contract.ValidateTarget]).
-func parseList(target, prefix string, data []byte) (listQuery, error) {
-	q := listQuery{target: target, limit: contract.PendingLimitDefault}
-	if err := contract.ValidateTarget(target, prefix); err != nil {
-		return q, fmt.Errorf("%w: %w", errBadList, err)
-	}
-	var req contract.PendingRequest
-	if len(strings.TrimSpace(string(data))) > 0 {
-		dec := json.NewDecoder(strings.NewReader(string(data)))
-		dec.DisallowUnknownFields() // a misspelt option is refused, not ignored
-		if err := dec.Decode(&req); err != nil {
-			return q, fmt.Errorf("%w: payload is not a JSON list request: %w", errBadList, err)
-		}
-		if dec.More() {
-			return q, fmt.Errorf("%w: payload is not a JSON list request: data after its JSON object", errBadList)
-		}
-	}
-	switch {
-	case req.Limit < 0 || req.Limit > contract.PendingLimitMax:
-		return q, fmt.Errorf("%w: limit %d is not in 1..%d", errBadList, req.Limit, contract.PendingLimitMax)
-	case req.Limit > 0:
-		q.limit = req.Limit
-	}
-	if req.Cursor != "" {
-		b, err := base64.RawURLEncoding.DecodeString(req.Cursor)
-		if err == nil {
-			err = json.Unmarshal(b, &q.cur)
-		}
-		if err != nil {
-			return q, fmt.Errorf("%w: cursor is not a next this API gave", errBadList)
-		}
-	}
-	q.after, q.before, q.payload = req.DueAfter, req.DueBefore, req.Payload
-	return q, nil
-}
 
 // candidate is a level message read by a walk, pending when sifted.
 type candidate struct {
@@ -186,7 +98,7 @@ func (a *worker) walkPage(ctx context.Context, reader *jswire.BatchReader, q lis
 	case !caughtUp:
 		return contract.PendingReply{}, nil, ErrRouterBehind
 	}
-	k := &walker{q: q, walks: make(map[string]*streamWalk)}
+	k := &walker{q: q, walks: make(map[string]*streamWalk), gone: make(map[string]map[uint64]bool)}
 	for _, name := range walkOrder(a.cfg.Decider.Streams()) {
 		w := a.streamWalk(name)
 		k.walks[name] = w
@@ -219,6 +131,34 @@ type walker struct {
 	q     listQuery
 	h     topK
 	walks map[string]*streamWalk
+	// On the first page: the messages matching the walk's subject above
+	// each stream's passed (as the server counted them), the sequences
+	// among them its owner said are cancelled, and the least due of the
+	// pending ones read.
+	count   int
+	gone    map[string]map[uint64]bool
+	nextDue time.Time
+}
+
+// sawGone records the sequences of stream its owner's sift said are
+// cancelled (above its passed), for the total.
+func (k *walker) sawGone(stream string, f level.Sifted) {
+	if !k.q.first || len(f.Gone) == 0 {
+		return
+	}
+	if k.gone[stream] == nil {
+		k.gone[stream] = make(map[uint64]bool)
+	}
+	for _, seq := range f.Gone {
+		k.gone[stream][seq] = true
+	}
+}
+
+// sawPending records the due of a pending message read, for next_due.
+func (k *walker) sawPending(due time.Time) {
+	if k.q.first && (k.nextDue.IsZero() || due.Before(k.nextDue)) {
+		k.nextDue = due
+	}
 }
 
 // keep offers c for the page: past the limit, the last candidate by
@@ -257,7 +197,8 @@ func (a *worker) streamWalk(name string) *streamWalk {
 // walkStream reads w's stream for q, keeping candidates in h.
 func (a *worker) walkStream(ctx context.Context, reader *jswire.BatchReader, k *walker, w *streamWalk, notAfter time.Time) error {
 	q := k.q
-	subject := contract.LevelSubjectPrefix + strings.TrimPrefix(w.name, levels.StreamPrefix) + "." + q.target
+	levelPrefix := contract.LevelSubjectPrefix + strings.TrimPrefix(w.name, levels.StreamPrefix) + "."
+	subject := levelPrefix + cmp.Or(q.target, q.subject)
 	levelName := levels.FormatDuration(w.level)
 	from := max(q.cur.S[w.name], 1)
 	// One message first: a stream without the target's messages costs the
@@ -282,9 +223,16 @@ func (a *worker) walkStream(ctx context.Context, reader *jswire.BatchReader, k *
 	}
 	from = max(from, sifted.Passed+1)
 	n := min(q.limit+1, listBatch)
-	for {
+	for reads := 0; ; reads++ {
 		if buf, err = a.readPaced(ctx, reader, w.name, subject, buf[:0], from, n, notAfter); err != nil {
 			return err
+		}
+		if reads == 0 && q.first && len(buf) > 0 {
+			// The first page reads each stream from past its passed: the
+			// server counts the matching messages there (psim).
+			if err := a.countStream(ctx, reader, k, w.name, levelPrefix, buf[0], from, notAfter); err != nil {
+				return err
+			}
 		}
 		if len(buf) == 0 {
 			return nil
@@ -297,11 +245,16 @@ func (a *worker) walkStream(ctx context.Context, reader *jswire.BatchReader, k *
 		if sifted, err = a.cfg.Decider.Sift(ctx, w.name, seqs); err != nil {
 			return err
 		}
+		k.sawGone(w.name, sifted)
 		for i, m := range buf {
 			seq := seqs[i]
 			from, w.last = seq+1, seq
-			if c, ok := a.decodeCandidate(m, seq, w.name, levelName, q); ok && sifted.Pending(seq) && q.cur.after(c.item.Due, c.key) && inFilter(q, c.item.Due) {
-				k.keep(c)
+			c, ok := a.decodeCandidate(m, seq, w.name, levelName, q)
+			if ok && sifted.Pending(seq) {
+				k.sawPending(c.item.Due)
+				if q.cur.after(c.item.Due, c.key) && inFilter(q, c.item.Due) {
+					k.keep(c)
+				}
 			}
 			if !w.bounded {
 				continue
@@ -312,7 +265,10 @@ func (a *worker) walkStream(ctx context.Context, reader *jswire.BatchReader, k *
 			}
 			// No unread message of the stream is due before bound.
 			bound := levelDue.Add(w.rmin - w.level)
-			if !q.before.IsZero() && !bound.Before(q.before) {
+			// (On the first page also not before the least due read:
+			// next_due is the subject's least.)
+			if !q.before.IsZero() && !bound.Before(q.before) && (!q.first || !bound.Before(k.nextDue)) {
+				w.stopped = true
 				return nil
 			}
 			if k.h.Len() == q.limit && bound.After(k.h[0].item.Due) {
@@ -321,6 +277,42 @@ func (a *worker) walkStream(ctx context.Context, reader *jswire.BatchReader, k *
 			}
 		}
 	}
+}
+
+// countStream adds to k's count the messages matching the walk's subject
+// in stream from from, the sequence first was read at: its
+// Nats-Num-Pending (the matching messages after it) and itself, less the
+// routers' epoch markers when the operator form's subject matches theirs.
+func (a *worker) countStream(ctx context.Context, reader *jswire.BatchReader, k *walker, stream, levelPrefix string, first *nats.Msg, from uint64, notAfter time.Time) error {
+	n, err := numPending(first)
+	if err != nil {
+		return err
+	}
+	k.count += n
+	if k.q.subject == "" || !subjectMatches(k.q.subject, epochMarkerTarget) {
+		return nil
+	}
+	buf, err := a.readPaced(ctx, reader, stream, levelPrefix+epochMarkerTarget, nil, from, 1, notAfter)
+	if err != nil || len(buf) == 0 {
+		return err
+	}
+	markers, err := numPending(buf[0])
+	k.count -= markers
+	return err
+}
+
+// epochMarkerTarget is the target part of the routers' epoch markers'
+// subject in a level stream ("delayd.level.<NAME>.delayd.router.epoch").
+const epochMarkerTarget = contract.InternalPrefix + ".router.epoch"
+
+// numPending is how many messages of a batched direct get's request
+// match from m on: its Nats-Num-Pending, and m.
+func numPending(m *nats.Msg) (int, error) {
+	n, err := strconv.Atoi(m.Header.Get("Nats-Num-Pending"))
+	if err != nil {
+		return 0, fmt.Errorf("direct get reply without Nats-Num-Pending: %w", err)
+	}
+	return n + 1, nil
 }
 
 func inFilter(q listQuery, due time.Time) bool {
@@ -354,8 +346,14 @@ func (a *worker) decodeCandidate(m *nats.Msg, seq uint64, stream, levelName stri
 		_, first, _ := message.ParseIngressRef(ref)
 		id = "seq:" + strconv.FormatUint(first, 10)
 	}
+	target := q.target
+	if target == "" {
+		// The operator form: the level subject's tokens after its level's.
+		target = strings.TrimPrefix(m.Header.Get("Nats-Subject"), contract.LevelSubjectPrefix)
+		_, target, _ = strings.Cut(target, ".")
+	}
 	it := contract.PendingItem{
-		ID: id, Due: due.UTC(), Target: q.target, Level: levelName, Stream: stream, Seq: seq,
+		ID: id, Due: due.UTC(), Target: target, Level: levelName, Stream: stream, Seq: seq,
 		Size: len(m.Data), MergeKey: m.Header.Get(message.HdrMerge),
 	}
 	if t, err := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderEnqueuedAt)); err == nil {
@@ -426,7 +424,17 @@ func (a *worker) page(ctx context.Context, k *walker) (contract.PendingReply, []
 	for _, c := range cands {
 		latest[c.key] = max(latest[c.key], c.item.Hops)
 	}
-	reply := contract.PendingReply{Target: k.q.target, Items: []contract.PendingItem{}}
+	reply := contract.PendingReply{Target: k.q.target, Subject: k.q.subject, Items: []contract.PendingItem{}}
+	for stream, f := range sifted {
+		k.sawGone(stream, f)
+	}
+	if k.q.first {
+		total := k.count
+		for _, seqs := range k.gone {
+			total -= len(seqs)
+		}
+		reply.Total, reply.NextDue = &total, k.nextDue
+	}
 	// The reply's JSON, its next included, is at most the max payload
 	// less listReplySlack (kept for its headers).
 	frame, _ := json.Marshal(reply) // cannot fail

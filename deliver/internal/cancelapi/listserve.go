@@ -66,7 +66,9 @@ func (a *API) runLists(ctx context.Context, wg *sync.WaitGroup, rnc *nats.Conn) 
 // API's codes.
 func (a *worker) serveList(ctx context.Context, reader *jswire.BatchReader, q queued) {
 	m := q.m
-	target := strings.TrimPrefix(m.Subject, contract.PendingSubject+".")
+	// The scoped form's target; "" for the operator form.
+	target := strings.TrimPrefix(m.Subject, contract.PendingSubject)
+	target = strings.TrimPrefix(target, ".")
 	reply, err := a.List(ctx, reader, target, m.Data, q.at.Add(listWait))
 	if err != nil {
 		if ctx.Err() != nil {
@@ -88,7 +90,8 @@ func (a *worker) serveList(ctx context.Context, reader *jswire.BatchReader, q qu
 	_ = m.RespondMsg(&nats.Msg{Data: data, Header: nats.Header{contract.HeaderStatus: {strconv.Itoa(contract.PendingStatusOK)}}})
 }
 
-// List answers one list request for target with payload data (a
+// List answers one list request for target (or, target "", the operator
+// form's: across the targets its subject matches) with payload data (a
 // [contract.PendingRequest] as JSON, or empty), reading with reader; the
 // paced reads give up past notAfter with [level.ErrCancelBusy]. An error
 // of the request's own making wraps errBadList (code 400).
