@@ -1,6 +1,7 @@
 package delayd
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -69,6 +70,15 @@ func WithPayload() PendingOpt {
 // PendingPage is one page of a target's pending messages, in due order.
 type PendingPage struct {
 	Items []PendingMsg
+	// Total and NextDue are set on the first page only (a request without
+	// [WithCursor]), whatever the due filter: how many messages are pending
+	// for the target (or, [ListPendingAny], the subject), and the least due
+	// among them (zero when none). Total may count a message cancelled
+	// recently, until its level passes it (docs/guide.md#pending-messages).
+	// HasTotal says whether they were given.
+	Total    int
+	NextDue  time.Time
+	HasTotal bool
 	// Next is the cursor of the next page ([WithCursor]); "" when this
 	// page is the last. A page may be shorter than the limit and still
 	// have a next one.
@@ -132,6 +142,27 @@ func ListPending(ctx context.Context, nc *nats.Conn, target string, opts ...Pend
 		return nil, fmt.Errorf("delayd: pending: %w", err)
 	}
 	var req contract.PendingRequest
+	return listPending(ctx, nc, PendingSubjectFor(target), target, req, opts)
+}
+
+// PendingSubject is the list API's operator form ([ListPendingAny]): a
+// request there lists across targets. Grant it only to operators, as the
+// unscoped [CancelSubject] (docs/operations.md#security).
+const PendingSubject = contract.PendingSubject
+
+// ListPendingAny is [ListPending] across targets, on the operator form's
+// [PendingSubject]: the messages pending for every target subject matches
+// (a subject with wildcards; "" is ">", every target), in due order, each
+// with its [PendingMsg].Target. Its errors are [ListPending]'s; a subject
+// that is not a valid subject filter is refused by delayd (a
+// [*PendingError] matching [ErrBadPendingRequest]).
+func ListPendingAny(ctx context.Context, nc *nats.Conn, subject string, opts ...PendingOpt) (*PendingPage, error) {
+	req := contract.PendingRequest{Subject: subject}
+	return listPending(ctx, nc, PendingSubject, cmp.Or(subject, ">"), req, opts)
+}
+
+func listPending(ctx context.Context, nc *nats.Conn, subject, what string, req contract.PendingRequest, opts []PendingOpt) (*PendingPage, error) {
+	target := what
 	for _, opt := range opts {
 		if err := opt(&req); err != nil {
 			return nil, err
@@ -141,7 +172,7 @@ func ListPending(ctx context.Context, nc *nats.Conn, target string, opts ...Pend
 	if err != nil {
 		return nil, fmt.Errorf("delayd: pending: %w", err)
 	}
-	m, err := nc.RequestWithContext(ctx, PendingSubjectFor(target), data)
+	m, err := nc.RequestWithContext(ctx, subject, data)
 	if err != nil {
 		return nil, fmt.Errorf("delayd: pending %s: %w", target, err)
 	}
@@ -152,7 +183,10 @@ func ListPending(ctx context.Context, nc *nats.Conn, target string, opts ...Pend
 	if err := json.Unmarshal(m.Data, &reply); err != nil {
 		return nil, fmt.Errorf("delayd: pending %s: reply is not JSON: %w", target, err)
 	}
-	page := &PendingPage{Items: make([]PendingMsg, 0, len(reply.Items)), Next: reply.Next}
+	page := &PendingPage{Items: make([]PendingMsg, 0, len(reply.Items)), Next: reply.Next, NextDue: reply.NextDue}
+	if reply.Total != nil {
+		page.Total, page.HasTotal = *reply.Total, true
+	}
 	for _, it := range reply.Items {
 		page.Items = append(page.Items, PendingMsg{
 			ID: it.ID, Due: it.Due, Enqueued: it.Enqueued, Target: it.Target, Level: it.Level, Stream: it.Stream,

@@ -55,6 +55,20 @@ func TestListPending(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("pages: %q, want %q", got, want)
 	}
+	first, err := delayd.ListPending(ctx, nc, "orders.remind", delayd.WithLimit(1))
+	if err != nil || !first.HasTotal || first.Total != 3 || len(first.Items) != 1 || !first.NextDue.Equal(first.Items[0].Due) {
+		t.Errorf("first page: %+v, %v; want total 3 and next due its item's", first, err)
+	}
+	if _, err := delayd.Publish(ctx, js, "billing.run", []byte("bill"), delayd.WithDuration(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	all, err := delayd.ListPendingAny(ctx, nc, "orders.>")
+	if err != nil || !all.HasTotal || all.Total != 3 || len(all.Items) != 3 || all.Items[0].Target != "orders.remind" {
+		t.Errorf("ListPendingAny orders.>: %+v, %v; want orders.remind's 3", all, err)
+	}
+	if all, err := delayd.ListPendingAny(ctx, nc, ""); err != nil || all.Total != 4 || len(all.Items) != 4 {
+		t.Errorf("ListPendingAny every target: %+v, %v; want 4", all, err)
+	}
 	if _, err := delayd.ListPending(ctx, nc, "orders.remind", delayd.WithLimit(delayd.PendingLimitMax+1)); !errors.Is(err, delayd.ErrBadPendingRequest) {
 		t.Errorf("limit above max: %v, want ErrBadPendingRequest", err)
 	}

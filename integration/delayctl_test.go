@@ -570,7 +570,8 @@ func TestDelayctlStatus(t *testing.T) {
 
 // TestDelayctlLs: delayctl ls lists one target's pending messages in due
 // order across pages (--limit 1), with the count, and none of another
-// target's; a bad limit is a usage error.
+// target's; a bad limit is a usage error. ls --any lists across the
+// targets a subject matches.
 func TestDelayctlLs(t *testing.T) {
 	t.Parallel()
 	b := itest.Setup(t)
@@ -586,6 +587,16 @@ func TestDelayctlLs(t *testing.T) {
 		t.Errorf("ls ctl.ls.x: %q, want ls-early, ls-late, the count", lines)
 	}
 	itest.Delayctl(t, url, "ls", "ctl.ls.x", "--limit", "0").Want(t, 2, "--limit 0")
+	// The operator form: every target under ctl.ls, each line with its
+	// target; a target under ctl.ls.y only with that filter.
+	r = itest.Delayctl(t, url, "ls", "--any", "ctl.ls.>")
+	r.Want(t, 0, "3 pending, next due ")
+	lines = strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	if len(lines) != 4 || !strings.Contains(lines[0], "  ls-other  ctl.ls.y  1h  5") || !strings.Contains(lines[1], "  ls-early  ctl.ls.x  1h  5") || !strings.Contains(lines[2], "  ls-late  ctl.ls.x  2h  4") {
+		t.Errorf("ls --any ctl.ls.>: %q, want ls-other, ls-early (published after it), ls-late with their targets, the count", lines)
+	}
+	itest.Delayctl(t, url, "ls", "--any", "ctl.ls.y").Want(t, 0, "1 pending")
+	itest.Delayctl(t, url, "ls", "--any", "a", "b").Want(t, 2, "at most one SUBJECT")
 }
 
 // TestDelayctlCancelAll: `cancel --all TARGET` cancels the target's two pending messages and prints the count;

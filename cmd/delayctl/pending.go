@@ -19,9 +19,10 @@ func (a *app) lsCmd() *cobra.Command {
 		limit         int
 		after, before string
 		asJSON        bool
+		anyTarget     bool
 	)
 	cmd := &cobra.Command{
-		Use:   "ls TARGET",
+		Use:   "ls TARGET | ls --any [SUBJECT]",
 		Short: "List the messages pending for a target, in due order",
 		Long: `ls asks delayd (requests to delayd.api.pending.TARGET) for the messages pending for the target subject
 TARGET, in due order, and prints one line per message:
@@ -30,14 +31,23 @@ TARGET, in due order, and prints one line per message:
 
 DUE is when it will be delivered (UTC), ID the id cancel and status take. It follows the pages to the end
 (--limit is the page size, default 100, at most 1000). --after and --before (RFC 3339) list only messages due
-after or before a time. --json prints each message as a JSON line, the list API's item (id, due, headers, …). Exit 0; 1 if no delayd
-answers.`,
+after or before a time. --json prints each message as a JSON line, the list API's item (id, due, headers, …). Then
+it prints delayd's count of the messages pending for TARGET and the next due (whatever --after and --before say):
+
+  N pending, next due DUE
+
+--any [SUBJECT] uses the operator form (requests to delayd.api.pending): the messages pending for every target
+SUBJECT matches (wildcards; default >), with each line's TARGET after its ID. Exit 0; 1 if no delayd answers.`,
 		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) != 1 {
-				return withCode(exitUsage, "ls takes TARGET, got %d arguments", len(args))
-			}
-			if err := contract.ValidateTarget(args[0], "" /* the ingress prefix is the service's: only delayd's own subjects are refused here */); err != nil {
-				return withCode(exitUsage, "bad target: %v", err)
+			switch {
+			case anyTarget && len(args) > 1:
+				return withCode(exitUsage, "ls --any takes at most one SUBJECT, got %d arguments", len(args))
+			case !anyTarget && len(args) != 1:
+				return withCode(exitUsage, "ls takes TARGET (or --any [SUBJECT]), got %d arguments", len(args))
+			case !anyTarget:
+				if err := contract.ValidateTarget(args[0], "" /* the ingress prefix is the service's: only delayd's own subjects are refused here */); err != nil {
+					return withCode(exitUsage, "bad target: %v", err)
+				}
 			}
 			if limit < 1 || limit > delayd.PendingLimitMax {
 				return withCode(exitUsage, "--limit %d is not in 1..%d", limit, delayd.PendingLimitMax)
@@ -61,17 +71,32 @@ answers.`,
 			}
 			// The ingress prefix is known here, not in Args: a target under
 			// it is refused as delayd refuses it.
-			if err := contract.ValidateTarget(args[0], a.cfg.Prefix); err != nil {
-				return withCode(exitUsage, "bad target: %v", err)
+			if !anyTarget {
+				if err := contract.ValidateTarget(args[0], a.cfg.Prefix); err != nil {
+					return withCode(exitUsage, "bad target: %v", err)
+				}
 			}
 			if err := a.connect(); err != nil {
 				return err
 			}
-			subject := delayd.PendingSubjectFor(args[0])
-			n := 0
+			subject, filter := delayd.PendingSubject, ""
+			if anyTarget && len(args) == 1 {
+				filter = args[0]
+			} else if !anyTarget {
+				subject = delayd.PendingSubjectFor(args[0])
+			}
+			var first *delayd.PendingPage
 			for cursor := ""; ; {
 				ctx, cancel := context.WithTimeout(cmd.Context(), max(a.timeout, cancelTimeout))
-				page, err := delayd.ListPending(ctx, a.nc, args[0], append(opts, delayd.WithCursor(cursor))...)
+				var (
+					page *delayd.PendingPage
+					err  error
+				)
+				if anyTarget {
+					page, err = delayd.ListPendingAny(ctx, a.nc, filter, append(opts, delayd.WithCursor(cursor))...)
+				} else {
+					page, err = delayd.ListPending(ctx, a.nc, args[0], append(opts, delayd.WithCursor(cursor))...)
+				}
 				cancel()
 				switch {
 				case errors.Is(err, nats.ErrNoResponders):
@@ -81,8 +106,10 @@ answers.`,
 				case err != nil:
 					return err
 				}
+				if first == nil {
+					first = page
+				}
 				for _, m := range page.Items {
-					n++
 					if asJSON {
 						b, err := json.Marshal(m)
 						if err != nil {
@@ -91,14 +118,22 @@ answers.`,
 						fmt.Fprintln(a.stdout, string(b))
 						continue
 					}
+					if anyTarget {
+						fmt.Fprintf(a.stdout, "%s  %s  %s  %s  %d\n", contract.FormatTime(m.Due), m.ID, m.Target, m.Level, m.Size)
+						continue
+					}
 					fmt.Fprintf(a.stdout, "%s  %s  %s  %d\n", contract.FormatTime(m.Due), m.ID, m.Level, m.Size)
 				}
 				if cursor = page.Next; cursor == "" {
 					break
 				}
 			}
-			if !asJSON {
-				fmt.Fprintf(a.stdout, "%d pending\n", n)
+			switch {
+			case asJSON:
+			case first.Total == 0:
+				fmt.Fprintln(a.stdout, "0 pending")
+			default:
+				fmt.Fprintf(a.stdout, "%d pending, next due %s\n", first.Total, contract.FormatTime(first.NextDue))
 			}
 			return nil
 		},
@@ -107,5 +142,6 @@ answers.`,
 	cmd.Flags().StringVar(&after, "after", "", "list only messages due after this RFC 3339 time")
 	cmd.Flags().StringVar(&before, "before", "", "list only messages due before this RFC 3339 time")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print each message as a JSON line")
+	cmd.Flags().BoolVar(&anyTarget, "any", false, "the operator form: list across the targets SUBJECT matches (default >)")
 	return cmd
 }
