@@ -83,11 +83,14 @@ type PendingReply struct {
 // MarshalJSON writes it with NextDue in [TimeLayout], as the items'
 // times are.
 func (r PendingReply) MarshalJSON() ([]byte, error) {
-	type plain PendingReply
 	out := struct {
-		plain
-		NextDue string `json:"next_due,omitempty"`
-	}{plain: plain(r)}
+		Target  string        `json:"target,omitempty"`
+		Subject string        `json:"subject,omitempty"`
+		Total   *int          `json:"total,omitempty"`
+		NextDue string        `json:"next_due,omitempty"`
+		Items   []PendingItem `json:"items"`
+		Next    string        `json:"next,omitempty"`
+	}{Target: r.Target, Subject: r.Subject, Total: r.Total, Items: r.Items, Next: r.Next}
 	if !r.NextDue.IsZero() {
 		out.NextDue = FormatTime(r.NextDue)
 	}

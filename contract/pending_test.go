@@ -44,3 +44,24 @@ func TestPendingItemTimes(t *testing.T) {
 		t.Fatalf("read back %+v, want %+v", back, it)
 	}
 }
+
+// TestPendingReplyJSON: a reply's next_due is written as the items' times
+// are, and total and next_due are left out when not given (a later page).
+func TestPendingReplyJSON(t *testing.T) {
+	if n := reflect.TypeOf(PendingReply{}).NumField(); n != 6 {
+		t.Fatalf("PendingReply has %d fields, its MarshalJSON writes 6: write the new one there too", n)
+	}
+	total := 0
+	due := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
+	b, err := json.Marshal(PendingReply{Target: "orders.x", Total: &total, NextDue: due, Items: []PendingItem{}})
+	if want := `{"target":"orders.x","total":0,"next_due":"2026-12-03T09:00:00.000000000Z","items":[]}`; err != nil || string(b) != want {
+		t.Errorf("first page JSON %s, %v; want %s", b, err, want)
+	}
+	var back PendingReply
+	if err := json.Unmarshal(b, &back); err != nil || back.Total == nil || *back.Total != 0 || !back.NextDue.Equal(due) {
+		t.Errorf("read back %+v, %v", back, err)
+	}
+	if b, _ := json.Marshal(PendingReply{Target: "orders.x", Items: []PendingItem{}, Next: "n"}); string(b) != `{"target":"orders.x","items":[],"next":"n"}` {
+		t.Errorf("later page JSON %s", b)
+	}
+}
