@@ -37,6 +37,9 @@ type routedWait struct {
 type routedWaiter struct {
 	gen  uint64 // gate.gen when it arrived: any info requested after it bounds it
 	upTo uint64 // its bound; set by the first info requested after it arrived
+	// at is that info's TimeStamp: the server's time, at or after the
+	// waiter arrived.
+	at   time.Time
 	set  bool
 	done chan error // receives nil once the router caught up, or the info's error
 }
@@ -59,7 +62,26 @@ func (g *routedWait) wait(ctx context.Context) (bool, error) {
 // first stream info requested after the call (every message published
 // before the call is at or below it).
 func (g *routedWait) waitBound(ctx context.Context) (upTo uint64, caughtUp bool, err error) {
-	w := &routedWaiter{done: make(chan error, 1)}
+	w, caughtUp, err := g.await(ctx)
+	return w.upTo, caughtUp, err
+}
+
+// waitNow is [routedWait.wait] that also returns the server's time of the
+// first stream info requested after the call (its TimeStamp; this
+// process's clock if the server sent none) once the router caught up:
+// "now" for a request, by the server's clock (the reschedule API's).
+func (g *routedWait) waitNow(ctx context.Context) (now time.Time, caughtUp bool, err error) {
+	w, caughtUp, err := g.await(ctx)
+	if caughtUp && w.at.IsZero() {
+		w.at = time.Now()
+	}
+	return w.at, caughtUp, err
+}
+
+// await registers a waiter and waits as [routedWait.wait] says; the
+// waiter's bound and time are set when caughtUp.
+func (g *routedWait) await(ctx context.Context) (w *routedWaiter, caughtUp bool, err error) {
+	w = &routedWaiter{done: make(chan error, 1)}
 	g.mu.Lock()
 	w.gen = g.gen
 	g.waiters = append(g.waiters, w)
@@ -72,14 +94,14 @@ func (g *routedWait) waitBound(ctx context.Context) (upTo uint64, caughtUp bool,
 	defer timer.Stop()
 	select {
 	case err := <-w.done:
-		// settle set upTo before it sent on done.
-		return w.upTo, err == nil, err
+		// settle set upTo and at before it sent on done.
+		return w, err == nil, err
 	case <-timer.C:
 		g.drop(w)
-		return 0, false, nil
+		return &routedWaiter{}, false, nil
 	case <-ctx.Done():
 		g.drop(w)
-		return 0, false, ctx.Err()
+		return &routedWaiter{}, false, ctx.Err()
 	}
 }
 
@@ -113,11 +135,11 @@ func (g *routedWait) run(ctx context.Context) {
 				continue
 			}
 		}
-		st, err := g.info(ctx)
+		st, at, err := g.info(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		released := g.settle(gen, st, err)
+		released := g.settle(gen, st, at, err)
 		if released {
 			pause = time.Millisecond
 			continue // the others got their bound from this info: look again at once
@@ -131,21 +153,25 @@ func (g *routedWait) run(ctx context.Context) {
 	}
 }
 
-func (g *routedWait) info(ctx context.Context) (jetstream.StreamState, error) {
+// info reads the ingress stream's state, and the server's time of the
+// read (the info's TimeStamp).
+func (g *routedWait) info(ctx context.Context) (jetstream.StreamState, time.Time, error) {
 	ictx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	stream, err := g.js.Stream(ictx, resource.IngressStream)
 	if err != nil {
-		return jetstream.StreamState{}, fmt.Errorf("ingress stream: %w", err)
+		return jetstream.StreamState{}, time.Time{}, fmt.Errorf("ingress stream: %w", err)
 	}
-	return stream.CachedInfo().State, nil
+	info := stream.CachedInfo()
+	return info.State, info.TimeStamp, nil
 }
 
-// settle applies one stream info, requested in round gen, to the waiters:
+// settle applies one stream info, requested in round gen and gathered by
+// the server at at, to the waiters:
 // it bounds those that arrived before the round and releases those whose
 // bound the router has passed. It reports whether any waiter was released
 // or bounded.
-func (g *routedWait) settle(gen uint64, st jetstream.StreamState, err error) bool {
+func (g *routedWait) settle(gen uint64, st jetstream.StreamState, at time.Time, err error) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	changed := false
@@ -159,7 +185,7 @@ func (g *routedWait) settle(gen uint64, st jetstream.StreamState, err error) boo
 			changed = true
 			continue
 		case !w.set:
-			w.upTo, w.set = st.LastSeq, true
+			w.upTo, w.at, w.set = st.LastSeq, at, true
 			changed = true
 		}
 		if w.set && err == nil && (st.Msgs == 0 || st.FirstSeq > w.upTo || st.Msgs <= uint64(g.waiting())) {
