@@ -179,9 +179,9 @@ func mergeKeyOf(h nats.Header) (string, error) {
 
 // levelHeaders is the number of headers delayd may add to a level message:
 // Delay-Enqueued-At, Delay-Due-At, Delayd-Ingress, Delayd-Msg-Id,
-// Delayd-Hop-Due, Delayd-Origin, Delayd-Hops, Delayd-Merge, and the
-// router's Nats-Expected-Last-Sequence.
-const levelHeaders = 9
+// Delayd-Hop-Due, Delayd-Origin, Delayd-Hops, Delayd-Moves, Delayd-Merge,
+// and the router's Nats-Expected-Last-Sequence.
+const levelHeaders = 10
 
 // levelMessage builds the level-stream message of ingress message m
 // (published to subject, headers h, payload data) placed at p, stored by
@@ -193,7 +193,9 @@ const levelHeaders = 9
 // ingress stream and must not act again) and reserved Delayd-* headers, and
 // with delayd's: Delay-Enqueued-At and Delay-Due-At (RFC 3339, UTC),
 // Delayd-Ingress, the publisher's id as Delayd-Msg-Id, the merge key, and
-// for a hop its first id and hop count. When the level's wait ends before
+// for a hop its first id, hop count and, if it was rescheduled, its move
+// count (Delayd-Moves: a reschedule writes the message again as a hop,
+// docs/pending.md#22-the-writes-in-order). When the level's wait ends before
 // the due time, Delayd-Hop-Due says when, and the message hops on from
 // there. h is not changed; header values are shared, never written.
 //
@@ -203,9 +205,9 @@ func levelMessage(h nats.Header, data []byte, p placement, levelSubject string, 
 	// enqueue and due times, the derived id, the publisher's id and the
 	// expected last sequence added.
 	oh := make(nats.Header, len(h)+4)
-	var origin, userID, enqueued, hops string
+	var origin, userID, enqueued, hops, moves string
 	if p.Hop {
-		origin, userID, enqueued, hops = h.Get(message.HdrOrigin), h.Get(message.HdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(message.HdrHops)
+		origin, userID, enqueued, hops, moves = h.Get(message.HdrOrigin), h.Get(message.HdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(message.HdrHops), h.Get(message.HdrMoves)
 	}
 	for k, v := range h {
 		if contract.IsControlHeader(k) || contract.IsInternalHeader(k) {
@@ -247,6 +249,9 @@ func levelMessage(h nats.Header, data []byte, p placement, levelSubject string, 
 	if p.Hop {
 		set(message.HdrOrigin, origin)
 		set(message.HdrHops, hops)
+		if moves != "" {
+			set(message.HdrMoves, moves)
+		}
 	}
 	if p.Merge != "" {
 		set(message.HdrMerge, p.Merge)
