@@ -56,6 +56,18 @@ type Claimer interface {
 
 // Lease is one key's lease, held by this replica or not. It is safe for
 // concurrent use. While a term is held, one goroutine renews it.
+//
+// It is lock-guarded term state, by design: mu guards the seen* fields and
+// holding, and every other field is set by New and never written after.
+// Its methods run on the elector's goroutine (TryAcquire, Acquire,
+// Release, Context, LastTerm, and Held before each of the work's writes),
+// the term's renew goroutine and its expiry timer (renew, expire: each
+// ends the term on its own), the balancer's (Held, Observed, Wake) and
+// stats readers (Held); watch reads only what New set. The expiry must
+// not wait for the elector's goroutine, which runs the work and may be
+// blocked in it: a holder must never believe it holds past its term, so
+// Held reads the fence under the lock the renewals and the expiry write it
+// under (docs/reshape.md, R4 goroutines).
 type Lease struct {
 	kv     jetstream.KeyValue
 	key    string

@@ -13,7 +13,7 @@ import (
 // keptAnswer looks up the kept answer of each of keys (an id's readings)
 // in scope ("" for any target); ok is false if none has one. Two keys
 // with an answer make the id ambiguous, as in the index.
-func (a *API) keptAnswer(ctx context.Context, keys []string, scope, id string) (ans index.Answer, ok bool, err error) {
+func (a *worker) keptAnswer(ctx context.Context, keys []string, scope, id string) (ans index.Answer, ok bool, err error) {
 	if !a.cfg.KeepAnswers {
 		return index.Answer{}, false, nil
 	}
@@ -37,4 +37,4 @@ func (a *API) keptAnswer(ctx context.Context, keys []string, scope, id string) (
 
 // readConn is the connection for index and answer reads:
 // [Config].LookupConn if set.
-func (a *API) readConn() *nats.Conn { return cmp.Or(a.cfg.LookupConn, a.cfg.Conn) }
+func (a *worker) readConn() *nats.Conn { return cmp.Or(a.cfg.LookupConn, a.cfg.Conn) }

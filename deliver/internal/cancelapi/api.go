@@ -133,11 +133,14 @@ func (c *RequestCounts) count(err error) {
 // API is the cancel and status APIs (docs/guide.md#cancel): the
 // subscriptions, the bounded queue, the workers, the routed wait and the
 // lookup pacer. New builds it; Subscribe, then Run, serve it.
+//
+// Its own methods run on two goroutines: Subscribe (and Unsubscribe when
+// Run will not run) on the Service's, Run on its component's. The requests
+// are served by [worker]s, one value per worker goroutine, and queued by
+// the subscriptions' callbacks through plain functions of the queues
+// (enqueueList, enqueueCancelAll) (docs/reshape.md, R4 goroutines).
 type API struct {
-	cfg     Config       // immutable after New
-	logger  *slog.Logger // immutable
-	routed  *routedWait  // shared by the workers (and their own goroutine, Run's)
-	lookups *lookupPacer // paces the workers' index lookups; its own mutex
+	*env // immutable after New: read by every goroutine of the API
 
 	subs  []*nats.Subscription // set by Subscribe, unsubscribed by Run
 	ch    chan queued          // the queue: the subscriptions send, the workers receive
@@ -146,9 +149,54 @@ type API struct {
 	cancelAlls chan queued
 }
 
+// env is what every goroutine of an [API] reads: New sets it and nothing
+// writes it after. The workers reach the routed wait's goroutine through
+// a channel (routed), and share the lookup pacer by design (one budget
+// paces every lookup; it guards its state with a mutex).
+type env struct {
+	cfg     Config       // immutable
+	logger  *slog.Logger // immutable
+	waits   *routedWait  // the routed wait; its goroutine is Run's child
+	routed  routedAsk    // the workers' side of waits (a channel into its goroutine)
+	lookups *lookupPacer // paces the workers' index lookups; its own mutex
+}
+
+// worker serves requests on one worker goroutine: Run makes one value for
+// each of its goroutines (cancelWorkers cancel and status workers,
+// listWorkers list workers, the cancel-all worker), so that each value's
+// methods run on its goroutine only. It reads env and writes nothing of it
+// (the answer counters are atomics; the reader is passed in, the
+// goroutine's own).
+type worker struct{ *env }
+
 // New returns the API of cfg. Nothing touches the server until Subscribe.
 func New(cfg Config) *API {
-	return &API{cfg: cfg, logger: cfg.Logger, routed: newRoutedWait(cfg.JS, cfg.RouterWaiting), lookups: newLookupPacer(cfg.LookupShare)}
+	waits := newRoutedWait(cfg.JS, cfg.RouterWaiting)
+	return &API{env: &env{cfg: cfg, logger: cfg.Logger, waits: waits, routed: waits.ask(), lookups: newLookupPacer(cfg.LookupShare)}}
+}
+
+// Cancel, DecideID, List and CancelAll serve one request as a worker
+// would, on the caller's goroutine with the caller's reader (deliver's
+// tests ask them directly).
+
+// Cancel is [worker.Cancel].
+func (a *API) Cancel(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time) (string, error) {
+	return (&worker{a.env}).Cancel(ctx, reader, id, scope, notAfter)
+}
+
+// DecideID is [worker.DecideID].
+func (a *API) DecideID(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time, status bool) (level.CancelAnswer, time.Time, error) {
+	return (&worker{a.env}).DecideID(ctx, reader, id, scope, notAfter, status)
+}
+
+// List is [worker.List].
+func (a *API) List(ctx context.Context, reader *jswire.BatchReader, target string, data []byte, notAfter time.Time) (contract.PendingReply, error) {
+	return (&worker{a.env}).List(ctx, reader, target, data, notAfter)
+}
+
+// CancelAll is [worker.CancelAll].
+func (a *API) CancelAll(ctx context.Context, reader *jswire.BatchReader, target string, data []byte, deadline time.Time) (contract.CancelAllReply, error) {
+	return (&worker{a.env}).CancelAll(ctx, reader, target, data, deadline)
 }
 
 // How long a cancel waits for the router to place the messages published
@@ -171,13 +219,13 @@ func (a *API) Run(ctx context.Context) error {
 	// returns.
 	rctx, stop := context.WithCancel(ctx)
 	var routed sync.WaitGroup
-	routed.Go(func() { a.routed.run(rctx) })
+	routed.Go(func() { a.waits.run(rctx) })
 	defer routed.Wait()
 	defer stop()
 	// The workers read on the lookup connection when there is one
 	// ([Config].LookupConn: the server walks the index inline on the
 	// reading connection).
-	rnc := a.readConn()
+	rnc := (&worker{a.env}).readConn()
 	var readers []*jswire.BatchReader
 	for range cancelWorkers + 1 { // the last is the cancel-all worker's
 		reader, err := jswire.NewBatchReader(rnc, index.Batch)
@@ -199,6 +247,7 @@ func (a *API) Run(ctx context.Context) error {
 	}
 	a.runCancelAlls(ctx, &wg, readers[cancelWorkers])
 	for _, reader := range readers[:cancelWorkers] {
+		w := &worker{a.env} // this goroutine's
 		wg.Go(func() {
 			defer reader.Close()
 			for {
@@ -208,11 +257,11 @@ func (a *API) Run(ctx context.Context) error {
 				case q := <-ch:
 					m := q.m
 					if isStatusSubject(m.Subject) {
-						a.serveStatus(ctx, reader, q)
+						w.serveStatus(ctx, reader, q)
 						continue
 					}
 					if isRescheduleSubject(m.Subject) {
-						a.serveReschedule(ctx, reader, q)
+						w.serveReschedule(ctx, reader, q)
 						continue
 					}
 					// The scoped form's target; "" for the unscoped form.
@@ -225,20 +274,20 @@ func (a *API) Run(ctx context.Context) error {
 						err   error
 					)
 					if scoped && scope == "" {
-						a.cfg.Cancels.NotFound.Add(1)
+						w.cfg.Cancels.NotFound.Add(1)
 						reply = contract.CancelReplyNotFound
 					} else {
-						reply, err = a.Cancel(ctx, reader, string(m.Data), scope, q.at.Add(QueueWait))
+						reply, err = w.Cancel(ctx, reader, string(m.Data), scope, q.at.Add(QueueWait))
 					}
 					if errors.Is(err, level.ErrCancelBusy) {
-						a.cfg.Cancels.Busy.Add(1)
+						w.cfg.Cancels.Busy.Add(1)
 						err = level.ErrCancelBusy // the answer's text, not the path to it
 						reply = contract.CancelReplyErrorPrefix + err.Error()
 					} else if err != nil {
 						if ctx.Err() != nil {
 							return
 						}
-						a.logger.Warn("cancel failed", slog.String("id", string(m.Data)), slog.Any("error", err))
+						w.logger.Warn("cancel failed", slog.String("id", string(m.Data)), slog.Any("error", err))
 						reply = contract.CancelReplyErrorPrefix + err.Error()
 					}
 					_ = m.RespondMsg(replyMsg(reply, err))
@@ -294,11 +343,11 @@ func (a *API) Subscribe(ctx context.Context) error {
 	ch, lists, cancelAlls := make(chan queued, QueueMax), make(chan queued, listQueueMax), make(chan queued, cancelAllQueueMax)
 	enqueue := func(m *nats.Msg) {
 		if strings.HasPrefix(m.Subject, contract.PendingSubject+".") {
-			a.enqueueList(lists, m)
+			enqueueList(lists, a.cfg.Lists, m)
 			return
 		}
 		if strings.HasPrefix(m.Subject, contract.CancelAllSubject+".") {
-			a.enqueueCancelAll(cancelAlls, m)
+			enqueueCancelAll(cancelAlls, a.cfg.CancelAlls, m)
 			return
 		}
 		select {
@@ -351,7 +400,7 @@ func (a *API) Subscribe(ctx context.Context) error {
 //
 // notAfter bounds the wait for the paced index lookups: past it the
 // answer is [level.ErrCancelBusy] (zero: no bound).
-func (a *API) Cancel(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time) (string, error) {
+func (a *worker) Cancel(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time) (string, error) {
 	answer, _, err := a.DecideID(ctx, reader, id, scope, notAfter, false)
 	if err != nil {
 		return "", err

@@ -39,12 +39,13 @@ const (
 var errBadCancelAll = errors.New("bad cancel-all request")
 
 // enqueueCancelAll queues a cancel-all request for its worker, or answers
-// it busy at once when cancelAllQueueMax wait already.
-func (a *API) enqueueCancelAll(ch chan queued, m *nats.Msg) {
+// it busy at once when cancelAllQueueMax wait already (counted in counts).
+// It runs on the subscription's goroutine.
+func enqueueCancelAll(ch chan queued, counts *RequestCounts, m *nats.Msg) {
 	select {
 	case ch <- queued{m: m, at: time.Now()}:
 	default:
-		a.cfg.CancelAlls.count(level.ErrCancelBusy)
+		counts.count(level.ErrCancelBusy)
 		_ = m.RespondMsg(listErrorMsg(level.ErrCancelBusy))
 	}
 }
@@ -52,14 +53,15 @@ func (a *API) enqueueCancelAll(ch chan queued, m *nats.Msg) {
 // runCancelAlls starts the one cancel-all worker on wg, with reader (its
 // own), until ctx is done: one cancel-all runs at a time per replica.
 func (a *API) runCancelAlls(ctx context.Context, wg *sync.WaitGroup, reader *jswire.BatchReader) {
+	w, cancelAlls := &worker{a.env}, a.cancelAlls // the goroutine's
 	wg.Go(func() {
 		defer reader.Close()
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case q := <-a.cancelAlls:
-				a.serveCancelAll(ctx, reader, q)
+			case q := <-cancelAlls:
+				w.serveCancelAll(ctx, reader, q)
 			}
 		}
 	})
@@ -68,7 +70,7 @@ func (a *API) runCancelAlls(ctx context.Context, wg *sync.WaitGroup, reader *jsw
 // serveCancelAll answers one cancel-all request: a
 // [contract.CancelAllReply] as JSON with [contract.CancelAllStatusOK], or
 // an error answer with the cancel API's codes.
-func (a *API) serveCancelAll(ctx context.Context, reader *jswire.BatchReader, q queued) {
+func (a *worker) serveCancelAll(ctx context.Context, reader *jswire.BatchReader, q queued) {
 	m := q.m
 	target := strings.TrimPrefix(m.Subject, contract.CancelAllSubject+".")
 	reply, err := a.CancelAll(ctx, reader, target, m.Data, q.at.Add(cancelAllBudget))
@@ -92,7 +94,7 @@ func (a *API) serveCancelAll(ctx context.Context, reader *jswire.BatchReader, q 
 // reading with reader; its work stops at deadline with Complete false.
 //
 // The cut: the ingress stream's last sequence in the routed wait's first
-// stream info after the request arrived ([routedWait.waitBound]). A level
+// stream info after the request arrived ([routedAsk.waitBound]). A level
 // message whose first ingress sequence (Delayd-Origin, else
 // Delayd-Ingress) in the ingress stream's present life is above the cut
 // was published after the request, and is not touched; one of an earlier
@@ -107,7 +109,7 @@ func (a *API) serveCancelAll(ctx context.Context, reader *jswire.BatchReader, q 
 //
 // An error of the request's own making wraps errBadCancelAll (code 400).
 // Another error comes with the counts decided before it.
-func (a *API) CancelAll(ctx context.Context, reader *jswire.BatchReader, target string, data []byte, deadline time.Time) (contract.CancelAllReply, error) {
+func (a *worker) CancelAll(ctx context.Context, reader *jswire.BatchReader, target string, data []byte, deadline time.Time) (contract.CancelAllReply, error) {
 	var reply contract.CancelAllReply
 	if err := contract.ValidateTarget(target, cmp.Or(a.cfg.Prefix, contract.PrefixDefault)); err != nil {
 		return reply, fmt.Errorf("%w: %w", errBadCancelAll, err)
@@ -156,7 +158,7 @@ var errBudgetSpent = errors.New("cancel-all budget spent")
 // cancelAllWalk walks every page of target's pending messages once and
 // has each one published before cut decided, counting the answers in
 // reply. It returns how many it had decided.
-func (a *API) cancelAllWalk(ctx context.Context, reader *jswire.BatchReader, target, life string, cut uint64, deadline time.Time, reply *contract.CancelAllReply) (int, error) {
+func (a *worker) cancelAllWalk(ctx context.Context, reader *jswire.BatchReader, target, life string, cut uint64, deadline time.Time, reply *contract.CancelAllReply) (int, error) {
 	decided := 0
 	q := listQuery{target: target, limit: cancelAllPage}
 	for {

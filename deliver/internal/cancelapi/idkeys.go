@@ -26,7 +26,7 @@ import (
 // still match an old life's ids after the stream was created again.
 // (Ingress partitions share the one stream and its sequences, so a
 // delivered id of any partition names one message.)
-func (a *API) idKeys(ctx context.Context, id string) ([]string, error) {
+func (a *worker) idKeys(ctx context.Context, id string) ([]string, error) {
 	if id == "" {
 		return nil, nil
 	}
@@ -54,7 +54,7 @@ func (a *API) idKeys(ctx context.Context, id string) ([]string, error) {
 // ingressLife returns the life of DELAYD_INGRESS now: its creation time,
 // Unix ns in decimal, as the router's ingressRef writes it; "" if the
 // stream does not exist.
-func (a *API) ingressLife(ctx context.Context) (string, error) {
+func (a *worker) ingressLife(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	str, err := a.cfg.JS.Stream(ctx, resource.IngressStream)

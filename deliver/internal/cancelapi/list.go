@@ -170,14 +170,14 @@ type streamWalk struct {
 // only until no unread message of it can be due before the page's last
 // (bound: docs/pending.md#13-the-walk-top-k-by-final-due-with-a-per-stream-lower-bound).
 // It returns the reply.
-func (a *API) walk(ctx context.Context, reader *jswire.BatchReader, q listQuery, notAfter time.Time) (contract.PendingReply, error) {
+func (a *worker) walk(ctx context.Context, reader *jswire.BatchReader, q listQuery, notAfter time.Time) (contract.PendingReply, error) {
 	reply, _, err := a.walkPage(ctx, reader, q, notAfter)
 	return reply, err
 }
 
 // walkPage is [API.walk] that also returns the page's candidates, one per
 // item of the reply, in its order.
-func (a *API) walkPage(ctx context.Context, reader *jswire.BatchReader, q listQuery, notAfter time.Time) (contract.PendingReply, []*candidate, error) {
+func (a *worker) walkPage(ctx context.Context, reader *jswire.BatchReader, q listQuery, notAfter time.Time) (contract.PendingReply, []*candidate, error) {
 	// Every message published before the request is in a level stream
 	// once the router has acked it.
 	switch caughtUp, err := a.routed.wait(ctx); {
@@ -239,7 +239,7 @@ func (k *walker) notReturned(c *candidate) {
 }
 
 // streamWalk returns the walk state of level stream name.
-func (a *API) streamWalk(name string) *streamWalk {
+func (a *worker) streamWalk(name string) *streamWalk {
 	w := &streamWalk{name: name}
 	d, _, ok := levels.ParseStream(name)
 	if !ok || d == 0 {
@@ -255,7 +255,7 @@ func (a *API) streamWalk(name string) *streamWalk {
 }
 
 // walkStream reads w's stream for q, keeping candidates in h.
-func (a *API) walkStream(ctx context.Context, reader *jswire.BatchReader, k *walker, w *streamWalk, notAfter time.Time) error {
+func (a *worker) walkStream(ctx context.Context, reader *jswire.BatchReader, k *walker, w *streamWalk, notAfter time.Time) error {
 	q := k.q
 	subject := contract.LevelSubjectPrefix + strings.TrimPrefix(w.name, levels.StreamPrefix) + "." + q.target
 	levelName := levels.FormatDuration(w.level)
@@ -329,7 +329,7 @@ func inFilter(q listQuery, due time.Time) bool {
 
 // readPaced reads up to n messages of stream on subject from from, paced
 // by the lookup pacer as the cancel API's lookups are.
-func (a *API) readPaced(ctx context.Context, reader *jswire.BatchReader, stream, subject string, dst []*nats.Msg, from uint64, n int, notAfter time.Time) ([]*nats.Msg, error) {
+func (a *worker) readPaced(ctx context.Context, reader *jswire.BatchReader, stream, subject string, dst []*nats.Msg, from uint64, n int, notAfter time.Time) ([]*nats.Msg, error) {
 	done, err := a.lookups.pace(notAfter)(ctx)
 	if err != nil {
 		return dst, err
@@ -342,7 +342,7 @@ func (a *API) readPaced(ctx context.Context, reader *jswire.BatchReader, stream,
 
 // decodeCandidate reads a level message's item; false for one that is not
 // a delayd message (no due, no index key).
-func (a *API) decodeCandidate(m *nats.Msg, seq uint64, stream, levelName string, q listQuery) (*candidate, bool) {
+func (a *worker) decodeCandidate(m *nats.Msg, seq uint64, stream, levelName string, q listQuery) (*candidate, bool) {
 	due, err := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
 	key := message.LevelKey(m.Header)
 	if err != nil || key == "" {
@@ -383,7 +383,7 @@ func (a *API) decodeCandidate(m *nats.Msg, seq uint64, stream, levelName string,
 // decimal, "seq:"/"id:" and the rest, or a delivered id), so that a cancel
 // of the listed id names this message only and is never refused as
 // ambiguous; the id as is otherwise ("" stays "").
-func (a *API) listedID(id string) string {
+func (a *worker) listedID(id string) string {
 	if id == "" {
 		return ""
 	}
@@ -401,7 +401,7 @@ func (a *API) listedID(id string) string {
 // two levels as it cascaded: the later placement), cut to fit the
 // connection's max payload, and the cursor of the next page when more may
 // follow.
-func (a *API) page(ctx context.Context, k *walker) (contract.PendingReply, []*candidate, error) {
+func (a *worker) page(ctx context.Context, k *walker) (contract.PendingReply, []*candidate, error) {
 	cands := make([]*candidate, len(k.h))
 	copy(cands, k.h)
 	slices.SortFunc(cands, func(x, y *candidate) int {

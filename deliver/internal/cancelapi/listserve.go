@@ -19,12 +19,13 @@ import (
 )
 
 // enqueueList queues a list request for the list workers, or answers it
-// busy at once when listQueueMax wait already.
-func (a *API) enqueueList(lists chan queued, m *nats.Msg) {
+// busy at once when listQueueMax wait already (counted in counts). It runs
+// on the subscription's goroutine.
+func enqueueList(lists chan queued, counts *RequestCounts, m *nats.Msg) {
 	select {
 	case lists <- queued{m: m, at: time.Now()}:
 	default:
-		a.cfg.Lists.count(errListBusy)
+		counts.count(errListBusy)
 		_ = m.RespondMsg(listAnswer(errListBusy))
 	}
 }
@@ -44,14 +45,15 @@ func (a *API) runLists(ctx context.Context, wg *sync.WaitGroup, rnc *nats.Conn) 
 		readers = append(readers, reader)
 	}
 	for _, reader := range readers {
+		w, lists := &worker{a.env}, a.lists // this goroutine's
 		wg.Go(func() {
 			defer reader.Close()
 			for {
 				select {
 				case <-ctx.Done():
 					return
-				case q := <-a.lists:
-					a.serveList(ctx, reader, q)
+				case q := <-lists:
+					w.serveList(ctx, reader, q)
 				}
 			}
 		})
@@ -62,7 +64,7 @@ func (a *API) runLists(ctx context.Context, wg *sync.WaitGroup, rnc *nats.Conn) 
 // serveList answers one list request: a [contract.PendingReply] as JSON
 // with [contract.PendingStatusOK], or an error answer with the cancel
 // API's codes.
-func (a *API) serveList(ctx context.Context, reader *jswire.BatchReader, q queued) {
+func (a *worker) serveList(ctx context.Context, reader *jswire.BatchReader, q queued) {
 	m := q.m
 	target := strings.TrimPrefix(m.Subject, contract.PendingSubject+".")
 	reply, err := a.List(ctx, reader, target, m.Data, q.at.Add(listWait))
@@ -90,7 +92,7 @@ func (a *API) serveList(ctx context.Context, reader *jswire.BatchReader, q queue
 // [contract.PendingRequest] as JSON, or empty), reading with reader; the
 // paced reads give up past notAfter with [level.ErrCancelBusy]. An error
 // of the request's own making wraps errBadList (code 400).
-func (a *API) List(ctx context.Context, reader *jswire.BatchReader, target string, data []byte, notAfter time.Time) (contract.PendingReply, error) {
+func (a *worker) List(ctx context.Context, reader *jswire.BatchReader, target string, data []byte, notAfter time.Time) (contract.PendingReply, error) {
 	q, err := parseList(target, cmp.Or(a.cfg.Prefix, contract.PrefixDefault), data)
 	if err != nil {
 		return contract.PendingReply{}, err

@@ -19,15 +19,40 @@ import (
 // cannot wait their turn pile up in the cancel queue and are answered
 // busy ([level.ErrCancelBusy]).
 //
-// It guards its state with one mutex and owns no goroutine: the cancel
-// workers call lookup on their own goroutines.
+// It owns no goroutine: the workers call acquire on their own goroutines,
+// by design (one budget paces every lookup). Its fields are never written
+// after newLookupPacer; what changes is the [lookupBudget], a lock-guarded
+// value.
 type lookupPacer struct {
-	share float64 // of one core's time, (0, 1]
-	slot  chan struct{}
+	share  float64       // of one core's time, (0, 1]
+	slot   chan struct{} // one lookup at a time
+	budget lookupBudget
+}
 
-	mu     sync.Mutex
-	budget time.Duration // lookup time that may be spent now; below zero: wait
-	at     time.Time     // when budget was last brought up to date
+// lookupBudget is a lock-guarded value and nothing else: the lookup time
+// that may be spent now (below zero: wait), and when it was last brought
+// up to date.
+type lookupBudget struct {
+	mu   sync.Mutex
+	left time.Duration
+	at   time.Time
+}
+
+// wait brings the budget up to now at share and returns it with how long a
+// lookup must wait for it to reach zero.
+func (b *lookupBudget) wait(now time.Time, share float64) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now, share)
+	return time.Duration(float64(-b.left) / share)
+}
+
+// spend brings the budget up to end and spends a lookup from start to end.
+func (b *lookupBudget) spend(start, end time.Time, share float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(end, share)
+	b.left -= end.Sub(start)
 }
 
 // lookupBurst is the most lookup time the pacer lets run back to back
@@ -35,13 +60,13 @@ type lookupPacer struct {
 const lookupBurst = 100 * time.Millisecond
 
 func newLookupPacer(share float64) *lookupPacer {
-	return &lookupPacer{share: share, slot: make(chan struct{}, 1), budget: lookupBurst, at: time.Now()}
+	return &lookupPacer{share: share, slot: make(chan struct{}, 1), budget: lookupBudget{left: lookupBurst, at: time.Now()}}
 }
 
-// refill brings the budget up to now. g.mu must be held.
-func (g *lookupPacer) refill(now time.Time) {
-	g.budget = min(lookupBurst, g.budget+time.Duration(float64(now.Sub(g.at))*g.share))
-	g.at = now
+// refill brings the budget up to now. b.mu must be held.
+func (b *lookupBudget) refill(now time.Time, share float64) {
+	b.left = min(lookupBurst, b.left+time.Duration(float64(now.Sub(b.at))*share))
+	b.at = now
 }
 
 // pace returns a pacer for [index.LookupPaced] that gates each read of a
@@ -67,11 +92,8 @@ func (g *lookupPacer) acquire(ctx context.Context, notAfter time.Time) (func(), 
 	case <-bound:
 		return nil, level.ErrCancelBusy
 	}
-	g.mu.Lock()
 	now := time.Now()
-	g.refill(now)
-	wait := time.Duration(float64(-g.budget) / g.share)
-	g.mu.Unlock()
+	wait := g.budget.wait(now, g.share)
 	if !notAfter.IsZero() && now.Add(wait).After(notAfter) {
 		<-g.slot
 		return nil, level.ErrCancelBusy
@@ -88,11 +110,7 @@ func (g *lookupPacer) acquire(ctx context.Context, notAfter time.Time) (func(), 
 	}
 	start := time.Now()
 	return func() {
-		end := time.Now()
-		g.mu.Lock()
-		g.refill(end)
-		g.budget -= end.Sub(start)
-		g.mu.Unlock()
+		g.budget.spend(start, time.Now(), g.share)
 		<-g.slot
 	}, nil
 }

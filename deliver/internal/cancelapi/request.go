@@ -29,7 +29,7 @@ import (
 // otherwise answer "already delivered" after another was answered
 // "cancelled" (docs/guarantees.md#delivered-xor-cancelled). A record newer
 // than the one decided is decided instead.
-func (a *API) DecideID(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time, status bool) (level.CancelAnswer, time.Time, error) {
+func (a *worker) DecideID(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time, status bool) (level.CancelAnswer, time.Time, error) {
 	ask := level.Ask{Op: level.AskCancel}
 	if status {
 		ask.Op = level.AskStatus
@@ -37,12 +37,12 @@ func (a *API) DecideID(ctx context.Context, reader *jswire.BatchReader, id, scop
 	return a.decideID(ctx, reader, id, scope, notAfter, func(time.Time) (level.Ask, error) { return ask, nil })
 }
 
-// decideID is [API.DecideID] for the question askAt returns, given the
+// decideID is [worker.DecideID] for the question askAt returns, given the
 // request's time by the server's clock once the router caught up (the
-// routed wait's; [routedWait.waitNow]): a reschedule's new due is
+// routed wait's; [routedAsk.waitNow]): a reschedule's new due is
 // computed from it. An error from askAt is the request's answer. A
 // reschedule's AnswerRescheduled comes with the Ask's Due.
-func (a *API) decideID(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time, askAt func(now time.Time) (level.Ask, error)) (level.CancelAnswer, time.Time, error) {
+func (a *worker) decideID(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time, askAt func(now time.Time) (level.Ask, error)) (level.CancelAnswer, time.Time, error) {
 	id = strings.TrimSpace(id)
 	keys, err := a.idKeys(ctx, id)
 	if err != nil {
@@ -93,7 +93,7 @@ func (a *API) decideID(ctx context.Context, reader *jswire.BatchReader, id, scop
 
 // lookupAll looks up each of id's index keys and returns the one record in
 // scope, ok false if none is; two in scope are ambiguous ([ErrAmbiguousID]).
-func (a *API) lookupAll(ctx context.Context, reader *jswire.BatchReader, id string, keys []string, scope string, notAfter time.Time) (index.Record, bool, error) {
+func (a *worker) lookupAll(ctx context.Context, reader *jswire.BatchReader, id string, keys []string, scope string, notAfter time.Time) (index.Record, bool, error) {
 	var (
 		rec index.Record
 		ok  bool
@@ -123,7 +123,7 @@ func (a *API) lookupAll(ctx context.Context, reader *jswire.BatchReader, id stri
 // (forwarded, or its level write not stored yet) until the router placed
 // it or cancelWaitRouted passed ([ErrRouterBehind]). An AnswerDelivered is
 // checked against the index's latest record, as [API.DecideID] says.
-func (a *API) decideLoop(ctx context.Context, reader *jswire.BatchReader, rec index.Record, ok bool, scope string, notAfter time.Time, ask level.Ask) (level.CancelAnswer, time.Time, error) {
+func (a *worker) decideLoop(ctx context.Context, reader *jswire.BatchReader, rec index.Record, ok bool, scope string, notAfter time.Time, ask level.Ask) (level.CancelAnswer, time.Time, error) {
 	var (
 		seen uint64
 		err  error
@@ -195,7 +195,7 @@ func (a *API) decideLoop(ctx context.Context, reader *jswire.BatchReader, rec in
 // message is in the unscoped form's scope "". A record without a target
 // (written before records carried it) is checked against the level message
 // it places; one that placed none (left delayd) is out of any scope.
-func (a *API) inScope(ctx context.Context, reader *jswire.BatchReader, rec index.Record, scope string) (bool, error) {
+func (a *worker) inScope(ctx context.Context, reader *jswire.BatchReader, rec index.Record, scope string) (bool, error) {
 	switch {
 	case scope == "":
 		return true, nil

@@ -23,7 +23,7 @@ import (
 // delayd.api.reschedule.<target> ([contract.RescheduleSubjectFor]) or the
 // operator's delayd.api.reschedule, with the id as its payload and exactly
 // one delay header, shares the cancel API's queue, workers, paced lookups
-// and busy answer, and its path to the owner ([API.DecideID]'s), asking
+// and busy answer, and its path to the owner ([worker.DecideID]'s), asking
 // [level.AskReschedule] with the new due.
 
 // RescheduleCounts counts the reschedule API's answers by kind. Safe for
@@ -70,7 +70,7 @@ func isRescheduleSubject(subject string) bool {
 
 // serveReschedule answers one reschedule request on a cancel worker with
 // its reader.
-func (a *API) serveReschedule(ctx context.Context, reader *jswire.BatchReader, q queued) {
+func (a *worker) serveReschedule(ctx context.Context, reader *jswire.BatchReader, q queued) {
 	m := q.m
 	// The scoped form's target; "" for the unscoped form.
 	scope, scoped := strings.CutPrefix(m.Subject, contract.RescheduleSubject+".")
@@ -92,7 +92,7 @@ func (a *API) serveReschedule(ctx context.Context, reader *jswire.BatchReader, q
 }
 
 // Reschedule decides one reschedule request: the message id names in
-// scope (as [API.Cancel] finds it) is moved to the due its delay headers h
+// scope (as [worker.Cancel] finds it) is moved to the due its delay headers h
 // ask for. It returns AnswerRescheduled with the new due,
 // AnswerDelivered, or AnswerGone (not found; a cancelled message too:
 // nothing is pending under its id).
@@ -100,11 +100,11 @@ func (a *API) serveReschedule(ctx context.Context, reader *jswire.BatchReader, q
 // h holds exactly one of Delay-Level, Delay-Duration and Delay-Deliver-At
 // with one value, by the router's rules ([message.ParseDelay]); the new
 // due is computed from now, the server's time once the router caught up
-// ([routedWait.waitNow]): now plus the level's delay or the duration, or
+// ([routedAsk.waitNow]): now plus the level's delay or the duration, or
 // the Delay-Deliver-At time; a due at or before now is "run now" (the new
 // due is now). A due beyond DELAYD_MAX_DELAY from now is refused. A
 // request's own errors (code 400) are badReschedule.
-func (a *API) Reschedule(ctx context.Context, reader *jswire.BatchReader, id string, h nats.Header, scope string, notAfter time.Time) (level.CancelAnswer, time.Time, error) {
+func (a *worker) Reschedule(ctx context.Context, reader *jswire.BatchReader, id string, h nats.Header, scope string, notAfter time.Time) (level.CancelAnswer, time.Time, error) {
 	d, err := message.ParseDelay(h, a.cfg.Levels)
 	if err != nil {
 		if d.Header == contract.HeaderLevel {

@@ -21,7 +21,7 @@ import (
 // cancel ([API.DecideID]), without reserving anything: a pending
 // message stays pending. A pending answer carries the message's due time
 // in Delay-Due-At.
-func (a *API) serveStatus(ctx context.Context, reader *jswire.BatchReader, q queued) {
+func (a *worker) serveStatus(ctx context.Context, reader *jswire.BatchReader, q queued) {
 	m := q.m
 	// The scoped form's target; "" for the unscoped form.
 	scope, scoped := strings.CutPrefix(m.Subject, contract.StatusSubject+".")
@@ -56,7 +56,7 @@ func isStatusSubject(subject string) bool {
 // countStatus counts a status answer by result, as [API.Cancel]
 // counts a cancel's: busy, or the state told. An error answer other than
 // busy is logged, not counted (nor is a cancel's).
-func (a *API) countStatus(answer level.CancelAnswer, err error) {
+func (a *worker) countStatus(answer level.CancelAnswer, err error) {
 	switch {
 	case errors.Is(err, level.ErrCancelBusy):
 		a.cfg.Statuses.Busy.Add(1)

@@ -166,6 +166,18 @@ func (k Key) HopID(origin string, hops int) string {
 	return "delayd-hop-" + base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:18])
 }
 
+// MoveID is the Nats-Msg-Id of the new message of a move (a reschedule;
+// docs/pending.md#22-the-writes-in-order) of the level message at seq in
+// stream, whose first id is origin: every copy of it (a worker's retry,
+// a mover's after a failover) carries the same id, so the ingress stream
+// stores one. Keyed by the secret like [Key.HopID], and distinct from
+// every hop id (another label and prefix).
+func (k Key) MoveID(origin, stream string, seq uint64) string {
+	m := hmac.New(sha256.New, k)
+	m.Write([]byte("move-id\x00" + origin + "\x00" + stream + "\x00" + strconv.FormatUint(seq, 10)))
+	return "delayd-move-" + base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:18])
+}
+
 // DeliveryID is the Nats-Msg-Id a message without a publisher id is
 // delivered with: its derived id "delayd-<ingress created>-<seq>" (unique
 // to the ingress stream's life) and a MAC of it, so no publisher can

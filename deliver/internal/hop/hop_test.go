@@ -137,3 +137,34 @@ func TestDeliveryIDStable(t *testing.T) {
 		t.Errorf("without a key: %q", got)
 	}
 }
+
+// TestMoveIDDeterministic: a move's id is the same for the same key,
+// origin, level stream and sequence (every copy of the new message carries
+// it, so the ingress stream stores one), and differs when any of them
+// differs, the boundaries between them included; it is never a hop's id.
+func TestMoveIDDeterministic(t *testing.T) {
+	t.Parallel()
+	k := Key(bytes.Repeat([]byte{7}, KeySize))
+	const origin, stream = "delayd-1764752400000000000-42", "DELAYD_5S"
+	id := k.MoveID(origin, stream, 12)
+	if !strings.HasPrefix(id, "delayd-move-") || id != k.MoveID(origin, stream, 12) {
+		t.Fatalf("MoveID %q, then %q: want one id with prefix delayd-move-", id, k.MoveID(origin, stream, 12))
+	}
+	others := map[string]string{
+		"another origin":   k.MoveID(origin+"0", stream, 12),
+		"another stream":   k.MoveID(origin, "DELAYD_1M", 12),
+		"another sequence": k.MoveID(origin, stream, 13),
+		"stream|seq moved": k.MoveID(origin, stream+"1", 2),
+		"another key":      Key(bytes.Repeat([]byte{8}, KeySize)).MoveID(origin, stream, 12),
+	}
+	for what, other := range others {
+		if other == id {
+			t.Errorf("%s: the same move id %q", what, id)
+		}
+	}
+	for hops := range 20 {
+		if h := k.HopID(origin, hops); h == id || h == k.MoveID(origin, stream, uint64(hops)) {
+			t.Errorf("HopID(%d) %q equals a move id", hops, h)
+		}
+	}
+}

@@ -3,6 +3,9 @@ package index
 import (
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/contract"
 )
@@ -41,10 +44,104 @@ type Tombstone struct {
 	// MergeKey is its merge key's index key ([MergeKey]), "" if none.
 	MergeKey string
 	// Target is its target subject. Not encoded: known when cancelled by
-	// this process, else "" (the index record has it).
+	// this process, or read from an intent's [HdrTarget] header, else ""
+	// (the index record has it).
 	Target string
 	// At is the tombstone's own sequence in [CancelStream]. Not encoded.
 	At uint64
+	// Move, if set, makes the tombstone a move's intent
+	// (docs/pending.md#22-the-writes-in-order): the message is not
+	// cancelled but written again to ingress, due at Move. Not in the
+	// body: it is the [HdrMoveDue] header, so a delayd that does not know
+	// moves reads an intent as a cancel.
+	Move time.Time
+}
+
+// Headers of the messages in [CancelStream] beside the tombstone's body
+// (docs/pending.md#23-the-book-and-the-loop).
+const (
+	// HdrTarget is a move's intent's target subject ([Tombstone].Target).
+	HdrTarget = "Delayd-Target"
+	// HdrMoveDue makes a tombstone an intent: the move's new due,
+	// [contract.TimeLayout] ([Tombstone].Move).
+	HdrMoveDue = "Delayd-Move-Due"
+	// HdrMoved makes a message a placed mark: the sequence in
+	// [CancelStream] of the intent whose new message is stored, decimal
+	// ([PlacedMark]).
+	HdrMoved = "Delayd-Moved"
+)
+
+// Msg returns the tombstone as the message to publish to
+// [TombstoneSubject](levelStream): [Tombstone.Encode] as the body, and
+// for an intent (Move set) the [HdrMoveDue] header and, if known, the
+// [HdrTarget] one. A cancel's tombstone has no headers.
+func (t Tombstone) Msg(levelStream string) *nats.Msg {
+	m := &nats.Msg{Subject: TombstoneSubject(levelStream), Data: t.Encode()}
+	if t.Move.IsZero() {
+		return m
+	}
+	m.Header = nats.Header{HdrMoveDue: {contract.FormatTime(t.Move)}}
+	if t.Target != "" {
+		m.Header[HdrTarget] = []string{t.Target}
+	}
+	return m
+}
+
+// DecodeTombstoneMsg reads a tombstone message of [CancelStream]: its body
+// as [DecodeTombstone] does, and an intent's headers ([HdrMoveDue],
+// [HdrTarget]). ok is false for a body DecodeTombstone refuses, a placed
+// mark, or an [HdrMoveDue] that is not an RFC 3339 time (not one delayd
+// wrote: it cancels nothing).
+func DecodeTombstoneMsg(m *nats.Msg, at uint64) (t Tombstone, ok bool) {
+	if t, ok = DecodeTombstone(m.Data, at); !ok || m.Header == nil {
+		return t, ok
+	}
+	if m.Header.Get(HdrMoved) != "" {
+		return Tombstone{}, false
+	}
+	t.Target = m.Header.Get(HdrTarget)
+	if v := m.Header.Get(HdrMoveDue); v != "" {
+		due, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return Tombstone{}, false
+		}
+		t.Move = due
+	}
+	return t, true
+}
+
+// PlacedMark says a move's new message is stored
+// (docs/pending.md#22-the-writes-in-order, step 7): it names its intent
+// by the intent's sequence in [CancelStream]. Its wire form is the header
+// [HdrMoved] and the body "moved <intent>", which [DecodeTombstone] refuses
+// (no newline), so a delayd that does not know moves ignores it.
+type PlacedMark struct {
+	// Intent is the intent's sequence in [CancelStream] ([Tombstone].At).
+	Intent uint64
+	// At is the mark's own sequence in [CancelStream]. Not encoded.
+	At uint64
+}
+
+// Msg returns the mark as the message to publish to
+// [TombstoneSubject](levelStream).
+func (p PlacedMark) Msg(levelStream string) *nats.Msg {
+	seq := strconv.FormatUint(p.Intent, 10)
+	return &nats.Msg{Subject: TombstoneSubject(levelStream), Header: nats.Header{HdrMoved: {seq}}, Data: []byte("moved " + seq)}
+}
+
+// DecodePlacedMark reads a placed mark; at is its sequence in
+// [CancelStream]. ok is false for a message without [HdrMoved] or whose
+// value is not a positive decimal sequence.
+func DecodePlacedMark(m *nats.Msg, at uint64) (PlacedMark, bool) {
+	if m.Header == nil {
+		return PlacedMark{}, false
+	}
+	v := m.Header.Get(HdrMoved)
+	seq, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || seq == 0 {
+		return PlacedMark{}, false
+	}
+	return PlacedMark{Intent: seq, At: at}, true
 }
 
 // Encode returns the tombstone's wire form (see [Tombstone]). Target and

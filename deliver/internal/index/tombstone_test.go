@@ -2,6 +2,7 @@ package index
 
 import (
 	"testing"
+	"time"
 )
 
 // TestTombstoneWire pins the tombstones' wire form and subject byte for
@@ -93,4 +94,68 @@ func FuzzDecodeTombstone(f *testing.F) {
 			t.Fatalf("re-encoding is not stable: %q then %q", again, twice)
 		}
 	})
+}
+
+// TestTombstoneIntentWire: a move's intent and its placed mark read back
+// as written, and a delayd that knows no moves reads them as
+// docs/pending.md#25-safety-delivered-once-at-the-old-due-or-once-at-the-new-one
+// says: an intent's body is exactly a cancel's tombstone (the new due is a
+// header only), and a placed mark's body is refused. A cancel's tombstone
+// message carries no headers, as before.
+func TestTombstoneIntentWire(t *testing.T) {
+	t.Parallel()
+	due := time.Date(2026, 12, 3, 9, 0, 0, 120000000, time.UTC)
+	intent := Tombstone{Seq: 7, Key: "u42", MergeKey: "morders.close\x00user-42", Target: "orders.close", Move: due}
+	m := intent.Msg("DELAYD_5S")
+	if m.Subject != "delayd.cancels.DELAYD_5S" {
+		t.Fatalf("intent subject %q", m.Subject)
+	}
+	cancelOnly := intent
+	cancelOnly.Move, cancelOnly.Target = time.Time{}, ""
+	if string(m.Data) != string(cancelOnly.Encode()) {
+		t.Fatalf("intent body %q, want a cancel tombstone's %q", m.Data, cancelOnly.Encode())
+	}
+	if got := m.Header.Get(HdrMoveDue); got != "2026-12-03T09:00:00.120000000Z" {
+		t.Fatalf("intent %s = %q", HdrMoveDue, got)
+	}
+	got, ok := DecodeTombstoneMsg(m, 11)
+	want := intent
+	want.At = 11
+	if !ok || got.Seq != want.Seq || got.Key != want.Key || got.MergeKey != want.MergeKey || got.Target != want.Target || !got.Move.Equal(due) || got.At != 11 {
+		t.Fatalf("DecodeTombstoneMsg(intent) = %+v, %v; want %+v", got, ok, want)
+	}
+	old, ok := DecodeTombstone(m.Data, 11)
+	if !ok || old.Seq != 7 || old.Key != "u42" || old.MergeKey != intent.MergeKey || !old.Move.IsZero() {
+		t.Fatalf("an older delayd reads the intent as %+v, %v; want the cancel of 7 with its merge key", old, ok)
+	}
+
+	plain := Tombstone{Seq: 7, Key: "u42", Target: "orders.close"}.Msg("DELAYD_5S")
+	if plain.Header != nil || string(plain.Data) != "7\nu42\n" {
+		t.Fatalf("a cancel's tombstone message: headers %v, body %q; want none, %q", plain.Header, plain.Data, "7\nu42\n")
+	}
+	if got, ok := DecodeTombstoneMsg(plain, 3); !ok || !got.Move.IsZero() || got.Target != "" || got.Key != "u42" {
+		t.Fatalf("DecodeTombstoneMsg(cancel) = %+v, %v", got, ok)
+	}
+
+	mark := PlacedMark{Intent: 11}.Msg("DELAYD_5S")
+	if mark.Subject != "delayd.cancels.DELAYD_5S" || string(mark.Data) != "moved 11" || mark.Header.Get(HdrMoved) != "11" {
+		t.Fatalf("placed mark %q %v %q", mark.Subject, mark.Header, mark.Data)
+	}
+	if p, ok := DecodePlacedMark(mark, 12); !ok || p != (PlacedMark{Intent: 11, At: 12}) {
+		t.Fatalf("DecodePlacedMark = %+v, %v", p, ok)
+	}
+	if got, ok := DecodeTombstone(mark.Data, 12); ok {
+		t.Fatalf("an older delayd reads the placed mark as the tombstone %+v", got)
+	}
+	if got, ok := DecodeTombstoneMsg(mark, 12); ok {
+		t.Fatalf("DecodeTombstoneMsg reads the placed mark as the tombstone %+v", got)
+	}
+	if p, ok := DecodePlacedMark(m, 11); ok {
+		t.Fatalf("DecodePlacedMark reads the intent as %+v", p)
+	}
+	bad := intent.Msg("DELAYD_5S")
+	bad.Header.Set(HdrMoveDue, "soon")
+	if got, ok := DecodeTombstoneMsg(bad, 11); ok {
+		t.Fatalf("an intent with an unreadable due decodes as %+v", got)
+	}
 }

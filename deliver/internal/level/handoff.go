@@ -36,6 +36,28 @@ func (s *owner) forward(ctx context.Context, m *nats.Msg, seq uint64, target str
 	}
 	hops, _ := strconv.Atoi(h.Get(message.HdrHops))
 	hops++
+	buildHop(h, origin, hops, due)
+	h[contract.HeaderNatsMsgID] = []string{s.cfg.HopKey.HopID(origin, hops)}
+	m.Subject, m.Reply, m.Sub = s.cfg.Prefix+"."+target, "", nil
+	s.cfg.HopKey.Sign(m.Subject, h)
+	fut, err := s.io.acks.Publish(m)
+	if err != nil {
+		return s.sendFailed(ctx, m, seq, "forward", "the cascading message", err)
+	}
+	s.stats.forwarded.Add(1)
+	s.conf.win.add(delivery{seq: seq, target: m.Subject, fut: fut, hop: true})
+	return nil
+}
+
+// buildHop rewrites h, a level message's headers, into those of the
+// message that re-enters ingress due at due, to be placed again by the
+// router and trusted once signed: the internal headers removed but the
+// publisher id, merge key and partition key, which are kept;
+// Delay-Deliver-At set to due, Delay-Enqueued-At kept, origin (the first
+// ingress reference) and hops set. A cascade's forward and a move
+// (docs/pending.md#22-the-writes-in-order, step 5) both use it; the caller
+// sets Nats-Msg-Id and signs.
+func buildHop(h nats.Header, origin string, hops int, due time.Time) {
 	userID, enqueued, merge, partKey := h.Get(message.HdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(message.HdrMerge), h.Get(message.HdrPartKey)
 	message.StripInternal(h)
 	delete(h, contract.HeaderDueAt)
@@ -52,16 +74,6 @@ func (s *owner) forward(ctx context.Context, m *nats.Msg, seq uint64, target str
 	if partKey != "" {
 		h[contract.HeaderPartitionKey] = []string{partKey}
 	}
-	h[contract.HeaderNatsMsgID] = []string{s.cfg.HopKey.HopID(origin, hops)}
-	m.Subject, m.Reply, m.Sub = s.cfg.Prefix+"."+target, "", nil
-	s.cfg.HopKey.Sign(m.Subject, h)
-	fut, err := s.io.acks.Publish(m)
-	if err != nil {
-		return s.sendFailed(ctx, m, seq, "forward", "the cascading message", err)
-	}
-	s.stats.forwarded.Add(1)
-	s.conf.win.add(delivery{seq: seq, target: m.Subject, fut: fut, hop: true})
-	return nil
 }
 
 // publish hands one message to its target: a JetStream publish if bound to

@@ -176,6 +176,14 @@ type Wiring struct {
 	// under an older count (docs/operations.md#partitions-for-hot-levels). Optional:
 	// nil holds nothing.
 	Gate *OrderGate
+
+	// Routed waits until the router has placed every ingress message
+	// published before the call (caughtUp false: not yet, ask again), so
+	// the mover reads a move's new message's index record if it is stored
+	// (docs/pending.md#24-the-mover-finishing-an-intent-after-a-crash-or-failover).
+	// Optional, but without it the mover settles nothing: a loaded move's
+	// head is held until a term with it loads it.
+	Routed func(ctx context.Context) (caughtUp bool, err error)
 }
 
 func (w *Wiring) validate() error {

@@ -66,11 +66,14 @@ func (r *retirer) run(ctx context.Context) {
 	}
 }
 
-// retire writes rt's missing index records and deletes the tombstone.
+// retire writes rt's missing index records and deletes the tombstone. A
+// move's intent has none to write (its new placement, if any, is the
+// latest record; docs/pending.md#23-the-book-and-the-loop): it and its
+// placed mark are deleted.
 func (r *retirer) retire(ctx context.Context, reader *jswire.BatchReader, rt retiree) error {
 	l := r.lvl
 	t := rt.t
-	if !rt.indexed {
+	if !rt.indexed && !rt.move {
 		for _, key := range []string{t.Key, t.MergeKey} {
 			if key == "" {
 				continue
@@ -106,8 +109,13 @@ func (r *retirer) retire(ctx context.Context, reader *jswire.BatchReader, rt ret
 			return err
 		}
 	}
-	if err := from.DeleteMsg(ctx, t.At); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return err
+	for _, at := range []uint64{t.At, rt.markAt} {
+		if at == 0 {
+			continue // a move whose mark is not known; a mark whose intent is gone
+		}
+		if err := from.DeleteMsg(ctx, at); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return err
+		}
 	}
 	return nil
 }

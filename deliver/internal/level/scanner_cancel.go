@@ -166,18 +166,22 @@ func (s *owner) serveCancels() {
 // reserve runs on the scanner's goroutine, between two deliveries. A
 // sequence below next has been handed off (delivered, or forwarded to its
 // next level); so may have one retried after an ambiguous failure: those
-// answer as handed off and are delivered (again) as usual. A cancelled or
-// reserved one answers from [cancelBook]. Any other is reserved: the
-// scanner does not pass it until the requester's tombstone write has an
-// outcome ([Level.awaitCancel]); for a status request it answers
-// AnswerPending instead.
+// answer as handed off and are delivered (again) as usual. A cancelled,
+// moving, moved or reserved one answers from [cancelBook] (moving and
+// moved: AnswerForwarded, look again where its move placed it). Any other
+// is reserved: the scanner does not pass it until the requester's
+// tombstone write has an outcome ([Level.awaitCancel]); for a status
+// request it answers AnswerPending instead.
 func (s *owner) reserve(rec index.Record, ask Ask) cancelDecision {
 	seq := rec.Seq
-	_, tombstoned, r := s.cancel.book.lookup(seq)
-	switch {
-	case tombstoned:
+	switch st, _, r := s.cancel.book.state(seq); st {
+	case stateCancelled:
 		return cancelDecision{answer: AnswerCancelled, term: s.term}
-	case r != nil:
+	case stateMoving, stateMoved:
+		// Moved, or being moved: its new placement answers (the asker
+		// looks the id up again, as for a hop).
+		return cancelDecision{answer: AnswerForwarded}
+	case stateReserved:
 		return cancelDecision{answer: AnswerRetry, wait: r.done}
 	}
 	if seq < s.pos.next || s.conf.win.tried(seq) {
@@ -319,11 +323,12 @@ func (s *Level) writeGone(ctx context.Context, t index.Tombstone) error {
 	return nil
 }
 
-// skipCancelled reports whether the head at seq is cancelled, and if so
-// passes it without delivering it.
+// skipCancelled reports whether the head at seq is cancelled, or moved
+// (its move's new message is stored), and if so passes it without
+// delivering it. A moving head is not passed: cancelHolds holds it.
 func (s *owner) skipCancelled(m *nats.Msg, seq uint64) bool {
-	t, ok, _ := s.cancel.book.lookup(seq)
-	if !ok {
+	st, t, _ := s.cancel.book.state(seq)
+	if st != stateCancelled && st != stateMoved {
 		return false
 	}
 	if t.Key != message.LevelKey(m.Header) {
@@ -344,14 +349,41 @@ func (s *owner) skipCancelled(m *nats.Msg, seq uint64) bool {
 // at again instead. A cancel may have reserved it, or turned its
 // reservation into a tombstone, since skipCancelled looked: a reserved
 // head is held until the cancel's outcome is known (awaitCancel), a
-// tombstoned one is skipped at the next look.
+// moving one until its move is placed or voided (awaitMove), a tombstoned
+// or moved one is skipped at the next look.
 func (s *owner) cancelHolds(ctx context.Context, seq uint64) bool {
-	_, tombstoned, r := s.cancel.book.lookup(seq)
-	if r != nil {
+	switch st, _, r := s.cancel.book.state(seq); st {
+	case stateReserved:
 		s.awaitCancel(ctx, r)
+	case stateMoving:
+		s.awaitMove(ctx, s.cancel.book.moving(seq))
+	case stateFree:
+		return false
 	}
-	return tombstoned || r != nil
+	return true
 }
+
+// awaitMove waits, on the scanner's goroutine, while the due head's move
+// is in flight (its intent stored, its new message not known to be):
+// until done is closed (placed: skipped; voided: delivered), a request
+// wakes the loop, ctx is done, or moveLook passes (the head is looked at
+// again: the term may have ended). Unlike a reservation it never expires:
+// the old message may be passed only once its move is settled
+// (docs/pending.md#25-safety-delivered-once-at-the-old-due-or-once-at-the-new-one).
+func (s *owner) awaitMove(ctx context.Context, done <-chan struct{}) {
+	t := time.NewTimer(moveLook)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-s.wake:
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// moveLook is how long a moving head is waited for before it is looked at
+// again.
+const moveLook = time.Second
 
 // loadTombstones reads the level's tombstones at the load (in a term: after
 // the offset key's bump). Those the offset has passed go to the janitor;
@@ -365,11 +397,17 @@ func (s *owner) loadTombstones(ctx context.Context, offset uint64) error {
 	s.cancel.book.reset()
 	subject := index.TombstoneSubject(s.cfg.Stream)
 	retry := backoff.New(10*time.Millisecond, 200*time.Millisecond)
+	var marks []index.PlacedMark
 	for {
 		var seen uint64
+		marks = marks[:0]
 		err := s.io.reader.EachOnSubject(ctx, index.CancelStream, subject, s.cfg.Batch, jswire.OpTimeout, func(m *nats.Msg, at uint64) {
 			seen = max(seen, at)
-			t, ok := index.DecodeTombstone(m.Data, at)
+			if p, ok := index.DecodePlacedMark(m, at); ok {
+				marks = append(marks, p) // applied once every intent is loaded
+				return
+			}
+			t, ok := index.DecodeTombstoneMsg(m, at)
 			if !ok {
 				// Not one delayd wrote: it cancels nothing and stays until an
 				// operator removes it (docs/operations.md#state-in-nats-missing-garbled-from-another-table).
@@ -396,8 +434,40 @@ func (s *owner) loadTombstones(ctx context.Context, offset uint64) error {
 			return fmt.Errorf("cancel tombstones: %w", ctx.Err())
 		}
 	}
+	s.loadMarks(marks)
 	s.dropTombstones(offset)
+	s.handMoves(offset)
 	return nil
+}
+
+// handMoves hands the mover every loaded intent above offset whose new
+// message is not known to be stored (moving): until it settles them,
+// their heads are held.
+func (s *owner) handMoves(offset uint64) {
+	var jobs []moveJob
+	for _, t := range s.cancel.book.movingAbove(offset) {
+		jobs = append(jobs, moveJob{t: t, loadTail: s.life.loadTail, loadedAt: s.life.loadedAt, term: s.term})
+	}
+	if s.io.mover != nil {
+		s.io.mover.add(jobs...)
+	}
+}
+
+// loadMarks applies the placed marks read at the load, once every
+// tombstone is loaded (a mark names its intent by the intent's sequence
+// in index.CancelStream, wherever it stands): each intent it names is
+// moved. A mark whose intent is not in the book (deleted, or a newer
+// tombstone of its sequence kept instead) is handed to the retirer.
+func (s *owner) loadMarks(marks []index.PlacedMark) {
+	for _, p := range marks {
+		if seq, ok := s.cancel.book.intentOf(p.Intent); ok && s.cancel.book.placed(seq, p.Intent, p.At) {
+			continue
+		}
+		select {
+		case s.cancel.retire <- retiree{move: true, markAt: p.At, from: s.io.tombstones}:
+		default: // the retirer is behind: the next load offers it again
+		}
+	}
 }
 
 // dropTombstones hands the tombstones the acknowledged offset has passed
@@ -416,9 +486,10 @@ func (s *owner) dropTombstones(acked uint64) {
 
 // pendingAt reports whether the message rec places in this level has not
 // been handed to its target and is not cancelled (a cancel in flight
-// counts as pending); a cascading message forwarded to its next level
-// counts as pending until its due time (a cancel of it on its next level
-// writes a newer "cancelled" record). The router calls it to merge; the
+// counts as pending, and so does a move, in flight or done); a cascading
+// message forwarded to its next level counts as pending until its due
+// time (a cancel of it on its next level writes a newer "cancelled"
+// record). The router calls it to merge; the
 // answer may be overtaken by the loop at once, which is the merge's
 // semantics: the later message arrived while the first was pending. It
 // reads the owner's published view only (any goroutine). An owner that no
@@ -426,10 +497,15 @@ func (s *owner) dropTombstones(acked uint64) {
 // pending", as no owner does: it may still be in the term slot, its view
 // going stale, until its loop returns.
 func (s *owner) pendingAt(rec index.Record) bool {
-	switch {
+	switch st, _, _ := s.cancel.book.state(rec.Seq); {
 	case !s.owns():
 		return false
-	case s.cancel.book.cancelled(rec.Seq):
+	case st == stateMoving || st == stateMoved:
+		// Delivered once, at one of its two places: a message merged
+		// into it now is delivered with it
+		// (docs/pending.md#26-merge-keys-run-now-reschedule-then-cancel).
+		return true
+	case st == stateCancelled:
 		return false
 	case rec.Seq > s.view.passed.Load():
 		return true

@@ -56,20 +56,38 @@ type BalancerConfig struct {
 //     holds the last (or after IdleBid).
 //   - A replica at its share keeps what it holds.
 //
-// It implements [lease.Claimer].
+// Its electors bid through [Balancer.Claimer], the lock-guarded [bids].
 type Balancer struct {
-	members *lease.Membership
+	members *lease.Membership // its own lock
 	ttl     time.Duration
 	idleBid time.Duration
 	logger  *slog.Logger
 
+	bids *bids // the electors' lease.Claimer and what the hand-overs share with it
+
+	// Run's goroutine's only (tick).
+	yieldAt time.Time // when bids.yielding was set
+	live    int       // at the last tick
+	liveAt  time.Time // when live last changed
+}
+
+// bids is a lock-guarded value and nothing else: what a [Balancer]'s
+// electors' bids and its hand-overs share. Its Claim is every elector's
+// [lease.Claimer], the one door each elector's goroutine passes when it
+// bids, by design: mu serializes the bids so that two electors bidding at
+// once never both take the last place in the share. The Balancer's Run
+// goroutine (tick) holds mu through a hand-over decision, so a bid never
+// sees half of one, and stats readers count what is held under it
+// (docs/reshape.md, R4 goroutines).
+type bids struct {
+	members *lease.Membership // set by NewBalancer, never written after
+	idleBid time.Duration
+	logger  *slog.Logger
+
 	mu       sync.Mutex
-	electors []*Elector
-	claims   int      // bids between Claim and their answer
-	yielding *Elector // handing over, until another replica holds its lease
-	yieldAt  time.Time
-	live     int       // at the last tick
-	liveAt   time.Time // when live last changed
+	electors []*Elector // added while the electors are built, before Run
+	claims   int        // bids between Claim and their answer
+	yielding *Elector   // handing over, until another replica holds its lease
 }
 
 // NewBalancer returns a balancer over cfg.Members; electors join it
@@ -87,29 +105,34 @@ func NewBalancer(cfg BalancerConfig) (*Balancer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Balancer{members: cfg.Members, ttl: cfg.TTL, idleBid: cfg.IdleBid, logger: cfg.Logger}, nil
+	return &Balancer{members: cfg.Members, ttl: cfg.TTL, idleBid: cfg.IdleBid, logger: cfg.Logger,
+		bids: &bids{members: cfg.Members, idleBid: cfg.IdleBid, logger: cfg.Logger}}, nil
 }
 
+// Claimer returns the electors' [lease.Claimer]: their bids go ahead only
+// within this replica's share ([bids.Claim]).
+func (b *Balancer) Claimer() lease.Claimer { return b.bids }
+
 func (b *Balancer) add(e *Elector) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.electors = append(b.electors, e)
+	b.bids.mu.Lock()
+	defer b.bids.mu.Unlock()
+	b.bids.electors = append(b.bids.electors, e)
 }
 
 // Share returns the live replicas (this one included), this replica's
 // share of the leases, and how many it holds now.
 func (b *Balancer) Share() (live, share, held int) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.bids.mu.Lock()
+	defer b.bids.mu.Unlock()
 	live = b.members.Live()
-	return live, shareOf(len(b.electors), live), len(b.heldLocked())
+	return live, shareOf(len(b.bids.electors), live), len(b.bids.heldLocked())
 }
 
 // shareOf is ceil(leases / live).
 func shareOf(leases, live int) int { return (leases + live - 1) / max(live, 1) }
 
 // heldLocked returns the electors holding a valid term now. b.mu is held.
-func (b *Balancer) heldLocked() []*Elector {
+func (b *bids) heldLocked() []*Elector {
 	var out []*Elector
 	for _, e := range b.electors {
 		if _, valid := e.lease.Held(); valid {
@@ -125,12 +148,12 @@ func (b *Balancer) heldLocked() []*Elector {
 // false while leases change hands as far as this replica can tell: one
 // is free as last read, or the count of live replicas changed less than
 // a TTL ago (a replica stopped or joined: the others' counts as read lag
-// their takes until every key is read again). b.mu is held.
+// their takes until every key is read again). b.bids.mu is held (tick).
 func (b *Balancer) fewestLocked() (fewest int, settled bool) {
 	counts := map[string]int{}
 	self := ""
 	settled = time.Since(b.liveAt) >= b.ttl
-	for _, e := range b.electors {
+	for _, e := range b.bids.electors {
 		self = e.holder
 		if _, valid := e.lease.Held(); valid {
 			continue
@@ -142,7 +165,7 @@ func (b *Balancer) fewestLocked() (fewest int, settled bool) {
 		}
 		counts[h]++
 	}
-	fewest = len(b.electors)
+	fewest = len(b.bids.electors)
 	for _, m := range b.members.Members() {
 		if m != self {
 			fewest = min(fewest, counts[m])
@@ -154,7 +177,7 @@ func (b *Balancer) fewestLocked() (fewest int, settled bool) {
 // Claim implements [lease.Claimer]: a bid goes ahead while this replica holds
 // (with bids in flight) fewer than its share, or for a lease free for
 // IdleBid.
-func (b *Balancer) Claim(key string, idle time.Duration) (done func(), ok bool) {
+func (b *bids) Claim(key string, idle time.Duration) (done func(), ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	share := shareOf(len(b.electors), b.members.Live())
@@ -195,20 +218,21 @@ func (b *Balancer) Run(ctx context.Context) error {
 }
 
 func (b *Balancer) tick() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	bd := b.bids
+	bd.mu.Lock()
+	defer bd.mu.Unlock()
 	live := b.members.Live()
 	if live != b.live {
 		if b.live != 0 {
 			b.logger.Info("live replicas changed", slog.Int("live", live), slog.Int("was", b.live),
-				slog.Int("share", shareOf(len(b.electors), live)))
+				slog.Int("share", shareOf(len(bd.electors), live)))
 		}
 		b.live, b.liveAt = live, time.Now()
-		for _, e := range b.electors {
+		for _, e := range bd.electors {
 			e.lease.Wake()
 		}
 	}
-	if y := b.yielding; y != nil {
+	if y := bd.yielding; y != nil {
 		// One hand-over at a time: the next once another replica holds
 		// this one (its work has confirmed, committed and released it),
 		// or after idleBid.
@@ -217,7 +241,7 @@ func (b *Balancer) tick() {
 		if taken := !valid && holder != "" && holder != y.holder; !taken && time.Since(b.yieldAt) < b.idleBid {
 			return
 		}
-		b.yielding = nil
+		bd.yielding = nil
 	}
 	// Hand one over when holding more than the share (a replica
 	// joined), or when at the share while another live replica holds two
@@ -226,8 +250,8 @@ func (b *Balancer) tick() {
 	// after a replica stopped, the others' counts as read lag their
 	// takes, and a replica at its share would hand over a lease the
 	// other takes anyway. A replica below its share never hands over.
-	held := b.heldLocked()
-	share := shareOf(len(b.electors), live)
+	held := bd.heldLocked()
+	share := shareOf(len(bd.electors), live)
 	if len(held) < share {
 		return
 	}
@@ -247,7 +271,7 @@ func (b *Balancer) tick() {
 	}
 	e := held[len(held)-1]
 	if e.handOver() {
-		b.yielding, b.yieldAt = e, time.Now()
+		bd.yielding, b.yieldAt = e, time.Now()
 		b.logger.Debug("handing a lease over", slog.String("lease", e.key), slog.Int("held", len(held)),
 			slog.Int("share", share), slog.Int("live", live))
 	}

@@ -227,7 +227,7 @@ func New(cfg Config) (*Elector, error) {
 	logger := cfg.Logger.With(slog.String("lease", cfg.Key))
 	lc := lease.Config{Key: cfg.Key, Holder: cfg.Holder, TTL: cfg.TTL, Logger: logger}
 	if cfg.Balancer != nil {
-		lc.Claimer = cfg.Balancer
+		lc.Claimer = cfg.Balancer.Claimer()
 	}
 	if cfg.claimer != nil {
 		lc.Claimer = cfg.claimer

@@ -64,7 +64,7 @@ func TestTooLargeLevelWriteSettlesMerge(t *testing.T) {
 		}
 	}
 	r.merges.mu.Lock()
-	flight := len(r.merges.flight)
+	flight := len(r.merges.p.flight)
 	r.merges.mu.Unlock()
 	rec, ok := r.merges.lookup(index.MergeKey("tgt.x", "k1"))
 	if flight != 0 || !ok || rec.Stream != "" {

@@ -36,17 +36,89 @@ const targetIndexMaxCache = 1 << 16
 // captures core publishes), only the confirmation is a flush instead of a
 // PubAck; a stream deleted a moment ago answers "no responders", which the
 // scanner treats as a core subject with no interest.
+//
+// Its methods run on the Service's goroutine (the first Refresh), its own
+// component's (Run), every level owner's loop (Bound, Forget, Refused,
+// NoteError, and a Refresh forced by a publish that contradicts the index)
+// and the connection's error handler (NoteError): shared by design, one
+// index for the account (docs/reshape.md, R4 goroutines). Its own fields are
+// never written after New; what changes lives in two lock-guarded values,
+// [subjectAnswers] and [refusals], and nothing else.
 type Bindings struct {
 	js     jetstream.JetStream
 	nc     *nats.Conn
 	logger *slog.Logger
 
+	answers subjectAnswers // the streams' subject filters and the answers cached from them
+	denied  refusals       // the server's recent publish refusals
+
+	kick chan struct{}
+}
+
+// subjectAnswers is a lock-guarded value: the subject filters of every
+// stream and the per-subject answers cached from them.
+type subjectAnswers struct {
 	mu       sync.RWMutex
 	patterns []string
 	cache    map[string]bool
-	denied   map[string]time.Time // subject -> when the server last refused a publish to it
+}
 
-	kick chan struct{}
+// bound is [Bindings.Bound].
+func (a *subjectAnswers) bound(subject string) bool {
+	a.mu.RLock()
+	b, ok := a.cache[subject]
+	a.mu.RUnlock()
+	if ok {
+		return b
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	b = false
+	for _, p := range a.patterns {
+		if contract.MatchSubject(p, subject) {
+			b = true
+			break
+		}
+	}
+	if len(a.cache) >= targetIndexMaxCache {
+		clear(a.cache)
+	}
+	a.cache[subject] = b
+	return b
+}
+
+// forget drops the cached answer for subject.
+func (a *subjectAnswers) forget(subject string) { a.mu.Lock(); delete(a.cache, subject); a.mu.Unlock() }
+
+// set replaces the filters and drops every cached answer.
+func (a *subjectAnswers) set(patterns []string) {
+	a.mu.Lock()
+	a.patterns = patterns
+	clear(a.cache)
+	a.mu.Unlock()
+}
+
+// refusals is a lock-guarded value: when the server last refused a
+// publish to each subject.
+type refusals struct {
+	mu sync.RWMutex
+	at map[string]time.Time // subject -> when the server last refused a publish to it
+}
+
+func (r *refusals) note(subject string) {
+	r.mu.Lock()
+	if len(r.at) >= targetIndexMaxCache {
+		clear(r.at)
+	}
+	r.at[subject] = time.Now()
+	r.mu.Unlock()
+}
+
+func (r *refusals) since(subject string) (time.Time, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	at, ok := r.at[subject]
+	return at, ok
 }
 
 // New returns an empty index; call [Bindings.Refresh] once, then
@@ -55,39 +127,17 @@ func New(nc *nats.Conn, js jetstream.JetStream, logger *slog.Logger) *Bindings {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Bindings{js: js, nc: nc, logger: logger, cache: make(map[string]bool), denied: make(map[string]time.Time), kick: make(chan struct{}, 1)}
+	return &Bindings{js: js, nc: nc, logger: logger, answers: subjectAnswers{cache: make(map[string]bool)},
+		denied: refusals{at: make(map[string]time.Time)}, kick: make(chan struct{}, 1)}
 }
 
 // Bound reports whether subject is captured by a stream.
-func (t *Bindings) Bound(subject string) bool {
-	t.mu.RLock()
-	b, ok := t.cache[subject]
-	t.mu.RUnlock()
-	if ok {
-		return b
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	b = false
-	for _, p := range t.patterns {
-		if contract.MatchSubject(p, subject) {
-			b = true
-			break
-		}
-	}
-	if len(t.cache) >= targetIndexMaxCache {
-		clear(t.cache)
-	}
-	t.cache[subject] = b
-	return b
-}
+func (t *Bindings) Bound(subject string) bool { return t.answers.bound(subject) }
 
 // Forget drops the cached answer for subject and asks for a refresh: used
 // when a publish's outcome contradicts the index.
 func (t *Bindings) Forget(subject string) {
-	t.mu.Lock()
-	delete(t.cache, subject)
-	t.mu.Unlock()
+	t.answers.forget(subject)
 	select {
 	case t.kick <- struct{}{}:
 	default:
@@ -107,10 +157,7 @@ func (t *Bindings) Refresh(ctx context.Context) error {
 	if err := lister.Err(); err != nil {
 		return fmt.Errorf("list streams: %w", err)
 	}
-	t.mu.Lock()
-	t.patterns = patterns
-	clear(t.cache)
-	t.mu.Unlock()
+	t.answers.set(patterns)
 	return nil
 }
 
@@ -164,20 +211,13 @@ func (t *Bindings) NoteError(err error) string {
 	if m == nil {
 		return ""
 	}
-	t.mu.Lock()
-	if len(t.denied) >= targetIndexMaxCache {
-		clear(t.denied)
-	}
-	t.denied[m[1]] = time.Now()
-	t.mu.Unlock()
+	t.denied.note(m[1])
 	return m[1]
 }
 
 // Refused reports whether the server refused a publish to subject within
 // the last minute.
 func (t *Bindings) Refused(subject string) bool {
-	t.mu.RLock()
-	at, ok := t.denied[subject]
-	t.mu.RUnlock()
+	at, ok := t.denied.since(subject)
 	return ok && time.Since(at) < deniedFor
 }
