@@ -108,13 +108,14 @@ func IsDelayHeader(key string) bool {
 // IsControlHeader reports whether key (in any case) is one of delayd's
 // control headers, which are consumed at ingress and never delivered: the
 // delay headers, the merge key, the partition key, and the headers delayd sets itself
-// (Delay-Enqueued-At, Delay-Due-At, Delay-Hops: a publisher's own values
-// are replaced).
+// (Delay-Enqueued-At, Delay-Due-At, Delay-Hops, Delay-Rescheduled: a
+// publisher's own values are replaced or dropped).
 func IsControlHeader(key string) bool {
 	return IsDelayHeader(key) ||
 		strings.EqualFold(key, HeaderMergeKey) ||
 		strings.EqualFold(key, HeaderPartitionKey) ||
 		strings.EqualFold(key, HeaderHops) ||
+		strings.EqualFold(key, HeaderRescheduled) ||
 		strings.EqualFold(key, HeaderEnqueuedAt) ||
 		strings.EqualFold(key, HeaderDueAt)
 }

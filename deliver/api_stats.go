@@ -59,6 +59,23 @@ func (s *Service) ListStats() RequestStats { return requestStats(&s.answers.list
 // [LevelStats]'s cancelled counter).
 func (s *Service) CancelAllStats() RequestStats { return requestStats(&s.answers.cancelAlls) }
 
+// RescheduleStats counts the reschedule API's answers
+// (docs/pending.md#2-reschedule) by kind.
+type RescheduleStats struct {
+	Rescheduled, NotFound, AlreadyDelivered uint64
+	// BadRequest counts requests refused as sent (400: the delay headers,
+	// an ambiguous id), Busy those answered [ErrCancelBusy] (429), Failed
+	// the other error answers (500, 503).
+	BadRequest, Busy, Failed uint64
+}
+
+// RescheduleStats returns the reschedule API's answers since start.
+func (s *Service) RescheduleStats() RescheduleStats {
+	c := &s.answers.reschedules
+	return RescheduleStats{Rescheduled: c.Rescheduled.Load(), NotFound: c.NotFound.Load(), AlreadyDelivered: c.Delivered.Load(),
+		BadRequest: c.BadRequest.Load(), Busy: c.Busy.Load(), Failed: c.Failed.Load()}
+}
+
 // answerCounts counts one request API's answers by kind
 // (deliver/internal/cancelapi, which counts them).
 type answerCounts = cancelapi.Counts

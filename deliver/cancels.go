@@ -49,7 +49,7 @@ func (s *Service) newCancelAPI(js jetstream.JetStream) *cancelapi.API {
 	return cancelapi.New(cancelapi.Config{
 		Conn: s.nc, LookupConn: s.cfg.LookupConn, JS: js, LookupShare: s.cfg.CancelLookupShare, HopKey: s.parts.hopKey,
 		KeepAnswers: s.cfg.AnswerKeep != AnswerKeepOff, Decider: owners, Prefix: s.cfg.Prefix, Levels: s.cfg.Levels, RouterWaiting: s.dead.refused.RouterWaiting,
-		Cancels: &s.answers.cancels, Statuses: &s.answers.statuses, Lists: &s.answers.lists, CancelAlls: &s.answers.cancelAlls, Logger: s.logger, Hooks: cancelapi.Hooks{Looked: s.hooks.looked, CancelAllCut: s.hooks.cancelAllCut},
+		Cancels: &s.answers.cancels, Statuses: &s.answers.statuses, Lists: &s.answers.lists, CancelAlls: &s.answers.cancelAlls, Reschedules: &s.answers.reschedules, MaxDelay: s.cfg.MaxDelay, Logger: s.logger, Hooks: cancelapi.Hooks{Looked: s.hooks.looked, CancelAllCut: s.hooks.cancelAllCut},
 	})
 }
 

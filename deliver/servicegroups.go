@@ -45,7 +45,8 @@ type serviceAnswers struct {
 	// lists, cancelAlls are the list and cancel-all APIs' answers
 	// (ListStats, CancelAllStats).
 	lists, cancelAlls cancelapi.RequestCounts
-	work              answerWork // the kept answers' bounds and counters
+	reschedules       cancelapi.RescheduleCounts // the reschedule API's answers (RescheduleStats)
+	work              answerWork                 // the kept answers' bounds and counters
 }
 
 // serviceLeases are this Service's side of the leases, all set by Run on

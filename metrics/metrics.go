@@ -42,7 +42,7 @@ type Metrics struct {
 	answersKept, answersSkipped                       *prometheus.Desc
 	leaseHeld, leaseEpoch, failovers, fencedWrites    *prometheus.Desc
 	replicasLive, leaseShare                          *prometheus.Desc
-	lists, cancelAlls                                 *prometheus.Desc
+	lists, cancelAlls, reschedules                    *prometheus.Desc
 }
 
 // New returns the collector for svc, whose connection is nc.
@@ -71,6 +71,7 @@ func New(svc *deliver.Service, nc *nats.Conn) *Metrics {
 		statuses:         prometheus.NewDesc("delayd_status_requests_total", "Answers of the status API (delayd.api.status.<target>, delayd.api.status), by result: pending, cancelled, not_found, already_delivered, busy (answered 429 at once: too many waiting, the cancel API's queue).", []string{"result"}, nil),
 		lists:            prometheus.NewDesc("delayd_pending_requests_total", "Answers of the list API (delayd.api.pending.<target>), by result: ok, bad_request (400), busy (429: its queue full, or its paced reads would wait past 10 s), error.", []string{"result"}, nil),
 		cancelAlls:       prometheus.NewDesc("delayd_cancelall_requests_total", "Answers of the cancel-all API (delayd.api.cancelall.<target>), by result: ok (complete or not), bad_request (400), busy (429), error; the messages they cancelled count in delayd_cancelled_total.", []string{"result"}, nil),
+		reschedules:      prometheus.NewDesc("delayd_reschedule_requests_total", "Answers of the reschedule API (delayd.api.reschedule.<target>, delayd.api.reschedule), by result: rescheduled, not_found, already_delivered, bad_request (400), busy (429: the cancel API's queue), error.", []string{"result"}, nil),
 		merged:           prometheus.NewDesc("delayd_merged_total", "Messages merged into a pending message with the same Delay-Merge-Key and target (their payloads dropped).", nil, nil),
 		indexErrors:      prometheus.NewDesc("delayd_index_errors_total", "Id index writes that failed: those messages answer \"not found\" to a cancel.", nil, nil),
 		answersKept:      prometheus.NewDesc("delayd_answers_kept_total", "Final answers (delivered, cancelled) written to DELAYD_ANSWERS before the id index trim purged their records.", nil, nil),
@@ -102,7 +103,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		m.pending, m.cancelledPending, m.oldestDue, m.delivered, m.retries, m.commitLag, m.routed, m.clamped, m.deadLettered, m.reconnects, m.ready,
 		m.cancelled, m.cancels, m.statuses, m.merged, m.indexErrors, m.dlqFailures, m.dlqWaiting, m.answersKept, m.answersSkipped,
-		m.leaseHeld, m.leaseEpoch, m.failovers, m.fencedWrites, m.replicasLive, m.leaseShare, m.lists, m.cancelAlls,
+		m.leaseHeld, m.leaseEpoch, m.failovers, m.fencedWrites, m.replicasLive, m.leaseShare, m.lists, m.cancelAlls, m.reschedules,
 	} {
 		ch <- d
 	}
@@ -156,6 +157,10 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(rs.BadRequest), "bad_request")
 		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(rs.Busy), "busy")
 		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(rs.Failed), "error")
+	}
+	rss := m.svc.RescheduleStats()
+	for result, n := range map[string]uint64{"rescheduled": rss.Rescheduled, "not_found": rss.NotFound, "already_delivered": rss.AlreadyDelivered, "bad_request": rss.BadRequest, "busy": rss.Busy, "error": rss.Failed} {
+		ch <- prometheus.MustNewConstMetric(m.reschedules, prometheus.CounterValue, float64(n), result)
 	}
 	as := m.svc.AnswerStats()
 	ch <- prometheus.MustNewConstMetric(m.answersKept, prometheus.CounterValue, float64(as.Kept))

@@ -56,6 +56,12 @@ type Config struct {
 	// by result (the Service's, read by its ListStats and CancelAllStats).
 	// Optional: nil counts nothing.
 	Lists, CancelAlls *RequestCounts
+	// Reschedules counts the reschedule API's answers (the Service's, read
+	// by its RescheduleStats). Optional: nil counts nothing.
+	Reschedules *RescheduleCounts
+	// MaxDelay is the longest delay a reschedule may ask (deliver's
+	// Config.MaxDelay, DELAYD_MAX_DELAY); 0 is [contract.MaxDelayDefault].
+	MaxDelay time.Duration
 	// Prefix is the ingress subject prefix (deliver's Config.Prefix): the
 	// list API refuses a target under it. "" is [contract.PrefixDefault].
 	Prefix string
@@ -254,6 +260,10 @@ func (a *API) Run(ctx context.Context) error {
 						w.serveStatus(ctx, reader, q)
 						continue
 					}
+					if isRescheduleSubject(m.Subject) {
+						w.serveReschedule(ctx, reader, q)
+						continue
+					}
 					// The scoped form's target; "" for the unscoped form.
 					scope, scoped := strings.CutPrefix(m.Subject, contract.CancelSubject+".")
 					if !scoped {
@@ -322,7 +332,8 @@ type queued struct {
 // "delayd.api.cancel.>" ([contract.CancelSubjectFor]), and to the status
 // API's [contract.StatusSubject] and "delayd.api.status.>", and to the list
 // API's [contract.PendingSubject] and "delayd.api.pending.>" ([contract.PendingSubjectFor]) and the cancel-all API's
-// "delayd.api.cancelall.>" ([contract.CancelAllSubjectFor]), queue group "delayd", and
+// "delayd.api.cancelall.>" ([contract.CancelAllSubjectFor]), and to the reschedule API's
+// [contract.RescheduleSubject] and "delayd.api.reschedule.>" (the cancel API's queue), queue group "delayd", and
 // waits until the server has the subscriptions, so a request sent once the
 // service is ready finds a responder. Requests go to the API's queue,
 // at most [QueueMax] (list requests to their own, at most listQueueMax, and cancel-alls to
@@ -344,6 +355,8 @@ func (a *API) Subscribe(ctx context.Context) error {
 		default:
 			if isStatusSubject(m.Subject) {
 				a.cfg.Statuses.Busy.Add(1)
+			} else if isRescheduleSubject(m.Subject) {
+				a.cfg.Reschedules.count(0, level.ErrCancelBusy)
 			} else {
 				a.cfg.Cancels.Busy.Add(1)
 			}
@@ -351,7 +364,7 @@ func (a *API) Subscribe(ctx context.Context) error {
 		}
 	}
 	var subs []*nats.Subscription
-	for _, subject := range []string{contract.CancelSubject, contract.CancelSubject + ".>", contract.StatusSubject, contract.StatusSubject + ".>", contract.PendingSubject, contract.PendingSubject + ".>", contract.CancelAllSubject + ".>"} {
+	for _, subject := range []string{contract.CancelSubject, contract.CancelSubject + ".>", contract.StatusSubject, contract.StatusSubject + ".>", contract.PendingSubject, contract.PendingSubject + ".>", contract.CancelAllSubject + ".>", contract.RescheduleSubject, contract.RescheduleSubject + ".>"} {
 		sub, err := a.cfg.Conn.QueueSubscribe(subject, "delayd", enqueue)
 		if err != nil {
 			for _, sub := range subs {

@@ -30,6 +30,19 @@ import (
 // "cancelled" (docs/guarantees.md#delivered-xor-cancelled). A record newer
 // than the one decided is decided instead.
 func (a *worker) DecideID(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time, status bool) (level.CancelAnswer, time.Time, error) {
+	ask := level.Ask{Op: level.AskCancel}
+	if status {
+		ask.Op = level.AskStatus
+	}
+	return a.decideID(ctx, reader, id, scope, notAfter, func(time.Time) (level.Ask, error) { return ask, nil })
+}
+
+// decideID is [worker.DecideID] for the question askAt returns, given the
+// request's time by the server's clock once the router caught up (the
+// routed wait's; [routedAsk.waitNow]): a reschedule's new due is
+// computed from it. An error from askAt is the request's answer. A
+// reschedule's AnswerRescheduled comes with the Ask's Due.
+func (a *worker) decideID(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time, askAt func(now time.Time) (level.Ask, error)) (level.CancelAnswer, time.Time, error) {
 	id = strings.TrimSpace(id)
 	keys, err := a.idKeys(ctx, id)
 	if err != nil {
@@ -43,7 +56,14 @@ func (a *worker) DecideID(ctx context.Context, reader *jswire.BatchReader, id, s
 	// A message published before this request is in the ingress stream at
 	// or below its last sequence; once the router has acked everything up
 	// to there, its index record is readable.
-	caughtUp, err := a.routed.wait(ctx)
+	now, caughtUp, err := a.routed.waitNow(ctx)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	if !caughtUp {
+		now = time.Now() // the router is behind: this process's clock
+	}
+	ask, err := askAt(now)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
@@ -67,10 +87,6 @@ func (a *worker) DecideID(ctx context.Context, reader *jswire.BatchReader, id, s
 	}
 	if a.cfg.Hooks.Looked != nil {
 		a.cfg.Hooks.Looked(rec)
-	}
-	ask := level.Ask{Op: level.AskCancel}
-	if status {
-		ask.Op = level.AskStatus
 	}
 	return a.decideLoop(ctx, reader, rec, ok, scope, notAfter, ask)
 }
@@ -149,6 +165,8 @@ func (a *worker) decideLoop(ctx context.Context, reader *jswire.BatchReader, rec
 				return answer, time.Time{}, nil
 			case level.AnswerPending:
 				return answer, rec.Due, nil
+			case level.AnswerRescheduled:
+				return answer, ask.Due, nil
 			case level.AnswerForwarded:
 				seen = rec.At
 			case level.AnswerRetry: // the level write is not stored yet: ask again

@@ -41,11 +41,23 @@ type routedWait struct {
 type routedAsk struct{ arrive chan<- *routedWaiter }
 
 type routedWaiter struct {
-	gen  uint64 // routedWait.gen when run took it: any info requested after it bounds it
-	upTo uint64 // its bound; set by the first info requested after it arrived
-	set  bool
-	gone atomic.Bool // the request stopped waiting (its wait passed, or its ctx ended): run drops it
-	done chan error  // receives nil once the router caught up, or the info's error
+	gen  uint64 // run's only: routedWait.gen when run took it: any info requested after it bounds it
+	upTo uint64 // run's only: its bound; set by the first info requested after it arrived
+	// at is run's only: that info's TimeStamp, the server's time at or
+	// after the waiter arrived.
+	at   time.Time
+	set  bool              // run's only
+	gone atomic.Bool       // the request stopped waiting (its wait passed, or its ctx ended): run drops it
+	done chan routedAnswer // receives the answer once the router caught up, or the info's error
+}
+
+// routedAnswer is run's answer to a waiter, sent on its done channel: the
+// waiter's bound and that info's time once the router caught up, or the
+// error reading the ingress stream.
+type routedAnswer struct {
+	upTo uint64
+	at   time.Time
+	err  error
 }
 
 func newRoutedWait(js jetstream.JetStream, waiting func() int) *routedWait {
@@ -69,7 +81,27 @@ func (g routedAsk) wait(ctx context.Context) (bool, error) {
 // first stream info requested after the call (every message published
 // before the call is at or below it).
 func (g routedAsk) waitBound(ctx context.Context) (upTo uint64, caughtUp bool, err error) {
-	w := &routedWaiter{done: make(chan error, 1)}
+	a, caughtUp, err := g.await(ctx)
+	return a.upTo, caughtUp, err
+}
+
+// waitNow is [routedAsk.wait] that also returns the server's time of the
+// first stream info requested after the call (its TimeStamp; this
+// process's clock if the server sent none) once the router caught up:
+// "now" for a request, by the server's clock (the reschedule API's).
+func (g routedAsk) waitNow(ctx context.Context) (now time.Time, caughtUp bool, err error) {
+	a, caughtUp, err := g.await(ctx)
+	if caughtUp && a.at.IsZero() {
+		a.at = time.Now()
+	}
+	return a.at, caughtUp, err
+}
+
+// await hands a waiter to run and waits as [routedAsk.wait] says; run's
+// answer (the bound and its time) is returned when caughtUp, a zero one
+// otherwise.
+func (g routedAsk) await(ctx context.Context) (routedAnswer, bool, error) {
+	w := &routedWaiter{done: make(chan routedAnswer, 1)}
 	timer := time.NewTimer(cancelWaitRouted)
 	defer timer.Stop()
 	// run takes it at once when idle, else before its next stream info:
@@ -77,20 +109,22 @@ func (g routedAsk) waitBound(ctx context.Context) (upTo uint64, caughtUp bool, e
 	select {
 	case g.arrive <- w:
 	case <-timer.C:
-		return 0, false, nil
+		return routedAnswer{}, false, nil
 	case <-ctx.Done():
-		return 0, false, ctx.Err()
+		return routedAnswer{}, false, ctx.Err()
 	}
 	select {
-	case err := <-w.done:
-		// settle set upTo before it sent on done.
-		return w.upTo, err == nil, err
+	case a := <-w.done:
+		if a.err != nil {
+			return routedAnswer{}, false, a.err
+		}
+		return a, true, nil
 	case <-timer.C:
 		w.gone.Store(true)
-		return 0, false, nil
+		return routedAnswer{}, false, nil
 	case <-ctx.Done():
 		w.gone.Store(true)
-		return 0, false, ctx.Err()
+		return routedAnswer{}, false, ctx.Err()
 	}
 }
 
@@ -137,11 +171,11 @@ func (g *routedWait) run(ctx context.Context) {
 				continue
 			}
 		}
-		st, err := g.info(ctx)
+		st, at, err := g.info(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		released := g.settle(gen, st, err)
+		released := g.settle(gen, st, at, err)
 		if released {
 			pause = time.Millisecond
 			continue // the others got their bound from this info: look again at once
@@ -155,21 +189,25 @@ func (g *routedWait) run(ctx context.Context) {
 	}
 }
 
-func (g *routedWait) info(ctx context.Context) (jetstream.StreamState, error) {
+// info reads the ingress stream's state, and the server's time of the
+// read (the info's TimeStamp).
+func (g *routedWait) info(ctx context.Context) (jetstream.StreamState, time.Time, error) {
 	ictx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	stream, err := g.js.Stream(ictx, resource.IngressStream)
 	if err != nil {
-		return jetstream.StreamState{}, fmt.Errorf("ingress stream: %w", err)
+		return jetstream.StreamState{}, time.Time{}, fmt.Errorf("ingress stream: %w", err)
 	}
-	return stream.CachedInfo().State, nil
+	info := stream.CachedInfo()
+	return info.State, info.TimeStamp, nil
 }
 
-// settle applies one stream info, requested in round gen, to the waiters:
+// settle applies one stream info, requested in round gen and gathered by
+// the server at at, to the waiters:
 // it bounds those that arrived before the round and releases those whose
 // bound the router has passed. It reports whether any waiter was released
 // or bounded.
-func (g *routedWait) settle(gen uint64, st jetstream.StreamState, err error) bool {
+func (g *routedWait) settle(gen uint64, st jetstream.StreamState, at time.Time, err error) bool {
 	changed := false
 	keep := g.waiters[:0]
 	for _, w := range g.waiters {
@@ -180,15 +218,15 @@ func (g *routedWait) settle(gen uint64, st jetstream.StreamState, err error) boo
 		case w.gen >= gen:
 			// Arrived after this info was requested: not bounded by it.
 		case err != nil:
-			w.done <- err
+			w.done <- routedAnswer{err: err}
 			changed = true
 			continue
 		case !w.set:
-			w.upTo, w.set = st.LastSeq, true
+			w.upTo, w.at, w.set = st.LastSeq, at, true
 			changed = true
 		}
 		if w.set && err == nil && (st.Msgs == 0 || st.FirstSeq > w.upTo || st.Msgs <= uint64(g.waiting())) {
-			w.done <- nil
+			w.done <- routedAnswer{upTo: w.upTo, at: w.at}
 			changed = true
 			continue
 		}

@@ -89,7 +89,7 @@ type moveJob struct {
 }
 
 // mover finishes moving intents off the owner's loop: one per term, on a
-// goroutine of its own (docs/reshape.md#24), started by owner.run next to
+// goroutine of its own (docs/reshape.md#24-one-goroutine-per-owner-two-per-type-at-most), started by owner.run next to
 // the retirer and stopped before run returns. The loop hands it, after
 // each load, every loaded intent above the offset whose new message is not
 // known to be stored; for each it decides ([moveFacts.action]) and writes

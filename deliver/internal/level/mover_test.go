@@ -51,7 +51,7 @@ func TestMoverDecision(t *testing.T) {
 
 // TestMoverSettlesLoadedIntents: a term that loads moves left unfinished
 // by an earlier owner (their intents stored, no placed marks) settles each
-// as docs/pending.md#24 says, and its head follows: a move whose new
+// as docs/pending.md#24-the-mover-finishing-an-intent-after-a-crash-or-failover says, and its head follows: a move whose new
 // message is indexed elsewhere is placed (the old message never
 // delivered); one with no new message whose old due passed before the
 // load is voided (its intent deleted, the old message delivered, once);

@@ -15,6 +15,7 @@ const (
 	HdrIngress        = "Delayd-Ingress"       // derived id "delayd-<ingress created, unix ns>-<ingress seq>"
 	HdrOrigin         = "Delayd-Origin"        // a cascading message's first derived id: its delivery id
 	HdrHops           = "Delayd-Hops"          // hops so far, decimal
+	HdrMoves          = "Delayd-Moves"         // reschedules so far, decimal; absent: none (delivered as Delay-Rescheduled)
 	HdrHopDue         = "Delayd-Hop-Due"       // when this level's wait ends, if before Delay-Due-At
 	HdrMerge          = "Delayd-Merge"         // the message's merge key, so a hop keeps it
 	HdrPartKey        = "Delayd-Partition-Key" // the message's Delay-Partition-Key, so a hop keeps it

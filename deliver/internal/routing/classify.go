@@ -105,45 +105,18 @@ func (c *classifier) classify(subject string, h nats.Header, stored time.Time, h
 	if err != nil {
 		return p, err
 	}
-	var (
-		key, value string
-		kinds, n   int
-		seen       [3]bool
-	)
-	for k, v := range h {
-		for i, name := range [3]string{contract.HeaderLevel, contract.HeaderDuration, contract.HeaderDeliverAt} {
-			if !strings.EqualFold(k, name) {
-				continue
-			}
-			if !seen[i] {
-				seen[i], kinds, key = true, kinds+1, name
-			}
-			n += len(v)
-			if len(v) > 0 {
-				value = v[0]
-			}
-		}
+	d, err := message.ParseDelay(h, c.levels)
+	if err != nil {
+		return p, err
 	}
-	switch {
-	case kinds == 0:
-		return p, fmt.Errorf("%w: no %s, %s or %s header", levels.ErrMissingLevel, contract.HeaderLevel, contract.HeaderDuration, contract.HeaderDeliverAt)
-	case kinds > 1:
-		return p, fmt.Errorf("%w: ambiguous: set exactly one of %s, %s and %s", message.ErrInvalidDelay, contract.HeaderLevel, contract.HeaderDuration, contract.HeaderDeliverAt)
-	case n > 1:
-		return p, fmt.Errorf("%w: %s has %d values, want one", delayErr(key), key, n)
-	}
-	if key != contract.HeaderLevel {
-		due, err := c.requestedDue(key, strings.TrimSpace(value), stored)
-		if err != nil {
+	if d.Header != contract.HeaderLevel {
+		if err := d.CheckMax(stored, c.maxDelay); err != nil {
 			return p, err
 		}
+		due := d.Due(stored)
 		p.Level, p.Due = c.cascadeLevel(due.Sub(stored)), due
 	} else {
-		lvl, clamped, err := c.levels.Pick(value)
-		if err != nil {
-			return p, err
-		}
-		p.Level, p.Clamped = lvl, clamped
+		p.Level, p.Clamped = d.Level, d.Clamped
 	}
 	p.Target = target
 	if p.Merge, err = mergeKeyOf(h); err != nil {
@@ -155,31 +128,6 @@ func (c *classifier) classify(subject string, h nats.Header, stored time.Time, h
 		p.Hop, p.Merge = true, h.Get(message.HdrMerge)
 	}
 	return p, nil
-}
-
-// requestedDue parses a Delay-Duration or Delay-Deliver-At value.
-func (c *classifier) requestedDue(key, value string, stored time.Time) (time.Time, error) {
-	var due time.Time
-	if key == contract.HeaderDuration {
-		d, err := time.ParseDuration(value)
-		switch {
-		case err != nil:
-			return due, fmt.Errorf("%w: %s %q is not a Go duration such as 90s or 36h", message.ErrInvalidDelay, key, value)
-		case d < 0:
-			return due, fmt.Errorf("%w: %s %q is negative", message.ErrInvalidDelay, key, value)
-		}
-		due = stored.Add(d)
-	} else {
-		t, err := time.Parse(time.RFC3339Nano, value)
-		if err != nil {
-			return due, fmt.Errorf("%w: %s %q is not an RFC 3339 time", message.ErrInvalidDelay, key, value)
-		}
-		due = t
-	}
-	if due.Sub(stored) > c.maxDelay {
-		return due, fmt.Errorf("%w: %s %q is beyond the longest delay %s (DELAYD_MAX_DELAY)", message.ErrInvalidDelay, key, value, levels.FormatDuration(c.maxDelay))
-	}
-	return due, nil
 }
 
 // cascadeLevel picks the level for a remaining delay: the longest level not
@@ -231,9 +179,9 @@ func mergeKeyOf(h nats.Header) (string, error) {
 
 // levelHeaders is the number of headers delayd may add to a level message:
 // Delay-Enqueued-At, Delay-Due-At, Delayd-Ingress, Delayd-Msg-Id,
-// Delayd-Hop-Due, Delayd-Origin, Delayd-Hops, Delayd-Merge, and the
-// router's Nats-Expected-Last-Sequence.
-const levelHeaders = 9
+// Delayd-Hop-Due, Delayd-Origin, Delayd-Hops, Delayd-Moves, Delayd-Merge,
+// and the router's Nats-Expected-Last-Sequence.
+const levelHeaders = 10
 
 // levelMessage builds the level-stream message of ingress message m
 // (published to subject, headers h, payload data) placed at p, stored by
@@ -245,7 +193,9 @@ const levelHeaders = 9
 // ingress stream and must not act again) and reserved Delayd-* headers, and
 // with delayd's: Delay-Enqueued-At and Delay-Due-At (RFC 3339, UTC),
 // Delayd-Ingress, the publisher's id as Delayd-Msg-Id, the merge key, and
-// for a hop its first id and hop count. When the level's wait ends before
+// for a hop its first id, hop count and, if it was rescheduled, its move
+// count (Delayd-Moves: a reschedule writes the message again as a hop,
+// docs/pending.md#22-the-writes-in-order). When the level's wait ends before
 // the due time, Delayd-Hop-Due says when, and the message hops on from
 // there. h is not changed; header values are shared, never written.
 //
@@ -255,9 +205,9 @@ func levelMessage(h nats.Header, data []byte, p placement, levelSubject string, 
 	// enqueue and due times, the derived id, the publisher's id and the
 	// expected last sequence added.
 	oh := make(nats.Header, len(h)+4)
-	var origin, userID, enqueued, hops string
+	var origin, userID, enqueued, hops, moves string
 	if p.Hop {
-		origin, userID, enqueued, hops = h.Get(message.HdrOrigin), h.Get(message.HdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(message.HdrHops)
+		origin, userID, enqueued, hops, moves = h.Get(message.HdrOrigin), h.Get(message.HdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(message.HdrHops), h.Get(message.HdrMoves)
 	}
 	for k, v := range h {
 		if contract.IsControlHeader(k) || contract.IsInternalHeader(k) {
@@ -299,18 +249,12 @@ func levelMessage(h nats.Header, data []byte, p placement, levelSubject string, 
 	if p.Hop {
 		set(message.HdrOrigin, origin)
 		set(message.HdrHops, hops)
+		if moves != "" {
+			set(message.HdrMoves, moves)
+		}
 	}
 	if p.Merge != "" {
 		set(message.HdrMerge, p.Merge)
 	}
 	return &nats.Msg{Subject: levelSubject + p.Target, Header: oh, Data: data}, due
-}
-
-// delayErr is the sentinel for a bad value of the delay header key:
-// [levels.ErrInvalidLevel] for Delay-Level, [message.ErrInvalidDelay] for the others.
-func delayErr(key string) error {
-	if key == contract.HeaderLevel {
-		return levels.ErrInvalidLevel
-	}
-	return message.ErrInvalidDelay
 }
