@@ -135,6 +135,18 @@ func (r *Router) retryFailed(ctx context.Context) error {
 		}
 		slices.SortFunc(failed, func(a, b *routing) int { return compareUint(a.seq, b.seq) })
 		for _, rt := range failed {
+			if rt.w != nil && !rt.w.ready {
+				// Not reached: a session retries only its own writes
+				// (session drops an earlier one's), which went to levels
+				// it synced. A level not synced in this session is not
+				// resynced below, so its write would expect a stale tail:
+				// the session ends instead, and the next one's consumer
+				// delivers the message again.
+				r.pipe.retry.requeue(failed)
+				return fmt.Errorf("level stream %s: a failed write to retry, the level not synced in this session", rt.w.stream)
+			}
+		}
+		for _, rt := range failed {
 			rt.inProgress() // keep the ack wait from redelivering them meanwhile
 		}
 		r.logger.Warn("level writes failed; retrying in order", slog.Int("count", len(failed)), slog.Any("error", failed[0].err))

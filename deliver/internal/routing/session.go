@@ -35,9 +35,6 @@ func (r *Router) RunTerm(ctx context.Context, t ownership.Term) error {
 	for _, w := range r.writers.all {
 		w.marked = 0 // each term writes its own marker
 	}
-	// Writes an earlier term left failed are not retried: their ingress
-	// messages are unacked, and this term's consumer delivers them again.
-	r.pipe.retry.takeFailed()
 	defer func() {
 		r.stats.owner.Store(false)
 		r.progress() // not routing is not failing: no failure clock runs
@@ -120,6 +117,16 @@ func restartWait(retry *backoff.Backoff, err error) time.Duration {
 
 // session runs one ingress consumer from a fresh resync until an error.
 func (r *Router) session(ctx context.Context) error {
+	// Writes an earlier session (or term) left failed are not retried:
+	// their ingress messages are unacked, and this session's fresh
+	// consumer delivers them again, in order, to be written (or acked as
+	// stored) at their level's tail as this session syncs it. Retried
+	// here, a write to a level this session has not synced yet would
+	// expect the tail an earlier session knew, plus one for each copy
+	// sent since: refused for ever (a live-lock: the level's sync is
+	// applied only between retry rounds, which never end), or stored a
+	// second time after a copy whose PubAck was lost.
+	r.pipe.retry.takeFailed()
 	var opened closers
 	defer opened.close()
 	pull, err := r.open(ctx, &opened)
