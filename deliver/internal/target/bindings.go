@@ -45,6 +45,7 @@ type Bindings struct {
 	patterns []string
 	cache    map[string]bool
 	denied   map[string]time.Time // subject -> when the server last refused a publish to it
+	windows  dupWindows           // stream targets with a short duplicate window (dupwindow.go)
 
 	kick chan struct{}
 }
@@ -72,6 +73,7 @@ func (t *Bindings) Bound(subject string) bool {
 	for _, p := range t.patterns {
 		if contract.MatchSubject(p, subject) {
 			b = true
+			t.windows.matched(p, subject, t.logger)
 			break
 		}
 	}
@@ -97,18 +99,21 @@ func (t *Bindings) Forget(subject string) {
 // Refresh re-lists the account's streams.
 func (t *Bindings) Refresh(ctx context.Context) error {
 	var patterns []string
+	short := map[string]streamWindow{}
 	lister := t.js.ListStreams(ctx)
 	for info := range lister.Info() {
 		if strings.HasPrefix(info.Config.Name, "DELAYD_") {
 			continue // delayd's own streams never hold targets
 		}
 		patterns = append(patterns, info.Config.Subjects...)
+		noteWindow(short, info.Config)
 	}
 	if err := lister.Err(); err != nil {
 		return fmt.Errorf("list streams: %w", err)
 	}
 	t.mu.Lock()
 	t.patterns = patterns
+	t.windows.short = short
 	clear(t.cache)
 	t.mu.Unlock()
 	return nil
