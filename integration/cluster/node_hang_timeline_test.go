@@ -12,15 +12,34 @@ import (
 // The TIMELINE of a node fault: what the replicas logged from the fault to
 // the next (or for twice the hang), by what it concerns, as times from the
 // fault, so a stall beyond its bound can be put down to a cause: per
-// level, its lease gained, its scanner started or failing to start (with
-// the error), and where its longest delivery gap ended (the first
-// delivery after it); the router's lease, restarts (with the error) and
-// syncs; the replicas' connections. Replicas log at debug in these tests
-// ("lease gained", "scanner started" are debug records).
+// level, up to the end of its longest delivery gap (the first delivery
+// after it), its lease gained, lost or handed over, its scanner started,
+// stopped or failing (with the error); the router's lease, restarts (with
+// the error), syncs and failed writes, up to the last level's gap end; the
+// replicas' connections; then how many of each other warning. Replicas log
+// at debug in these tests ("lease gained", "scanner started" are debug
+// records).
 
 // timelineMax is how many entries a line of the TIMELINE shows at most
 // (repeats of one record by one replica in a row count once).
-const timelineMax = 16
+const timelineMax = 24
+
+// timelineKey are the records a level's or the router's line shows; the
+// others (a bidder's "lease acquire failed", ...) are counted on the last
+// line.
+var timelineKey = []string{"lease gained", "lease lost", "lease handed over", "lease given up", "scanner start", "scanner step failed",
+	"scanner stopped", "level stopped", "level stream", "router restarting", "router stopped", "every level stream synced",
+	"deleted the ingress consumer", "level writes failed", "delivery failed", "connected to NATS", "disconnected from NATS"}
+
+// isKey reports whether msg is one of timelineKey's records.
+func isKey(msg string) bool {
+	for _, k := range timelineKey {
+		if strings.HasPrefix(msg, k) || strings.HasSuffix(msg, k) {
+			return true
+		}
+	}
+	return false
+}
 
 // timelineEntry is one log record, or a run of the same one by a replica.
 type timelineEntry struct {
@@ -41,7 +60,13 @@ func (h *hangTest) timeline(at, end time.Time, figs []failoverFigure) string {
 		levelOf[lvl.Stream()] = lvl.Stream()
 		order = append(order, lvl.Stream())
 	}
-	order = append(order, "router", "connections", "other warnings")
+	order = append(order, "router", "connections")
+	stop := map[string]time.Duration{} // a line's last offset shown: its level's gap end; the router's, the last of them
+	for i, f := range figs {
+		stop[order[i]] = f.gapFrom + f.gap + 500*time.Millisecond
+		stop["router"] = max(stop["router"], stop[order[i]])
+	}
+	others := map[string]int{}
 	for _, r := range h.rs {
 		for gen, lg := range r.logs {
 			name := r.name
@@ -53,7 +78,13 @@ func (h *hangTest) timeline(at, end time.Time, figs []failoverFigure) string {
 					continue
 				}
 				line := timelineLine(e, levelOf)
-				if line == "" {
+				if line == "" || !isKey(e.msg) {
+					if e.level == "WARN" || e.level == "ERROR" {
+						others[e.msg]++
+					}
+					continue
+				}
+				if d, ok := stop[line]; ok && e.logged.Sub(at) > d {
 					continue
 				}
 				text := e.msg
@@ -89,6 +120,12 @@ func (h *hangTest) timeline(at, end time.Time, figs []failoverFigure) string {
 				f.gap.Round(time.Millisecond), f.gapFrom.Seconds(), (f.gapFrom + f.gap).Seconds())
 		}
 	}
+	var counts []string
+	for msg, n := range others {
+		counts = append(counts, fmt.Sprintf("%s ×%d", msg, n))
+	}
+	sort.Strings(counts)
+	fmt.Fprintf(&b, "\n  other warnings and errors (all replicas, the whole window): %s", strings.Join(counts, "; "))
 	return b.String()
 }
 
@@ -111,9 +148,6 @@ func timelineLine(e logEvent, levelOf map[string]string) string {
 		return "router"
 	case strings.HasSuffix(e.msg, " to NATS") || strings.HasSuffix(e.msg, " from NATS"):
 		return "connections"
-	}
-	if e.level == "WARN" || e.level == "ERROR" {
-		return "other warnings"
 	}
 	return ""
 }
