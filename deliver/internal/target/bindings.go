@@ -46,6 +46,7 @@ type Bindings struct {
 	cache    map[string]bool
 	denied   map[string]time.Time // subject -> when the server last refused a publish to it
 	windows  dupWindows           // stream targets with a short duplicate window (dupwindow.go)
+	byStream map[string][]string  // each target stream's subject filters at the last refresh (unlisted.go)
 
 	kick chan struct{}
 }
@@ -100,19 +101,27 @@ func (t *Bindings) Forget(subject string) {
 func (t *Bindings) Refresh(ctx context.Context) error {
 	var patterns []string
 	short := map[string]streamWindow{}
+	listed := map[string][]string{}
 	lister := t.js.ListStreams(ctx)
 	for info := range lister.Info() {
 		if strings.HasPrefix(info.Config.Name, "DELAYD_") {
 			continue // delayd's own streams never hold targets
 		}
 		patterns = append(patterns, info.Config.Subjects...)
+		listed[info.Config.Name] = info.Config.Subjects
 		noteWindow(short, info.Config)
 	}
 	if err := lister.Err(); err != nil {
 		return fmt.Errorf("list streams: %w", err)
 	}
+	kept, err := t.keepUnlisted(ctx, listed)
+	if err != nil {
+		return err
+	}
+	patterns = append(patterns, kept...)
 	t.mu.Lock()
 	t.patterns = patterns
+	t.byStream = listed
 	t.windows.short = short
 	clear(t.cache)
 	t.mu.Unlock()
