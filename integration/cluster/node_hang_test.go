@@ -306,6 +306,9 @@ type hangTest struct {
 	rs  []*replica
 	l   *load
 	cfg loadConfig
+
+	faults  []nodeFault // made so far
+	checked bool        // check ran
 }
 
 func startHangTest(t *testing.T, total int) *hangTest {
@@ -330,7 +333,23 @@ func startHangTest(t *testing.T, total int) *hangTest {
 	l := newLoad(t, nc, js, cfg)
 	c.WaitCurrent(js, 2*time.Minute)
 	l.start()
-	return &hangTest{t: t, c: c, nc: nc, js: js, rs: rs, l: l, cfg: cfg}
+	h := &hangTest{t: t, c: c, nc: nc, js: js, rs: rs, l: l, cfg: cfg}
+	t.Cleanup(func() {
+		// A test stopped before its checks (deliveries never caught up
+		// after a fault, say) still logs what the replicas did.
+		if !t.Failed() || h.checked {
+			return
+		}
+		for k, f := range h.faults {
+			end := f.at.Add(2 * nodeHang)
+			if k+1 < len(h.faults) {
+				end = h.faults[k+1].at
+			}
+			t.Logf("TIMELINE %s (node %d) at %s (the test stopped before its checks; to %s):%s", f.name, f.node,
+				f.at.Format("15:04:05.000"), end.Format("15:04:05.000"), h.timeline(f.at, end, nil))
+		}
+	})
+	return h
 }
 
 // fault makes one fault of node (hurt: SIGSTOP or SIGKILL) after
@@ -356,6 +375,7 @@ func (h *hangTest) fault(name string, node int, hurt func(int)) (*leaderWatch, t
 // of what the replicas logged.
 func (h *hangTest) check(faults []nodeFault, slack time.Duration) {
 	t := h.t
+	h.checked = true
 	h.l.waitPublished(5 * time.Minute)
 	h.l.waitDelivered(2 * time.Minute)
 	rep := h.l.report()
@@ -428,7 +448,6 @@ func TestReplicasNodeHang(t *testing.T) {
 		{"the leader of the lease bucket", func() int { return moveLeaderOff(t, h.c, h.nc, h.js, "KV_DELAYD_LEASES", 0) }},
 		{"the leader of " + levelStream, func() int { return moveLeaderOff(t, h.c, h.nc, h.js, levelStream, 0) }},
 	}
-	var faults []nodeFault
 	for k, step := range steps {
 		h.l.waitAcked((k+1)*h.cfg.Total/20, 3*time.Minute)
 		h.l.waitCaughtUp(2 * time.Minute)
@@ -438,12 +457,12 @@ func TestReplicasNodeHang(t *testing.T) {
 		election, moves := w.finish(nodeHang)
 		h.c.resume(node)
 		t.Logf("hung %s (node %d) %s; leader moves: %s", step.name, node, time.Since(at).Round(time.Millisecond), moves)
-		faults = append(faults, nodeFault{name: "hang of " + step.name, node: node, at: at, election: election, moves: moves,
+		h.faults = append(h.faults, nodeFault{name: "hang of " + step.name, node: node, at: at, election: election, moves: moves,
 			load: load + " at the fault, " + loadAverage() + " at its end"})
 		h.c.waitHealthy(node)
 		h.c.WaitCurrent(h.js, 2*time.Minute)
 	}
-	h.check(faults, 5*time.Second)
+	h.check(h.faults, 5*time.Second)
 	t.Logf("%d offset updates seen", offs.Check())
 }
 
@@ -473,7 +492,8 @@ func TestReplicasNodeKill9Leaders(t *testing.T) {
 	t.Logf("killed node %d; leader moves: %s", node, moves)
 	time.Sleep(20 * time.Second) // deliveries resume under the new leaders before the node returns
 	h.c.Restart(node)
+	h.faults = append(h.faults, nodeFault{name: name, node: node, at: at, election: election, moves: moves, load: load + " at the kill, " + loadAverage() + " at the restart"})
 	h.c.WaitCurrent(h.js, 2*time.Minute)
-	h.check([]nodeFault{{name: name, node: node, at: at, election: election, moves: moves, load: load + " at the kill, " + loadAverage() + " at the restart"}}, 3*time.Second)
+	h.check(h.faults, 3*time.Second)
 	t.Logf("%d offset updates seen", offs.Check())
 }
