@@ -225,25 +225,48 @@ func (c *Committer) write(ctx context.Context, gen uint64, done chan struct{}) {
 
 // update writes seq at revision prev, fenced, within the committer's
 // Timeout: in copies of one write (one write id), each bounded by the
-// attempt, sent again while unanswered. A copy refused for the revision
-// after an earlier copy went unanswered reads the key back: its own write
-// id there means an earlier copy was applied, and the write succeeded at
-// that revision. Safe because every copy is a compare-and-set at prev:
-// however many copies are sent, and whenever a copy held in a hung node is
-// applied, at most one is applied, and only while the key is still at
-// prev, so none can overwrite another owner's write or move the offset
-// back (docs/design.md#re-sent-writes-to-a-hung-leader).
+// attempt, sent again while unanswered ([Store.writeCopies]).
 func (c *Committer) update(ctx context.Context, seq, prev uint64) (uint64, error) {
-	deadline := time.Now().Add(c.timeout)
-	id := c.idPre + strconv.FormatUint(c.writes.Add(1), 10)
+	return c.store.writeCopies(ctx, copyWrite{
+		stream: c.stream, seq: seq, rev: prev, id: c.idPre + strconv.FormatUint(c.writes.Add(1), 10),
+		attempt: c.attempt, bound: c.timeout, logger: c.logger,
+		lost: func() bool { n := c.copies.Add(1); return c.lose != nil && c.lose(n) },
+	})
+}
+
+// copyWrite is one fenced offset write, sent in copies by
+// [Store.writeCopies].
+type copyWrite struct {
+	stream   string
+	seq, rev uint64 // the offset, written at the key's revision rev
+	id       string // unique to the write, the same in every copy ([writeIDHeader])
+	attempt  time.Duration
+	bound    time.Duration // from the first copy: no copy is sent after it
+	logger   *slog.Logger
+	lost     func() bool // called after each copy; true drops its answer (tests); nil never
+}
+
+// writeCopies writes w.seq at revision w.rev, fenced, within w.bound: in
+// copies of one write (one write id), each bounded by w.attempt, sent
+// again while unanswered. A copy refused for the revision after an earlier
+// copy went unanswered reads the key back: its own write id there means an
+// earlier copy was applied, and the write succeeded at that revision. Safe
+// because every copy is a compare-and-set at w.rev: however many copies
+// are sent, and whenever a copy held in a hung node is applied, at most one
+// is applied, and only while the key is still at w.rev, so none can
+// overwrite another owner's write or move the offset back
+// (docs/design.md#re-sent-writes-to-a-hung-leader).
+func (s *Store) writeCopies(ctx context.Context, w copyWrite) (uint64, error) {
+	deadline := time.Now().Add(w.bound)
+	seq, prev, id := w.seq, w.rev, w.id
 	unanswered := false // a copy of this write went unanswered: it may be applied
 	for {
 		left := time.Until(deadline)
-		actx, cancel := context.WithTimeout(ctx, min(c.attempt, left))
-		rev, err := c.store.updateTagged(actx, c.stream, seq, prev, id)
+		actx, cancel := context.WithTimeout(ctx, min(w.attempt, left))
+		rev, err := s.updateTagged(actx, w.stream, seq, prev, id)
 		cancel()
-		if n := c.copies.Add(1); c.lose != nil && c.lose(n) {
-			rev, err = 0, fmt.Errorf("offsets: commit %s=%d: answer lost (test): %w", c.stream, seq, context.DeadlineExceeded)
+		if w.lost != nil && w.lost() {
+			rev, err = 0, fmt.Errorf("offsets: commit %s=%d: answer lost (test): %w", w.stream, seq, context.DeadlineExceeded)
 		}
 		switch {
 		case err == nil:
@@ -252,13 +275,13 @@ func (c *Committer) update(ctx context.Context, seq, prev uint64) (uint64, error
 			// Whose write moved the key: this write's earlier copy, or
 			// another owner's? Read until a replica shows it.
 			for {
-				rctx, cancel := context.WithTimeout(ctx, min(c.attempt, time.Until(deadline)))
-				own, stale, at, rerr := c.store.ownWrite(rctx, c.stream, prev, id)
+				rctx, cancel := context.WithTimeout(ctx, min(w.attempt, time.Until(deadline)))
+				own, stale, at, rerr := s.ownWrite(rctx, w.stream, prev, id)
 				cancel()
 				switch {
 				case rerr == nil && own:
-					c.logger.Debug("offset commit re-sent: its first copy was applied", slog.String("stream", c.stream), slog.Uint64("offset", seq), slog.Uint64("revision", at))
-					c.store.noteCommitted(c.stream, seq)
+					w.logger.Debug("offset commit re-sent: its first copy was applied", slog.String("stream", w.stream), slog.Uint64("offset", seq), slog.Uint64("revision", at))
+					s.noteCommitted(w.stream, seq)
 					return at, nil
 				case rerr == nil && !stale:
 					return 0, err // another owner's write: fenced

@@ -25,11 +25,13 @@ package offsets
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -57,6 +59,13 @@ type Store struct {
 	kv       jetstream.KeyValue
 	kvStream jetstream.Stream // the bucket's stream, for delete markers
 	logger   *slog.Logger
+
+	// Bump's and CorrectAt's writes are sent in copies, as a fenced
+	// Committer's ([Store.writeCopies]), with write ids of their own.
+	idPre  string              // "<random>-": write ids are idPre and a count
+	writes atomic.Uint64       // writes started: the count in their write ids
+	copies atomic.Uint64       // copies sent (lose)
+	lose   func(n uint64) bool // tests: drop the answer to copy n (LoseBumpAnswers)
 
 	mu   sync.Mutex
 	last map[string]uint64 // last committed (or loaded) offset per stream
@@ -88,7 +97,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("offsets: bucket %s: %w", Bucket, err)
 	}
-	return &Store{js: js, kv: hedge.KV(kv), kvStream: kvStream, logger: logger, last: make(map[string]uint64)}, nil
+	return &Store{js: js, kv: hedge.KV(kv), kvStream: kvStream, logger: logger, idPre: rand.Text()[:16] + "-", last: make(map[string]uint64)}, nil
 }
 
 // Load returns the committed offset of a level stream. It returns an error
@@ -148,12 +157,18 @@ func (s *Store) LoadRevision(ctx context.Context, stream string) (offset, revisi
 // fenced at that revision, which fails with [ErrFenced] if another writer
 // got there first. A concurrent write between the read and the bump
 // returns [ErrFenced].
+//
+// The write goes to the bucket's stream leader, and one that hangs never
+// answers: it is sent in copies as a fenced [Committer]'s write is
+// ([CommitAttemptDefault] each, within [CommitTimeoutDefault] or ctx), and
+// a copy refused because an earlier copy was applied counts as the bump
+// (docs/design.md#re-sent-writes-to-a-hung-leader).
 func (s *Store) Bump(ctx context.Context, stream string) (offset, revision uint64, err error) {
 	offset, revision, err = s.LoadRevision(ctx, stream)
 	if err != nil {
 		return offset, revision, err
 	}
-	revision, err = s.update(ctx, stream, offset, revision)
+	revision, err = s.writeCopies(ctx, s.copyWrite(stream, offset, revision))
 	if err != nil {
 		return 0, 0, err
 	}
@@ -190,29 +205,21 @@ func (s *Store) Correct(ctx context.Context, stream string, seq uint64, reason s
 // CorrectAt is [Store.Correct] for a fenced owner: it stores seq, even
 // backwards, as a compare-and-set at revision (0: the key must not exist),
 // logs the correction with its reason, and returns the revision the write
-// got. A revision mismatch returns an error wrapping [ErrFenced].
+// got. A revision mismatch returns an error wrapping [ErrFenced]. It is
+// sent in copies as [Store.Bump]'s write is.
 func (s *Store) CorrectAt(ctx context.Context, stream string, seq, revision uint64, reason string) (uint64, error) {
 	s.logger.Warn("offset corrected", slog.String("stream", stream), slog.Uint64("offset", seq), slog.String("reason", reason))
-	return s.update(ctx, stream, seq, revision)
+	return s.writeCopies(ctx, s.copyWrite(stream, seq, revision))
 }
 
-// update stores seq as the stream's offset if the key's revision is still
-// rev (0: the key was never written), and returns the revision the write
-// got. A revision mismatch returns an error wrapping [ErrFenced] and
-// jetstream.ErrKeyRevisionMismatch.
-func (s *Store) update(ctx context.Context, stream string, seq, rev uint64) (uint64, error) {
-	var buf [20]byte
-	newRev, err := s.kv.Update(ctx, stream, strconv.AppendUint(buf[:0], seq, 10), rev)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return 0, fmt.Errorf("%w: commit %s=%d at revision %d: %w", ErrFenced, stream, seq, rev, err)
+// copyWrite is the Store's own fenced write of seq at revision rev, with a
+// write id of its own.
+func (s *Store) copyWrite(stream string, seq, rev uint64) copyWrite {
+	return copyWrite{
+		stream: stream, seq: seq, rev: rev, id: s.idPre + strconv.FormatUint(s.writes.Add(1), 10),
+		attempt: CommitAttemptDefault, bound: CommitTimeoutDefault, logger: s.logger,
+		lost: func() bool { n := s.copies.Add(1); return s.lose != nil && s.lose(n) },
 	}
-	if err != nil {
-		return 0, fmt.Errorf("offsets: commit %s=%d at revision %d: %w", stream, seq, rev, err)
-	}
-	s.mu.Lock()
-	s.last[stream] = seq
-	s.mu.Unlock()
-	return newRev, nil
 }
 
 // writeIDHeader carries the id of a fenced offset write

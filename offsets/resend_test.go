@@ -87,3 +87,52 @@ func TestResentCommitOtherOwner(t *testing.T) {
 		t.Fatalf("stored %q, want the new owner's 15", e.Value())
 	}
 }
+
+// TestResentBumpRecognised: a new owner's bump whose first copy was applied
+// but whose answer was lost (held in a hung node's socket) is sent again,
+// as a fenced commit is: the copy sent again fails its compare-and-set on
+// the first copy's revision, reads the key back and finds its own write
+// id. The bump returns the offset at the first copy's revision (not
+// ErrFenced, which would end the new owner's term), the bucket stores it
+// once, and the old owner's next commit is fenced. Seen to fail with the
+// bump sent once: it returned the lost answer's timeout.
+func TestResentBumpRecognised(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	url := b.nc.ConnectedUrl()
+	old, next := newReplica(t, url), newReplica(t, url)
+	old.c.ResetAt(0, 0)
+	if err := old.commit(t, 10); err != nil {
+		t.Fatal(err)
+	}
+	var lost int
+	offsets.LoseBumpAnswers(next.store, func(n uint64) bool {
+		if n == 1 {
+			lost++
+			return true
+		}
+		return false
+	})
+	off, rev, err := next.store.Bump(ctx(t), "DELAYD_5S")
+	if err != nil || lost != 1 {
+		t.Fatalf("bump whose first copy's answer was lost (lost %d): %v; want its own write recognised", lost, err)
+	}
+	e := b.raw(t, "DELAYD_5S")
+	if off != 10 || rev != e.Revision() || string(e.Value()) != "10" {
+		t.Fatalf("bump = %d at revision %d; stored %q at %d; want 10 at the stored revision", off, rev, e.Value(), e.Revision())
+	}
+	st, err := b.js.Stream(ctx(t), "KV_"+offsets.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := st.CachedInfo().State.LastSeq; last != 2 {
+		t.Fatalf("bucket stream's last sequence %d, want 2: the commit and the bump, stored once", last)
+	}
+	if err := old.commit(t, 12); !errors.Is(err, offsets.ErrFenced) {
+		t.Fatalf("old owner's commit after the bump = %v; want ErrFenced", err)
+	}
+	next.c.ResetAt(off, rev)
+	if err := next.commit(t, 12); err != nil {
+		t.Fatalf("new owner's commit at the bump's revision: %v", err)
+	}
+}

@@ -398,10 +398,12 @@ func newLogger(cfg config.Config) *slog.Logger {
 }
 
 // delayd's connections ping the server every pingInterval and take the connection for stale (and reconnect) when
-// maxPingsOut pings in a row go unanswered.
+// maxPingsOut pings in a row go unanswered: 3 to 4 s after the server stopped answering, so that leaving a hung
+// server, a lease's takeover and the work's start fit in the 5 s a hang may cost beyond JetStream's elections
+// (docs/operations.md#what-each-failure-costs).
 const (
-	pingInterval = 2 * time.Second
-	maxPingsOut  = 2
+	pingInterval = time.Second
+	maxPingsOut  = 3
 )
 
 // connect dials NATS and reconnects for ever, with jittered backoff.
@@ -419,7 +421,7 @@ func connect(url string, cfg config.Config, logger *slog.Logger, extra ...nats.O
 		nats.ReconnectBufSize(-1),
 		// A server that hangs (SIGSTOP, a stalled disk, a half-open network) keeps its socket open: without
 		// pings answered, nats.go takes the connection for stale only after MaxPingsOut intervals (2 minutes by
-		// default), and every request through it waits. With these, the connection is dropped within 4-6 s and
+		// default), and every request through it waits. With these, the connection is dropped within 3-4 s and
 		// nats.go reconnects to the next server of its list (the hung one goes to the list's end),
 		// docs/operations.md#what-each-failure-costs.
 		nats.PingInterval(pingInterval),

@@ -27,7 +27,7 @@ import (
 // server's JetStream does once its store directory is deleted: writes
 // fail, or are never answered), exits with status 1, not 0, and its log
 // says why: its last offset writes unacknowledged, its connection found
-// stale during the shutdown (pings every 2 s), or its shutdown past
+// stale during the shutdown (pings every second), or its shutdown past
 // shutdownTimeout. (Before, it took about 30 s, some of it waiting on
 // writes that could not succeed, and then exited 0 "delayd stopped
 // cleanly" with nothing committed.) The server is reached through a proxy

@@ -227,8 +227,8 @@ func ConnectNode(t testing.TB, urls []string, i int) (*nats.Conn, jetstream.JetS
 		}
 	}
 	nc, err := nats.Connect(strings.Join(ordered, ","), nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
-		// As delayd's own connections (cmd/delayd): a hung node is left within 4-6 s.
-		nats.PingInterval(2*time.Second), nats.MaxPingsOutstanding(2), nats.FlusherTimeout(4*time.Second))
+		// As delayd's own connections (cmd/delayd): a hung node is left within 3-4 s.
+		nats.PingInterval(time.Second), nats.MaxPingsOutstanding(3), nats.FlusherTimeout(3*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,9 @@ const HeaderSequence = "Nats-Sequence"
 // ($JS.API.DIRECT.GET.<stream>, nats-server 2.11+; the stream needs
 // AllowDirect). It is stateless on the server: there is no consumer to
 // create, keep alive or lose while a reader waits hours between reads, and
-// one request returns a whole batch.
+// one request returns a whole batch. Any replica of the stream may answer a
+// read, and one that hangs never does: a read not answered within
+// hedge.After is sent again ([BatchReader.ReadSubject]).
 //
 // It tells a stored message from a status by the Nats-Sequence header the
 // server adds to every stored message, never by a Status header, which a
@@ -39,12 +41,15 @@ type BatchReader struct {
 	reqID atomic.Uint64
 
 	maxBatch int
-	resend   bool // see ResendUnanswered; set before the first read
+	tries    atomic.Uint64       // requests sent, every try counted (lose)
+	lose     func(n uint64) bool // tests: drop every reply to try n (LoseReplies)
 }
 
-// ResendUnanswered makes each read not answered within hedge.After be sent
-// again (see [BatchReader.ReadSubject]). Call it before the first read.
-func (r *BatchReader) ResendUnanswered() { r.resend = true }
+// LoseReplies makes the reader drop every reply to its n-th request (n
+// counting every try of every read from 1) when lose(n) is true, as if a
+// replica that hangs had it: the request is sent, and its answer never
+// reaches the read. For fault tests; call it before the first read.
+func (r *BatchReader) LoseReplies(lose func(n uint64) bool) { r.lose = lose }
 
 // NewBatchReader subscribes an inbox for reads of up to maxBatch messages
 // each (larger reads work, but replies beyond the buffer are dropped by the
@@ -154,7 +159,7 @@ func (r *BatchReader) ReadSubject(ctx context.Context, stream, subject string, d
 	b = strconv.AppendInt(b, int64(maxBytes), 10)
 	b = append(b, '}')
 	// Any replica of the stream may answer, and one that hangs never does:
-	// with ResendUnanswered, a read not answered within hedge.After is sent again, every
+	// a read not answered within hedge.After is sent again, every
 	// hedge.After up to readTries in all, and the first try to answer is
 	// the one read. The first try replies to the shared inbox; each resend
 	// to an inbox of its own, unsubscribed when the read ends, so that a
@@ -171,7 +176,11 @@ func (r *BatchReader) ReadSubject(ctx context.Context, stream, subject string, d
 		}
 	}()
 	send := func(reply string) error {
-		replies = append(replies, reply)
+		if r.lose != nil && r.lose(r.tries.Add(1)) {
+			replies = append(replies, "") // no reply has an empty subject: this try's reach no one
+		} else {
+			replies = append(replies, reply)
+		}
 		if err := r.nc.PublishMsg(&nats.Msg{Subject: "$JS.API.DIRECT.GET." + stream, Reply: reply, Data: b}); err != nil {
 			return fmt.Errorf("direct get: %w", err)
 		}
@@ -189,7 +198,7 @@ func (r *BatchReader) ReadSubject(ctx context.Context, stream, subject string, d
 		case <-ctx.Done():
 			return dst, fmt.Errorf("direct get: %w", ctx.Err())
 		case <-resend.C:
-			if r.resend && reply == "" && len(replies) < readTries {
+			if reply == "" && len(replies) < readTries {
 				if resent == nil {
 					resent = make(chan *nats.Msg, 2*r.maxBatch+16)
 				}

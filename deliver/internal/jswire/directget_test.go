@@ -292,7 +292,6 @@ func TestBatchReaderResendsUnanswered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.ResendUnanswered()
 	defer r.Close()
 	read := func() ([]*nats.Msg, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -15,8 +15,9 @@ const (
 	PullExpires = 30 * time.Second
 	// PullHeartbeat is the idle heartbeat each pull request asks for. With
 	// no message at all for twice this long, the requests are taken as lost
-	// and asked again.
-	PullHeartbeat = 5 * time.Second
+	// and asked again: a consumer whose leader hung is asked again, and
+	// reached at its new leader, within two of them after the election.
+	PullHeartbeat = time.Second
 )
 
 // Pull pulls a consumer over the JetStream wire protocol, keeping about
@@ -42,9 +43,19 @@ type Pull struct {
 	outstanding int // messages requested and not yet received or voided
 	request     []byte
 	lastSeen    time.Time
+	reasked     bool // asked again for a silence, and nothing came since
+	failSilent  bool // FailUnanswered
 	reconnects  uint64
 	reconnLook  time.Time
 }
+
+// FailUnanswered makes [Pull.Next] return [ErrNoHeartbeat] when the
+// requests asked again after a silence (no message or heartbeat for twice
+// [PullHeartbeat]) go unanswered for as long again: the consumer's server
+// may hang, and a caller that can place the consumer elsewhere (an R1
+// consumer) does so instead of asking it for ever. Call it before the
+// first Next.
+func (p *Pull) FailUnanswered() { p.failSilent = true }
 
 // NewPull subscribes an inbox for consumer on stream and returns a Pull
 // that will request batch messages at a time (batch > 0), each request at
@@ -87,7 +98,8 @@ func (p *Pull) Stop() { _ = p.sub.Unsubscribe() }
 // ([ParseAck] reads it). It sends pull requests as needed: when the
 // requests outstanding fall to half a batch, after a reconnect, after a
 // status says a request is void, and when no message or heartbeat came for
-// twice [PullHeartbeat].
+// twice [PullHeartbeat] (with [Pull.FailUnanswered], once: the second
+// time it returns [ErrNoHeartbeat]).
 //
 // With block unset it returns (nil, nil) at once when no message is
 // buffered. With block set it waits: for a message; for timeout, if
@@ -110,6 +122,7 @@ func (p *Pull) Next(ctx context.Context, wake <-chan struct{}, block bool, timeo
 			if r := p.nc.Stats().Reconnects; r != p.reconnects {
 				// The server may have forgotten our requests across the reconnect.
 				p.reconnects, p.outstanding = r, 0
+				p.lastSeen, p.reasked = now, false // the silence counts from the requests sent again
 			}
 		}
 		if p.outstanding <= p.batch/2 {
@@ -125,7 +138,17 @@ func (p *Pull) Next(ctx context.Context, wake <-chan struct{}, block bool, timeo
 			if !block {
 				return nil, nil
 			}
-			p.timer.Reset(p.heartbeat)
+			// The silence is counted from the last message read, across
+			// calls: a caller whose waits are shorter than a heartbeat
+			// notices it too.
+			wait := time.Until(p.lastSeen.Add(2 * p.heartbeat))
+			if wait <= 0 {
+				if err := p.silence(); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			p.timer.Reset(wait)
 			select {
 			case <-ctx.Done():
 				return nil, ctx.Err()
@@ -134,15 +157,11 @@ func (p *Pull) Next(ctx context.Context, wake <-chan struct{}, block bool, timeo
 			case <-deadline:
 				return nil, nil
 			case <-p.timer.C:
-				if time.Since(p.lastSeen) > 2*p.heartbeat {
-					// No heartbeat: the requests are gone; ask again.
-					p.outstanding, p.lastSeen = 0, time.Now()
-				}
-				continue
+				continue // the silence, checked above
 			case m = <-p.ch:
 			}
 		}
-		p.lastSeen = time.Now()
+		p.lastSeen, p.reasked = time.Now(), false
 		sig := classify(m, p.batch)
 		switch sig.kind {
 		case sigData:
@@ -167,6 +186,17 @@ func (p *Pull) Next(ctx context.Context, wake <-chan struct{}, block bool, timeo
 		}
 		p.outstanding = max(p.outstanding, 0)
 	}
+}
+
+// silence handles twice the heartbeat without a message: the requests
+// are gone; ask again. With FailUnanswered, a silence after the requests
+// were asked again returns [ErrNoHeartbeat].
+func (p *Pull) silence() error {
+	if p.failSilent && p.reasked {
+		return ErrNoHeartbeat
+	}
+	p.outstanding, p.lastSeen, p.reasked = 0, time.Now(), true
+	return nil
 }
 
 // signalKind is what one message on a pull inbox means to the pull loop.

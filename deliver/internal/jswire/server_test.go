@@ -2,6 +2,7 @@ package jswire
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -377,5 +378,57 @@ func TestPullReissues(t *testing.T) {
 				t.Fatalf("got %+v", r)
 			}
 		})
+	}
+}
+
+// TestPullNoHeartbeat: a pull whose consumer's server hangs gets nothing,
+// heartbeats included. A subscriber stands in for that server: it takes
+// the requests for a consumer that does not exist (so no 503 no
+// responders) and answers none. With FailUnanswered the Pull asks again
+// after the silence and, that unanswered too, Next returns ErrNoHeartbeat
+// after exactly two requests. Without it, the Pull goes on asking and
+// Next waits until its context ends (as every Pull did before the
+// option: seen to block to the test's deadline).
+func TestPullNoHeartbeat(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	const subject = "$JS.API.CONSUMER.MSG.NEXT.HUNG.reader"
+	requests := b.watch(t, subject)
+	pull := func() *Pull {
+		p, err := newPull(b.nc, "HUNG", "reader", 4, 0, 5*time.Second, 100*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Stop)
+		return p
+	}
+	count := func(p *Pull) int {
+		n := 0
+		for len(requests) > 0 {
+			if (<-requests).Reply == p.inbox {
+				n++
+			}
+		}
+		return n
+	}
+
+	p := pull()
+	p.FailUnanswered()
+	if m, err := p.Next(b.ctx, nil, true, 0); m != nil || !errors.Is(err, ErrNoHeartbeat) {
+		t.Fatalf("Next from a server that answers nothing = %v, %v; want ErrNoHeartbeat", m, err)
+	}
+	if n := count(p); n != 2 {
+		t.Fatalf("the Pull sent %d requests before ErrNoHeartbeat, want 2: the first and one asked again", n)
+	}
+
+	// Without the option (the default), it asks again and again.
+	p = pull()
+	ctx, cancel := context.WithTimeout(b.ctx, 2*time.Second) // twenty heartbeats
+	defer cancel()
+	if m, err := p.Next(ctx, nil, true, 0); m != nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Next without FailUnanswered = %v, %v; want its context's end", m, err)
+	}
+	if n := count(p); n < 3 {
+		t.Fatalf("the Pull sent %d requests, want it to go on asking after each silence", n)
 	}
 }

@@ -238,6 +238,7 @@ func (r *readiness) reset() {
 type testHooks struct {
 	ackTimeout time.Duration       // how long a write waits for its PubAck (jswire.WriteAttempt; tests shorten it)
 	loseAcks   func(n uint64) bool // tests: the n-th write's PubAck is dropped (jswire.PubAcks.LoseReplies)
+	loseReads  func(n uint64) bool // tests: the replies to the term reader's n-th direct get are dropped (jswire.BatchReader.LoseReplies)
 	// pendingWait replaces DecidePendingWait in owner.pending when not 0:
 	// a test that must tell an answer caused by the load (or the term's
 	// end) from one caused by the wait running out sets it to an hour.

@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/deliver/internal/backoff"
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/internal/hedge"
 	"github.com/delayd/delayd/offsets"
 )
 
@@ -207,4 +211,43 @@ func redeliveryNote(first, last uint64) string {
 		return "the stream holds no messages: nothing is delivered again"
 	}
 	return fmt.Sprintf("delivering from sequence %d: messages %d..%d that were delivered already are delivered again", first, first, last)
+}
+
+// startRetry is the owner's wait before it tries a failed load or step
+// again: a capped, jittered backoff from 100 ms to 5 s, but at most
+// hedge.AfterLeader while the failure is a request nobody answered
+// (unanswered): a leader that hangs is replaced by an election of a few
+// seconds, and the first try after it is then at most a second late
+// instead of up to the backoff's cap.
+type startRetry struct{ slow, quick *backoff.Backoff }
+
+func newStartRetry() startRetry {
+	return startRetry{slow: backoff.New(100*time.Millisecond, 5*time.Second), quick: backoff.New(100*time.Millisecond, hedge.AfterLeader)}
+}
+
+// next is the wait after a failure with err.
+func (r startRetry) next(err error) time.Duration {
+	if unanswered(err) {
+		return r.quick.Next()
+	}
+	return r.slow.Next()
+}
+
+// sleep waits next(err), or until ctx is done (false).
+func (r startRetry) sleep(ctx context.Context, err error) bool {
+	return sleepCtx(ctx, r.next(err)) == nil
+}
+
+// reset starts both backoffs over, after a success.
+func (r startRetry) reset() {
+	r.slow.Reset()
+	r.quick.Reset()
+}
+
+// unanswered reports whether err is a request's timeout or no responders,
+// an answer from a stream with no leader, or a consumer's server gone
+// silent: what a hung server or an election in progress looks like.
+func unanswered(err error) bool {
+	return hedge.IsTimeout(err) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, errLeaderless) || errors.Is(err, jswire.ErrNoHeartbeat)
 }

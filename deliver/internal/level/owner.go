@@ -82,6 +82,9 @@ func (s *owner) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.hooks.loseReads != nil {
+		reader.LoseReplies(s.hooks.loseReads)
+	}
 	s.io.reader = reader
 	defer reader.Close()
 	acks, err := jswire.NewPubAcks(s.deps.nc, s.hooks.ackTimeout)
@@ -100,7 +103,7 @@ func (s *owner) run(ctx context.Context) error {
 	defer retire.Stop()
 	defer s.shutdown()
 
-	retry := backoff.New(100*time.Millisecond, 5*time.Second)
+	retry := newStartRetry()
 	s.pos.reload = true
 	for {
 		if s.pos.reload {
@@ -112,14 +115,14 @@ func (s *owner) run(ctx context.Context) error {
 				}
 				s.term.Recovering(true)
 				s.logger.Warn("scanner start failed; retrying", slog.Any("error", err))
-				if !retry.Sleep(ctx) {
+				if !retry.sleep(ctx, err) {
 					return nil
 				}
 				continue
 			}
 			s.pos.reload = false
 			s.term.Recovering(false) // loaded (a step may wait long for a due head)
-			retry.Reset()
+			retry.reset()
 		}
 		s.stats.steps.Add(1)
 		err := s.step(ctx)
@@ -131,12 +134,12 @@ func (s *owner) run(ctx context.Context) error {
 		}
 		if err != nil {
 			s.logger.Warn("scanner step failed; retrying", slog.Any("error", err))
-			if !retry.Sleep(ctx) {
+			if !retry.sleep(ctx, err) {
 				return nil
 			}
 			continue
 		}
-		retry.Reset()
+		retry.reset()
 	}
 }
 

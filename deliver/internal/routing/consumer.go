@@ -13,6 +13,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/resource"
+	"github.com/delayd/delayd/internal/hedge"
 )
 
 // RouterConsumerName returns the durable name of the router's ingress
@@ -82,11 +83,19 @@ func (r *Router) consumerEpoch(name string) (uint64, bool) {
 // consumer of a newer term, nor create its own beside it.)
 func (r *Router) resetConsumers(ctx context.Context, ingress jetstream.Stream) (string, error) {
 	mine := r.consumerName(r.run.term.Epoch)
-	lctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
-	defer cancel()
-	names := ingress.ConsumerNames(lctx)
+	names, err := ingressRequest(ctx, r, "list", func(ctx context.Context) ([]string, error) {
+		l := ingress.ConsumerNames(ctx)
+		var names []string
+		for name := range l.Name() {
+			names = append(names, name)
+		}
+		return names, l.Err()
+	})
+	if err != nil {
+		return "", fmt.Errorf("list ingress consumers: %w", err)
+	}
 	var old []string
-	for name := range names.Name() {
+	for _, name := range names {
 		e, ok := r.consumerEpoch(name)
 		switch {
 		case !ok:
@@ -97,11 +106,13 @@ func (r *Router) resetConsumers(ctx context.Context, ingress jetstream.Stream) (
 			old = append(old, name)
 		}
 	}
-	if err := names.Err(); err != nil {
-		return "", fmt.Errorf("list ingress consumers: %w", err)
-	}
 	for _, name := range old {
-		if err := r.deps.js.DeleteConsumer(ctx, resource.IngressStream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		// A delete sent again after its first try was applied, but its
+		// answer lost, finds no consumer: done.
+		_, err := ingressRequest(ctx, r, "delete", func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, r.deps.js.DeleteConsumer(ctx, resource.IngressStream, name)
+		})
+		if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return "", fmt.Errorf("reset ingress consumer %s: %w", name, err)
 		}
 		if name != mine {
@@ -109,4 +120,28 @@ func (r *Router) resetConsumers(ctx context.Context, ingress jetstream.Stream) (
 		}
 	}
 	return mine, nil
+}
+
+// ingressRequest makes a request about the ingress stream's consumers
+// (list, delete, create: only JetStream's meta leader answers them) within
+// [jswire.OpTimeout], sent again every [hedge.AfterLeader] while
+// unanswered ([hedge.Do]): a leader that hangs never answers, and the
+// request sent again reaches the new leader once JetStream has elected
+// one, instead of restarting the router's session after the whole
+// timeout. Each is one the server may apply twice: a list reads, a delete
+// of a consumer already deleted finds none, and a create of a consumer
+// with the same config is an update that changes nothing. op names the
+// request for the test hook (hooks.loseAnswer).
+func ingressRequest[T any](ctx context.Context, r *Router, op string, fn func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
+	defer cancel()
+	return hedge.Do(ctx, hedge.AfterLeader, func(ctx context.Context) (T, error) {
+		v, err := fn(ctx)
+		if lose := r.hooks.loseAnswer; lose != nil && lose(op) {
+			<-ctx.Done() // the answer is lost: the try waits as one nobody answered
+			var zero T
+			return zero, ctx.Err()
+		}
+		return v, err
+	})
 }

@@ -313,8 +313,9 @@ type runState struct {
 // testHooks groups the router's settings for tests, set before
 // [Router.Run] (New sets ackTimeout's default).
 type testHooks struct {
-	ackTimeout time.Duration       // a write without its PubAck this long fails (and is retried)
-	loseAcks   func(n uint64) bool // tests: the session's n-th write's PubAck is dropped (jswire.PubAcks.LoseReplies)
+	ackTimeout time.Duration        // a write without its PubAck this long fails (and is retried)
+	loseAcks   func(n uint64) bool  // tests: the session's n-th write's PubAck is dropped (jswire.PubAcks.LoseReplies)
+	loseAnswer func(op string) bool // tests: a request about the ingress consumers ("list", "delete", "create") is applied but its answer dropped (ingressRequest)
 }
 
 // levelWriter is the router's view of one level stream.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/deliver/internal/backoff"
@@ -17,6 +18,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/ownership"
 	"github.com/delayd/delayd/deliver/internal/resource"
+	"github.com/delayd/delayd/internal/hedge"
 )
 
 // RunTerm routes for one term of the router lease: until ctx is done (a
@@ -61,7 +63,6 @@ func (r *Router) Run(ctx context.Context) error {
 	// The tail sync's reads, which any replica answers, are sent again
 	// while unanswered: one lost to a hung replica would restart the
 	// router's whole start.
-	tails.ResendUnanswered()
 	r.run.sync.tails = tails
 	lookups, err := jswire.NewBatchReader(cmp.Or(r.deps.LookupConn, r.deps.js.Conn()), index.Batch)
 	if err != nil {
@@ -92,10 +93,29 @@ func (r *Router) Run(ctx context.Context) error {
 			retry.Reset() // a long healthy session: start the backoff afresh
 		}
 		r.logger.Warn("router restarting", slog.Any("error", err))
-		if !retry.Sleep(ctx) {
+		t := time.NewTimer(restartWait(retry, err))
+		select {
+		case <-ctx.Done():
+			t.Stop()
 			return nil
+		case <-t.C:
 		}
 	}
+}
+
+// restartWait returns how long [Router.Run] waits before its next session
+// after one that ended with err: retry's next wait, but at most
+// [hedge.AfterLeader] while err is a request nobody answered (a timeout,
+// or no responders): a server or leader that hangs, or one being elected.
+// The next session's requests reach the new leader once JetStream has
+// elected one, and a wait grown over the election (up to 5 s) would only
+// delay them. Other errors back off in full.
+func restartWait(retry *backoff.Backoff, err error) time.Duration {
+	d := retry.Next()
+	if hedge.IsTimeout(err) || errors.Is(err, nats.ErrNoResponders) {
+		d = min(d, hedge.AfterLeader)
+	}
+	return d
 }
 
 // session runs one ingress consumer from a fresh resync until an error.
@@ -175,15 +195,17 @@ func (r *Router) open(ctx context.Context, opened *closers) (*jswire.Pull, error
 	if r.share.parts > 1 {
 		filter = resource.IngressPartitionSubject(r.share.part) + ">"
 	}
-	_, err = r.deps.js.CreateOrUpdateConsumer(ctx, resource.IngressStream, jetstream.ConsumerConfig{
-		Durable:       consumer,
-		FilterSubject: filter,
-		Description:   "delayd router: ingress to level streams",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       ingressAckWait,
-		MaxAckPending: r.cfg.MaxInFlight + 2*r.cfg.Batch + heldMax,
-		MaxDeliver:    -1,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+	_, err = ingressRequest(ctx, r, "create", func(ctx context.Context) (jetstream.Consumer, error) {
+		return r.deps.js.CreateOrUpdateConsumer(ctx, resource.IngressStream, jetstream.ConsumerConfig{
+			Durable:       consumer,
+			FilterSubject: filter,
+			Description:   "delayd router: ingress to level streams",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       ingressAckWait,
+			MaxAckPending: r.cfg.MaxInFlight + 2*r.cfg.Batch + heldMax,
+			MaxDeliver:    -1,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create ingress consumer: %w", err)

@@ -73,13 +73,11 @@ func (t *tailSync) readLevel(ctx context.Context) (tailState, error) {
 		return tailState{}, err
 	}
 	defer tails.Close()
-	tails.ResendUnanswered() // see Run
 	lookups, err := jswire.NewBatchReader(t.lookupConn, index.Batch)
 	if err != nil {
 		return tailState{}, err
 	}
 	defer lookups.Close()
-	lookups.ResendUnanswered() // the re-index reads the level stream, which any replica answers
 	retry := backoff.New(100*time.Millisecond, 5*time.Second)
 	for {
 		st, err := t.readTail(ctx, tails)
