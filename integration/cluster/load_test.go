@@ -25,6 +25,8 @@ const (
 	loadStream        = "LOADTARGET" // the stream-bound target, R3, capturing loadStreamSubject.>
 	loadStreamSubject = "load.s"     // message i's target is loadStreamSubject.l<level> for even i
 	loadCoreSubject   = "load.c"     // and loadCoreSubject.l<level> for odd i, a core subject
+	loadShortStream   = "LOADSHORT"  // with loadConfig.ShortDuplicates, a second stream-bound target, R3, capturing loadShortSubject.>
+	loadShortSubject  = "load.w"     // the target of i%4 == 2 then (and loadStreamSubject of i%4 == 0)
 )
 
 // loadConfig is a load of Total messages published at Rate per second.
@@ -44,6 +46,25 @@ type loadConfig struct {
 	// TargetDuplicates is the stream-bound target's duplicate window. 0 is JetStream's default (2 minutes). A
 	// fault longer than it (a node hung with writes in its sockets) shows that no late write doubles a delivery.
 	TargetDuplicates time.Duration
+
+	// ShortDuplicates, when not 0, adds a second stream-bound target (loadShortStream) with this duplicate
+	// window, which takes half the stream-target messages (i%4 == 2). Its duplicates are a figure, bounded as
+	// core re-deliveries are (checkShort): a delivery a hung node holds in its sockets and stores when it
+	// resumes, after the window, is a double delayd cannot fence at a user's stream
+	// (docs/guarantees.md#stream-targets-and-their-duplicate-window).
+	ShortDuplicates time.Duration
+}
+
+// targetOf returns message i's target: 0 the stream-bound target, 1 the
+// core target, 2 the short-window stream-bound target.
+func (c loadConfig) targetOf(i int) int {
+	if i%2 == 1 {
+		return 1
+	}
+	if c.ShortDuplicates > 0 && i%4 == 2 {
+		return 2
+	}
+	return 0
 }
 
 // levelStreams returns the streams of level lvl: one, or one per ingress partition.
@@ -67,14 +88,15 @@ type load struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	target jetstream.Stream
-	core   *itest.Recorder // receive times at the core target
+	short  jetstream.Stream // the short-window stream-bound target, with cfg.ShortDuplicates
+	core   *itest.Recorder  // receive times at the core target
 
 	mu      sync.Mutex
 	sent    []time.Time // the start of each message's first publish attempt
 	isAcked []bool
 	failed  []string // messages given up on
 
-	streamGot []itest.Delivery // what report read from the target stream
+	streamGot []itest.Delivery // what report read from the target streams (both, with cfg.ShortDuplicates)
 
 	// nodeKills are the times of SIGKILLs of NATS nodes (nodeKilled): a
 	// core delivery the killed node had taken (its flush answered) but not
@@ -99,8 +121,9 @@ type load struct {
 	markers   map[string]map[uint64]bool
 }
 
-// newLoad creates the target stream (R3, file storage) and subscribes to
-// the core target on nc. Start publishing with start.
+// newLoad creates the target stream (R3, file storage; and the
+// short-window one with cfg.ShortDuplicates) and subscribes to the core
+// target on nc. Start publishing with start.
 func newLoad(t *testing.T, nc *nats.Conn, js jetstream.JetStream, cfg loadConfig) *load {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -112,6 +135,13 @@ func newLoad(t *testing.T, nc *nats.Conn, js jetstream.JetStream, cfg loadConfig
 	}
 	l := &load{t: t, cfg: cfg, nc: nc, js: js, target: s, core: itest.NewRecorder(t),
 		sent: make([]time.Time, cfg.Total), isAcked: make([]bool, cfg.Total), done: make(chan struct{})}
+	if cfg.ShortDuplicates > 0 {
+		l.short, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: loadShortStream, Subjects: []string{loadShortSubject + ".>"},
+			Storage: jetstream.FileStorage, Replicas: 3, Duplicates: cfg.ShortDuplicates})
+		if err != nil {
+			t.Fatalf("create target stream %s: %v", loadShortStream, err)
+		}
+	}
 	l.core.Subscribe(nc, loadCoreSubject+".>")
 	for i := range cfg.Total {
 		if i%2 == 1 {
@@ -240,10 +270,7 @@ func (l *load) start() {
 // publish publishes message i until it has a PubAck, for up to two minutes.
 func (l *load) publish(i int) {
 	lvl := i%l.cfg.Levels.Len() + 1
-	subject := loadStreamSubject
-	if i%2 == 1 {
-		subject = loadCoreSubject
-	}
+	subject := []string{loadStreamSubject, loadCoreSubject, loadShortSubject}[l.cfg.targetOf(i)]
 	msg := &nats.Msg{Subject: fmt.Sprintf("delay.%s.l%d", subject, lvl), Data: []byte(strconv.Itoa(i)), Header: itest.Level(lvl)}
 	msg.Header.Set(contract.HeaderNatsMsgID, fmt.Sprintf("load-%d", i))
 	first := time.Now()
@@ -421,8 +448,27 @@ func (l *load) waitPublished(timeout time.Duration) {
 	}
 }
 
-// waitDelivered waits up to timeout until the target stream holds as many
-// messages as the load sent it and the core target received every message
+// streamStored returns how many messages the target streams hold in all
+// (both, with cfg.ShortDuplicates), or -1 if a question fails.
+func (l *load) streamStored() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	n := 0
+	for _, s := range []jetstream.Stream{l.target, l.short} {
+		if s == nil {
+			continue
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return -1
+		}
+		n += int(info.State.Msgs)
+	}
+	return n
+}
+
+// waitDelivered waits up to timeout until the target streams hold as many
+// messages as the load sent them and the core target received every message
 // the load sent it at least once, then until neither count changes for a
 // second (a late duplicate would show by then). If they fall short by the
 // timeout it logs the counts and returns: report names what is lost.
@@ -433,11 +479,8 @@ func (l *load) waitDelivered(timeout time.Duration) {
 	var stored uint64
 	var distinct int
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		info, err := l.target.Info(ctx)
-		cancel()
-		if err == nil {
-			stored = info.State.Msgs
+		if n := l.streamStored(); n >= 0 {
+			stored = uint64(n)
 		}
 		distinct = len(l.core.Counts())
 		if stored >= uint64(wantStream) && distinct >= wantCore {
@@ -445,19 +488,17 @@ func (l *load) waitDelivered(timeout time.Duration) {
 		}
 		if time.Now().After(deadline) {
 			// The report says which: a test fails on it.
-			l.t.Logf("within %s: target stream holds %d of %d, core target received %d of %d", timeout, stored, wantStream, distinct, wantCore)
+			l.t.Logf("within %s: target streams hold %d of %d, core target received %d of %d", timeout, stored, wantStream, distinct, wantCore)
 			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	itest.WaitQuiet(l.t, time.Second, timeout, func() int {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		info, err := l.target.Info(ctx)
-		if err != nil {
+		n := l.streamStored()
+		if n < 0 {
 			return -1
 		}
-		return int(info.State.Msgs) + len(l.core.Snapshot())
+		return n + len(l.core.Snapshot())
 	})
 }
 
@@ -488,6 +529,7 @@ func (l latency) String() string { return fmt.Sprintf("p50=%s p99=%s max=%s", l.
 type loadReport struct {
 	Published, Retries int
 	Stream, Core       targetReport
+	Short              *targetReport // the short-window stream-bound target, with cfg.ShortDuplicates
 	Levels             []levelWrites // one per level of the table
 	Ingress            uint64        // messages still in DELAYD_INGRESS (not routed yet)
 }
@@ -516,26 +558,41 @@ func (r loadReport) String() string {
 	for _, w := range r.Levels {
 		lv = append(lv, fmt.Sprintf("%s sent=%d written=%d markers=%d", w.Stream, w.Sent, w.Written, w.Markers))
 	}
-	return fmt.Sprintf("published=%d (publish retries %d)\n  %s\n  %s\n  level streams: %s; %s holds %d", r.Published, r.Retries,
-		f("stream target", r.Stream), f("core target", r.Core), strings.Join(lv, ", "), deliver.IngressStream, r.Ingress)
+	short := ""
+	if r.Short != nil {
+		short = "\n  " + f("short-window stream target", *r.Short)
+	}
+	return fmt.Sprintf("published=%d (publish retries %d)\n  %s%s\n  %s\n  level streams: %s; %s holds %d", r.Published, r.Retries,
+		f("stream target", r.Stream), short, f("core target", r.Core), strings.Join(lv, ", "), deliver.IngressStream, r.Ingress)
 }
 
 // report reads the target stream and counts, for each target, lost, early
 // and duplicate deliveries. Call it after waitPublished and waitDelivered.
 func (l *load) report() loadReport {
 	l.t.Helper()
-	stream := itest.NewRecorder(l.t)
-	stream.AddStream((&itest.Bundle{T: l.t, JS: l.js}).StreamMsgs(loadStream))
-	got := stream.Snapshot()
+	read := func(name string) []itest.Delivery {
+		r := itest.NewRecorder(l.t)
+		r.AddStream((&itest.Bundle{T: l.t, JS: l.js}).StreamMsgs(name))
+		return r.Snapshot()
+	}
+	got := read(loadStream)
+	var short []itest.Delivery
+	if l.short != nil {
+		short = read(loadShortStream)
+	}
 	l.mu.Lock()
 	sent := slices.Clone(l.sent)
-	l.streamGot = got
+	l.streamGot = append(slices.Clone(got), short...)
 	l.mu.Unlock()
 	rep := loadReport{
 		Published: l.acked(),
 		Retries:   int(l.retries.Load()),
 		Stream:    l.targetReport(got, 0, sent),
 		Core:      l.targetReport(l.core.Snapshot(), 1, sent),
+	}
+	if l.short != nil {
+		r := l.targetReport(short, 2, sent)
+		rep.Short = &r
 	}
 	rep.Ingress = l.streamMsgs(deliver.IngressStream)
 	for _, lvl := range l.cfg.Levels.Levels() {
@@ -604,9 +661,9 @@ func (r loadReport) checkLevels(t *testing.T) {
 	}
 }
 
-// targetReport counts what a target saw; parity is i%2 of the messages
-// sent to it.
-func (l *load) targetReport(got []itest.Delivery, parity int, sent []time.Time) targetReport {
+// targetReport counts what a target saw; target is its number in
+// loadConfig.targetOf.
+func (l *load) targetReport(got []itest.Delivery, target int, sent []time.Time) targetReport {
 	r := targetReport{Deliveries: len(got)}
 	n := make(map[int]int)
 	var late []time.Duration
@@ -614,7 +671,7 @@ func (l *load) targetReport(got []itest.Delivery, parity int, sent []time.Time) 
 	for _, d := range got {
 		times = append(times, d.At)
 		i, err := strconv.Atoi(d.Key)
-		if err != nil || i < 0 || i >= l.cfg.Total || i%2 != parity {
+		if err != nil || i < 0 || i >= l.cfg.Total || l.cfg.targetOf(i) != target {
 			r.Unexpected++
 			continue
 		}
@@ -635,12 +692,15 @@ func (l *load) targetReport(got []itest.Delivery, parity int, sent []time.Time) 
 			late = append(late, d.At.Sub(d.Due))
 		}
 	}
-	for i := parity; i < l.cfg.Total; i += 2 {
+	for i := range l.cfg.Total {
+		if l.cfg.targetOf(i) != target {
+			continue
+		}
 		r.Expected++
 		switch c := n[i]; {
 		case c == 0:
 			l.mu.Lock()
-			atKill := parity == 1 && l.atKill(i)
+			atKill := target == 1 && l.atKill(i)
 			l.mu.Unlock()
 			if atKill {
 				r.LostAtKill++
@@ -689,6 +749,39 @@ func (r loadReport) checkStream(t *testing.T) {
 	if len(bad) > 0 {
 		t.Errorf("stream target %s: %s", loadStream, strings.Join(bad, "; "))
 	}
+}
+
+// checkShort checks the short-window stream-bound target (loadConfig.ShortDuplicates),
+// if the load has one: it fails the test for any message lost, early or
+// unexpected there, or for more duplicates than faults re-deliveries of one
+// scanner window per level each, the bound docs/guarantees.md#stream-targets-and-their-duplicate-window
+// states for a stream target whose duplicate window is shorter than a
+// fault (a copy a hung node held in its sockets, stored when it resumed).
+// It logs the duplicates as a figure.
+func (r loadReport) checkShort(t *testing.T, faults, window int, table levels.Table) {
+	t.Helper()
+	s := r.Short
+	if s == nil {
+		return
+	}
+	var bad []string
+	if s.Lost > 0 {
+		bad = append(bad, fmt.Sprintf("%d lost, e.g. %v", s.Lost, s.LostKeys))
+	}
+	if s.Early+s.EarlyBySend > 0 {
+		bad = append(bad, fmt.Sprintf("%d early by Delay-Due-At and %d by the send time, e.g. %v", s.Early, s.EarlyBySend, s.EarlyKeys))
+	}
+	bound := faults * table.Len() * window
+	if s.Duplicates > bound {
+		bad = append(bad, fmt.Sprintf("%d duplicates, more than one window of %d per level per fault (%d faults: %d), e.g. %v", s.Duplicates, window, faults, bound, s.DupKeys))
+	}
+	if s.Unexpected > 0 {
+		bad = append(bad, fmt.Sprintf("%d deliveries not sent to it", s.Unexpected))
+	}
+	if len(bad) > 0 {
+		t.Errorf("short-window stream target %s: %s", loadShortStream, strings.Join(bad, "; "))
+	}
+	t.Logf("FIGURE short-window stream target %s: %d duplicates (bound %d), e.g. %v", loadShortStream, s.Duplicates, bound, s.DupKeys)
 }
 
 // checkCore fails the test for any message lost, early or unexpected at

@@ -61,10 +61,12 @@ type subjectAnswers struct {
 	mu       sync.RWMutex
 	patterns []string
 	cache    map[string]bool
+	windows  dupWindows          // stream targets with a short duplicate window (dupwindow.go)
+	byStream map[string][]string // each target stream's subject filters at the last refresh (unlisted.go)
 }
 
 // bound is [Bindings.Bound].
-func (a *subjectAnswers) bound(subject string) bool {
+func (a *subjectAnswers) bound(subject string, logger *slog.Logger) bool {
 	a.mu.RLock()
 	b, ok := a.cache[subject]
 	a.mu.RUnlock()
@@ -77,6 +79,7 @@ func (a *subjectAnswers) bound(subject string) bool {
 	for _, p := range a.patterns {
 		if contract.MatchSubject(p, subject) {
 			b = true
+			a.windows.matched(p, subject, logger)
 			break
 		}
 	}
@@ -90,12 +93,23 @@ func (a *subjectAnswers) bound(subject string) bool {
 // forget drops the cached answer for subject.
 func (a *subjectAnswers) forget(subject string) { a.mu.Lock(); delete(a.cache, subject); a.mu.Unlock() }
 
-// set replaces the filters and drops every cached answer.
-func (a *subjectAnswers) set(patterns []string) {
+// set replaces the filters, each stream's filters and the short
+// duplicate windows, and drops every cached answer.
+func (a *subjectAnswers) set(patterns []string, byStream map[string][]string, short map[string]streamWindow) {
 	a.mu.Lock()
 	a.patterns = patterns
+	a.byStream = byStream
+	a.windows.short = short
 	clear(a.cache)
 	a.mu.Unlock()
+}
+
+// streams returns each target stream's subject filters at the last
+// refresh (not to be modified).
+func (a *subjectAnswers) streams() map[string][]string {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.byStream
 }
 
 // refusals is a lock-guarded value: when the server last refused a
@@ -132,7 +146,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, logger *slog.Logger) *Bindings {
 }
 
 // Bound reports whether subject is captured by a stream.
-func (t *Bindings) Bound(subject string) bool { return t.answers.bound(subject) }
+func (t *Bindings) Bound(subject string) bool { return t.answers.bound(subject, t.logger) }
 
 // Forget drops the cached answer for subject and asks for a refresh: used
 // when a publish's outcome contradicts the index.
@@ -147,17 +161,25 @@ func (t *Bindings) Forget(subject string) {
 // Refresh re-lists the account's streams.
 func (t *Bindings) Refresh(ctx context.Context) error {
 	var patterns []string
+	short := map[string]streamWindow{}
+	listed := map[string][]string{}
 	lister := t.js.ListStreams(ctx)
 	for info := range lister.Info() {
 		if strings.HasPrefix(info.Config.Name, "DELAYD_") {
 			continue // delayd's own streams never hold targets
 		}
 		patterns = append(patterns, info.Config.Subjects...)
+		listed[info.Config.Name] = info.Config.Subjects
+		noteWindow(short, info.Config)
 	}
 	if err := lister.Err(); err != nil {
 		return fmt.Errorf("list streams: %w", err)
 	}
-	t.answers.set(patterns)
+	kept, err := t.keepUnlisted(ctx, listed)
+	if err != nil {
+		return err
+	}
+	t.answers.set(append(patterns, kept...), listed, short)
 	return nil
 }
 
