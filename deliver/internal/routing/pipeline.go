@@ -68,6 +68,8 @@ type writePipeline struct {
 	retry retryQueue // failed writes, shared by the submitting goroutine and the confirmer (lock-guarded)
 
 	indexErrors atomic.Uint64 // writes whose index records failed
+
+	loseIndex func() bool // tests: an index write's copy whose PubAck is lost (index.Group.LoseAnswers); set before start
 }
 
 // ackItem is a write for the acker to confirm, or a tail report.
@@ -129,7 +131,7 @@ func (p *writePipeline) storeRecords(rt *routing) {
 	if rt.nRecords == 0 {
 		return
 	}
-	g := index.NewGroup()
+	g := p.newGroup()
 	for _, rec := range rt.records[:rt.nRecords] {
 		g.Add(rec)
 	}
@@ -138,6 +140,15 @@ func (p *writePipeline) storeRecords(rt *routing) {
 		p.indexErrors.Add(1)
 		p.logger.Warn("id index write failed; the message cannot be cancelled", slog.Any("error", err))
 	}
+}
+
+// newGroup returns an index group for the records of stored writes.
+func (p *writePipeline) newGroup() *index.Group {
+	g := index.NewGroup()
+	if p.loseIndex != nil {
+		g.LoseAnswers(p.loseIndex)
+	}
+	return g
 }
 
 // sent queues rt, whose write was sent (rt.fut, a [jswire.PubAcks] future), for the acker.
@@ -198,7 +209,7 @@ func (p *writePipeline) acker(in <-chan ackItem, done chan<- struct{}) {
 		cur = nil
 		if it.ack != nil && it.rt.nRecords > 0 {
 			if b.group == nil {
-				b.group = index.NewGroup()
+				b.group = p.newGroup()
 			}
 			for _, rec := range it.rt.records[:it.rt.nRecords] {
 				b.group.Add(rec)

@@ -316,6 +316,7 @@ type testHooks struct {
 	ackTimeout time.Duration        // a write without its PubAck this long fails (and is retried)
 	loseAcks   func(n uint64) bool  // tests: the session's n-th write's PubAck is dropped (jswire.PubAcks.LoseReplies)
 	loseAnswer func(op string) bool // tests: a request about the ingress consumers ("list", "delete", "create") is applied but its answer dropped (ingressRequest)
+	loseIndex  func() bool          // tests: a copy of an index write is stored but its PubAck lost (index.Group.LoseAnswers)
 }
 
 // levelWriter is the router's view of one level stream.

@@ -173,6 +173,7 @@ func (r *Router) open(ctx context.Context, opened *closers) (*jswire.Pull, error
 	}
 	r.run.acks = acks
 	opened.add(acks.Close)
+	r.pipe.loseIndex = r.hooks.loseIndex
 	r.pipe.start()
 	opened.add(r.pipe.stop)
 	// Phase 1 of the router's ownership: one router at a time, by lease;
