@@ -14,6 +14,7 @@ import (
 
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/jswire"
+	"github.com/delayd/delayd/internal/hedge"
 	"github.com/delayd/delayd/levels"
 )
 
@@ -133,11 +134,17 @@ const errCodeHeaderTooLarge jetstream.ErrorCode = 10097
 // PublishDeadLetter stores a dead letter and waits for its PubAck. If the
 // server refuses it for its size, it retries without the payload, then
 // without the user headers, saying so in Delay-Error. Other failures are
-// returned.
+// returned. Only DELAYD_DLQ's leader answers, and a leader that hangs never
+// does: a copy not answered within [jswire.WriteAttempt] is sent again
+// ([hedge.Do]), each carrying dl's Nats-Msg-Id, so the stream keeps one
+// within its duplicate window, until one is answered or
+// [jswire.OpTimeout] has passed (then the last timeout is returned).
 func PublishDeadLetter(ctx context.Context, js jetstream.JetStream, dl *nats.Msg) error {
 	for attempt := 0; ; attempt++ {
 		pctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
-		_, err := js.PublishMsg(pctx, dl)
+		_, err := hedge.Do(pctx, jswire.WriteAttempt, func(ctx context.Context) (*jetstream.PubAck, error) {
+			return js.PublishMsg(ctx, dl)
+		})
 		cancel()
 		if err == nil || !TooLarge(err) || attempt == 2 {
 			return err
