@@ -13,6 +13,7 @@ import (
 
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/message"
+	"github.com/delayd/delayd/internal/hedge"
 	"github.com/delayd/delayd/offsets"
 )
 
@@ -251,9 +252,21 @@ func (s *owner) purge(ctx context.Context, idle bool) {
 	if !s.sameStream(ctx) {
 		return
 	}
+	// Only the stream's leader answers a purge, and the scanner waits for
+	// it: one not answered within hedge.AfterLeader is sent again, so a
+	// hung leader holds the level's head until a new leader is elected, not
+	// for jswire.OpTimeout. Copies purge the same prefix: one applied late
+	// removes nothing more.
 	pctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
-	if err := s.life.stream.Purge(pctx, jetstream.WithPurgeSequence(acked)); err != nil {
+	_, err := hedge.Do(pctx, hedge.AfterLeader, func(ctx context.Context) (struct{}, error) {
+		if s.hooks.losePurge != nil && s.hooks.losePurge("purge") {
+			<-ctx.Done()
+			return struct{}{}, ctx.Err()
+		}
+		return struct{}{}, s.life.stream.Purge(ctx, jetstream.WithPurgeSequence(acked))
+	})
+	if err != nil {
 		s.logger.Warn("purge failed", slog.Uint64("below", acked), slog.Any("error", err))
 		return
 	}

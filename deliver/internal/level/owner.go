@@ -12,6 +12,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/backoff"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/ownership"
+	"github.com/delayd/delayd/internal/hedge"
 )
 
 // owner.go: the level's loop for a lease term (Run), its ownership check and its shutdown.
@@ -154,9 +155,17 @@ func (s *owner) sleep(ctx context.Context, d time.Duration) error {
 // loaded. If it was deleted, or deleted and recreated, the scanner
 // reloads (offset checked against the new stream) and it returns false.
 func (s *owner) sameStream(ctx context.Context) bool {
+	// Only the stream's leader answers, and the scanner waits (before a
+	// purge): sent again every hedge.AfterLeader while unanswered.
 	ictx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
-	info, err := s.life.stream.Info(ictx)
+	info, err := hedge.Do(ictx, hedge.AfterLeader, func(ctx context.Context) (*jetstream.StreamInfo, error) {
+		if s.hooks.losePurge != nil && s.hooks.losePurge("info") {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return s.life.stream.Info(ctx)
+	})
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		s.logger.Warn("level stream gone; starting over")
