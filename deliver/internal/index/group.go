@@ -142,8 +142,9 @@ func (g *Group) Stored() error {
 
 // confirm waits for one copy of w to be answered, sending another every
 // attempt while none is, until bound has passed since the first. A copy
-// refused by the server is w's outcome; a copy that timed out, or was
-// pending when the connection reconnected, is no answer.
+// refused by the server (or with no responders) is w's outcome; a copy
+// that timed out, or was pending when the connection reconnected, is no
+// answer.
 func (g *Group) confirm(w *slotWrite) error {
 	var last error = jetstream.ErrAsyncPublishTimeout
 	timer := time.NewTimer(g.attempt)
@@ -173,9 +174,9 @@ func (g *Group) confirm(w *slotWrite) error {
 }
 
 // unanswered reports whether err says a copy got no answer (it may be
-// stored), as opposed to the server's refusal.
+// stored), as opposed to an answer: the server's refusal, or no stream
+// listening on the subject (no responders: [Stream] is gone, not hung).
 func unanswered(err error) bool {
 	return errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrDisconnected) ||
-		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrDisconnected)
 }
