@@ -14,7 +14,6 @@ import (
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver/internal/backoff"
 	"github.com/delayd/delayd/deliver/internal/index"
-	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/message"
 )
 
@@ -203,7 +202,7 @@ func (s *owner) deadLetterUndeliverable(ctx context.Context, m *nats.Msg, seq ui
 	if hopping {
 		// Its index record still says it moves on: say it left delayd, so a
 		// cancel answers "not found" and its merge key is free.
-		s.leftDelayd(ctx, key, merge, strings.TrimPrefix(subject, s.cfg.Prefix+"."))
+		s.leftDelayd(key, merge, strings.TrimPrefix(subject, s.cfg.Prefix+"."))
 	}
 	s.logger.Warn("dead-lettered undeliverable message", slog.String("target", subject), slog.Uint64("seq", seq), slog.String("error", reason.Error()))
 	s.stats.deadLettered.Add(1)
@@ -216,23 +215,31 @@ func (s *owner) deadLetterUndeliverable(ctx context.Context, m *nats.Msg, seq ui
 
 // leftDelayd writes "left delayd" index records (no placement) for a
 // message's id key and merge key, and frees the merge key in the router.
-func (s *owner) leftDelayd(ctx context.Context, key, merge, target string) {
+func (s *owner) leftDelayd(key, merge, target string) {
 	recs := []index.Record{{Key: key, Target: target}}
 	if merge != "" {
 		recs = append(recs, index.Record{Key: index.MergeKey(target, merge), Target: target})
 	}
+	// Written even when ctx ends: the message did leave delayd. A group,
+	// whose copies are sent again every jswire.WriteAttempt within
+	// jswire.OpTimeout: the scanner waits for it, and DELAYD_INDEX's leader
+	// may hang.
+	g := index.NewGroup()
+	n := 0
 	for _, rec := range recs {
-		if rec.Key == "" {
-			continue
+		if rec.Key != "" {
+			g.Add(rec)
+			n++
 		}
-		// Written even when ctx ends: the message did leave delayd.
-		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), jswire.OpTimeout)
-		_, err := s.deps.js.PublishMsg(ictx, rec.Msg())
-		cancel()
-		if err != nil {
+	}
+	if n > 0 {
+		g.Flush(s.deps.js)
+		if err := g.Stored(); err != nil {
 			s.logger.Warn("id index write failed", slog.Any("error", err))
 		}
-		if index.IsMergeKey(rec.Key) && s.cfg.MergeGone != nil {
+	}
+	for _, rec := range recs {
+		if rec.Key != "" && index.IsMergeKey(rec.Key) && s.cfg.MergeGone != nil {
 			s.cfg.MergeGone(rec)
 		}
 	}
