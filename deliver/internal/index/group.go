@@ -147,21 +147,37 @@ func (g *Group) Stored() error {
 // answer.
 func (g *Group) confirm(w *slotWrite) error {
 	var last error = jetstream.ErrAsyncPublishTimeout
-	timer := time.NewTimer(g.attempt)
+	// From w's latest copy: a write waited for after another (the same
+	// hung leader had both) is sent again at once.
+	timer := time.NewTimer(max(0, g.attempt-time.Since(w.last)))
 	defer timer.Stop()
+	// answered takes a copy's outcome: done when it is w's.
+	answered := func(err error) bool {
+		w.waiting--
+		if err == nil || !unanswered(err) {
+			last = err
+			return true
+		}
+		last = err
+		// Done when no copy is out and no other will be sent.
+		return w.waiting == 0 && time.Since(w.first) >= g.bound
+	}
 	for {
 		select {
 		case err := <-w.answers:
-			w.waiting--
-			if err == nil || !unanswered(err) {
-				return err
+			if answered(err) {
+				return last
 			}
-			last = err
-			if w.waiting > 0 || time.Since(w.first) < g.bound {
-				continue // another copy's answer, or the next copy on the timer
-			}
-			return last
 		case <-timer.C:
+			select {
+			case err := <-w.answers: // an answer in already is taken before another copy is sent
+				if answered(err) {
+					return last
+				}
+				timer.Reset(max(0, g.attempt-time.Since(w.last)))
+				continue
+			default:
+			}
 			if time.Since(w.first) >= g.bound || w.copies >= g.maxCopies() {
 				return last
 			}
