@@ -199,6 +199,18 @@ func (a *API) CancelAll(ctx context.Context, reader *jswire.BatchReader, target 
 	return (&worker{a.env}).CancelAll(ctx, reader, target, data, deadline)
 }
 
+// Routed waits until the router has acked every ingress message published
+// before the call (caughtUp true), until 25 s have passed (false: not
+// known yet, ask again), or until ctx is done (ctx's error); an error
+// reading the ingress stream is returned as is. It is the cancel's routed
+// wait ([routedAsk.wait]), answered by the goroutine Run runs: before Run
+// starts, or once it returned, it answers false after its wait. Any
+// goroutine may call it: the level's mover does
+// (docs/pending.md#24-the-mover-finishing-an-intent-after-a-crash-or-failover).
+func (a *API) Routed(ctx context.Context) (caughtUp bool, err error) {
+	return a.routed.wait(ctx)
+}
+
 // How long a cancel waits for the router to place the messages published
 // before it (or a cascading message between two levels) before it gives up
 // with [ErrRouterBehind].
