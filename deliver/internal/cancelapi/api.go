@@ -175,7 +175,7 @@ func New(cfg Config) *API {
 	return &API{env: &env{cfg: cfg, logger: cfg.Logger, waits: waits, routed: waits.ask(), lookups: newLookupPacer(cfg.LookupShare)}}
 }
 
-// Cancel, DecideID, List and CancelAll serve one request as a worker
+// Cancel, DecideID, Reschedule, List and CancelAll serve one request as a worker
 // would, on the caller's goroutine with the caller's reader (deliver's
 // tests ask them directly).
 
@@ -187,6 +187,11 @@ func (a *API) Cancel(ctx context.Context, reader *jswire.BatchReader, id, scope 
 // DecideID is [worker.DecideID].
 func (a *API) DecideID(ctx context.Context, reader *jswire.BatchReader, id, scope string, notAfter time.Time, status bool) (level.CancelAnswer, time.Time, error) {
 	return (&worker{a.env}).DecideID(ctx, reader, id, scope, notAfter, status)
+}
+
+// Reschedule is [worker.Reschedule].
+func (a *API) Reschedule(ctx context.Context, reader *jswire.BatchReader, id string, h nats.Header, scope string, notAfter time.Time) (level.CancelAnswer, time.Time, error) {
+	return (&worker{a.env}).Reschedule(ctx, reader, id, h, scope, notAfter)
 }
 
 // List is [worker.List].
