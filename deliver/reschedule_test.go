@@ -445,3 +445,45 @@ func TestRescheduleRacesDue(t *testing.T) {
 	}
 	t.Logf("answers: %v", counts)
 }
+
+// TestRescheduleMergedGroup: a merged group moves as one
+// (docs/pending.md#26-merge-keys-run-now-reschedule-then-cancel). A and
+// B share a merge key (B merged into A), due in 20 s; A is rescheduled
+// to 3 s from now; C with the key, published after the move, is merged
+// into A at its new place; A's payload is delivered once, at its new due.
+// D with the key, published once A was delivered (its old place still
+// ahead, held as moved), is delivered on its own: the key follows A to
+// its new place, which was delivered. B, merged, cannot be rescheduled
+// (not found).
+func TestRescheduleMergedGroup(t *testing.T) {
+	t.Parallel()
+	b := setupOwners(t)
+	b.startConfig("A", Config{Levels: levels.MustParse(rescheduleLevels)})
+	c := b.catch()
+	merged := func(h nats.Header) nats.Header {
+		h[contract.HeaderMergeKey] = []string{"group"}
+		return h
+	}
+	b.publishTo("rtg.mg", "A", merged(withID(in("20s"), "mg-a")))
+	b.publishTo("rtg.mg", "B", merged(withID(in("20s"), "mg-b")))
+	b.waitRouted()
+	due := b.mustReschedule("rtg.mg", "mg-a", in("3s"))
+	if code, body, _ := b.reschedule("rtg.mg", "mg-b", in("4s")); code != contract.CancelStatusNotFound {
+		t.Errorf("reschedule of B, merged into A: %d %q, want 404 %q", code, body, contract.CancelReplyNotFound)
+	}
+	b.publishTo("rtg.mg", "C", merged(in("1s")))
+	c.wait(t, time.Minute, "A")
+	b.publishTo("rtg.mg", "D", merged(in("1s")))
+	c.wait(t, time.Minute, "D")
+	if ds := c.of("A"); len(ds) != 1 || !dueOf(t, ds[0]).Equal(due) || ds[0].at.Before(due) {
+		t.Errorf("A: %d deliveries (%+v), want one with its new due %s, at or after it", len(ds), ds, contract.FormatTime(due))
+	}
+	for _, p := range []string{"B", "C"} {
+		if ds := c.of(p); len(ds) != 0 {
+			t.Errorf("%s, merged into A, was delivered %d times", p, len(ds))
+		}
+	}
+	if ds := c.of("D"); len(ds) != 1 {
+		t.Errorf("D, published after A's delivery: %d deliveries, want one", len(ds))
+	}
+}
