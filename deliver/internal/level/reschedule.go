@@ -73,11 +73,17 @@ func (s *Level) completeMove(ctx context.Context, reader *jswire.BatchReader, re
 	}
 	t := s.tombstoneOf(rec, old)
 	t.Move = due.UTC()
+	if s.killedAt(1, &kept) {
+		return 0, errMoveKilled
+	}
 	ack, err := s.deps.js.PublishMsg(rctx, t.Msg(s.cfg.Stream))
 	if err != nil {
 		return 0, fmt.Errorf("move intent: %w", err)
 	}
 	t.At = ack.Sequence
+	if s.killedAt(2, &kept) {
+		return 0, errMoveKilled
+	}
 	if kept = s.cancel.book.resolveMove(r, t); !kept {
 		// The scanner waited past the deadline and took the sequence
 		// back: it is delivered. The late intent must not move it after a
@@ -105,8 +111,14 @@ func (s *Level) completeMove(ctx context.Context, reader *jswire.BatchReader, re
 		s.logger.Warn("move intent stored, but the level's term ended meanwhile; the reschedule is asked of the next owner", slog.Uint64("seq", rec.Seq), slog.Any("error", err))
 		return 0, err
 	}
+	if s.killedAt(4, &kept) {
+		return 0, errMoveKilled
+	}
 	if err := s.writeMovedTries(ctx, old, t); err != nil {
 		return unconfirmed(err)
+	}
+	if s.killedAt(5, &kept) {
+		return 0, errMoveKilled
 	}
 	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), jswire.OpTimeout)
 	defer ccancel()
@@ -116,8 +128,24 @@ func (s *Level) completeMove(ctx context.Context, reader *jswire.BatchReader, re
 		s.cancel.book.placed(t.Seq, t.At, 0)
 		s.logger.Warn("placed mark not written; the next load writes it", slog.Uint64("seq", rec.Seq), slog.Any("error", err))
 	}
+	if s.killedAt(7, &kept) {
+		return 0, errMoveKilled
+	}
 	s.logger.Debug("message rescheduled", slog.Uint64("seq", rec.Seq), slog.String("key", rec.Key[1:]), slog.Time("due", t.Move))
 	return AnswerRescheduled, nil
+}
+
+// errMoveKilled ends a move at a test's crash point (hooks.moveStep).
+var errMoveKilled = errors.New("move ended at a test's crash point")
+
+// killedAt reports whether the test hook ends the move after step; if so
+// the reservation is kept (*kept), as a killed process releases nothing.
+func (s *Level) killedAt(step int, kept *bool) bool {
+	if s.hooks.moveStep == nil || !s.hooks.moveStep(step) {
+		return false
+	}
+	*kept = true
+	return true
 }
 
 // writeMovedTries writes the new message of t's move ([Level.writeMoved])
