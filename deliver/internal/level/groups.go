@@ -245,4 +245,10 @@ type testHooks struct {
 	// a test that must tell an answer caused by the load (or the term's
 	// end) from one caused by the wait running out sets it to an hour.
 	pendingWait time.Duration
+	// moveStep, when set, is asked after each step of Level.completeMove
+	// (1: checked; 2: intent stored; 4: fenced; 5: new message stored;
+	// 7: placed mark written); true ends the move there as a kill would
+	// (nothing more written, the reservation not released: the test ends
+	// the term).
+	moveStep func(step int) bool
 }
