@@ -26,7 +26,9 @@ var (
 	// deliver-at time: a negative [WithDuration], or a [WithDuration] or
 	// [WithDeliverAt] beyond the running delayd's max delay
 	// (DELAYD_MAX_DELAY), which delayd would dead-letter with reason
-	// "level".
+	// "level". A [Reschedule]'s error wraps it for a negative [In] or a
+	// zero [At], and its [*CancelError] matches it for delayd's 400 answer
+	// to the delay (beyond the max delay).
 	ErrInvalidDelay = errors.New("delayd: invalid delay")
 
 	// ErrInvalidMergeKey is wrapped by [Publish]'s error for an empty or
@@ -87,7 +89,8 @@ func (e *DuplicateError) Error() string {
 func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
 
 // Errors for a target subject delayd refuses, the contract's sentinels:
-// [Publish], [Cancel], [Retry] and [RetryMsg] return errors wrapping them.
+// [Publish], [Cancel], [Reschedule], [Retry] and [RetryMsg] return errors
+// wrapping them.
 var (
 	// ErrInvalidTarget means the target is empty, has empty tokens,
 	// wildcards or white space, or is otherwise not a valid NATS subject.
