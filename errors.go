@@ -63,8 +63,9 @@ var (
 // a lost PubAck or a timeout finds its own first copy: the message is
 // stored once, and the error can be taken for success. An id re-used for
 // another message, for example to move a cancelled message to a new time,
-// is never delivered: publish it with a new id. (Moving a pending message
-// is not supported yet; docs/guide.md#re-using-an-id.)
+// is never delivered: publish it with a new id, or move the pending
+// message with [Reschedule], which keeps its id
+// (docs/guide.md#re-using-an-id).
 type DuplicateError struct {
 	// ID is the Nats-Msg-Id the message was published with.
 	ID string
