@@ -2,6 +2,7 @@ package deliver
 
 import (
 	"cmp"
+	"context"
 	"log/slog"
 	"time"
 
@@ -15,8 +16,10 @@ import (
 
 // buildLevels builds Run's levels, one per level stream of streams, by
 // stream name, each tuned by Config.Scanner. Their mergeGone forgets a
-// merge key in every router's cache of merges.
-func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *target.Bindings, merges *routing.MergeCaches) (levelSet, error) {
+// merge key in every router's cache of merges; routed is their
+// level.Wiring.Routed (the cancel API's routed wait), which their movers
+// need to settle a move.
+func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *target.Bindings, merges *routing.MergeCaches, routed func(context.Context) (bool, error)) (levelSet, error) {
 	start := time.Now()
 	var clock level.Clock
 	if s.cfg.Clock != nil {
@@ -45,7 +48,7 @@ func (s *Service) buildLevels(streams []string, store *offsets.Store, targets *t
 		// own PubAck tracker on nc): no async-publish sizing.
 		l, err := level.New(s.nc, mustJS(s.nc, 0), lc, level.Wiring{
 			Reasons: &s.dead.reasons, Refused: &s.dead.refused, HopKey: s.parts.hopKey, Fenced: true, Gate: gate,
-			MergeGone: merges.Forget,
+			MergeGone: merges.Forget, Routed: routed,
 		})
 		if err != nil {
 			return nil, err

@@ -18,10 +18,10 @@ import (
 // DELAYD_MAX_DELAY are answered 400 naming the header, before the id is
 // looked at; a valid delay header is matched case-insensitively; an
 // unknown id, or an existing one asked on another target's scope, is not
-// found. The owner's move is not built yet (docs/pending.md §6 Part A):
-// an existing id in scope, scoped or through the operator's unscoped
-// subject, is answered the owner's error (500), and the message stays
-// pending (its status says so). The answers are counted.
+// found. An existing id in scope, scoped or through the operator's
+// unscoped subject, is rescheduled (200, the new due in Delay-Due-At: the
+// request's time plus the delay), and the message stays pending (its
+// status says so). The answers are counted.
 func TestRescheduleRequest(t *testing.T) {
 	t.Parallel()
 	b := setupOwners(t)
@@ -76,19 +76,27 @@ func TestRescheduleRequest(t *testing.T) {
 			t.Errorf("%s: %d %q, want 404 %q", tc.name, code, body, contract.CancelReplyNotFound)
 		}
 	}
-	// The owner's move is not built: its error, honestly.
+	// An existing id in scope is moved (the second request moves the
+	// first's new message), 30 min on: it stays pending.
 	for _, subject := range []string{scoped, contract.RescheduleSubject} {
-		for _, h := range []nats.Header{in("5s"), {contract.HeaderLevel: {"0"}}} {
-			if code, body := ask(subject, "rs-1", h); code != contract.CancelStatusError || body != "error: reschedule is not available in this delayd" {
-				t.Errorf("existing id on %s (%v): %d %q, want the owner's 500 \"reschedule is not available\" until Part A", subject, h, code, body)
-			}
+		before := time.Now()
+		m, err := b.nc.RequestMsg(&nats.Msg{Subject: subject, Data: []byte("rs-1"), Header: in("30m")}, time.Minute)
+		if err != nil {
+			t.Fatalf("reschedule rs-1 on %s: %v", subject, err)
+		}
+		code, _ := strconv.Atoi(m.Header.Get(contract.HeaderStatus))
+		due, derr := time.Parse(time.RFC3339Nano, m.Header.Get(contract.HeaderDueAt))
+		if code != contract.RescheduleStatusRescheduled || string(m.Data) != contract.RescheduleReplyRescheduled || derr != nil {
+			t.Errorf("existing id on %s: %d %q, Delay-Due-At %q: want 200 %q with the new due", subject, code, m.Data, m.Header.Get(contract.HeaderDueAt), contract.RescheduleReplyRescheduled)
+		} else if lo, hi := before.Add(29*time.Minute), time.Now().Add(31*time.Minute); due.Before(lo) || due.After(hi) {
+			t.Errorf("existing id on %s: new due %s, want 30 min after the request (%s..%s)", subject, due, lo, hi)
 		}
 	}
 	m, err := b.nc.Request(contract.StatusSubjectFor("tgt.rs.a"), []byte("rs-1"), time.Minute)
 	if err != nil || string(m.Data) != contract.StatusReplyPending {
 		t.Errorf("status of rs-1 after the requests: %v %v, want pending", m, err)
 	}
-	want := RescheduleStats{NotFound: 4, BadRequest: 10, Failed: 4}
+	want := RescheduleStats{Rescheduled: 2, NotFound: 4, BadRequest: 10}
 	if got := r.svc.RescheduleStats(); got != want {
 		t.Errorf("RescheduleStats %+v, want %+v", got, want)
 	}

@@ -387,7 +387,12 @@ type built struct {
 // Service's readers (s.parts and s.own, the routers and levels under s.mu).
 func (s *Service) build(own *ownership.Service, st *setupState) (built, error) {
 	merges := routing.NewMergeCaches(s.cfg.IngressPartitions) // the routers' merge caches, where the scanners forget
-	lvls, err := s.buildLevels(st.streams, st.store, s.targets, merges)
+	// The levels' movers wait on the cancel API's routed wait; the API is
+	// built below, once the levels are (it asks their owners), and set
+	// before anything runs.
+	var cancels *cancelapi.API
+	routed := func(ctx context.Context) (bool, error) { return cancels.Routed(ctx) }
+	lvls, err := s.buildLevels(st.streams, st.store, s.targets, merges, routed)
 	if err != nil {
 		return built{}, err
 	}
@@ -399,7 +404,7 @@ func (s *Service) build(own *ownership.Service, st *setupState) (built, error) {
 	if err != nil {
 		return built{}, err
 	}
-	cancels := s.newCancelAPI(mustJS(s.nc, 0))
+	cancels = s.newCancelAPI(mustJS(s.nc, 0))
 	s.parts.cancelAPI = cancels
 	return built{plan: plan, cancels: cancels}, nil
 }

@@ -175,7 +175,7 @@ func New(cfg Config) *API {
 	return &API{env: &env{cfg: cfg, logger: cfg.Logger, waits: waits, routed: waits.ask(), lookups: newLookupPacer(cfg.LookupShare)}}
 }
 
-// Cancel, DecideID, List and CancelAll serve one request as a worker
+// Cancel, DecideID, Reschedule, List and CancelAll serve one request as a worker
 // would, on the caller's goroutine with the caller's reader (deliver's
 // tests ask them directly).
 
@@ -189,6 +189,11 @@ func (a *API) DecideID(ctx context.Context, reader *jswire.BatchReader, id, scop
 	return (&worker{a.env}).DecideID(ctx, reader, id, scope, notAfter, status)
 }
 
+// Reschedule is [worker.Reschedule].
+func (a *API) Reschedule(ctx context.Context, reader *jswire.BatchReader, id string, h nats.Header, scope string, notAfter time.Time) (level.CancelAnswer, time.Time, error) {
+	return (&worker{a.env}).Reschedule(ctx, reader, id, h, scope, notAfter)
+}
+
 // List is [worker.List].
 func (a *API) List(ctx context.Context, reader *jswire.BatchReader, target string, data []byte, notAfter time.Time) (contract.PendingReply, error) {
 	return (&worker{a.env}).List(ctx, reader, target, data, notAfter)
@@ -197,6 +202,18 @@ func (a *API) List(ctx context.Context, reader *jswire.BatchReader, target strin
 // CancelAll is [worker.CancelAll].
 func (a *API) CancelAll(ctx context.Context, reader *jswire.BatchReader, target string, data []byte, deadline time.Time) (contract.CancelAllReply, error) {
 	return (&worker{a.env}).CancelAll(ctx, reader, target, data, deadline)
+}
+
+// Routed waits until the router has acked every ingress message published
+// before the call (caughtUp true), until 25 s have passed (false: not
+// known yet, ask again), or until ctx is done (ctx's error); an error
+// reading the ingress stream is returned as is. It is the cancel's routed
+// wait ([routedAsk.wait]), answered by the goroutine Run runs: before Run
+// starts, or once it returned, it answers false after its wait. Any
+// goroutine may call it: the level's mover does
+// (docs/pending.md#24-the-mover-finishing-an-intent-after-a-crash-or-failover).
+func (a *API) Routed(ctx context.Context) (caughtUp bool, err error) {
+	return a.routed.wait(ctx)
 }
 
 // How long a cancel waits for the router to place the messages published

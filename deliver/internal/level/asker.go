@@ -49,10 +49,6 @@ type Ask struct {
 	Due time.Time
 }
 
-// errRescheduleNotBuilt is a reschedule's answer until the owner's move
-// is built (docs/pending.md#7-progress): an error, never a guess.
-var errRescheduleNotBuilt = errors.New("reschedule is not available in this delayd")
-
 // ErrNoOwner: no replica answered for the level as its owner (none holds
 // its lease now, or the one that did is stopping or paused); the decision
 // can be asked again.
@@ -79,8 +75,11 @@ type Asker interface {
 	// deliveries, and the caller does the I/O (read with reader,
 	// tombstone, PubAck, fenced owner check). A status (AskStatus) is
 	// decided as a cancel but reserves nothing: AnswerPending for a
-	// message neither handed off nor cancelled; reader may be nil.
-	// Asking again is safe.
+	// message neither handed off nor cancelled; reader may be nil. A
+	// reschedule (AskReschedule) is reserved as a cancel, and the caller
+	// moves the message (intent, fenced check, new message:
+	// docs/pending.md#22-the-writes-in-order): AnswerRescheduled once the
+	// new message is stored. Asking again is safe.
 	Decide(ctx context.Context, reader *jswire.BatchReader, rec index.Record, ask Ask) (CancelAnswer, error)
 	// Sift answers which of seqs the owner of stream still holds pending
 	// ([Sifted]), for the list API; an error without an answer (never a

@@ -38,6 +38,10 @@ const (
 	decideOpPassed  = "passed"  // the highest sequence the owner handed off (decimal reply); no record
 	decideOpStatus  = "status"  // the status of the message the record places (local.Status)
 	decideOpSift    = "sift"    // which of seqs are pending (Owners.Sift; JSON Sifted reply); no record
+	// decideOpReschedule moves the message the record places to NewDue
+	// (local.Decide with AskReschedule). An owner older than it answers
+	// "bad decide request: unknown op", never a cancel.
+	decideOpReschedule = "reschedule"
 )
 
 // decideRequest is a request on a level stream's decide subject, as JSON:
@@ -51,6 +55,8 @@ type decideRequest struct {
 	Due    time.Time `json:"due,omitzero"`
 	Target string    `json:"target,omitempty"`
 	Seqs   []uint64  `json:"seqs,omitempty"` // sift's
+	// NewDue is a reschedule's new due, a server time.
+	NewDue time.Time `json:"new_due,omitzero"`
 }
 
 func newDecideRequest(op string, rec index.Record) decideRequest {
@@ -70,6 +76,7 @@ const (
 	decideForwarded  = "forwarded"   // AnswerForwarded
 	decideGone       = "gone"        // AnswerGone
 	decideRetry      = "retry"       // AnswerRetry
+	decideMoved      = "rescheduled" // AnswerRescheduled
 	decidePending    = "pending"     // local.Pending: true
 	decideNotPending = "not pending" // local.Pending: false
 	decideNotOwner   = "not owner"   // this replica's term ended: ask again (the next owner)
@@ -88,11 +95,15 @@ const (
 	// decideCancelWait bounds one cancel decision sent to the owner: its
 	// tombstone write (jswire.OpTimeout) and the scanner's grace.
 	decideCancelWait = jswire.OpTimeout + reservationSlack + 2*time.Second
+	// decideMoveWait bounds one reschedule decision sent to the owner: its
+	// intent write, the fence's read and its new message's writes (each up
+	// to jswire.OpTimeout), and the scanner's grace.
+	decideMoveWait = 3*jswire.OpTimeout + reservationSlack + 2*time.Second
 )
 
 var answerText = map[CancelAnswer]string{
 	AnswerCancelled: decideCancelled, AnswerDelivered: decideDelivered, AnswerForwarded: decideForwarded,
-	AnswerGone: decideGone, AnswerRetry: decideRetry, AnswerPending: decidePending,
+	AnswerGone: decideGone, AnswerRetry: decideRetry, AnswerPending: decidePending, AnswerRescheduled: decideMoved,
 }
 
 // errOwnerSilent, which wraps [ErrNoOwner] (no replica
@@ -208,7 +219,7 @@ func (d *decideServer) handle(m *nats.Msg) {
 		} else {
 			d.respond(m, decideNotPending)
 		}
-	case decideOpCancel, decideOpStatus:
+	case decideOpCancel, decideOpStatus, decideOpReschedule:
 		select {
 		case d.queue <- m:
 		default:
@@ -240,9 +251,12 @@ func (d *decideServer) work(reader *jswire.BatchReader) {
 			answer CancelAnswer
 			err    error
 		)
-		if req.Op == decideOpStatus {
+		switch req.Op {
+		case decideOpStatus:
 			answer, err = s.ask(d.ctx, nil, req.record(s.cfg.Stream), Ask{Op: AskStatus})
-		} else {
+		case decideOpReschedule:
+			answer, err = s.ask(d.ctx, reader, req.record(s.cfg.Stream), Ask{Op: AskReschedule, Due: req.NewDue})
+		default:
 			answer, err = s.ask(d.ctx, reader, req.record(s.cfg.Stream), Ask{Op: AskCancel})
 		}
 		switch {
@@ -283,12 +297,13 @@ func askOwner(ctx context.Context, nc *nats.Conn, stream string, req decideReque
 	return body, nil
 }
 
-// askDecision sends op (decideOpCancel or decideOpStatus) of the message
-// rec places to its level's owner and returns the owner's decision.
-// Errors: [ErrNoOwner] (ask again), the owner's error ([ErrCancelBusy]
-// when its queue is full), ctx's.
-func askDecision(ctx context.Context, nc *nats.Conn, op string, rec index.Record) (CancelAnswer, error) {
-	body, err := askOwner(ctx, nc, rec.Stream, newDecideRequest(op, rec), decideCancelWait)
+// askDecision sends req (decideOpCancel, decideOpStatus or
+// decideOpReschedule, of the message rec places) to its level's owner,
+// waiting at most wait, and returns the owner's decision. Errors:
+// [ErrNoOwner] (ask again), the owner's error ([ErrCancelBusy] when its
+// queue is full), ctx's.
+func askDecision(ctx context.Context, nc *nats.Conn, req decideRequest, rec index.Record, wait time.Duration) (CancelAnswer, error) {
+	body, err := askOwner(ctx, nc, rec.Stream, req, wait)
 	if err != nil {
 		return 0, err
 	}
@@ -329,11 +344,15 @@ func newRemote(nc *nats.Conn) *remote {
 func (p *remote) Decide(ctx context.Context, _ *jswire.BatchReader, rec index.Record, ask Ask) (CancelAnswer, error) {
 	switch ask.Op {
 	case AskCancel:
-		return askDecision(ctx, p.nc, decideOpCancel, rec)
+		return askDecision(ctx, p.nc, newDecideRequest(decideOpCancel, rec), rec, decideCancelWait)
 	case AskStatus:
-		return askDecision(ctx, p.nc, decideOpStatus, rec)
+		return askDecision(ctx, p.nc, newDecideRequest(decideOpStatus, rec), rec, decideCancelWait)
+	case AskReschedule:
+		req := newDecideRequest(decideOpReschedule, rec)
+		req.NewDue = ask.Due
+		return askDecision(ctx, p.nc, req, rec, decideMoveWait)
 	}
-	return 0, errRescheduleNotBuilt
+	return 0, fmt.Errorf("level stream %s: unknown question %d", rec.Stream, ask.Op)
 }
 
 // Pending reports the owner's answer to "is the message rec places

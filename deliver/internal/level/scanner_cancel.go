@@ -39,6 +39,10 @@ type cancelDecision struct {
 	loadTail uint64
 	loadedAt time.Time
 	term     ownership.Term // the term that reserved it, for the fenced check (Level.confirmOwner)
+	// mover is the term's mover (answerReserved only): a reschedule whose
+	// new message is not confirmed stored hands it its move
+	// (Level.completeMove).
+	mover *mover
 }
 
 // answerReserved is a decision only the owner's loop gives to a cancel:
@@ -83,14 +87,13 @@ func (s *Level) request(ctx context.Context, reader *jswire.BatchReader, rec ind
 }
 
 // ask has this owner's loop decide rec's cancel (or, with AskStatus, its
-// status) and completes a reserved cancel on the caller's goroutine. An
+// status; with AskReschedule, its move) and completes a reserved cancel
+// ([Level.completeCancel]) or move ([Level.completeMove]) on the caller's
+// goroutine. An
 // owner whose term ends stops deciding: the asker sees its done channel
 // and gives up with an error wrapping ownership.ErrNotOwner, to send again (to the
 // next owner).
 func (s *owner) ask(ctx context.Context, reader *jswire.BatchReader, rec index.Record, ask Ask) (CancelAnswer, error) {
-	if ask.Op == AskReschedule {
-		return 0, errRescheduleNotBuilt
-	}
 	stopped := fmt.Errorf("level stream %s: %w; send the cancel again", s.cfg.Stream, ownership.ErrNotOwner)
 	for {
 		req := request{rec: rec, ask: ask, reply: make(chan cancelDecision, 1)}
@@ -118,6 +121,8 @@ func (s *owner) ask(ctx context.Context, reader *jswire.BatchReader, rec index.R
 			}
 		}
 		switch {
+		case d.answer == answerReserved && ask.Op == AskReschedule:
+			return s.completeMove(ctx, reader, rec, d, ask.Due)
 		case d.answer == answerReserved:
 			return s.completeCancel(ctx, reader, rec, d)
 		case d.answer == AnswerRetry && d.wait != nil:
@@ -196,6 +201,7 @@ func (s *owner) reserve(rec index.Record, ask Ask) cancelDecision {
 		loadTail: s.life.loadTail,
 		loadedAt: s.life.loadedAt,
 		term:     s.term,
+		mover:    s.io.mover,
 	}
 }
 
@@ -232,23 +238,11 @@ func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, 
 	}()
 	rctx, cancel := context.WithDeadline(ctx, r.deadline)
 	defer cancel()
-	buf, err := reader.Read(rctx, s.cfg.Stream, nil, rec.Seq, 1, 1)
-	switch {
-	case err != nil:
-		return 0, err
-	case len(buf) == 0:
-		return AnswerRetry, nil // the level write is not stored yet
-	case buf[0].Header.Get(message.HdrJSSequence) != strconv.FormatUint(rec.Seq, 10) || message.LevelKey(buf[0].Header) != rec.Key:
-		return AnswerGone, nil
+	m, answer, ok, err := s.checkReserved(rctx, reader, rec, d)
+	if !ok {
+		return answer, err
 	}
-	m := buf[0]
-	if due, _ := message.LevelDue(m.Header); rec.Seq <= d.loadTail && !due.After(d.loadedAt.Add(time.Second)) {
-		return handedOff(rec), nil // perhaps delivered before a crash
-	}
-	t := index.Tombstone{Seq: rec.Seq, Key: rec.Key, Target: strings.TrimPrefix(m.Header.Get(message.HdrJSSubject), s.cfg.subject)}
-	if mk := m.Header.Get(message.HdrMerge); mk != "" {
-		t.MergeKey = index.MergeKey(t.Target, mk)
-	}
+	t := s.tombstoneOf(rec, m)
 	ack, err := s.deps.js.PublishMsg(rctx, &nats.Msg{Subject: index.TombstoneSubject(s.cfg.Stream), Data: t.Encode()})
 	if err != nil {
 		return 0, fmt.Errorf("cancel tombstone: %w", err)
@@ -283,6 +277,39 @@ func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, 
 	}
 	s.logger.Debug("message cancelled", slog.Uint64("seq", rec.Seq), slog.String("key", rec.Key[1:]))
 	return AnswerCancelled, nil
+}
+
+// checkReserved reads the message at rec's reserved sequence (a cancel's
+// or a move's first step) and reports ok with it if it is the one asked
+// for and may be changed. Otherwise answer (or err) is the request's: not
+// stored yet (AnswerRetry), another message (AnswerGone), or due before the
+// scanner (re)loaded (handed off: perhaps delivered before a crash, its
+// offset not committed, so it is delivered again as usual).
+func (s *Level) checkReserved(ctx context.Context, reader *jswire.BatchReader, rec index.Record, d cancelDecision) (m *nats.Msg, answer CancelAnswer, ok bool, err error) {
+	buf, err := reader.Read(ctx, s.cfg.Stream, nil, rec.Seq, 1, 1)
+	switch {
+	case err != nil:
+		return nil, 0, false, err
+	case len(buf) == 0:
+		return nil, AnswerRetry, false, nil // the level write is not stored yet
+	case buf[0].Header.Get(message.HdrJSSequence) != strconv.FormatUint(rec.Seq, 10) || message.LevelKey(buf[0].Header) != rec.Key:
+		return nil, AnswerGone, false, nil
+	}
+	m = buf[0]
+	if due, _ := message.LevelDue(m.Header); rec.Seq <= d.loadTail && !due.After(d.loadedAt.Add(time.Second)) {
+		return nil, handedOff(rec), false, nil // perhaps delivered before a crash
+	}
+	return m, 0, true, nil
+}
+
+// tombstoneOf is the tombstone of the message m that rec places: its
+// sequence, id key, target and merge key.
+func (s *Level) tombstoneOf(rec index.Record, m *nats.Msg) index.Tombstone {
+	t := index.Tombstone{Seq: rec.Seq, Key: rec.Key, Target: strings.TrimPrefix(m.Header.Get(message.HdrJSSubject), s.cfg.subject)}
+	if mk := m.Header.Get(message.HdrMerge); mk != "" {
+		t.MergeKey = index.MergeKey(t.Target, mk)
+	}
+	return t
 }
 
 // awaitCancel waits, on the scanner's goroutine, for the outcome of the
