@@ -160,7 +160,7 @@ func (s *owner) deliveryHeaders(h nats.Header) {
 	if len(id) > 0 && id[0] != "" {
 		h[contract.HeaderNatsMsgID] = id[:1]
 	}
-	if len(hops) > 0 && hops[0] != "" {
+	if len(hops) > 0 && hops[0] != "" && hops[0] != "0" { // "0": moved, never cascaded
 		h[contract.HeaderHops] = hops[:1]
 	}
 	if len(moves) > 0 && moves[0] != "" {

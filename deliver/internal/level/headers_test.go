@@ -44,6 +44,10 @@ func TestDeliveryHeaders(t *testing.T) {
 		in:   nats.Header{message.HdrMsgID: {"x"}, message.HdrHops: {"1"}, message.HdrMoves: {"2"}},
 		want: nats.Header{contract.HeaderNatsMsgID: {"x"}, contract.HeaderHops: {"1"}, contract.HeaderRescheduled: {"2"}},
 	}, {
+		name: "rescheduled, no hops",
+		in:   nats.Header{message.HdrMsgID: {"x"}, message.HdrHops: {"0"}, message.HdrMoves: {"1"}},
+		want: nats.Header{contract.HeaderNatsMsgID: {"x"}, contract.HeaderRescheduled: {"1"}},
+	}, {
 		name: "repeated internal values: the first",
 		in:   nats.Header{message.HdrMsgID: {"x", "y"}, message.HdrHops: {"3", "4"}},
 		want: nats.Header{contract.HeaderNatsMsgID: {"x"}, contract.HeaderHops: {"3"}},
