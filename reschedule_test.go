@@ -3,6 +3,7 @@ package delayd_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd"
+	"github.com/delayd/delayd/contract"
 )
 
 // TestRescheduleRequests runs the Go client against a running delayd:
@@ -99,5 +101,109 @@ func TestRescheduleRequests(t *testing.T) {
 	// The operator's form, any target.
 	if res, err := delayd.RescheduleAny(ctx, nc, "remind-404", delayd.Now()); err != nil || res.Result != delayd.RescheduleNotFound {
 		t.Errorf("RescheduleAny of an unknown id: %+v %v, want not found", res, err)
+	}
+}
+
+// TestReschedule moves messages on a running delayd through the Go client,
+// and checks by the order of deliveries (no timing): a message moved twice
+// (to 1h, then to 10s) is delivered once, after a marker due before its
+// new due and after its old one, with its id, payload and headers,
+// Delay-Rescheduled 2 and Delay-Due-At the answer's due, never before it;
+// one moved to run now is delivered at once; one moved and then cancelled
+// never is (a trailing marker due after every new due arrives without
+// it); a reschedule after the delivery answers already delivered.
+func TestReschedule(t *testing.T) {
+	nc, stop := runDelayd("100ms 1s 1h")
+	defer stop()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	got := make(chan *nats.Msg, 16)
+	sub, err := nc.ChanSubscribe("rs.>", got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = nc.Flush()
+	publish := func(id string, d time.Duration) {
+		t.Helper()
+		if _, err := delayd.Publish(ctx, js, "rs.remind", []byte(id), delayd.WithDuration(d), delayd.WithMsgID(id),
+			delayd.WithHeader(nats.Header{"Tenant": {"acme"}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	move := func(id string, when delayd.When) delayd.RescheduleResult {
+		t.Helper()
+		res, err := delayd.Reschedule(ctx, nc, "rs.remind", id, when)
+		if err != nil || res.Result != delayd.Rescheduled || res.DueAt.IsZero() {
+			t.Fatalf("reschedule %s %v: %+v %v, want rescheduled with its due", id, when, res, err)
+		}
+		return res
+	}
+	next := func() *nats.Msg {
+		t.Helper()
+		select {
+		case m := <-got:
+			return m
+		case <-time.After(30 * time.Second): // a liveness bound
+			t.Fatal("no delivery within 30 s")
+			return nil
+		}
+	}
+
+	publish("moved", 5*time.Second)
+	publish("cancelled", time.Hour)
+	move("moved", delayd.In(time.Hour))
+	res := move("moved", delayd.In(10*time.Second))
+	move("cancelled", delayd.In(2*time.Second))
+	if r, err := delayd.Cancel(ctx, nc, "rs.remind", "cancelled"); err != nil || r != delayd.Cancelled {
+		t.Fatalf("cancel of a rescheduled message: %v %v", r, err)
+	}
+	publish("before", 6*time.Second) // due after moved's old due, before its new one (unless these took 4 s)
+	publish("after", 14*time.Second) // due after every new due
+	run := time.Now()
+	publish("now", time.Hour)
+	now := move("now", delayd.Now())
+
+	var order []string
+	for len(order) < 4 {
+		m := next()
+		order = append(order, string(m.Data))
+		switch string(m.Data) {
+		case "moved":
+			if m.Header.Get(delayd.HeaderRescheduled) != "2" || m.Header.Get(delayd.HeaderDueAt) != contract.FormatTime(res.DueAt) ||
+				m.Header.Get("Nats-Msg-Id") != "moved" || m.Header.Get("Tenant") != "acme" {
+				t.Errorf("moved's delivery headers %v; want Delay-Rescheduled 2, Delay-Due-At %s, its id and Tenant", m.Header, contract.FormatTime(res.DueAt))
+			}
+			if time.Now().Before(res.DueAt) {
+				t.Errorf("moved delivered before its new due %s", res.DueAt)
+			}
+		case "now":
+			if m.Header.Get(delayd.HeaderRescheduled) != "1" || m.Header.Get(delayd.HeaderDueAt) != contract.FormatTime(now.DueAt) || now.DueAt.Before(run.Add(-time.Minute)) ||
+				len(m.Header.Values(delayd.HeaderHops)) != 0 {
+				t.Errorf("run now's delivery headers %v, answer due %s; want Delay-Rescheduled 1, that due, no Delay-Hops (it never cascaded)", m.Header, now.DueAt)
+			}
+		}
+	}
+	// Run now's delivery may come anywhere before "after"'s.
+	if i := slices.Index(order, "now"); i >= 0 && i < 3 {
+		order = slices.Delete(order, i, i+1)
+	}
+	if want := []string{"before", "moved", "after"}; !slices.Equal(order, want) {
+		t.Errorf("deliveries %q (now taken out), want %q (moved never at its old due, cancelled never)", order, want)
+	}
+	if r, err := delayd.Reschedule(ctx, nc, "rs.remind", "moved", delayd.In(time.Hour)); err != nil || r.Result != delayd.RescheduleDelivered {
+		t.Errorf("reschedule after the delivery: %+v %v, want already delivered", r, err)
+	}
+	if r, err := delayd.Reschedule(ctx, nc, "rs.remind", "cancelled", delayd.Now()); err != nil || r.Result != delayd.RescheduleNotFound {
+		t.Errorf("reschedule of a cancelled message: %+v %v, want not found", r, err)
+	}
+	select {
+	case m := <-got:
+		t.Errorf("a further delivery %q %v", m.Data, m.Header)
+	default:
 	}
 }
