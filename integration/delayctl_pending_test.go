@@ -87,3 +87,40 @@ func TestDelayctlRescheduleRequests(t *testing.T) {
 	itest.Delayctl(t, url, "reschedule", "ctl.rs.x", "rs-1", "--in", "200h").Want(t, 2, "DELAYD_MAX_DELAY")
 	itest.Delayctl(t, url, "status", "ctl.rs.x", "rs-1").Want(t, 0, before.Stdout)
 }
+
+// TestDelayctlReschedule: reschedule moves a pending message (--in, --at,
+// --level, then --now) and prints "rescheduled  due T"; show then prints
+// that due; the message is delivered once, at once after --now, with
+// Delay-Rescheduled 4 and Delay-Due-At the last T; afterwards reschedule
+// exits 6, already delivered.
+func TestDelayctlReschedule(t *testing.T) {
+	t.Parallel()
+	b := itest.Setup(t)
+	b.StartDelayd("200ms 2s 1h")
+	url := b.Srv.ClientURL()
+	c := b.Collect("ctl.rsd.>")
+
+	itest.Delayctl(t, url, "pub", "ctl.rsd.x", "later", "--in", "1h", "--id", "rsd-1").Want(t, 0, "rsd-1")
+	at := time.Now().Add(30 * time.Minute).UTC().Truncate(time.Second)
+	var last string
+	for _, when := range [][]string{{"--in", "50m"}, {"--at", at.Format(time.RFC3339)}, {"--level", "3"}} {
+		r := itest.Delayctl(t, url, append([]string{"reschedule", "ctl.rsd.x", "rsd-1"}, when...)...)
+		r.Want(t, 0, "rescheduled  due ")
+		last = strings.TrimSpace(strings.TrimPrefix(r.Stdout, "rescheduled  due "))
+		if when[0] == "--at" && last != at.Format("2006-01-02T15:04:05.000000000Z") {
+			t.Errorf("reschedule --at %s: due %s", when[1], last)
+		}
+		itest.Delayctl(t, url, "show", "ctl.rsd.x", "rsd-1").Want(t, 0, "due       "+last+"\n", "payload   later\n")
+	}
+	r := itest.Delayctl(t, url, "reschedule", "ctl.rsd.x", "rsd-1", "--now")
+	r.Want(t, 0, "rescheduled  due ")
+	now := strings.TrimSpace(strings.TrimPrefix(r.Stdout, "rescheduled  due "))
+	got := c.Wait(t, 1, 30*time.Second)
+	if m := got[0].Msg; string(m.Data) != "later" || m.Header.Get(delayd.HeaderRescheduled) != "4" || m.Header.Get(delayd.HeaderDueAt) != now {
+		t.Errorf("delivered %q %v, want later with Delay-Rescheduled 4 and Delay-Due-At %s", m.Data, m.Header, now)
+	}
+	itest.Delayctl(t, url, "reschedule", "ctl.rsd.x", "rsd-1", "--in", "1m").Want(t, 6, "already delivered")
+	if n := len(c.Snapshot()); n != 1 {
+		t.Errorf("%d deliveries, want 1", n)
+	}
+}
