@@ -3,8 +3,10 @@ package deliver
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/delayd/delayd/deliver/internal/index"
 	"github.com/delayd/delayd/deliver/internal/jswire"
 	"github.com/delayd/delayd/deliver/internal/level"
+	"github.com/delayd/delayd/levels"
 )
 
 // The reschedule tests' target is a core subject ("rtg.>", no stream):
@@ -132,6 +135,183 @@ func withID(h nats.Header, id string) nats.Header {
 	return h
 }
 
+// rescheduleLevels is the reschedule tests' table: short levels.
+const rescheduleLevels = "1s 5s"
+
+// TestRescheduleKeeps: a rescheduled message keeps its id, payload, user
+// headers (two values of one key in order, and another key) and
+// Delay-Enqueued-At (as the list showed it before the move); its
+// Delay-Due-At is the new due, and it is delivered once, at or after it.
+// The list shows it once, with the new due, while it waits.
+func TestRescheduleKeeps(t *testing.T) {
+	t.Parallel()
+	b := setupOwners(t)
+	b.startConfig("A", Config{Levels: levels.MustParse(rescheduleLevels)})
+	c := b.catch()
+	h := withID(in("2s"), "keep-1")
+	h["X-Two"] = []string{"first", "second"}
+	h["X-One"] = []string{"1"}
+	b.publishTo("rtg.keep", "keep payload", h)
+	b.waitRouted()
+	before := b.list("rtg.keep", contract.PendingRequest{})
+	if len(before.Items) != 1 || before.Items[0].ID != "keep-1" {
+		t.Fatalf("list before the move: %+v, want keep-1", before.Items)
+	}
+	due := b.mustReschedule("rtg.keep", "keep-1", in("4s"))
+	after := b.list("rtg.keep", contract.PendingRequest{})
+	if len(after.Items) != 1 || after.Items[0].ID != "keep-1" || !after.Items[0].Due.Equal(due) {
+		t.Errorf("list after the move: %+v, want keep-1 once, due %s", after.Items, contract.FormatTime(due))
+	}
+	c.wait(t, time.Minute, "keep payload")
+	ds := c.of("keep payload")
+	if len(ds) != 1 {
+		t.Fatalf("delivered %d times, want once", len(ds))
+	}
+	d := ds[0]
+	for _, check := range []struct {
+		name      string
+		got, want []string
+	}{
+		{contract.HeaderNatsMsgID, d.h.Values(contract.HeaderNatsMsgID), []string{"keep-1"}},
+		{"X-Two", d.h["X-Two"], []string{"first", "second"}},
+		{"X-One", d.h["X-One"], []string{"1"}},
+		{contract.HeaderEnqueuedAt, d.h.Values(contract.HeaderEnqueuedAt), []string{contract.FormatTime(before.Items[0].Enqueued)}},
+		{contract.HeaderDueAt, d.h.Values(contract.HeaderDueAt), []string{contract.FormatTime(due)}},
+	} {
+		if !slices.Equal(check.got, check.want) {
+			t.Errorf("delivery's %s: %q, want %q", check.name, check.got, check.want)
+		}
+	}
+	if d.at.Before(due) {
+		t.Errorf("delivered at %s, before its new due %s", d.at, due)
+	}
+}
+
+// TestRescheduleRunNow: "Delay-Duration: 0s", and a Delay-Deliver-At in
+// the past, deliver a message due in an hour at once (the answer's due is
+// the request's time), once; nothing of the target is pending after.
+func TestRescheduleRunNow(t *testing.T) {
+	t.Parallel()
+	b := setupOwners(t)
+	b.startConfig("A", Config{Levels: levels.MustParse("1s 1h")})
+	c := b.catch()
+	b.publishTo("rtg.now", "now-0", withID(in("1h"), "now-0"))
+	b.publishTo("rtg.now", "now-1", withID(nats.Header{contract.HeaderLevel: {"2"}}, "now-1"))
+	b.waitRouted()
+	dues := []time.Time{
+		b.mustReschedule("rtg.now", "now-0", in("0s")),
+		b.mustReschedule("rtg.now", "now-1", nats.Header{contract.HeaderDeliverAt: {"2000-01-01T00:00:00Z"}}),
+	}
+	c.wait(t, time.Minute, "now-0", "now-1")
+	for i, due := range dues {
+		p := fmt.Sprintf("now-%d", i)
+		ds := c.of(p)
+		if len(ds) != 1 || !dueOf(t, ds[0]).Equal(due) {
+			t.Errorf("%s: %d deliveries, want one with Delay-Due-At %s (the run-now due answered)", p, len(ds), contract.FormatTime(due))
+		}
+	}
+	b.waitRouted()
+	if r := b.list("rtg.now", contract.PendingRequest{}); len(r.Items) != 0 {
+		t.Errorf("pending after the run-now deliveries: %+v, want none (the old places are moved)", r.Items)
+	}
+}
+
+// TestRescheduleThenCancel: a message rescheduled and then cancelled is
+// never delivered, while a marker due after all their dues is: rc-0's
+// cancel is sent after its move (it finds the new place); rc-1's looks the
+// id up before the move and is held there (the Service's looked hook)
+// until the move is done, so the owner decides it on the old place, which
+// answers "look again", and the cancel follows the move; ten more are
+// cancelled while their reschedules are in flight (sent together). Every
+// cancel answers "cancelled".
+func TestRescheduleThenCancel(t *testing.T) {
+	t.Parallel()
+	b := setupOwners(t)
+	looked := make(chan index.Record, 1)
+	release := make(chan struct{})
+	var holding atomic.Bool
+	b.startConfig("A", Config{Levels: levels.MustParse(rescheduleLevels)}, func(s *Service) {
+		s.hooks.looked = func(rec index.Record) {
+			if rec.Key == index.UserKey("rc-1") && holding.CompareAndSwap(false, true) {
+				looked <- rec
+				<-release
+			}
+		}
+	})
+	c := b.catch()
+	var ids []string
+	for i := range 12 {
+		ids = append(ids, fmt.Sprintf("rc-%d", i))
+	}
+	for _, id := range ids {
+		b.publishTo("rtg.rc", id, withID(in("3s"), id))
+	}
+	b.waitRouted()
+	cancelOf := func(id string) string {
+		m, err := b.nc.Request(contract.CancelSubjectFor("rtg.rc"), []byte(id), time.Minute)
+		if err != nil {
+			return err.Error()
+		}
+		return string(m.Data)
+	}
+	b.mustReschedule("rtg.rc", "rc-0", in("3s"))
+	if got := cancelOf("rc-0"); got != contract.CancelReplyCancelled {
+		t.Errorf("cancel after the move: %q, want %q", got, contract.CancelReplyCancelled)
+	}
+	held := make(chan string, 1)
+	go func() { held <- cancelOf("rc-1") }()
+	select {
+	case <-looked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("rc-1's cancel did not look the id up within 30 s")
+	}
+	b.mustReschedule("rtg.rc", "rc-1", in("3s"))
+	close(release)
+	if got := <-held; got != contract.CancelReplyCancelled {
+		t.Errorf("cancel of rc-1 decided on its old place after the move: %q, want %q", got, contract.CancelReplyCancelled)
+	}
+	var wg sync.WaitGroup
+	for _, id := range ids[2:] {
+		wg.Go(func() { b.reschedule("rtg.rc", id, in("3s")) })
+		wg.Go(func() {
+			if got := cancelOf(id); got != contract.CancelReplyCancelled {
+				t.Errorf("cancel of %s with its reschedule in flight: %q, want %q", id, got, contract.CancelReplyCancelled)
+			}
+		})
+	}
+	wg.Wait()
+	b.publishTo("rtg.rc", "marker", in("8s"))
+	c.wait(t, time.Minute, "marker")
+	for _, id := range ids {
+		if ds := c.of(id); len(ds) != 0 {
+			t.Errorf("%s, rescheduled and cancelled, was delivered %d times", id, len(ds))
+		}
+	}
+}
+
+// TestRescheduleTwice: a second reschedule moves the first's new message:
+// one delivery, with the second's due, at or after it.
+func TestRescheduleTwice(t *testing.T) {
+	t.Parallel()
+	b := setupOwners(t)
+	b.startConfig("A", Config{Levels: levels.MustParse(rescheduleLevels)})
+	c := b.catch()
+	b.publishTo("rtg.tw", "tw-0", withID(in("2s"), "tw-0"))
+	b.waitRouted()
+	first := b.mustReschedule("rtg.tw", "tw-0", in("3s"))
+	second := b.mustReschedule("rtg.tw", "tw-0", in("5s"))
+	if !second.After(first) {
+		t.Fatalf("second due %s not after the first %s", second, first)
+	}
+	c.wait(t, time.Minute, "tw-0")
+	b.publishTo("rtg.tw", "marker", in("2s")) // after the second due
+	c.wait(t, time.Minute, "marker")
+	ds := c.of("tw-0")
+	if len(ds) != 1 || !dueOf(t, ds[0]).Equal(second) || ds[0].at.Before(second) {
+		t.Errorf("tw-0: %d deliveries (%+v), want one with the second due %s, at or after it", len(ds), ds, contract.FormatTime(second))
+	}
+}
+
 // TestRescheduleDecidedByOwner: with every level owned by replica A,
 // reschedules taken by replica B (which owns no level) are decided and
 // moved by A through the level's decide subject (op "reschedule"): each
@@ -171,4 +351,97 @@ func TestRescheduleDecidedByOwner(t *testing.T) {
 			t.Errorf("%s: %d deliveries, want one with Delay-Due-At %s, at or after it", p, len(ds), contract.FormatTime(due))
 		}
 	}
+}
+
+// TestRescheduleRacesDue: 300 messages due 20 ms apart, each rescheduled
+// 2 s on at its due instant, give or take up to 50 ms (spread on
+// purpose), so that the owner decides some before it hands the message
+// off and some after. Every "rescheduled" answer means one delivery, with
+// the answered due, at or after it (never the old one as well); every
+// "already delivered" one delivery at the old due; any other answer (busy,
+// an error) one delivery at either. Nothing is delivered twice or early.
+func TestRescheduleRacesDue(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	b := setupOwners(t)
+	b.startConfig("A", Config{Levels: levels.MustParse(rescheduleLevels)})
+	c := b.catch()
+	start := time.Now().Add(5 * time.Second).Truncate(time.Millisecond)
+	oldDue := make([]time.Time, n)
+	for i := range n {
+		oldDue[i] = start.Add(time.Duration(i) * 20 * time.Millisecond)
+		p := fmt.Sprintf("race-%d", i)
+		b.publishTo("rtg.race", p, withID(nats.Header{contract.HeaderDeliverAt: {contract.FormatTime(oldDue[i])}}, p))
+	}
+	type answer struct {
+		code int
+		body string
+		due  time.Time
+		err  error
+	}
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			off := time.Duration((i*37)%101-50) * time.Millisecond
+			time.Sleep(time.Until(oldDue[i].Add(off)))
+			m, err := b.nc.RequestMsg(&nats.Msg{Subject: contract.RescheduleSubjectFor("rtg.race"), Data: []byte(fmt.Sprintf("race-%d", i)), Header: in("2s")}, 2*time.Minute)
+			if err != nil {
+				answers[i].err = err
+				return
+			}
+			answers[i].code, _ = strconv.Atoi(m.Header.Get(contract.HeaderStatus))
+			answers[i].body = string(m.Data)
+			if s := m.Header.Get(contract.HeaderDueAt); s != "" {
+				answers[i].due, answers[i].err = time.Parse(time.RFC3339Nano, s)
+			}
+		})
+	}
+	wg.Wait()
+	last := start
+	payloads := make([]string, n)
+	for i, a := range answers {
+		payloads[i] = fmt.Sprintf("race-%d", i)
+		if a.due.After(last) {
+			last = a.due
+		}
+	}
+	c.wait(t, 2*time.Minute, payloads...)
+	// A marker due after every new due: once it is delivered, so is
+	// anything still to come (a liveness bound, not a property).
+	b.publishTo("rtg.race", "marker", nats.Header{contract.HeaderDeliverAt: {contract.FormatTime(last.Add(time.Second))}})
+	c.wait(t, 2*time.Minute, "marker")
+	counts := map[string]int{}
+	for i, a := range answers {
+		p := payloads[i]
+		ds := c.of(p)
+		for _, d := range ds {
+			if due := dueOf(t, d); d.at.Before(due) {
+				t.Errorf("%s delivered at %s, before its Delay-Due-At %s", p, d.at, due)
+			}
+		}
+		if len(ds) != 1 {
+			t.Errorf("%s (answer %d %q, %v): delivered %d times, want once", p, a.code, a.body, a.err, len(ds))
+			continue
+		}
+		switch due := dueOf(t, ds[0]); {
+		case a.err != nil:
+			counts["no answer"]++
+		case a.code == contract.RescheduleStatusRescheduled:
+			counts["rescheduled"]++
+			if !due.Equal(a.due) {
+				t.Errorf("%s rescheduled to %s: delivered with Delay-Due-At %s (old %s)", p, contract.FormatTime(a.due), contract.FormatTime(due), contract.FormatTime(oldDue[i]))
+			}
+		case a.code == contract.CancelStatusDelivered:
+			counts["already delivered"]++
+			if !due.Equal(oldDue[i]) {
+				t.Errorf("%s answered already delivered: delivered with Delay-Due-At %s, want its old due %s", p, contract.FormatTime(due), contract.FormatTime(oldDue[i]))
+			}
+		case a.code == contract.CancelStatusNotFound:
+			t.Errorf("%s answered not found", p)
+		default:
+			counts[fmt.Sprintf("%d %s", a.code, a.body)]++
+		}
+	}
+	t.Logf("answers: %v", counts)
 }

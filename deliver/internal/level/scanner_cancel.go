@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -277,39 +276,6 @@ func (s *Level) completeCancel(ctx context.Context, reader *jswire.BatchReader, 
 	}
 	s.logger.Debug("message cancelled", slog.Uint64("seq", rec.Seq), slog.String("key", rec.Key[1:]))
 	return AnswerCancelled, nil
-}
-
-// checkReserved reads the message at rec's reserved sequence (a cancel's
-// or a move's first step) and reports ok with it if it is the one asked
-// for and may be changed. Otherwise answer (or err) is the request's: not
-// stored yet (AnswerRetry), another message (AnswerGone), or due before the
-// scanner (re)loaded (handed off: perhaps delivered before a crash, its
-// offset not committed, so it is delivered again as usual).
-func (s *Level) checkReserved(ctx context.Context, reader *jswire.BatchReader, rec index.Record, d cancelDecision) (m *nats.Msg, answer CancelAnswer, ok bool, err error) {
-	buf, err := reader.Read(ctx, s.cfg.Stream, nil, rec.Seq, 1, 1)
-	switch {
-	case err != nil:
-		return nil, 0, false, err
-	case len(buf) == 0:
-		return nil, AnswerRetry, false, nil // the level write is not stored yet
-	case buf[0].Header.Get(message.HdrJSSequence) != strconv.FormatUint(rec.Seq, 10) || message.LevelKey(buf[0].Header) != rec.Key:
-		return nil, AnswerGone, false, nil
-	}
-	m = buf[0]
-	if due, _ := message.LevelDue(m.Header); rec.Seq <= d.loadTail && !due.After(d.loadedAt.Add(time.Second)) {
-		return nil, handedOff(rec), false, nil // perhaps delivered before a crash
-	}
-	return m, 0, true, nil
-}
-
-// tombstoneOf is the tombstone of the message m that rec places: its
-// sequence, id key, target and merge key.
-func (s *Level) tombstoneOf(rec index.Record, m *nats.Msg) index.Tombstone {
-	t := index.Tombstone{Seq: rec.Seq, Key: rec.Key, Target: strings.TrimPrefix(m.Header.Get(message.HdrJSSubject), s.cfg.subject)}
-	if mk := m.Header.Get(message.HdrMerge); mk != "" {
-		t.MergeKey = index.MergeKey(t.Target, mk)
-	}
-	return t
 }
 
 // awaitCancel waits, on the scanner's goroutine, for the outcome of the
