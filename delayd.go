@@ -171,6 +171,8 @@ func cancelAnswer(m *nats.Msg) (CancelResult, error) {
 // matches it against [ErrCancelReply] always, and against the sentinel of
 // its Status: [ErrAmbiguousID] (400), [ErrCancelBusy] (429),
 // [ErrRouterBehind] (503) or [ErrCancelFailed] (500, or any other code).
+// [Reschedule] and [RescheduleAny] return it too: their 400 answer for a
+// bad delay matches [ErrInvalidDelay] instead of [ErrAmbiguousID].
 type CancelError struct {
 	// Status is the answer's code (docs/guide.md#cancel), 0 for a reply without
 	// one: a delayd from before the codes, or not delayd's reply.
@@ -178,6 +180,22 @@ type CancelError struct {
 	// Reply is the reply's body, as delayd sent it: "error: " and the
 	// reason for an error answer.
 	Reply string
+	// op is opReschedule for a [Reschedule]'s error, whose code 400 is a
+	// bad delay unless the id is ambiguous.
+	op string
+}
+
+// opReschedule is the op of a [*CancelError] of [Reschedule].
+const opReschedule = "reschedule"
+
+// ambiguousPrefix starts the reply of a cancel or reschedule whose id is
+// ambiguous (code 400).
+const ambiguousPrefix = contract.CancelReplyErrorPrefix + "ambiguous id"
+
+// badDelay reports whether e is a reschedule's 400 answer for its delay
+// (any 400 answer of it but an ambiguous id).
+func (e *CancelError) badDelay() bool {
+	return e.op == opReschedule && e.Status == contract.CancelStatusBadRequest && !strings.HasPrefix(e.Reply, ambiguousPrefix)
 }
 
 // Error returns "delayd: unexpected cancel reply: " and the quoted reply,
@@ -191,7 +209,9 @@ func (e *CancelError) Is(target error) bool {
 	case ErrCancelReply:
 		return true
 	case ErrAmbiguousID:
-		return e.Status == contract.CancelStatusBadRequest
+		return e.Status == contract.CancelStatusBadRequest && !e.badDelay()
+	case ErrInvalidDelay:
+		return e.badDelay()
 	case ErrRouterBehind:
 		return e.Status == contract.CancelStatusRouterBehind
 	case ErrCancelBusy:

@@ -26,7 +26,9 @@ var (
 	// deliver-at time: a negative [WithDuration], or a [WithDuration] or
 	// [WithDeliverAt] beyond the running delayd's max delay
 	// (DELAYD_MAX_DELAY), which delayd would dead-letter with reason
-	// "level".
+	// "level". A [Reschedule]'s error wraps it for a negative [In] or a
+	// zero [At], and its [*CancelError] matches it for delayd's 400 answer
+	// to the delay (beyond the max delay).
 	ErrInvalidDelay = errors.New("delayd: invalid delay")
 
 	// ErrInvalidMergeKey is wrapped by [Publish]'s error for an empty or
@@ -61,8 +63,9 @@ var (
 // a lost PubAck or a timeout finds its own first copy: the message is
 // stored once, and the error can be taken for success. An id re-used for
 // another message, for example to move a cancelled message to a new time,
-// is never delivered: publish it with a new id. (Moving a pending message
-// is not supported yet; docs/guide.md#re-using-an-id.)
+// is never delivered: publish it with a new id, or move the pending
+// message with [Reschedule], which keeps its id
+// (docs/guide.md#re-using-an-id).
 type DuplicateError struct {
 	// ID is the Nats-Msg-Id the message was published with.
 	ID string
@@ -87,7 +90,8 @@ func (e *DuplicateError) Error() string {
 func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
 
 // Errors for a target subject delayd refuses, the contract's sentinels:
-// [Publish], [Cancel], [Retry] and [RetryMsg] return errors wrapping them.
+// [Publish], [Cancel], [Reschedule], [Retry] and [RetryMsg] return errors
+// wrapping them.
 var (
 	// ErrInvalidTarget means the target is empty, has empty tokens,
 	// wildcards or white space, or is otherwise not a valid NATS subject.

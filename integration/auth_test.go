@@ -708,9 +708,10 @@ func TestAuthREADMEPermissions(t *testing.T) {
 // cancel answers "not found" exactly as for an unknown id, and the message is still pending (billing cancels it) or
 // delivered. An orders message whose id has the same text as a billing sequence does not make that id ambiguous.
 // The status API, granted in the same scope, tells the orders user its own message's state and billing's as "not
-// found". A cancel-all of its own target cancels its own message only. The server refuses the orders user's requests
-// to billing's scope (cancel, status, list, cancel-all) and to the unscoped operator forms, of cancel and status, and
-// the orders user can still cancel its own messages.
+// found". A reschedule in its scope answers billing's messages "not found" too, and moves its own. A cancel-all of
+// its own target cancels its own message only (the moved one included). The server refuses the orders user's
+// requests to billing's scope (cancel, status, list, cancel-all, reschedule) and to the unscoped operator forms, of
+// cancel, status and reschedule, and the orders user can still cancel its own messages.
 func TestAuthREADMECancelScope(t *testing.T) {
 	srv := secReadmeServer(t)
 	dnc := secMustConnect(t, map[string]string{
@@ -812,12 +813,22 @@ func TestAuthREADMECancelScope(t *testing.T) {
 			t.Errorf("orders cancelling billing's %q in its scope: %q, want not found", id, r)
 		}
 	}
+	// Nor does a reschedule: billing's messages are not found in orders' scope, and stay where they are.
+	for _, id := range []string{"seq:" + b1, b2, "id:" + b2, "seq:" + b3} {
+		if r, err := delayd.Reschedule(rctx, orders, "orders.close", id, delayd.Now()); err != nil || r.Result != delayd.RescheduleNotFound {
+			t.Errorf("orders rescheduling billing's %q in its scope: %+v %v, want not found", id, r, err)
+		}
+	}
+	// Its own o1 it moves (two hours on): still pending, found by the cancel-all below.
+	if r, err := delayd.Reschedule(rctx, orders, "orders.close", o1, delayd.In(2*time.Hour)); err != nil || r.Result != delayd.Rescheduled {
+		t.Errorf("orders rescheduling its own %s: %+v %v, want rescheduled", o1, r, err)
+	}
 	// b1's text names billing's ingress sequence and orders' o2: in orders' scope only o2, so it is cancelled,
 	// not refused as ambiguous (which would tell orders that billing has a message there).
 	if r := cancelAs(orders, "orders.close", b1); r != delayd.Cancelled {
 		t.Errorf("orders cancelling %q (its o2, and billing's sequence): %q, want cancelled", b1, r)
 	}
-	// Cancel-all of its own target cancels its own pending message (o1; o2 is cancelled already), none of
+	// Cancel-all of its own target cancels its own pending message (o1, moved; o2 is cancelled already), none of
 	// billing's.
 	if res, err := delayd.CancelAll(rctx, orders, "orders.close"); err != nil || res != (delayd.CancelAllResult{Cancelled: 1, Complete: true}) {
 		t.Errorf("orders cancelling all of orders.close: %+v %v, want its one pending message cancelled", res, err)
@@ -840,7 +851,7 @@ func TestAuthREADMECancelScope(t *testing.T) {
 	// The server refuses the orders user's requests to billing's scope and to the unscoped form.
 	for _, subject := range []string{delayd.CancelSubjectFor("billing.charge"), delayd.CancelSubject,
 		delayd.StatusSubjectFor("billing.charge"), delayd.StatusSubject, delayd.PendingSubjectFor("billing.charge"),
-		delayd.CancelAllSubjectFor("billing.charge")} {
+		delayd.CancelAllSubjectFor("billing.charge"), delayd.RescheduleSubjectFor("billing.charge"), delayd.RescheduleSubject} {
 		if err := orders.PublishRequest(subject, orders.NewInbox(), []byte(b1)); err != nil {
 			t.Fatal(err)
 		}

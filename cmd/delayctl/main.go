@@ -1,6 +1,6 @@
 // Command delayctl is the operator CLI of a running delayd: its level table,
-// per-level stats (once or live), publishing and cancelling delayed
-// messages, and listing and replaying dead letters.
+// per-level stats (once or live), publishing, cancelling, listing, showing
+// and rescheduling delayed messages, and listing and replaying dead letters.
 //
 // It connects to delayd's NATS server with the same DELAYD_NATS_URL and
 // authentication and TLS variables as delayd (flags override them), and
@@ -36,8 +36,8 @@ const (
 	exitUsage            = 2 // bad flags, arguments or configuration
 	exitConnect          = 3 // cannot connect to the NATS server
 	exitNoStreams        = 4 // the server holds no delayd streams
-	exitNotFound         = 5 // cancel: no pending message has the id
-	exitAlreadyDelivered = 6 // cancel: the message was already delivered
+	exitNotFound         = 5 // cancel, status, show, reschedule: no pending message has the id
+	exitAlreadyDelivered = 6 // cancel, status, show, reschedule: the message was already delivered
 	exitDuplicate        = 7 // pub: ingress dropped the message as a duplicate of its --id; nothing stored
 	exitCancelled        = 8 // status: the message was cancelled
 )
@@ -45,13 +45,13 @@ const (
 const exitCodesHelp = `Exit codes:
   0  ok
   1  error (including: no delayd answered a cancel request; dlq replay left letters in the dead-letter stream)
-  2  usage: bad flags, arguments or configuration
+  2  usage: bad flags, arguments or configuration (reschedule: a delay beyond delayd's longest)
   3  cannot connect to the NATS server
   4  no delayd streams on the server (DELAYD_INGRESS or DELAYD_DLQ missing)
-  5  cancel, status: not found
-  6  cancel, status: already delivered
+  5  cancel, status, show, reschedule: not found
+  6  cancel, status, show, reschedule: already delivered
   7  pub: nothing stored: the ingress stream dropped the message as a duplicate of its --id
-  8  status: cancelled`
+  8  status, show: cancelled`
 
 // codeError is an error with its exit code.
 type codeError struct {
@@ -136,7 +136,7 @@ type app struct {
 func (a *app) rootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "delayctl",
-		Short: "Operate a running delayd: levels, stats, publish, cancel, status, list pending, dead letters",
+		Short: "Operate a running delayd: levels, stats, publish, cancel, status, list, show and reschedule pending, dead letters",
 		Long: `delayctl is the operator CLI of delayd, delayed delivery for NATS JetStream.
 
 It connects to delayd's NATS server as delayd does: DELAYD_NATS_URL (when empty:
@@ -170,7 +170,7 @@ Flags override the variables.
 	f.StringVar(&a.levels, "levels", "", "delayd's level table (env DELAYD_LEVELS; default delayd's 18 levels)")
 	f.DurationVar(&a.timeout, "timeout", 5*time.Second, "timeout of each request to the server or delayd")
 
-	root.AddCommand(a.levelsCmd(), a.statsCmd(), a.watchCmd(), a.pubCmd(), a.cancelCmd(), a.statusCmd(), a.lsCmd(), a.dlqCmd())
+	root.AddCommand(a.levelsCmd(), a.statsCmd(), a.watchCmd(), a.pubCmd(), a.cancelCmd(), a.statusCmd(), a.lsCmd(), a.showCmd(), a.rescheduleCmd(), a.dlqCmd())
 	return root
 }
 

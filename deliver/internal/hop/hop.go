@@ -25,9 +25,10 @@ import (
 
 // A cascading message moving on to its next level re-enters the ingress
 // stream, where any publisher may write. Its Delayd-* headers (first id,
-// publisher id, enqueue time, hop count, merge key) are trusted only with a
-// valid Delayd-Hop-Mac: an HMAC-SHA256 of them, the due time and the target,
-// keyed by a secret delayd keeps in its offsets bucket (key KeyName),
+// publisher id, enqueue time, hop count, merge key, and the move count of a
+// rescheduled message) are trusted only with a valid Delayd-Hop-Mac: an
+// HMAC-SHA256 of them, the due time and the target, keyed by a secret
+// delayd keeps in its offsets bucket (key KeyName),
 // which publishers without JetStream API permissions cannot read. A message
 // with Delayd-Origin but no valid MAC is routed as a new message, its
 // Delayd-* headers dropped.
@@ -146,6 +147,12 @@ func (k Key) mac(subject string, h nats.Header) string {
 	m := hmac.New(sha256.New, k)
 	for _, v := range []string{subject, h.Get(message.HdrOrigin), h.Get(message.HdrHops), h.Get(message.HdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(contract.HeaderDeliverAt), h.Get(message.HdrMerge)} {
 		m.Write([]byte(v))
+		m.Write([]byte{0})
+	}
+	// The move count only when present: a hop signed before it existed (in
+	// the ingress stream across an upgrade) keeps a valid MAC.
+	if moves := h.Get(message.HdrMoves); moves != "" {
+		m.Write([]byte(moves))
 		m.Write([]byte{0})
 	}
 	return base64.RawStdEncoding.EncodeToString(m.Sum(nil)[:18])

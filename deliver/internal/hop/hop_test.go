@@ -3,12 +3,20 @@ package hop
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"log/slog"
+	"maps"
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver/internal/message"
 	"github.com/delayd/delayd/internal/natstest"
 	"github.com/delayd/delayd/offsets"
 )
@@ -165,6 +173,50 @@ func TestMoveIDDeterministic(t *testing.T) {
 	for hops := range 20 {
 		if h := k.HopID(origin, hops); h == id || h == k.MoveID(origin, stream, uint64(hops)) {
 			t.Errorf("HopID(%d) %q equals a move id", hops, h)
+		}
+	}
+}
+
+// TestMACMoveCount: a hop's MAC covers its move count (Delayd-Moves) when
+// it has one, so a count added to a signed hop, changed or removed fails
+// the MAC; a hop signed without one (before the count existed) still
+// validates.
+func TestMACMoveCount(t *testing.T) {
+	t.Parallel()
+	k := Key(bytes.Repeat([]byte{7}, KeySize))
+	const subject = "delayd.in.orders.close"
+	base := func() nats.Header {
+		return nats.Header{message.HdrOrigin: {"delayd-1-7"}, message.HdrHops: {"1"}, message.HdrMsgID: {"order-42"},
+			contract.HeaderEnqueuedAt: {"2026-12-03T12:00:00.000000000Z"}, contract.HeaderDeliverAt: {"2026-12-03T14:00:00.000000000Z"}}
+	}
+	plain := base()
+	k.Sign(subject, plain)
+	if !k.Valid(subject, plain) {
+		t.Fatal("a hop signed without a move count does not validate")
+	}
+	// What a delayd before the move count signed: the same seven fields.
+	before := hmac.New(sha256.New, k)
+	for _, v := range []string{subject, "delayd-1-7", "1", "order-42", "2026-12-03T12:00:00.000000000Z", "2026-12-03T14:00:00.000000000Z", ""} {
+		before.Write([]byte(v + "\x00"))
+	}
+	if old := base64.RawStdEncoding.EncodeToString(before.Sum(nil)[:18]); plain.Get(HdrMac) != old {
+		t.Fatalf("a hop without a move count is signed %q, not %q as before the count: hops in flight across an upgrade would fail", plain.Get(HdrMac), old)
+	}
+	moved := base()
+	moved[message.HdrMoves] = []string{"1"}
+	k.Sign(subject, moved)
+	if !k.Valid(subject, moved) {
+		t.Fatal("a hop signed with a move count does not validate")
+	}
+	added := maps.Clone(plain)
+	added[message.HdrMoves] = []string{"5"}
+	changed := maps.Clone(moved)
+	changed[message.HdrMoves] = []string{"2"}
+	removed := maps.Clone(moved)
+	delete(removed, message.HdrMoves)
+	for what, h := range map[string]nats.Header{"added": added, "changed": changed, "removed": removed} {
+		if k.Valid(subject, h) {
+			t.Errorf("a hop whose Delayd-Moves was %s still validates: %v", what, h)
 		}
 	}
 }

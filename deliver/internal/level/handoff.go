@@ -51,13 +51,15 @@ func (s *owner) forward(ctx context.Context, m *nats.Msg, seq uint64, target str
 // buildHop rewrites h, a level message's headers, into those of the
 // message that re-enters ingress due at due, to be placed again by the
 // router and trusted once signed: the internal headers removed but the
-// publisher id, merge key and partition key, which are kept;
+// publisher id, merge key, partition key and move count (Delayd-Moves),
+// which are kept;
 // Delay-Deliver-At set to due, Delay-Enqueued-At kept, origin (the first
 // ingress reference) and hops set. A cascade's forward and a move
 // (docs/pending.md#22-the-writes-in-order, step 5) both use it; the caller
 // sets Nats-Msg-Id and signs.
 func buildHop(h nats.Header, origin string, hops int, due time.Time) {
 	userID, enqueued, merge, partKey := h.Get(message.HdrMsgID), h.Get(contract.HeaderEnqueuedAt), h.Get(message.HdrMerge), h.Get(message.HdrPartKey)
+	moves := h.Get(message.HdrMoves)
 	message.StripInternal(h)
 	delete(h, contract.HeaderDueAt)
 	h[contract.HeaderDeliverAt] = []string{contract.FormatTime(due)}
@@ -72,6 +74,9 @@ func buildHop(h nats.Header, origin string, hops int, due time.Time) {
 	}
 	if partKey != "" {
 		h[contract.HeaderPartitionKey] = []string{partKey}
+	}
+	if moves != "" {
+		h[message.HdrMoves] = []string{moves}
 	}
 }
 
@@ -125,8 +130,9 @@ func (s *owner) sendFailed(ctx context.Context, m *nats.Msg, seq uint64, op, wha
 // deliveryHeaders turns a level message's headers into those its target
 // receives (docs/guide.md#what-the-target-receives): the internal headers
 // removed, Nats-Msg-Id set to the publisher's id or, without one, to the
-// delivery id derived from the first ingress reference, and Delay-Hops set
-// to the hops a cascading message made.
+// delivery id derived from the first ingress reference, Delay-Hops set
+// to the hops a cascading message made, and Delay-Rescheduled to the
+// times a rescheduled message was moved (its Delayd-Moves).
 //
 // It allocates nothing for a message with a publisher id, and only the
 // derived id's string otherwise: each value set is the slice of the
@@ -148,13 +154,16 @@ func (s *owner) deliveryHeaders(h nats.Header) {
 			id[0] = s.io.idMAC.DeliveryID(id[0])
 		}
 	}
-	hops := h[message.HdrHops]
+	hops, moves := h[message.HdrHops], h[message.HdrMoves]
 	message.StripInternal(h)
 	if len(id) > 0 && id[0] != "" {
 		h[contract.HeaderNatsMsgID] = id[:1]
 	}
-	if len(hops) > 0 && hops[0] != "" {
+	if len(hops) > 0 && hops[0] != "" && hops[0] != "0" { // "0": moved, never cascaded
 		h[contract.HeaderHops] = hops[:1]
+	}
+	if len(moves) > 0 && moves[0] != "" {
+		h[contract.HeaderRescheduled] = moves[:1]
 	}
 }
 

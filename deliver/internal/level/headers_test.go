@@ -16,7 +16,7 @@ import (
 // (docs/guide.md#what-the-target-receives): the user's headers as they were,
 // every Nats-* and Delayd-* header removed, Nats-Msg-Id the publisher's id
 // or the delivery id derived from the first ingress reference, Delay-Hops
-// the hops made.
+// the hops made, Delay-Rescheduled the moves made (Delayd-Moves).
 func TestDeliveryHeaders(t *testing.T) {
 	t.Parallel()
 	key := hop.Key("0123456789abcdef0123456789abcdef")
@@ -39,6 +39,14 @@ func TestDeliveryHeaders(t *testing.T) {
 		name: "derived from origin, hops",
 		in:   nats.Header{message.HdrIngress: {"delayd-1-9"}, message.HdrOrigin: {"delayd-1-7"}, message.HdrHops: {"2"}, message.HdrMsgID: {""}},
 		want: nats.Header{contract.HeaderNatsMsgID: {derived("delayd-1-7")}, contract.HeaderHops: {"2"}},
+	}, {
+		name: "rescheduled",
+		in:   nats.Header{message.HdrMsgID: {"x"}, message.HdrHops: {"1"}, message.HdrMoves: {"2"}},
+		want: nats.Header{contract.HeaderNatsMsgID: {"x"}, contract.HeaderHops: {"1"}, contract.HeaderRescheduled: {"2"}},
+	}, {
+		name: "rescheduled, no hops",
+		in:   nats.Header{message.HdrMsgID: {"x"}, message.HdrHops: {"0"}, message.HdrMoves: {"1"}},
+		want: nats.Header{contract.HeaderNatsMsgID: {"x"}, contract.HeaderRescheduled: {"1"}},
 	}, {
 		name: "repeated internal values: the first",
 		in:   nats.Header{message.HdrMsgID: {"x", "y"}, message.HdrHops: {"3", "4"}},

@@ -257,6 +257,8 @@ func (s *Level) writeMoved(ctx context.Context, old *nats.Msg, t index.Tombstone
 	}
 	hops, _ := strconv.Atoi(h.Get(message.HdrHops))
 	buildHop(h, origin, hops, t.Move)
+	moves, _ := strconv.Atoi(h.Get(message.HdrMoves)) // buildHop keeps the old message's count
+	h[message.HdrMoves] = []string{strconv.Itoa(moves + 1)}
 	h[contract.HeaderNatsMsgID] = []string{s.cfg.HopKey.MoveID(origin, s.cfg.Stream, t.Seq)}
 	out := &nats.Msg{Subject: s.cfg.Prefix + "." + target, Header: h, Data: old.Data}
 	s.cfg.HopKey.Sign(out.Subject, h)
