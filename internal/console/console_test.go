@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -309,6 +310,21 @@ func TestRescheduleAnswer(t *testing.T) {
 			}
 		case code != http.StatusOK || !strings.Contains(body, "rescheduled"):
 			t.Errorf("%s: %d, want rescheduled or the 500 answer\n%s", path, code, body)
+		}
+	}
+}
+
+// TestLoopbackAddr: only a loopback IP is a loopback-only listener; the unspecified addresses listen everywhere.
+func TestLoopbackAddr(t *testing.T) {
+	t.Parallel()
+	for addr, want := range map[string]bool{"127.0.0.1:8223": true, "127.0.0.2:1": true, "[::1]:8223": true,
+		"0.0.0.0:8223": false, "[::]:8223": false, "10.0.0.1:8223": false} {
+		a, err := net.ResolveTCPAddr("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := console.LoopbackAddr(a); got != want {
+			t.Errorf("LoopbackAddr(%s) = %v, want %v", addr, got, want)
 		}
 	}
 }
