@@ -194,6 +194,34 @@ func TestPagesEscape(t *testing.T) {
 	}
 }
 
+// TestSequenceID: a message published without a Nats-Msg-Id is listed by its ingress sequence ("seq:<n>"), and the
+// target page links to its detail page, which finds it.
+func TestSequenceID(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Config{Loopback: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := delayd.Publish(ctx, b.js, target, []byte("no id"), delayd.WithDuration(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	waitFor(t, "the message listed", func() bool {
+		p, err := delayd.ListPending(ctx, b.nc, target)
+		if err == nil && len(p.Items) == 1 {
+			id = p.Items[0].ID
+		}
+		return id != ""
+	})
+	c := b.client(t, "")
+	if _, body := c.get("/console/target?subject=" + target); !strings.Contains(strings.ToLower(body), strings.ToLower("id="+url.QueryEscape(id))) {
+		t.Errorf("target page: no link to %s\n%s", id, body)
+	}
+	code, body := c.get("/console/message?" + url.Values{"subject": {target}, "id": {id}, "payload": {"1"}}.Encode())
+	if code != http.StatusOK || !strings.Contains(body, "state: <b>pending</b>") || !strings.Contains(body, "<pre>no id</pre>") {
+		t.Errorf("message page of %s: %d\n%s", id, code, body)
+	}
+}
+
 // TestActionNeedsToken: with DELAYD_CONSOLE_TOKEN set and a listener that is not loopback-only, a cancel without
 // the token is refused (403) and the message stays pending; with the bearer token, or after logging in, it is
 // cancelled (the status API says so).

@@ -16,6 +16,7 @@ import (
 
 	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/levels"
 )
 
 // histogramMax is how many of a target's first pending messages the due-time histogram counts.
@@ -168,19 +169,19 @@ func (c *Console) cancel(w http.ResponseWriter, r *http.Request, by slog.Attr) {
 	c.result(w, r, "Cancel", subject, id, string(res), err)
 }
 
-// reschedule moves the form's message: in (a Go duration from now) or at (RFC 3339).
+// reschedule moves the form's message: in (a duration from now, as Delay-Duration takes it) or at (RFC 3339).
 func (c *Console) reschedule(w http.ResponseWriter, r *http.Request, by slog.Attr) {
 	subject, id := r.PostFormValue("subject"), r.PostFormValue("id")
 	in, at := strings.TrimSpace(r.PostFormValue("in")), strings.TrimSpace(r.PostFormValue("at"))
 	h := nats.Header{}
 	switch {
 	case in != "" && at == "":
-		d, err := time.ParseDuration(in)
+		d, err := levels.ParseDuration(in) // Delay-Duration's grammar: units ms s m h d
 		if err != nil || d < 0 {
-			c.result(w, r, "Reschedule", subject, id, "", fmt.Errorf("in %q: want a Go duration >= 0, such as 90s or 2h", in))
+			c.result(w, r, "Reschedule", subject, id, "", fmt.Errorf("in %q: want a duration >= 0 with units ms, s, m, h or d, such as 90s, 2h or 1d", in))
 			return
 		}
-		h.Set(contract.HeaderDuration, d.String())
+		h.Set(contract.HeaderDuration, levels.FormatDuration(d))
 	case at != "" && in == "":
 		t, err := time.Parse(time.RFC3339Nano, at)
 		if err != nil {
