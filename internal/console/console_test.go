@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -31,6 +32,7 @@ const target = "orders.close"
 type testBundle struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
+	con *console.Console
 	srv *httptest.Server
 }
 
@@ -58,7 +60,7 @@ func setup(t *testing.T, cfg console.Config) *testBundle {
 	}
 	srv := httptest.NewServer(con)
 	t.Cleanup(srv.Close)
-	return &testBundle{nc: nc, js: js, srv: srv}
+	return &testBundle{nc: nc, js: js, con: con, srv: srv}
 }
 
 func waitFor(t *testing.T, what string, ok func() bool) {
@@ -355,4 +357,62 @@ func TestLoopbackAddr(t *testing.T) {
 			t.Errorf("LoopbackAddr(%s) = %v, want %v", addr, got, want)
 		}
 	}
+}
+
+// TestOverview: the overview counts what was published: the 1h level's two pending messages (none due, its head's
+// due first), the 1s level's message once due there or delivered, its owner, the router, the replica, and a dead
+// letter by its reason.
+func TestOverview(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Config{Loopback: true})
+	b.publish(t, "a")
+	b.publish(t, "b")
+	if err := b.nc.Publish("delay.orders.nolevel", []byte("no delay header")); err != nil { // dead-lettered: reason level
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var last string
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("overview not as published within 60 s: %s", last)
+		}
+		o := b.con.ReadOverview(ctx)
+		found := false
+		for _, l := range o.Levels {
+			if l.Stream == "DELAYD_1H" {
+				found = l.Pending == 2 && l.DueNow == 0 && !l.NextDue.IsZero() && l.Owner != ""
+				last = fmt.Sprintf("%+v", l)
+			}
+		}
+		dl := len(o.DeadLetters) == 1 && o.DeadLetters[0].Reason == "level" && o.DeadLetters[0].Count == 1 && o.DLQTotal == 1
+		ok := found && dl && len(o.Routers) == 1 && o.Routers[0].Owner != "" && len(o.Replicas) == 1 && len(o.Errors) == 0
+		if !ok {
+			last = fmt.Sprintf("1h %s; dead letters %+v (%d); routers %+v; replicas %d; errors %q", last, o.DeadLetters, o.DLQTotal, o.Routers, len(o.Replicas), o.Errors)
+		}
+		if ok {
+			break
+		}
+	}
+	first, err := delayd.ListPending(ctx, b.nc, target, delayd.WithLimit(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range b.con.ReadOverview(ctx).Levels {
+		if l.Stream == "DELAYD_1H" && !l.NextDue.Equal(first.Items[0].Due) {
+			t.Errorf("DELAYD_1H next due %v, want the first pending message's due %v (%s)", l.NextDue, first.Items[0].Due, last)
+		}
+	}
+	// A cancelled message is not pending: its owner reports it cancelled.
+	if res, err := delayd.Cancel(ctx, b.nc, target, "a"); err != nil || res != delayd.Cancelled {
+		t.Fatalf("cancel a: %v, %v", res, err)
+	}
+	waitFor(t, "DELAYD_1H with 1 pending and 1 cancelled", func() bool {
+		for _, l := range b.con.ReadOverview(ctx).Levels {
+			if l.Stream == "DELAYD_1H" {
+				return l.Pending == 1 && l.Cancelled == 1
+			}
+		}
+		return false
+	})
 }
