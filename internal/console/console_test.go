@@ -1,9 +1,11 @@
 package console_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/cookiejar"
@@ -11,6 +13,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -230,7 +233,8 @@ func TestSequenceID(t *testing.T) {
 func TestActionNeedsToken(t *testing.T) {
 	t.Parallel()
 	const token = "0123456789abcdef-console"
-	b := setup(t, console.Config{Token: token})
+	var logs syncBuffer
+	b := setup(t, console.Config{Token: token, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	b.publish(t, "m1")
 	b.publish(t, "m2")
 
@@ -251,6 +255,10 @@ func TestActionNeedsToken(t *testing.T) {
 	}
 	if st := b.state(t, "m1"); st != delayd.StateCancelled {
 		t.Errorf("m1 after the cancel: %s, want cancelled", st)
+	}
+	if got := logs.String(); !strings.Contains(got, `"msg":"console action","action":"cancel","target":"orders.close","id":"m1","answer":"cancelled","by":{"auth":"bearer token","remote":"127.0.0.1:`) ||
+		!strings.Contains(got, `"msg":"console action refused","path":"/console/cancel","why":"not authenticated"`) {
+		t.Errorf("action log: want the cancel with its answer and who, and the refusal:\n%s", got)
 	}
 
 	login := b.client(t, "")
@@ -305,6 +313,9 @@ func TestLoopback(t *testing.T) {
 	b.publish(t, "m1")
 	c := b.client(t, "")
 	csrf := c.csrf("m1")
+	if code, _ := c.get("/console/cancel?" + actionForm(csrf, "m1").Encode()); code != http.StatusMethodNotAllowed {
+		t.Errorf("GET cancel: %d, want 405 (actions are POST only)", code)
+	}
 	if code, _ := c.post("/console/cancel", actionForm(csrf, "m1"), http.Header{"X-Forwarded-For": {"203.0.113.9"}}); code != http.StatusForbidden {
 		t.Errorf("forwarded cancel: %d, want 403", code)
 	}
@@ -415,4 +426,22 @@ func TestOverview(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// syncBuffer is a bytes.Buffer the console's logger and the test may use at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
