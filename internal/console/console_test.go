@@ -319,6 +319,13 @@ func TestLoopback(t *testing.T) {
 	if code, _ := c.post("/console/cancel", actionForm(csrf, "m1"), http.Header{"X-Forwarded-For": {"203.0.113.9"}}); code != http.StatusForbidden {
 		t.Errorf("forwarded cancel: %d, want 403", code)
 	}
+	// A DNS-rebinding page reaches the loopback listener under its own host name.
+	req, _ := http.NewRequest(http.MethodPost, b.srv.URL+"/console/cancel", strings.NewReader(actionForm(csrf, "m1").Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Host = "attacker.example:80"
+	if code, _ := c.do(req); code != http.StatusForbidden {
+		t.Errorf("cancel with Host %s: %d, want 403", req.Host, code)
+	}
 	if st := b.state(t, "m1"); st != delayd.Pending {
 		t.Fatalf("m1 after a refused cancel: %s, want pending", st)
 	}
