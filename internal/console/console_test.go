@@ -323,6 +323,7 @@ func TestLoopback(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, b.srv.URL+"/console/cancel", strings.NewReader(actionForm(csrf, "m1").Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Host = "attacker.example:80"
+	req.Header.Set("Cookie", "delayd_console_csrf="+csrf) // the jar keeps cookies by the URL's host, not Host
 	if code, _ := c.do(req); code != http.StatusForbidden {
 		t.Errorf("cancel with Host %s: %d, want 403", req.Host, code)
 	}
