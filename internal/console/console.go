@@ -59,7 +59,8 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Console is the console's HTTP handler. It is safe for concurrent use.
+// Console is the console's HTTP handler. It is safe for concurrent use: [New] sets every field, and requests only
+// read them; each request's state lives in that request.
 type Console struct {
 	nc      *nats.Conn
 	js      jetstream.JetStream
