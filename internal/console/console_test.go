@@ -405,9 +405,13 @@ func TestOverview(t *testing.T) {
 			}
 		}
 		dl := len(o.DeadLetters) == 1 && o.DeadLetters[0].Reason == "level" && o.DeadLetters[0].Count == 1 && o.DLQTotal == 1
-		ok := found && dl && len(o.Routers) == 1 && o.Routers[0].Owner != "" && len(o.Replicas) == 1 && len(o.Errors) == 0
+		targets := len(o.Targets) == 1 && o.Targets[0] == struct {
+			Target string
+			Count  int
+		}{target, 2}
+		ok := found && dl && targets && len(o.Routers) == 1 && o.Routers[0].Owner != "" && len(o.Replicas) == 1 && len(o.Errors) == 0
 		if !ok {
-			last = fmt.Sprintf("1h %s; dead letters %+v (%d); routers %+v; replicas %d; errors %q", last, o.DeadLetters, o.DLQTotal, o.Routers, len(o.Replicas), o.Errors)
+			last = fmt.Sprintf("1h %s; targets %+v; dead letters %+v (%d); routers %+v; replicas %d; errors %q", last, o.Targets, o.DeadLetters, o.DLQTotal, o.Routers, len(o.Replicas), o.Errors)
 		}
 		if ok {
 			break

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd"
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
 	"github.com/delayd/delayd/levels"
@@ -48,7 +49,19 @@ type overviewData struct {
 	Replicas    []deliver.StatsReply
 	DeadLetters []reasonCount
 	DLQTotal    uint64
-	Errors      []string
+	// Targets are the targets of the first [targetsScan] pending messages by due (the list API's operator form),
+	// with how many of those each has; TargetsOf is how many messages that was.
+	Targets   []targetCount
+	TargetsOf int
+	Errors    []string
+}
+
+// targetsScan is how many of the deployment's next pending messages the overview reads for its list of targets.
+const targetsScan = 200
+
+type targetCount struct {
+	Target string
+	Count  int
 }
 
 type reasonCount struct {
@@ -112,6 +125,19 @@ func (c *Console) readOverview(ctx context.Context) *overviewData {
 		return cmp.Or(cmp.Compare(a.Delay, b.Delay), strings.Compare(a.Stream, b.Stream))
 	})
 
+	if page, err := delayd.ListPendingAny(ctx, c.nc, "", delayd.WithLimit(targetsScan)); err == nil {
+		counts := map[string]int{}
+		for _, m := range page.Items {
+			counts[m.Target]++
+		}
+		for t, n := range counts {
+			d.Targets = append(d.Targets, targetCount{t, n})
+		}
+		slices.SortFunc(d.Targets, func(a, b targetCount) int { return cmp.Or(b.Count-a.Count, strings.Compare(a.Target, b.Target)) })
+		d.TargetsOf = len(page.Items)
+	} else {
+		fail("list pending messages", err)
+	}
 	if s, err := c.js.Stream(ctx, deliver.DLQStream); err == nil {
 		if info, err := s.Info(ctx, jetstream.WithSubjectFilter(contract.DLQSubjectPrefix+">")); err == nil {
 			d.DLQTotal = info.State.Msgs
