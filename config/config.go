@@ -119,10 +119,8 @@ type Config struct {
 	// Optional. Default [PrefixDefault].
 	Prefix string `envconfig:"DELAYD_PREFIX"`
 
-	// HTTPAddr is the address of the health (/healthz, /readyz) and metrics (/metrics) endpoints, host:port; port 0
-	// picks a free port. "" disables them.
-	// Optional. Default [HTTPAddrDefault].
-	HTTPAddr string `envconfig:"DELAYD_HTTP_ADDR"`
+	// HTTP holds DELAYD_HTTP_ADDR and DELAYD_CONSOLE_TOKEN; its fields are promoted, like NATSAuth's.
+	HTTP
 
 	// Replicas is the replica count of every stream and bucket delayd creates, [ReplicasMin] to [ReplicasMax].
 	// Optional. Default [ReplicasDefault].
@@ -172,6 +170,40 @@ type Config struct {
 
 	// TargetLists holds DELAYD_ALLOW_TARGETS and DELAYD_DENY_TARGETS; its fields are promoted, like NATSAuth's.
 	TargetLists
+}
+
+// HTTP is the HTTP endpoints' configuration of [Config]: health, metrics and the console.
+type HTTP struct {
+	// HTTPAddr is the address of the health (/healthz, /readyz), metrics (/metrics) and console (/console/)
+	// endpoints, host:port; port 0 picks a free port. "" disables them.
+	// Optional. Default [HTTPAddrDefault].
+	HTTPAddr string `envconfig:"DELAYD_HTTP_ADDR"`
+
+	// ConsoleToken is the token the console's actions (cancel, reschedule, run now) need, sent as
+	// "Authorization: Bearer <token>" or through the console's login form (a cookie). When set, every action needs
+	// it, whatever the listener; when empty, actions are allowed only from a loopback-only HTTPAddr. At least
+	// [ConsoleTokenMin] characters, printable ASCII without spaces (docs/operations.md#the-console).
+	// Optional. Default "": no token.
+	ConsoleToken Secret `envconfig:"DELAYD_CONSOLE_TOKEN"`
+}
+
+// ConsoleTokenMin is the shortest DELAYD_CONSOLE_TOKEN, in characters (bytes of printable ASCII).
+const ConsoleTokenMin = 16
+
+// consoleTokenReason returns why t is not a valid DELAYD_CONSOLE_TOKEN, or "".
+func consoleTokenReason(t string) string {
+	if t == "" {
+		return ""
+	}
+	for i := 0; i < len(t); i++ {
+		if t[i] < 0x21 || t[i] > 0x7e {
+			return "must be printable ASCII without spaces (it is sent in an Authorization header and a cookie)"
+		}
+	}
+	if len(t) < ConsoleTokenMin {
+		return fmt.Sprintf("must be at least %d characters", ConsoleTokenMin)
+	}
+	return ""
 }
 
 // TargetLists are the target subject pattern lists of [Config], see [Config.TargetPolicy].
@@ -319,7 +351,7 @@ func defaults() Config {
 		Prefix:   PrefixDefault,
 
 		Precision: PrecisionDefault,
-		HTTPAddr:  HTTPAddrDefault,
+		HTTP:      HTTP{HTTPAddr: HTTPAddrDefault},
 		Replicas:  ReplicasDefault,
 
 		IngressPartitions: IngressPartitionsDefault,
@@ -423,6 +455,9 @@ func (c Config) Validate() error {
 		if reason := checkHostPort(c.HTTPAddr, 0); reason != "" {
 			bad("DELAYD_HTTP_ADDR", c.HTTPAddr, reason+`, or "" to disable`, nil)
 		}
+	}
+	if reason := consoleTokenReason(string(c.ConsoleToken)); reason != "" {
+		bad("DELAYD_CONSOLE_TOKEN", c.ConsoleToken.String(), reason, nil)
 	}
 	if c.Replicas < ReplicasMin || c.Replicas > ReplicasMax {
 		bad("DELAYD_REPLICAS", strconv.Itoa(c.Replicas),

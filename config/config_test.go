@@ -20,6 +20,7 @@ var vars = []string{
 	"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED", "DELAYD_NATS_CREDS",
 	"DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY", "DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS",
 	"DELAYD_PARTITIONS", "DELAYD_INGRESS_PARTITIONS", "DELAYD_PRECISION", "DELAYD_ANSWER_KEEP", "DELAYD_ANSWER_MAX_BYTES",
+	"DELAYD_CONSOLE_TOKEN",
 }
 
 // clearEnv unsets every DELAYD_* variable (and the unprefixed names envconfig could fall back to) for the test.
@@ -48,7 +49,7 @@ func TestLoadDefaults(t *testing.T) {
 		Levels:    levels.Default(),
 		Precision: PrecisionDefault,
 		Prefix:    PrefixDefault,
-		HTTPAddr:  HTTPAddrDefault,
+		HTTP:      HTTP{HTTPAddr: HTTPAddrDefault},
 		Replicas:  ReplicasDefault,
 		LogFormat: LogFormatDefault,
 
@@ -85,7 +86,7 @@ func TestVarTags(t *testing.T) {
 		"DELAYD_NATS_USER", "DELAYD_NATS_PASSWORD", "DELAYD_NATS_TOKEN", "DELAYD_NATS_NKEY_SEED",
 		"DELAYD_NATS_CREDS", "DELAYD_NATS_TLS_CA", "DELAYD_NATS_TLS_CERT", "DELAYD_NATS_TLS_KEY",
 		"DELAYD_ALLOW_TARGETS", "DELAYD_DENY_TARGETS", "DELAYD_PARTITIONS", "DELAYD_INGRESS_PARTITIONS", "DELAYD_PRECISION",
-		"DELAYD_ANSWER_KEEP", "DELAYD_ANSWER_MAX_BYTES",
+		"DELAYD_ANSWER_KEEP", "DELAYD_ANSWER_MAX_BYTES", "DELAYD_CONSOLE_TOKEN",
 	} {
 		known[name] = true
 	}
@@ -177,7 +178,7 @@ func TestLoadValues(t *testing.T) {
 		Levels:    levels.MustParse("100ms 1m30s 24h"),
 		Precision: PrecisionDefault,
 		Prefix:    "sched.in",
-		HTTPAddr:  "",
+		HTTP:      HTTP{HTTPAddr: ""},
 		Replicas:  3,
 		LogFormat: "JSON",
 
@@ -515,5 +516,33 @@ func TestAnswerKeepOff(t *testing.T) {
 				t.Errorf("AnswerKeep = %v (%s), want %v (%s)", time.Duration(c.AnswerKeep), c.AnswerKeep, time.Duration(tt.want), tt.str)
 			}
 		})
+	}
+}
+
+// TestConsoleToken: a short DELAYD_CONSOLE_TOKEN, or one with a space or a non-ASCII character, fails at start naming
+// the variable and never printing the token; a good one loads.
+func TestConsoleToken(t *testing.T) {
+	for _, tt := range []struct{ value, want string }{
+		{"short", "at least 16 characters"},
+		{"sixteen chars ok", "printable ASCII without spaces"},
+		{"sixteen-chars-é-ok", "printable ASCII without spaces"},
+	} {
+		t.Run(tt.value, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("DELAYD_CONSOLE_TOKEN", tt.value)
+			_, err := Load()
+			var ve *VarError
+			if !errors.As(err, &ve) || ve.Var != "DELAYD_CONSOLE_TOKEN" || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Load() error = %v, want DELAYD_CONSOLE_TOKEN: %s", err, tt.want)
+			}
+			if strings.Contains(err.Error(), tt.value) {
+				t.Errorf("Load() error = %q prints the token", err)
+			}
+		})
+	}
+	clearEnv(t)
+	t.Setenv("DELAYD_CONSOLE_TOKEN", "0123456789abcdef")
+	if c, err := Load(); err != nil || string(c.ConsoleToken) != "0123456789abcdef" {
+		t.Errorf("Load() with a good token: %v, %v", c.ConsoleToken, err)
 	}
 }

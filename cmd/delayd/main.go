@@ -28,6 +28,7 @@ import (
 	"github.com/delayd/delayd/config"
 	"github.com/delayd/delayd/contract"
 	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/internal/console"
 	"github.com/delayd/delayd/metrics"
 )
 
@@ -293,7 +294,7 @@ func serve(ctx context.Context, cfg config.Config, logger *slog.Logger, embedded
 	}
 
 	if cfg.HTTPAddr != "" {
-		hs, err := serveHTTP(cfg.HTTPAddr, svc, m, logger)
+		hs, err := serveHTTP(cfg.HTTP, c.nc, svc, m, logger)
 		if err != nil {
 			logger.Error("DELAYD_HTTP_ADDR: cannot listen", slog.String("addr", cfg.HTTPAddr), slog.Any("error", err))
 			return exitConfig
@@ -448,19 +449,36 @@ func logConnected(nc *nats.Conn, cfg config.Config, logger *slog.Logger) {
 		slog.String("auth", cfg.AuthMethod()), slog.Bool("tls", tlsErr == nil))
 }
 
-// serveHTTP serves [newMux] on addr.
-func serveHTTP(addr string, svc *deliver.Service, m *metrics.Metrics, logger *slog.Logger) (*http.Server, error) {
-	ln, err := net.Listen("tcp", addr)
+// serveHTTP serves [newMux] and the console (/console/, on nc) on cfg.HTTPAddr. The console's actions need
+// cfg.ConsoleToken, or without one a listener on a loopback address (docs/operations.md#the-console).
+func serveHTTP(cfg config.HTTP, nc *nats.Conn, svc *deliver.Service, m *metrics.Metrics, logger *slog.Logger) (*http.Server, error) {
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return nil, err
 	}
-	hs := &http.Server{Handler: newMux(svc, m), ReadHeaderTimeout: 5 * time.Second}
+	loopback := console.LoopbackAddr(ln.Addr())
+	con, err := console.New(nc, console.Config{Token: string(cfg.ConsoleToken), Loopback: loopback, Logger: logger})
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	mux := newMux(svc, m)
+	mux.Handle("/console/", con)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("http server failed", slog.Any("error", err))
 		}
 	}()
-	logger.Info("http endpoints", slog.String("addr", ln.Addr().String()), slog.String("paths", "/healthz /readyz /metrics"))
+	logger.Info("http endpoints", slog.String("addr", ln.Addr().String()), slog.String("paths", "/healthz /readyz /metrics /console/"))
+	actions := "refused (no DELAYD_CONSOLE_TOKEN and the listener is not loopback-only)"
+	switch {
+	case cfg.ConsoleToken != "":
+		actions = "with DELAYD_CONSOLE_TOKEN"
+	case loopback:
+		actions = "from this host (loopback listener, no DELAYD_CONSOLE_TOKEN)"
+	}
+	logger.Info("console", slog.String("url", "http://"+ln.Addr().String()+"/console/"), slog.String("actions", actions))
 	return hs, nil
 }
 
