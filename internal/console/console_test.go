@@ -338,28 +338,34 @@ func TestLoopback(t *testing.T) {
 	}
 }
 
-// TestRescheduleAnswer: reschedule and run now show delayd's answer as it is; until the reschedule API is built
-// that is its 500 "reschedule is not available", shown as an error, never as success.
+// TestRescheduleAnswer: reschedule, then run now (in that order: after a run now the message is delivered), each
+// show delayd's answer, rescheduled; a third run now shows already delivered, not success.
 func TestRescheduleAnswer(t *testing.T) {
 	t.Parallel()
 	b := setup(t, console.Config{Loopback: true})
 	b.publish(t, "m1")
 	c := b.client(t, "")
 	csrf := c.csrf("m1")
-	for path, extra := range map[string]url.Values{"/console/reschedule": {"in": {"2h"}}, "/console/runnow": nil} {
+	steps := []struct {
+		path  string
+		extra url.Values
+	}{{"/console/reschedule", url.Values{"in": {"2h"}}}, {"/console/runnow", nil}}
+	for _, st := range steps {
 		form := actionForm(csrf, "m1")
-		for k, v := range extra {
+		for k, v := range st.extra {
 			form[k] = v
 		}
-		code, body := c.post(path, form, nil)
-		switch {
-		case strings.Contains(body, "reschedule is not available"):
-			if code != http.StatusBadGateway || strings.Contains(body, "delayd answered") {
-				t.Errorf("%s: %d, the 500 answer shown as success\n%s", path, code, body)
-			}
-		case code != http.StatusOK || !strings.Contains(body, "rescheduled"):
-			t.Errorf("%s: %d, want rescheduled or the 500 answer\n%s", path, code, body)
+		if code, body := c.post(st.path, form, nil); code != http.StatusOK || !strings.Contains(body, "rescheduled") {
+			t.Errorf("%s: %d, want rescheduled\n%s", st.path, code, body)
 		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for b.state(t, "m1") != delayd.StateDelivered && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	code, body := c.post("/console/runnow", actionForm(csrf, "m1"), nil)
+	if !strings.Contains(body, "already delivered") || strings.Contains(body, "rescheduled") {
+		t.Errorf("run now after the delivery: %d, want already delivered\n%s", code, body)
 	}
 }
 
