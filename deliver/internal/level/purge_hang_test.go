@@ -20,8 +20,9 @@ import (
 )
 
 // TestPurgeLeaderRequestsSentAgain: the first try of the scanner's
-// stream info before a purge and the first try of the purge itself are
-// never sent (a test hook holds them until their context ends), as when
+// stream info (owner.sameStream, asked before a purge; the first try is
+// in fact the one each load asks before its feed starts, the same call)
+// and the first try of the purge itself are never sent (a test hook holds them until their context ends), as when
 // the level stream's leader hangs; the scanner waits for both on its
 // goroutine, holding the level's head. Each must be sent again after
 // hedge.AfterLeader and answered, while the lost try still waits: the
