@@ -360,6 +360,8 @@ func TestRescheduleDecidedByOwner(t *testing.T) {
 // the answered due, at or after it (never the old one as well); every
 // "already delivered" one delivery at the old due; any other answer (busy,
 // an error) one delivery at either. Nothing is delivered twice or early.
+// Both answers must occur (about half each): a run without one did not
+// race the two.
 func TestRescheduleRacesDue(t *testing.T) {
 	t.Parallel()
 	const n = 300
@@ -444,6 +446,9 @@ func TestRescheduleRacesDue(t *testing.T) {
 		}
 	}
 	t.Logf("answers: %v", counts)
+	if counts["rescheduled"] == 0 || counts["already delivered"] == 0 {
+		t.Errorf("answers %v: want some rescheduled and some already delivered, or this run did not race the moves with the deliveries", counts)
+	}
 }
 
 // TestRescheduleMergedGroup: a merged group moves as one

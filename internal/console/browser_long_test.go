@@ -175,11 +175,13 @@ func TestBrowser(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS(`input[name=in]`), "2h")); err != nil {
 		t.Fatal(err)
 	}
-	click(`form[action="/console/reschedule"] button`)
-	if s := text(); !strings.Contains(s, "reschedule is not available") && !strings.Contains(s, "delayd answered: rescheduled") {
-		t.Errorf("reschedule: want delayd's answer:\n%s", s)
+	if code := click(`form[action="/console/reschedule"] button`); code != 200 || !strings.Contains(text(), "delayd answered: rescheduled (due ") {
+		t.Errorf("reschedule: %d, want delayd's answer, rescheduled with its due:\n%s", code, text())
 	}
 	shot("rescheduled")
+	if st := b.state(t, "m2"); st != delayd.Pending {
+		t.Errorf("m2 after the reschedule: %s, want pending (moved 2h on)", st)
+	}
 	if n := dialogs.Load(); n != 0 {
 		t.Errorf("%d JavaScript dialogs opened: a published value ran as script", n)
 	}

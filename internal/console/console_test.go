@@ -277,8 +277,9 @@ func TestActionNeedsToken(t *testing.T) {
 	}
 }
 
-// TestActionCSRF: an authenticated action without the CSRF token, with another console's token, or with a form
-// field that differs from the cookie is refused (403), and the message stays pending.
+// TestActionCSRF: an authenticated action without the CSRF token, with a form field that differs from the cookie
+// (another browser's token, signed by this console, or the cookie's token altered), or with a forged token in
+// both is refused (403), and the message stays pending.
 func TestActionCSRF(t *testing.T) {
 	t.Parallel()
 	const token = "0123456789abcdef-console"
@@ -286,10 +287,21 @@ func TestActionCSRF(t *testing.T) {
 	b.publish(t, "m1")
 	c := b.client(t, token)
 	good := c.csrf("m1")
+	// Another browser's token: signed by this console, but not c's cookie.
+	other := b.client(t, token).csrf("m1")
+	if other == good {
+		t.Fatal("two browsers were given the same CSRF token")
+	}
+	// good with its last character changed: neither c's cookie nor signed.
+	last := "0"
+	if strings.HasSuffix(good, last) {
+		last = "1"
+	}
 	forged := strings.Repeat("a", 32) + "." + strings.Repeat("b", 64)
 	for name, form := range map[string]url.Values{
-		"no field":         {"subject": {target}, "id": {"m1"}},
-		"field not cookie": actionForm(good[:len(good)-1]+"0", "m1"),
+		"no field":                 {"subject": {target}, "id": {"m1"}},
+		"field not cookie":         actionForm(other, "m1"),
+		"field not cookie, forged": actionForm(good[:len(good)-1]+last, "m1"),
 	} {
 		if code, body := c.post("/console/cancel", form, nil); code != http.StatusForbidden || !strings.Contains(body, "CSRF") {
 			t.Errorf("%s: %d, want 403\n%s", name, code, body)

@@ -260,7 +260,7 @@ func (s *owner) purge(ctx context.Context, idle bool) {
 	pctx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	_, err := hedge.Do(pctx, hedge.AfterLeader, func(ctx context.Context) (struct{}, error) {
-		if s.hooks.losePurge != nil && s.hooks.losePurge("purge") {
+		if s.hooks.losePurge != nil && s.hooks.losePurge(ctx, "purge") {
 			<-ctx.Done()
 			return struct{}{}, ctx.Err()
 		}

@@ -1,6 +1,7 @@
 package level
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -237,10 +238,10 @@ func (r *readiness) reset() {
 
 // testHooks are set by tests before Run; Run reads them.
 type testHooks struct {
-	ackTimeout time.Duration        // how long a write waits for its PubAck (jswire.WriteAttempt; tests shorten it)
-	loseAcks   func(n uint64) bool  // tests: the n-th write's PubAck is dropped (jswire.PubAcks.LoseReplies)
-	loseReads  func(n uint64) bool  // tests: the replies to the term reader's n-th direct get are dropped (jswire.BatchReader.LoseReplies)
-	losePurge  func(op string) bool // tests: a try of a purge's stream info ("info") or purge ("purge") that returns true is never sent, as if the stream's leader hung (purge)
+	ackTimeout time.Duration                             // how long a write waits for its PubAck (jswire.WriteAttempt; tests shorten it)
+	loseAcks   func(n uint64) bool                       // tests: the n-th write's PubAck is dropped (jswire.PubAcks.LoseReplies)
+	loseReads  func(n uint64) bool                       // tests: the replies to the term reader's n-th direct get are dropped (jswire.BatchReader.LoseReplies)
+	losePurge  func(ctx context.Context, op string) bool // tests: a try (its context ctx) of a purge's stream info ("info") or purge ("purge") that returns true is never sent, as if the stream's leader hung (purge)
 	// pendingWait replaces DecidePendingWait in owner.pending when not 0:
 	// a test that must tell an answer caused by the load (or the term's
 	// end) from one caused by the wait running out sets it to an hour.

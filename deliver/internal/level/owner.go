@@ -160,7 +160,7 @@ func (s *owner) sameStream(ctx context.Context) bool {
 	ictx, cancel := context.WithTimeout(ctx, jswire.OpTimeout)
 	defer cancel()
 	info, err := hedge.Do(ictx, hedge.AfterLeader, func(ctx context.Context) (*jetstream.StreamInfo, error) {
-		if s.hooks.losePurge != nil && s.hooks.losePurge("info") {
+		if s.hooks.losePurge != nil && s.hooks.losePurge(ctx, "info") {
 			<-ctx.Done()
 			return nil, ctx.Err()
 		}

@@ -20,12 +20,14 @@ import (
 )
 
 // TestPurgeLeaderRequestsSentAgain: the first try of the scanner's
-// stream info before a purge and the first try of the purge itself are
-// never sent (a test hook holds them until their context ends), as when
+// stream info (owner.sameStream, asked before a purge; the first try is
+// in fact the one each load asks before its feed starts, the same call)
+// and the first try of the purge itself are never sent (a test hook holds them until their context ends), as when
 // the level stream's leader hangs; the scanner waits for both on its
 // goroutine, holding the level's head. Each must be sent again after
-// hedge.AfterLeader and answered: the delivered prefix is purged with no
-// "purge failed" (which each try's jswire.OpTimeout used to end in).
+// hedge.AfterLeader and answered, while the lost try still waits: the
+// delivered prefix is purged with no "purge failed" (which each try's
+// jswire.OpTimeout used to end in).
 // Orderings only: the minute is a liveness bound.
 func TestPurgeLeaderRequestsSentAgain(t *testing.T) {
 	t.Parallel()
@@ -59,11 +61,20 @@ func TestPurgeLeaderRequestsSentAgain(t *testing.T) {
 	}
 	var mu sync.Mutex
 	tries := map[string]int{}
-	s.hooks.losePurge = func(op string) bool {
+	lost := map[string]context.Context{} // each op's lost try's context
+	late := map[string]bool{}            // the op's second try was sent after its lost try had given up
+	s.hooks.losePurge = func(ctx context.Context, op string) bool {
 		mu.Lock()
 		defer mu.Unlock()
 		tries[op]++
-		return tries[op] == 1
+		switch tries[op] {
+		case 1:
+			lost[op] = ctx
+			return true
+		case 2:
+			late[op] = lost[op].Err() != nil
+		}
+		return false
 	}
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -90,6 +101,10 @@ func TestPurgeLeaderRequestsSentAgain(t *testing.T) {
 	for _, op := range []string{"info", "purge"} {
 		if tries[op] < 2 {
 			t.Errorf("the purge's %s was tried %d times, want its first try lost and a second: this run does not test it", op, tries[op])
+		} else if late[op] {
+			// A try of a later call, not a copy: the lost one held the
+			// scanner for its whole jswire.OpTimeout.
+			t.Errorf("the %s's second try was sent after its lost try had given up, want it sent again while that one waited", op)
 		}
 	}
 	mu.Unlock()
