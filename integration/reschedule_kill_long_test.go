@@ -1,0 +1,314 @@
+//go:build long
+
+package integration
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd"
+	"github.com/delayd/delayd/contract"
+	"github.com/delayd/delayd/deliver"
+	"github.com/delayd/delayd/integration/internal/itest"
+)
+
+// TestKill9Reschedule reschedules half of 1,200 pending messages (three
+// levels, cascading durations, deliver-at times; half to a stream-bound
+// target, half to a core subscriber) while delayd is killed with SIGKILL
+// and restarted, each process once it has answered a reschedule. Of the
+// moves a third are sent at their message's old due ±50 ms (later, or run
+// now), the others well before it (later, earlier, run now). Each request is
+// retried until it has a final answer. Then, by the recorder
+// (docs/pending.md §2.5): a message answered rescheduled is delivered only
+// with the answer's Delay-Due-At, at or after it; one answered already
+// delivered with no earlier request left unanswered, only at its old due;
+// one whose request went unanswered before its final answer, at one of the
+// two; never at both dues, never early, nothing lost; the stream target
+// holds each once; the core subscriber's copies of one placement stay
+// within the crash re-deliveries docs/guarantees.md#at-least-once allows
+// (one window per level per kill).
+func TestKill9Reschedule(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long fault test: skipped when testing.Short()")
+	}
+	b := itest.Setup(t)
+	const (
+		total  = 1200
+		levels = 4 // 0 included
+	)
+	env := []string{"DELAYD_LEVELS=1s 3s 10s", itest.KillLeaseTTLEnv}
+	b.CreateStream("KILLRESCH", "killr.s.>")
+	streamRec, coreRec := itest.NewRecorder(t), itest.NewRecorder(t)
+	var coreRaw atomic.Int64
+	sub, err := b.NC.Subscribe("killr.c.>", func(m *nats.Msg) { coreRec.Record(m, time.Now()); coreRaw.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	defer func() { _ = sub.Unsubscribe() }()
+
+	p := b.StartProcess(env...)
+	itest.WaitFor(t, time.Minute, "delayd's ingress stream", func() bool {
+		_, err := b.JS.Stream(context.Background(), deliver.IngressStream)
+		return err == nil
+	})
+	targets := []string{"killr.s.x", "killr.c.x"}
+	start := time.Now()
+	for i := range total {
+		var hdr nats.Header
+		switch i % 4 {
+		case 0:
+			hdr = itest.Level(3) // 10s
+		case 1:
+			hdr = nats.Header{contract.HeaderDuration: {"12500ms"}} // cascades 10s, 1s, 1s, then the rest
+		case 2:
+			hdr = nats.Header{contract.HeaderDuration: {"9500ms"}} // 3s, 3s, 3s, then the rest
+		default:
+			hdr = nats.Header{contract.HeaderDeliverAt: {contract.FormatTime(start.Add(10*time.Second + time.Duration(i)*5*time.Millisecond))}}
+		}
+		hdr.Set(contract.HeaderNatsMsgID, fmt.Sprintf("kr-%d", i))
+		b.Publish("delay."+targets[i%2], []byte(fmt.Sprint(i)), hdr)
+		// Spread the dues (about 5 ms apart), as a level's deliveries
+		// come in a real backlog: 300 messages due within 200 ms would
+		// keep the racing requests queued past every due.
+		time.Sleep(time.Until(start.Add(time.Duration(i+1) * 5 * time.Millisecond)))
+		[]*itest.Recorder{streamRec, coreRec}[i%2].ExpectKeys(fmt.Sprint(i))
+	}
+	published := time.Since(start)
+
+	// Each message's old due, as delayd lists it (the test cannot know a
+	// level's or a duration's due exactly: it is the ingress store time plus
+	// the delay).
+	oldDue := make(map[int]time.Time, total)
+	for _, target := range targets {
+		itest.WaitFor(t, time.Minute, "every message of "+target+" listed", func() bool {
+			var cursor string
+			n := 0
+			for {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				page, err := delayd.ListPending(ctx, b.NC, target, delayd.WithLimit(delayd.PendingLimitMax), delayd.WithCursor(cursor))
+				cancel()
+				if err != nil {
+					return false
+				}
+				for _, it := range page.Items {
+					var i int
+					if _, err := fmt.Sscanf(it.ID, "kr-%d", &i); err == nil {
+						oldDue[i] = it.Due
+						n++
+					}
+				}
+				if cursor = page.Next; cursor == "" {
+					return n == total/2
+				}
+			}
+		})
+	}
+	listed := time.Since(start)
+
+	type outcome struct {
+		answer     delayd.RescheduleAnswer
+		due        time.Time // the answer's, for rescheduled
+		unanswered bool      // an earlier request may have moved it
+		from, to   time.Time // first send, final answer
+		requested  time.Time // the deliver-at asked for; zero for run now
+		racing     bool
+	}
+	var (
+		mu       sync.Mutex
+		outcomes = map[int]outcome{}
+		answered atomic.Int64
+		movers   sync.WaitGroup
+	)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range total {
+		if (i/2)%2 != 0 {
+			continue
+		}
+		o := oldDue[i]
+		racing := (i/4)%3 == 0
+		var send time.Time
+		var want time.Time // deliver-at; zero: run now
+		switch {
+		case racing:
+			send = o.Add(time.Duration(rng.IntN(101)-50) * time.Millisecond)
+			if (i/12)%2 == 0 {
+				want = o.Add(2 * time.Second)
+			}
+		default:
+			send = o.Add(-2500 * time.Millisecond)
+			switch (i / 4) % 3 {
+			case 1:
+				want = o.Add(2 * time.Second) // later
+			case 2:
+				want = o.Add(-time.Second) // earlier
+			}
+		}
+		movers.Go(func() {
+			time.Sleep(time.Until(send))
+			when := delayd.Now()
+			if !want.IsZero() {
+				when = delayd.At(want)
+			}
+			oc := outcome{from: time.Now(), requested: want, racing: racing}
+			deadline := time.Now().Add(time.Minute)
+			for {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				r, err := delayd.Reschedule(ctx, b.NC, targets[i%2], fmt.Sprintf("kr-%d", i), when)
+				cancel()
+				if err == nil {
+					oc.answer, oc.due, oc.to = r.Result, r.DueAt, time.Now()
+					answered.Add(1)
+					break
+				}
+				if !errors.Is(err, nats.ErrNoResponders) {
+					oc.unanswered = true // delivered to delayd (or perhaps): it may have moved the message
+				}
+				if time.Now().After(deadline) {
+					oc.to = time.Now()
+					break
+				}
+				time.Sleep(20 * time.Millisecond) // delayd is down or restarting: pace the retries
+			}
+			mu.Lock()
+			outcomes[i] = oc
+			mu.Unlock()
+		})
+	}
+
+	var killer sync.WaitGroup
+	stop := make(chan struct{})
+	killErr := make(chan error, 1)
+	var pmu sync.Mutex
+	kills := 0
+	killer.Go(func() {
+		rng := rand.New(rand.NewPCG(7, 8))
+		for {
+			// As TestKill9Cancel: each process is killed only once it has
+			// answered a reschedule, at a random moment at least three
+			// lease TTLs after its start.
+			base := answered.Load()
+			select {
+			case <-stop:
+				return
+			case <-time.After(3*itest.KillLeaseTTL + time.Duration(300+rng.IntN(900))*time.Millisecond):
+			}
+			for answered.Load() == base {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			pmu.Lock()
+			_ = p.Cmd.Process.Signal(syscall.SIGKILL)
+			_ = p.Cmd.Wait()
+			kills++
+			np, err := b.TryStartProcess(env...)
+			if err == nil {
+				p = np
+			}
+			pmu.Unlock()
+			if err != nil {
+				killErr <- err
+				return
+			}
+		}
+	})
+	movers.Wait()
+	close(stop)
+	killer.Wait()
+	select {
+	case err := <-killErr:
+		t.Fatalf("restarting delayd: %v", err)
+	default:
+	}
+
+	counts := map[string]int{}
+	lastDue := time.Time{}
+	for i, oc := range outcomes {
+		k, o := fmt.Sprint(i), oldDue[i]
+		rec := []*itest.Recorder{streamRec, coreRec}[i%2]
+		kind := string(oc.answer)
+		switch {
+		case oc.answer == delayd.Rescheduled:
+			rec.Rescheduled(k, oc.due) // an earlier unanswered move, if any, is moved again
+			if oc.unanswered {
+				kind = "unanswered, then " + kind
+			}
+		case oc.answer == delayd.RescheduleDelivered && !oc.unanswered:
+			rec.Rescheduled(k, o) // its old place only: nothing moved it
+		case oc.answer == delayd.RescheduleDelivered || oc.answer == "":
+			kind = "unanswered, then " + cmp.Or(kind, "no answer in a minute")
+			if oc.requested.IsZero() || oc.requested.Before(oc.to) {
+				rec.MaybeRunNow(k, o, oc.from, oc.to) // a deliver-at passed by then is a run now
+			} else {
+				rec.MaybeRescheduled(k, o, oc.requested)
+			}
+		default:
+			t.Errorf("message %d (kr-%d, old due %s): answered %q: its PubAck and listing came before the request", i, i, o.Format(time.RFC3339Nano), oc.answer)
+		}
+		if oc.racing {
+			kind += " (racing)"
+		}
+		counts[kind]++
+		lastDue = maxTime(lastDue, o, oc.due, oc.requested)
+	}
+	for i := range total {
+		lastDue = maxTime(lastDue, oldDue[i])
+	}
+	// Let time pass: every due passes, so a message delivered at a second
+	// place would show now.
+	time.Sleep(time.Until(lastDue.Add(time.Second)))
+	itest.WaitFor(t, 2*time.Minute, "every stream-target message delivered", func() bool {
+		return b.StreamCount("KILLRESCH") >= total/2
+	})
+	itest.WaitQuiet(t, 2*time.Second, time.Minute, func() int { return int(b.StreamCount("KILLRESCH")) + int(coreRaw.Load()) })
+	pmu.Lock()
+	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.Cmd.Wait()
+	pmu.Unlock()
+
+	streamRec.AddStream(b.StreamMsgs("KILLRESCH"))
+	coreDistinct := len(coreRec.Counts())
+	t.Logf("published %d in %s, listed by %s; %d kills; answers %v; core: %d raw, %d distinct",
+		total, published.Round(time.Millisecond), listed.Round(time.Millisecond), kills, counts, coreRaw.Load(), coreDistinct)
+	streamRec.CheckNeverEarly()
+	streamRec.CheckComplete()
+	streamRec.CheckNoDuplicates()
+	coreRec.CheckNeverEarly()
+	coreRec.CheckComplete()
+	t.Logf("moved keys delivered: stream %d, core %d", streamRec.CheckMoves(), coreRec.CheckMoves())
+	// docs/guarantees.md#at-least-once: a core subscriber's re-deliveries after
+	// a crash are at most the deliveries past the committed offset, one window
+	// per level per kill.
+	if redelivered, bound := coreRaw.Load()-int64(coreDistinct), int64(kills*levels*deliver.ScannerWindowDefault); redelivered > bound {
+		t.Errorf("%d raw re-deliveries at the core subscriber over %d kills, more than one window of %d per level per kill (%d)", redelivered, kills, deliver.ScannerWindowDefault, bound)
+	}
+	if counts[string(delayd.Rescheduled)+" (racing)"] == 0 || counts[string(delayd.RescheduleDelivered)+" (racing)"] == 0 {
+		t.Errorf("answers %v: the racing third should see both rescheduled and already delivered", counts)
+	}
+	if kills == 0 {
+		t.Error("delayd was never killed")
+	}
+}
+
+func maxTime(ts ...time.Time) time.Time {
+	var m time.Time
+	for _, t := range ts {
+		if t.After(m) {
+			m = t
+		}
+	}
+	return m
+}
