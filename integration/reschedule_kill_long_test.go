@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -23,20 +25,21 @@ import (
 )
 
 // TestKill9Reschedule reschedules half of 1,200 pending messages (three
-// levels, cascading durations, deliver-at times; half to a stream-bound
-// target, half to a core subscriber) while delayd is killed with SIGKILL
-// and restarted, each process once it has answered a reschedule. Of the
-// moves a third are sent at their message's old due ±50 ms (later, or run
-// now), the others well before it (later, earlier, run now). Each request is
-// retried until it has a final answer. Then, by the recorder
-// (docs/pending.md §2.5): a message answered rescheduled is delivered only
-// with the answer's Delay-Due-At, at or after it; one answered already
-// delivered with no earlier request left unanswered, only at its old due;
-// one whose request went unanswered before its final answer, at one of the
-// two; never at both dues, never early, nothing lost; the stream target
-// holds each once; the core subscriber's copies of one placement stay
-// within the crash re-deliveries docs/guarantees.md#at-least-once allows
-// (one window per level per kill).
+// levels, cascading durations, deliver-at times, published 10 ms apart;
+// half to a stream-bound target, half to a core subscriber) while delayd is
+// killed with SIGKILL and restarted, each process once it has answered a
+// reschedule, at the moment a move's intent or (for a move racing its old
+// due) its new message is seen. Of the moves a third are sent at their
+// message's old due ±50 ms (later, or run now), the others well before it
+// (later, earlier, run now). Each request is retried until it has a final
+// answer. Then, by the recorder (docs/pending.md §2.5): a message answered
+// rescheduled is delivered only with the answer's Delay-Due-At, at or after
+// it; one answered already delivered with no earlier request left
+// unanswered, only at its old due; one whose request went unanswered before
+// its final answer, at one of the two; never at both dues, never early,
+// nothing lost; the stream target holds each once; the core subscriber's
+// copies of one placement stay within the crash re-deliveries
+// docs/guarantees.md#at-least-once allows (one window per level per kill).
 func TestKill9Reschedule(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test: skipped when testing.Short()")
@@ -46,7 +49,7 @@ func TestKill9Reschedule(t *testing.T) {
 		total  = 1200
 		levels = 4 // 0 included
 	)
-	env := []string{"DELAYD_LEVELS=1s 3s 10s", itest.KillLeaseTTLEnv}
+	env := []string{"DELAYD_LEVELS=1s 3s 20s", itest.KillLeaseTTLEnv}
 	b.CreateStream("KILLRESCH", "killr.s.>")
 	streamRec, coreRec := itest.NewRecorder(t), itest.NewRecorder(t)
 	var coreRaw atomic.Int64
@@ -68,20 +71,20 @@ func TestKill9Reschedule(t *testing.T) {
 		var hdr nats.Header
 		switch i % 4 {
 		case 0:
-			hdr = itest.Level(3) // 10s
+			hdr = itest.Level(3) // 20s
 		case 1:
-			hdr = nats.Header{contract.HeaderDuration: {"12500ms"}} // cascades 10s, 1s, 1s, then the rest
+			hdr = nats.Header{contract.HeaderDuration: {"22500ms"}} // cascades 20s, 1s, 1s, then the rest
 		case 2:
-			hdr = nats.Header{contract.HeaderDuration: {"9500ms"}} // 3s, 3s, 3s, then the rest
+			hdr = nats.Header{contract.HeaderDuration: {"19500ms"}} // 3s six times, 1s, then the rest
 		default:
-			hdr = nats.Header{contract.HeaderDeliverAt: {contract.FormatTime(start.Add(10*time.Second + time.Duration(i)*5*time.Millisecond))}}
+			hdr = nats.Header{contract.HeaderDeliverAt: {contract.FormatTime(start.Add(20*time.Second + time.Duration(i)*10*time.Millisecond))}}
 		}
 		hdr.Set(contract.HeaderNatsMsgID, fmt.Sprintf("kr-%d", i))
 		b.Publish("delay."+targets[i%2], []byte(fmt.Sprint(i)), hdr)
-		// Spread the dues (about 5 ms apart), as a level's deliveries
+		// Spread the dues (about 10 ms apart), as a level's deliveries
 		// come in a real backlog: 300 messages due within 200 ms would
 		// keep the racing requests queued past every due.
-		time.Sleep(time.Until(start.Add(time.Duration(i+1) * 5 * time.Millisecond)))
+		time.Sleep(time.Until(start.Add(time.Duration(i+1) * 10 * time.Millisecond)))
 		[]*itest.Recorder{streamRec, coreRec}[i%2].ExpectKeys(fmt.Sprint(i))
 	}
 	published := time.Since(start)
@@ -129,6 +132,19 @@ func TestKill9Reschedule(t *testing.T) {
 		outcomes = map[int]outcome{}
 		answered atomic.Int64
 		movers   sync.WaitGroup
+		// intents sees each move's intent (its tombstone with
+		// Delayd-Move-Due) as delayd stores it in DELAYD_CANCELS: the
+		// killer aims at it, so that kills fall between a move's intent and
+		// its new message (docs/pending.md §2.5 cases 2-3: the next
+		// owner's mover writes the new message, or voids the intent when
+		// the old due has passed), not only between requests.
+		intents = make(chan struct{}, 1)
+		// written sees each move's new message as delayd publishes it to
+		// ingress (its Nats-Msg-Id is the move's, "delayd-move-..."): every
+		// other kill aims at it, between the new message and the placed
+		// mark (§2.5 cases 4-5: the next owner's mover finds the new
+		// message and places it, whatever the old due).
+		written = make(chan struct{}, 1)
 	)
 	rng := rand.New(rand.NewPCG(5, 6))
 	for i := range total {
@@ -136,7 +152,7 @@ func TestKill9Reschedule(t *testing.T) {
 			continue
 		}
 		o := oldDue[i]
-		racing := (i/4)%3 == 0
+		racing := isRacing(i)
 		var send time.Time
 		var want time.Time // deliver-at; zero: run now
 		switch {
@@ -186,6 +202,31 @@ func TestKill9Reschedule(t *testing.T) {
 		})
 	}
 
+	isub, err := b.NC.Subscribe("delayd.cancels.>", func(m *nats.Msg) {
+		if m.Header.Get("Delayd-Move-Due") != "" {
+			select {
+			case intents <- struct{}{}:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = isub.Unsubscribe() }()
+	nsub, err := b.NC.Subscribe("delay.killr.>", func(m *nats.Msg) {
+		i, err := strconv.Atoi(string(m.Data))
+		if strings.HasPrefix(m.Header.Get(contract.HeaderNatsMsgID), "delayd-move-") && err == nil && isRacing(i) {
+			select {
+			case written <- struct{}{}:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = nsub.Unsubscribe() }()
 	var killer sync.WaitGroup
 	stop := make(chan struct{})
 	killErr := make(chan error, 1)
@@ -195,8 +236,10 @@ func TestKill9Reschedule(t *testing.T) {
 		rng := rand.New(rand.NewPCG(7, 8))
 		for {
 			// As TestKill9Cancel: each process is killed only once it has
-			// answered a reschedule, at a random moment at least three
-			// lease TTLs after its start.
+			// answered a reschedule, at least three lease TTLs after its
+			// start; then as soon as the next move's intent (odd kills)
+			// or new message (even kills) is seen, or at once when none
+			// comes within 2 s.
 			base := answered.Load()
 			select {
 			case <-stop:
@@ -209,6 +252,17 @@ func TestKill9Reschedule(t *testing.T) {
 					return
 				case <-time.After(20 * time.Millisecond):
 				}
+			}
+			aim := []chan struct{}{written, intents}[kills%2]
+			select {
+			case <-aim: // an old one: wait for the next
+			default:
+			}
+			select {
+			case <-stop:
+				return
+			case <-aim:
+			case <-time.After(2 * time.Second):
 			}
 			pmu.Lock()
 			_ = p.Cmd.Process.Signal(syscall.SIGKILL)
@@ -302,6 +356,10 @@ func TestKill9Reschedule(t *testing.T) {
 		t.Error("delayd was never killed")
 	}
 }
+
+// isRacing reports whether TestKill9Reschedule moves message i at its old
+// due ±50 ms.
+func isRacing(i int) bool { return (i/2)%2 == 0 && (i/4)%3 == 0 }
 
 func maxTime(ts ...time.Time) time.Time {
 	var m time.Time
