@@ -3,9 +3,7 @@
 package integration
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -119,17 +117,9 @@ func TestKill9Reschedule(t *testing.T) {
 	}
 	listed := time.Since(start)
 
-	type outcome struct {
-		answer     delayd.RescheduleAnswer
-		due        time.Time // the answer's, for rescheduled
-		unanswered bool      // an earlier request may have moved it
-		from, to   time.Time // first send, final answer
-		requested  time.Time // the deliver-at asked for; zero for run now
-		racing     bool
-	}
 	var (
 		mu       sync.Mutex
-		outcomes = map[int]outcome{}
+		outcomes = map[int]itest.Move{}
 		answered atomic.Int64
 		movers   sync.WaitGroup
 		// intents sees each move's intent (its tombstone with
@@ -172,32 +162,12 @@ func TestKill9Reschedule(t *testing.T) {
 		}
 		movers.Go(func() {
 			time.Sleep(time.Until(send))
-			when := delayd.Now()
-			if !want.IsZero() {
-				when = delayd.At(want)
-			}
-			oc := outcome{from: time.Now(), requested: want, racing: racing}
-			deadline := time.Now().Add(time.Minute)
-			for {
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				r, err := delayd.Reschedule(ctx, b.NC, targets[i%2], fmt.Sprintf("kr-%d", i), when)
-				cancel()
-				if err == nil {
-					oc.answer, oc.due, oc.to = r.Result, r.DueAt, time.Now()
-					answered.Add(1)
-					break
-				}
-				if !errors.Is(err, nats.ErrNoResponders) {
-					oc.unanswered = true // delivered to delayd (or perhaps): it may have moved the message
-				}
-				if time.Now().After(deadline) {
-					oc.to = time.Now()
-					break
-				}
-				time.Sleep(20 * time.Millisecond) // delayd is down or restarting: pace the retries
+			m := itest.Reschedule(b.NC, targets[i%2], fmt.Sprintf("kr-%d", i), want, time.Minute)
+			if m.Answer != "" {
+				answered.Add(1)
 			}
 			mu.Lock()
-			outcomes[i] = oc
+			outcomes[i] = m
 			mu.Unlock()
 		})
 	}
@@ -290,33 +260,17 @@ func TestKill9Reschedule(t *testing.T) {
 
 	counts := map[string]int{}
 	lastDue := time.Time{}
-	for i, oc := range outcomes {
-		k, o := fmt.Sprint(i), oldDue[i]
-		rec := []*itest.Recorder{streamRec, coreRec}[i%2]
-		kind := string(oc.answer)
-		switch {
-		case oc.answer == delayd.Rescheduled:
-			rec.Rescheduled(k, oc.due) // an earlier unanswered move, if any, is moved again
-			if oc.unanswered {
-				kind = "unanswered, then " + kind
-			}
-		case oc.answer == delayd.RescheduleDelivered && !oc.unanswered:
-			rec.Rescheduled(k, o) // its old place only: nothing moved it
-		case oc.answer == delayd.RescheduleDelivered || oc.answer == "":
-			kind = "unanswered, then " + cmp.Or(kind, "no answer in a minute")
-			if oc.requested.IsZero() || oc.requested.Before(oc.to) {
-				rec.MaybeRunNow(k, o, oc.from, oc.to) // a deliver-at passed by then is a run now
-			} else {
-				rec.MaybeRescheduled(k, o, oc.requested)
-			}
-		default:
-			t.Errorf("message %d (kr-%d, old due %s): answered %q: its PubAck and listing came before the request", i, i, o.Format(time.RFC3339Nano), oc.answer)
+	for i, m := range outcomes {
+		o := oldDue[i]
+		kind, ok := m.Expect([]*itest.Recorder{streamRec, coreRec}[i%2], fmt.Sprint(i), o)
+		if !ok {
+			t.Errorf("message %d (kr-%d, old due %s): answered %q: its PubAck and listing came before the request", i, i, o.Format(time.RFC3339Nano), m.Answer)
 		}
-		if oc.racing {
+		if isRacing(i) {
 			kind += " (racing)"
 		}
 		counts[kind]++
-		lastDue = maxTime(lastDue, o, oc.due, oc.requested)
+		lastDue = maxTime(lastDue, o, m.Due, m.Requested)
 	}
 	for i := range total {
 		lastDue = maxTime(lastDue, oldDue[i])
