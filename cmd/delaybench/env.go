@@ -505,9 +505,10 @@ func (b *bench) delaydMsg(i int, target string, level int) *nats.Msg {
 // arrival is one delivery: the message's index, when it arrived and when it
 // was due.
 type arrival struct {
-	idx int
-	at  time.Time
-	due time.Time
+	idx   int
+	at    time.Time
+	due   time.Time
+	moved bool // it carried Delay-Rescheduled: delivered at a reschedule's new place
 }
 
 // collector records core deliveries.
@@ -529,7 +530,7 @@ func (e *env) subscribe(subject string, capacity int) (*collector, error) {
 		at := time.Now()
 		due := m.Header.Get(contract.HeaderDueAt)
 		c.mu.Lock()
-		c.recs = append(c.recs, arrival{idx: index(m.Data), at: at})
+		c.recs = append(c.recs, arrival{idx: index(m.Data), at: at, moved: m.Header.Get(contract.HeaderRescheduled) != ""})
 		c.dues = append(c.dues, due)
 		c.mu.Unlock()
 	})

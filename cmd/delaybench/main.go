@@ -96,6 +96,13 @@
 //     counted lost (one answered "cancelled" and delivered is counted in
 //     cancelled_and_delivered). The cancel-storm row has the answers and
 //     p99_ratio, its lateness p99 over cancel-storm-off's.
+//   - reschedule-storm, reschedule-storm-off (delayd, core; opt-in): the
+//     cancel storm's shape with -reschedule-rate reschedule requests per
+//     second (docs/pending.md §5): a quarter unknown ids, a quarter
+//     messages delivered already, half pending ones, of which half moved to
+//     500 ms from the request and half run now. Lateness as in steady, a
+//     moved message's against its new due; the reschedule-storm row has
+//     the answers, delivered_at_old and both (always 0) and p99_ratio.
 //   - pending (delayd and native): -pending-n messages waiting 2 h.
 //     heap_bytes_per_pending = (heap after publishing and routing − heap
 //     before) / N, whole process (server included), each heap read after
@@ -190,7 +197,9 @@ const (
 	SteadyDurationDefault = 30 * time.Second
 	// CancelRateDefault is the cancel storm's cancel requests per second.
 	CancelRateDefault = 2_000
-	BurstNDefault     = 100_000
+	// RescheduleRateDefault is the reschedule storm's requests per second.
+	RescheduleRateDefault = 2_000
+	BurstNDefault         = 100_000
 	// BurstOneMNDefault is the burst-1m scenario's message count.
 	BurstOneMNDefault = 1_000_000
 	PendingNDefault   = 100_000
@@ -219,10 +228,10 @@ const (
 
 // scenarioNames are the scenarios, in the order they run: the references
 // (raw, ref) first, so that later rows can be given as ratios to them.
-var scenarioNames = []string{"raw", "ref", "ingest", "burst", "burst-1m", "steady", "cancel-storm", "pending", "cross-level", "sustained", "cluster"}
+var scenarioNames = []string{"raw", "ref", "ingest", "burst", "burst-1m", "steady", "cancel-storm", "reschedule-storm", "pending", "cross-level", "sustained", "cluster"}
 
 // optInScenarios run only when named in -scenarios.
-var optInScenarios = []string{"burst-1m", "sustained", "cluster"}
+var optInScenarios = []string{"burst-1m", "sustained", "cluster", "reschedule-storm"}
 
 // defaultScenarios run when -scenarios is not given: all but the opt-in ones.
 var defaultScenarios = slices.DeleteFunc(slices.Clone(scenarioNames), func(s string) bool { return slices.Contains(optInScenarios, s) })
@@ -234,6 +243,7 @@ type config struct {
 	SteadyRates     []int         // steady and ref-timer: msg/s offered, one row each; cancel-storm: the first
 	SteadyDuration  time.Duration // steady: publishing time
 	CancelRate      int           // cancel-storm: cancel requests per second
+	RescheduleRate  int           // reschedule-storm: reschedule requests per second
 	CancelShare     float64       // every delayd's DELAYD_CANCEL_SHARE; 0: delayd's default
 	AnswerKeep      string        // every delayd's DELAYD_ANSWER_KEEP ("off", "0" or a Go duration); "": delayd's default
 	BurstN          int           // burst message count
@@ -334,6 +344,7 @@ func main() {
 	steadyRate := fs.Int("steady-rate", 0, "steady and ref-timer: one rate in msg/s, in place of -steady-rates")
 	fs.DurationVar(&cfg.SteadyDuration, "steady-duration", SteadyDurationDefault, "steady: how long to publish")
 	fs.IntVar(&cfg.CancelRate, "cancel-rate", CancelRateDefault, "cancel-storm: cancel requests per second (the level takes the first steady rate for -steady-duration)")
+	fs.IntVar(&cfg.RescheduleRate, "reschedule-rate", RescheduleRateDefault, "reschedule-storm: reschedule requests per second (the level takes the first steady rate for -steady-duration)")
 	fs.Float64Var(&cfg.CancelShare, "cancel-share", 0, "DELAYD_CANCEL_SHARE of every delayd the run starts: the share of a core its cancel lookups may take, above 0 and at most 1 (0: delayd's default, 0.1)")
 	fs.StringVar(&cfg.AnswerKeep, "answer-keep", "", `DELAYD_ANSWER_KEEP of every delayd the run starts: a Go duration, or "off" (or 0) to run without kept answers ("": delayd's default, 6h)`)
 	fs.IntVar(&cfg.BurstN, "burst-n", BurstNDefault, "burst: messages all due at the same instant")
@@ -513,6 +524,8 @@ func (b *bench) scenario(ctx context.Context, name string) ([]result, []string, 
 		return b.steady(ctx)
 	case "cancel-storm":
 		return b.cancelStorm(ctx)
+	case "reschedule-storm":
+		return b.rescheduleStorm(ctx)
 	case "pending":
 		return b.pending(ctx)
 	case "cross-level":

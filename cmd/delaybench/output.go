@@ -34,7 +34,11 @@ type result struct {
 	HeapBytes *int64 `json:"heap_bytes,omitempty"`
 	// Cancels is what the cancel requests were answered (cancel-storm rows only).
 	Cancels *cancelCounts `json:"cancels,omitempty"`
-	// P99Ratio is lateness p99 with cancels over p99 without (cancel-storm row only).
+	// Reschedules is what the reschedule requests were answered, and the
+	// moved messages' deliveries (reschedule-storm rows only).
+	Reschedules *rescheduleCounts `json:"reschedules,omitempty"`
+	// P99Ratio is lateness p99 with cancels (reschedules) over p99 without
+	// (cancel-storm and reschedule-storm rows only).
 	P99Ratio *float64 `json:"p99_ratio,omitempty"`
 	// Cluster is the set-up of a cluster row: nodes, stream replicas and
 	// delayd replicas (cluster rows only).

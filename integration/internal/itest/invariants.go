@@ -3,6 +3,7 @@ package itest
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -46,17 +47,27 @@ func (d Delivery) Early() bool { return d.Due.IsZero() || d.At.Before(d.Due) }
 // Receive times and store times are read on the test machine's clock, which
 // is also the embedded server's.
 type Recorder struct {
-	t      *testing.T
+	t      testing.TB
 	KeyOf  func(*nats.Msg) string
 	mu     sync.Mutex
 	got    []Delivery
 	expect map[string]bool
-	excuse map[string]string // key -> why it need not arrive (and must not)
+	excuse map[string]string   // key -> why it need not arrive (and must not)
+	moves  map[string]moveWant // key -> where a reschedule may have put it
+}
+
+// moveWant is what a reschedule of one key allows: answered, the new due
+// only; not answered, the old due or the new one (or, for a run now whose
+// answer was lost, a due in [from, to], the server's clock at the request).
+type moveWant struct {
+	answered bool
+	old, new time.Time
+	from, to time.Time
 }
 
 // NewRecorder returns a recorder that names each message by its payload.
-func NewRecorder(t *testing.T) *Recorder {
-	return &Recorder{t: t, KeyOf: func(m *nats.Msg) string { return string(m.Data) }, expect: map[string]bool{}, excuse: map[string]string{}}
+func NewRecorder(t testing.TB) *Recorder {
+	return &Recorder{t: t, KeyOf: func(m *nats.Msg) string { return string(m.Data) }, expect: map[string]bool{}, excuse: map[string]string{}, moves: map[string]moveWant{}}
 }
 
 // Record adds one delivery of m, seen at at.
@@ -108,6 +119,101 @@ func (r *Recorder) Excused(key, why string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.excuse[key] = why
+}
+
+// Rescheduled says key's reschedule was answered rescheduled with newDue
+// (the answer's Delay-Due-At): every delivery of key must carry exactly
+// that Delay-Due-At and be seen at or after it, never at its old due.
+// CheckMoves checks it; a later call for key replaces an earlier one (the
+// last move answered is the one that counts).
+func (r *Recorder) Rescheduled(key string, newDue time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.moves[key] = moveWant{answered: true, new: newDue}
+}
+
+// MaybeRescheduled says a reschedule of key to newDue was sent and its
+// answer never came (or said already delivered after such a request): key
+// is delivered at one due, oldDue or newDue, and seen at or after it.
+func (r *Recorder) MaybeRescheduled(key string, oldDue, newDue time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.moves[key] = moveWant{old: oldDue, new: newDue}
+}
+
+// MaybeRunNow is [Recorder.MaybeRescheduled] for a run now whose answer
+// never came: its new due is the server's clock when delayd took the
+// request, known here only to lie in [from, to] (the first request's send,
+// the last answer's arrival).
+func (r *Recorder) MaybeRunNow(key string, oldDue, from, to time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.moves[key] = moveWant{old: oldDue, from: from, to: to}
+}
+
+// CheckMoves fails for each key given to Rescheduled, MaybeRescheduled or
+// MaybeRunNow whose deliveries carry more than one Delay-Due-At (delivered
+// at both places), a due the reschedule does not allow, or are seen before
+// their due. It does not count copies of one placement: a stream-bound
+// target drops them (CheckNoDuplicates), a core subscriber may see crash
+// re-deliveries, which the test bounds. Lost keys are CheckComplete's.
+// It returns the number of keys moved that were delivered.
+func (r *Recorder) CheckMoves() int {
+	r.t.Helper()
+	byKey := map[string][]Delivery{}
+	for _, d := range r.Snapshot() {
+		byKey[d.Key] = append(byKey[d.Key], d)
+	}
+	r.mu.Lock()
+	moves := maps.Clone(r.moves)
+	r.mu.Unlock()
+	bad, seen := 0, 0
+	fail := func(format string, args ...any) {
+		if bad++; bad <= 10 {
+			r.t.Errorf(format, args...)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(moves)) {
+		w, ds := moves[k], byKey[k]
+		if len(ds) == 0 {
+			continue
+		}
+		seen++
+		due := ds[0].Due
+		for _, d := range ds[1:] {
+			if !d.Due.Equal(due) {
+				fail("%s moved: delivered at two dues, %s and %s (both places)", k, due.Format(time.RFC3339Nano), d.Due.Format(time.RFC3339Nano))
+				break
+			}
+		}
+		allowed := due.Equal(w.new)
+		switch {
+		case w.answered:
+		case !w.from.IsZero():
+			allowed = due.Equal(w.old) || !due.Before(w.from) && !due.After(w.to)
+		default:
+			allowed = allowed || due.Equal(w.old)
+		}
+		if !allowed {
+			switch {
+			case w.answered:
+				fail("%s answered rescheduled to %s: delivered with due %s", k, w.new.Format(time.RFC3339Nano), due.Format(time.RFC3339Nano))
+			default:
+				fail("%s moved without an answer (old due %s, new %s, run now in [%s, %s]): delivered with due %s", k,
+					w.old.Format(time.RFC3339Nano), w.new.Format(time.RFC3339Nano), w.from.Format(time.RFC3339Nano), w.to.Format(time.RFC3339Nano), due.Format(time.RFC3339Nano))
+			}
+		}
+		for _, d := range ds {
+			if d.At.Before(d.Due) {
+				fail("%s moved: seen %s before its due %s", k, d.Due.Sub(d.At), d.Due.Format(time.RFC3339Nano))
+				break
+			}
+		}
+	}
+	if bad > 10 {
+		r.t.Errorf("%d reschedule checks failed in all", bad)
+	}
+	return seen
 }
 
 // Snapshot returns a copy of the deliveries recorded so far.
@@ -203,12 +309,14 @@ func (r *Recorder) CheckNoDuplicates() {
 	}
 }
 
-// CheckAll runs every check: never early, complete, no duplicates.
+// CheckAll runs every check: never early, complete, no duplicates, and
+// the reschedules' (CheckMoves).
 func (r *Recorder) CheckAll() {
 	r.t.Helper()
 	r.CheckNeverEarly()
 	r.CheckComplete()
 	r.CheckNoDuplicates()
+	r.CheckMoves()
 }
 
 // OffsetWatch sees every value written to the offsets bucket
