@@ -303,8 +303,26 @@ func TestKill9Reschedule(t *testing.T) {
 	if redelivered, bound := coreRaw.Load()-int64(coreDistinct), int64(kills*levels*deliver.ScannerWindowDefault); redelivered > bound {
 		t.Errorf("%d raw re-deliveries at the core subscriber over %d kills, more than one window of %d per level per kill (%d)", redelivered, kills, deliver.ScannerWindowDefault, bound)
 	}
-	if counts[string(delayd.Rescheduled)+" (racing)"] == 0 || counts[string(delayd.RescheduleDelivered)+" (racing)"] == 0 {
-		t.Errorf("answers %v: the racing third should see both rescheduled and already delivered", counts)
+	// The run must have moved messages and lost races to deliveries, and
+	// the racing third must have been answered. Which side the racing
+	// third falls on depends on the machine: under -race on a loaded CI
+	// machine every racing move lost to its delivery (58 and 142 already
+	// delivered, 0 rescheduled), while TestRescheduleRacesDue (deliver)
+	// sees both sides of the race at the due instant.
+	var moved, lost, racing int
+	for answer, n := range counts {
+		if strings.Contains(answer, string(delayd.Rescheduled)) {
+			moved += n
+		}
+		if strings.Contains(answer, string(delayd.RescheduleDelivered)) {
+			lost += n
+		}
+		if strings.Contains(answer, "(racing)") && !strings.Contains(answer, "no final answer") {
+			racing += n
+		}
+	}
+	if moved == 0 || lost == 0 || racing == 0 {
+		t.Errorf("answers %v: want some rescheduled, some already delivered, and final answers for the racing third", counts)
 	}
 	if kills == 0 {
 		t.Error("delayd was never killed")
